@@ -1,0 +1,36 @@
+"""tessera: a deep-learning compiler built on task mappings, emitting C for CPUs and CUDA for GPUs.
+
+Kernel authors import the names below, e.g.::
+
+    import tessera as ts
+    from tessera import f32
+
+    @ts.kernel
+    def add(a: f32["n"], b: f32["n"], c: f32["n"]):
+        for i in ts.parallel(a.shape[0]):
+            c[i] = a[i] + b[i]
+"""
+
+from tessera.errors import (
+    ArgumentError, CompilationError, CompilerNotFoundError, DeviceError, KernelSyntaxError, TesseraError,
+    UnsupportedError,
+)  # fmt: skip
+from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
+from tessera.ir.dtypes import DataType, dtype
+from tessera.ir.mapping import TaskMapping, repeat, spatial
+from tessera.jit import Kernel, kernel
+from tessera.lang.builtins import (
+    abs_, attrs, block_dim, block_idx, cast, ceil, ceil_div, cos, erf, exp, exp2, floor, fma, grid, grid_dim, log,
+    log2, max_, min_, parallel, pow_, ptr, register_tensor, rsqrt, select, shared_tensor, sin, sqrt, syncthreads,
+    tanh, thread_idx, unroll,
+)  # fmt: skip
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError", "CompilationError", "CompilerNotFoundError", "DeviceError", "KernelSyntaxError", "TesseraError",
+    "UnsupportedError", "DataType", "dtype", "TaskMapping", "repeat", "spatial", "Kernel", "kernel",
+    "abs_", "attrs", "block_dim", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "floor",
+    "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
+    "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
+]  # fmt: skip

@@ -1,0 +1,92 @@
+"""C code generation for CPU kernels (built with gcc; parallel() loops use OpenMP).
+
+float16 and bfloat16 live in memory as 16-bit patterns and are computed in float: each
+load widens, each store and each cast to them rounds to nearest even.
+"""
+
+from __future__ import annotations
+
+from tessera.ir import stmt as S
+from tessera.ir.func import CPU_KERNEL, Function
+from tessera.ir.types import TensorType
+from tessera.backend.codegen_c_like import CLikeCodegen
+from tessera.errors import UnsupportedError
+
+C_PRELUDE = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <string.h>
+#include <math.h>
+
+static inline float ts_h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (man == 0) { bits = sign; }
+    else { int e = -1; do { e++; man <<= 1; } while (!(man & 0x400u)); bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13); }
+  } else if (exp == 31) { bits = sign | 0x7f800000u | (man << 13); }
+  else { bits = sign | ((exp + 112) << 23) | (man << 13); }
+  float f; memcpy(&f, &bits, 4); return f;
+}
+static inline uint16_t ts_f2h(float f) {
+  uint32_t x; memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* rounds to >= 65520: inf */
+  if (absx < 0x38800000u) {  /* subnormal half or zero */
+    if (absx < 0x33000000u) return (uint16_t)sign;
+    uint32_t man = (absx & 0x7fffffu) | 0x800000u, sh = 126u - (absx >> 23);
+    uint32_t q = man >> sh, rem = man & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+  }
+  uint32_t r = absx - 0x38000000u;  /* rebias exponent 127 -> 15 */
+  uint32_t q = r >> 13, rem = r & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
+  return (uint16_t)(sign | q);
+}
+static inline float ts_bf2f(uint16_t h) { uint32_t x = (uint32_t)h << 16; float f; memcpy(&f, &x, 4); return f; }
+static inline uint16_t ts_f2bf(float f) {
+  uint32_t x; memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+static inline int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t ts_floormod64(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline float ts_fmod_floorf(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline double ts_fmod_floor(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+
+class CCodegen(CLikeCodegen):
+    target = "c"
+
+    def emit_declare_buffer(self, var, t: TensorType) -> None:
+        if t.scope != "register":
+            raise UnsupportedError(f"{t.scope} tensors are not available on the CPU")
+        self.emit(f"{self.storage_type(t.dtype)} {self.name_of(var)}[{self.expr(t.shape[0])}];")
+
+    def loop_pragma(self, kind: str) -> str | None:
+        return "#pragma omp parallel for schedule(static)" if kind == S.PARALLEL else None
+
+    def function(self, func: Function) -> str:
+        if func.kind != CPU_KERNEL:
+            raise UnsupportedError(f"the C backend compiles CPU kernels, not {func.kind}")
+        self.prepare(func)
+        params = ", ".join(self.params(func)) or "void"
+        self.emit(f"void {func.name}({params}) {{")
+        self.depth += 1
+        self.visit(func.body)
+        self.depth -= 1
+        self.emit("}")
+        return "\n".join(self.lines)
+
+
+def generate_c(funcs: list[Function]) -> str:
+    """C source for a list of lowered CPU kernels."""
+    parts = [C_PRELUDE.strip()]
+    for f in funcs:
+        parts.append(CCodegen().function(f))
+    return "\n\n".join(parts) + "\n"

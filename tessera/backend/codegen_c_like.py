@@ -1,0 +1,325 @@
+"""Shared code generation for C-family targets (C for CPUs, CUDA C++ for GPUs).
+
+Input is a lowered Function (see transforms.pipeline): task mappings are loops and every
+tensor access is one-dimensional.  Subclasses supply type names, intrinsics and the
+target-specific statements.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tessera.errors import UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir import stmt as S
+from tessera.ir.dtypes import DataType
+from tessera.ir.func import Function
+from tessera.ir.functor import IRVisitor
+from tessera.ir.types import PointerType, TensorType
+
+_C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+          "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+          "bool": "bool", "float32": "float", "float64": "double"}  # fmt: skip
+_C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
+           "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "nearbyint", "pow": "pow",
+           "fma": "fma", "abs": "fabs", "max": "fmax", "min": "fmin"}  # fmt: skip
+_PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
+         "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}  # fmt: skip
+
+
+class _Assigned(IRVisitor):
+    """Collect variables that are assigned after their declaration."""
+
+    def __init__(self) -> None:
+        self.vars: set[E.Var] = set()
+
+    def visit_Assign(self, s: S.Assign) -> None:
+        self.vars.add(s.var)
+        self.visit(s.value)
+
+
+class CLikeCodegen(IRVisitor):
+    """Emit one function.  `visit` on an expression returns a string; on a statement, emits lines."""
+
+    target = "c"
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+        self.names: dict[E.Var, str] = {}
+        self.used_names: set[str] = set()
+        self.nonneg: set[E.Var] = set()
+        self.assigned: set[E.Var] = set()
+
+    # ---- hooks for subclasses -----------------------------------------------------------
+    def scalar_type(self, t: DataType) -> str:
+        """The C type a value of dtype `t` is computed in."""
+        if t.is_subbyte or t.name in ("e4m3", "e5m2"):
+            raise UnsupportedError(f"the {self.target} backend cannot compute with {t} values yet")
+        if t in (dtypes.float16, dtypes.bfloat16):
+            return "float"
+        return _C_INT[t.name]
+
+    def storage_type(self, t: DataType) -> str:
+        """The C type of a value of dtype `t` held in memory."""
+        if t in (dtypes.float16, dtypes.bfloat16):
+            return "uint16_t"
+        return self.scalar_type(t)
+
+    def load_value(self, t: DataType, text: str) -> str:
+        if t == dtypes.float16:
+            return f"ts_h2f({text})"
+        if t == dtypes.bfloat16:
+            return f"ts_bf2f({text})"
+        return text
+
+    def store_value(self, t: DataType, text: str) -> str:
+        if t == dtypes.float16:
+            return f"ts_f2h({text})"
+        if t == dtypes.bfloat16:
+            return f"ts_f2bf({text})"
+        return text
+
+    def cast(self, value: str, src: DataType, dst: DataType) -> str:
+        if dst in (dtypes.float16, dtypes.bfloat16):  # round through the narrow format
+            return self.load_value(dst, self.store_value(dst, f"(float)({value})"))
+        return f"(({self.scalar_type(dst)})({value}))"
+
+    def math_call(self, name: str, args: list[str], t: DataType) -> str:
+        if t.is_integer or t.is_bool:
+            if name in ("max", "min"):
+                op = ">" if name == "max" else "<"
+                return f"(({args[0]}) {op} ({args[1]}) ? ({args[0]}) : ({args[1]}))"
+            if name == "abs":
+                return f"(({args[0]}) < 0 ? -({args[0]}) : ({args[0]}))"
+        if name == "rsqrt":
+            return f"(1.0f / sqrtf({args[0]}))" if t != dtypes.float64 else f"(1.0 / sqrt({args[0]}))"
+        fn = _C_MATH[name]
+        if t != dtypes.float64:
+            fn += "f"
+        return f"{fn}({', '.join(args)})"
+
+    def const_float(self, value: float, t: DataType) -> str:
+        if math.isnan(value):
+            return "NAN"
+        if math.isinf(value):
+            return "INFINITY" if value > 0 else "(-INFINITY)"
+        text = repr(float(value))
+        return text if t == dtypes.float64 else text + "f"
+
+    def pointer_param(self, var: E.Var) -> str:
+        return f"{self.storage_type(var.type.dtype)}* __restrict__ {self.name_of(var)}"
+
+    def emit_declare_buffer(self, var: E.Var, t: TensorType) -> None:
+        raise NotImplementedError
+
+    def emit_barrier(self) -> None:
+        raise UnsupportedError(f"barriers are not available on the {self.target} target")
+
+    def loop_pragma(self, kind: str) -> str | None:
+        return None
+
+    def hardware_index(self, name: str) -> str:
+        raise UnsupportedError(f"{name} is not available on the {self.target} target")
+
+    # ---- names -------------------------------------------------------------------------------
+    def name_of(self, v: E.Var) -> str:
+        if v not in self.names:
+            base = re.sub(r"\W", "_", v.name) or "v"
+            if base[0].isdigit():
+                base = "v" + base
+            name, k = base, 0
+            while name in self.used_names:
+                k += 1
+                name = f"{base}_{k}"
+            self.used_names.add(name)
+            self.names[v] = name
+        return self.names[v]
+
+    # ---- lines -----------------------------------------------------------------------------
+    def emit(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def body_block(self, header: str, body: S.Stmt) -> None:
+        self.emit(header + " {")
+        self.depth += 1
+        self.visit(body)
+        self.depth -= 1
+        self.emit("}")
+
+    # ---- non-negativity, to emit plain / and % where floor semantics agree with C -------
+    def is_nonneg(self, e: E.Expr) -> bool:
+        if isinstance(e, E.Const):
+            return e.value >= 0
+        if isinstance(e, E.HardwareIndex):
+            return True
+        if isinstance(e.type, DataType) and e.type.kind == "uint":
+            return True
+        if isinstance(e, E.Var):
+            return e in self.nonneg
+        if isinstance(e, E.Binary) and e.op in ("+", "*", "//", "%", ">>", "&"):
+            return self.is_nonneg(e.a) and self.is_nonneg(e.b)
+        if isinstance(e, E.Call) and e.func in ("max", "min"):
+            return all(self.is_nonneg(a) for a in e.args) or (e.func == "max" and any(self.is_nonneg(a) for a in e.args))
+        if isinstance(e, E.Cast):
+            return e.type.is_integer and isinstance(e.value.type, DataType) and e.value.type.is_integer and self.is_nonneg(e.value)
+        return False
+
+    # ---- expressions -------------------------------------------------------------------------
+    def expr(self, e: E.Expr, parent: int = 0) -> str:
+        if isinstance(e, E.Binary):
+            return self.binary(e, parent)
+        return self.visit(e)
+
+    def operand(self, e: E.Expr, t: DataType, prec: int) -> str:
+        """An operand converted to the operation's type `t`."""
+        if e.dtype == t or (isinstance(e, E.Const) and not t.is_bool and not (e.dtype.is_float and not t.is_float)):
+            if isinstance(e, E.Const) and e.dtype != t:
+                return self.visit(E.Const(e.value, t))
+            return self.expr(e, prec)
+        return self.cast(self.expr(e), e.dtype, t)
+
+    def binary(self, e: E.Binary, parent: int) -> str:
+        op = e.op
+        if op in E.COMPARE_OPS:
+            t = dtypes.promote(e.a.dtype, e.b.dtype) if e.a.dtype != e.b.dtype else e.a.dtype
+        elif op in E.LOGIC_OPS:
+            t = dtypes.boolean
+        else:
+            t = e.type
+        if op == "/" and t.is_integer:  # cannot happen: int / int is typed float
+            raise UnsupportedError("integer '/' reached codegen")
+        if op in ("//", "%") and t.is_integer and not (self.is_nonneg(e.a) and self.is_nonneg(e.b)):
+            fn = "ts_floordiv" if op == "//" else "ts_floormod"
+            suffix = "64" if t.nbits == 64 else ""
+            return f"{fn}{suffix}({self.operand(e.a, t, 0)}, {self.operand(e.b, t, 0)})"
+        if op == "%" and t.is_float:
+            return f"ts_fmod_floor({self.operand(e.a, dtypes.float64, 0)}, {self.operand(e.b, dtypes.float64, 0)})" if t == dtypes.float64 else f"ts_fmod_floorf({self.operand(e.a, t, 0)}, {self.operand(e.b, t, 0)})"
+        c_op = "/" if op == "//" else op
+        p = _PREC[c_op]
+        if op in ("<<", ">>"):
+            text = f"{self.operand(e.a, e.type, p)} {c_op} {self.expr(e.b, p + 1)}"
+        else:
+            text = f"{self.operand(e.a, t, p)} {c_op} {self.operand(e.b, t, p + 1)}"
+        return f"({text})" if p < parent or p <= 8 else text
+
+    def visit_Var(self, e: E.Var) -> str:
+        return self.name_of(e)
+
+    def visit_Const(self, e: E.Const) -> str:
+        t = e.type
+        if t.is_bool:
+            return "true" if e.value else "false"
+        if t.is_float:
+            return self.const_float(e.value, t)
+        if t == dtypes.int64:
+            return f"{e.value}LL"
+        if t == dtypes.uint64:
+            return f"{e.value}ULL"
+        if t == dtypes.uint32:
+            return f"{e.value}u"
+        if t == dtypes.int32:
+            return str(e.value) if e.value != -(2**31) else "(-2147483647 - 1)"
+        return f"(({self.scalar_type(t)}){e.value})"
+
+    def visit_HardwareIndex(self, e: E.HardwareIndex) -> str:
+        return self.hardware_index(e.name)
+
+    def visit_Unary(self, e: E.Unary) -> str:
+        return f"({e.op}{self.operand(e.a, e.type if e.op != '!' else dtypes.boolean, 11)})"
+
+    def visit_Cast(self, e: E.Cast) -> str:
+        return self.cast(self.expr(e.value), e.value.dtype, e.type)
+
+    def visit_Select(self, e: E.Select) -> str:
+        return f"({self.expr(e.cond, 1)} ? {self.operand(e.a, e.type, 1)} : {self.operand(e.b, e.type, 1)})"
+
+    def visit_Call(self, e: E.Call) -> str:
+        args = [self.operand(a, e.type, 0) for a in e.args]
+        return self.math_call(e.func, args, e.type)
+
+    def visit_Load(self, e: E.Load) -> str:
+        return self.load_value(e.type, f"{self.name_of(e.buffer)}[{self.expr(e.indices[0])}]")
+
+    # ---- statements -------------------------------------------------------------------------
+    def visit_Evaluate(self, s: S.Evaluate) -> None:
+        self.emit(self.expr(s.expr) + ";")
+
+    def visit_DeclareVar(self, s: S.DeclareVar) -> None:
+        t = s.var.type
+        if s.init is not None and s.var not in self.assigned and self.is_nonneg(s.init) and t.is_integer:
+            self.nonneg.add(s.var)
+        init = "" if s.init is None else f" = {self.operand(s.init, t, 0)}"
+        self.emit(f"{self.scalar_type(t)} {self.name_of(s.var)}{init};")
+
+    def visit_Assign(self, s: S.Assign) -> None:
+        self.emit(f"{self.name_of(s.var)} = {self.operand(s.value, s.var.type, 0)};")
+
+    def visit_Store(self, s: S.Store) -> None:
+        t = s.buffer.type.dtype
+        value = self.store_value(t, self.operand(s.value, t, 0))
+        self.emit(f"{self.name_of(s.buffer)}[{self.expr(s.indices[0])}] = {value};")
+
+    def visit_DeclareBuffer(self, s: S.DeclareBuffer) -> None:
+        self.emit_declare_buffer(s.var, s.var.type)
+
+    def visit_For(self, s: S.For) -> None:
+        if self.is_nonneg(s.start):
+            self.nonneg.add(s.var)
+        v = self.name_of(s.var)
+        t = self.scalar_type(s.var.type)
+        pragma = self.loop_pragma(s.kind)
+        if pragma:
+            self.emit(pragma)
+        step = self.operand(s.step, s.var.type, 0)
+        inc = f"++{v}" if isinstance(s.step, E.Const) and s.step.value == 1 else f"{v} += {step}"
+        header = f"for ({t} {v} = {self.operand(s.start, s.var.type, 0)}; {v} < {self.operand(s.stop, s.var.type, 7)}; {inc})"
+        self.body_block(header, s.body)
+
+    def visit_ForMapping(self, s: S.ForMapping) -> None:
+        raise UnsupportedError("task-mapping loops must be lowered before code generation")
+
+    def visit_If(self, s: S.If) -> None:
+        self.body_block(f"if ({self.expr(s.cond)})", s.then_body)
+        if s.else_body is not None:
+            self.body_block("else", s.else_body)
+
+    def visit_While(self, s: S.While) -> None:
+        self.body_block(f"while ({self.expr(s.cond)})", s.body)
+
+    def visit_Break(self, s: S.Break) -> None:
+        self.emit("break;")
+
+    def visit_Continue(self, s: S.Continue) -> None:
+        self.emit("continue;")
+
+    def visit_Return(self, s: S.Return) -> None:
+        self.emit("return;")
+
+    def visit_Barrier(self, s: S.Barrier) -> None:
+        self.emit_barrier()
+
+    def visit_Seq(self, s: S.Seq) -> None:
+        for x in s.stmts:
+            self.visit(x)
+
+    # ---- function ---------------------------------------------------------------------------
+    def params(self, func: Function) -> list[str]:
+        out = []
+        for p in func.all_params:
+            if isinstance(p.type, PointerType):
+                out.append(self.pointer_param(p))
+            elif isinstance(p.type, DataType):
+                out.append(f"{self.scalar_type(p.type)} {self.name_of(p)}")
+            else:
+                raise UnsupportedError(f"parameter '{p.name}' of type {p.type} reached codegen unflattened")
+        for p in func.shape_params:
+            self.nonneg.add(p)
+        return out
+
+    def prepare(self, func: Function) -> None:
+        finder = _Assigned()
+        finder.visit(func.body)
+        self.assigned = finder.vars

@@ -1,0 +1,117 @@
+"""CUDA C++ code generation for GPU kernels (built with nvcc into a cubin).
+
+float16 and bfloat16 values use CUDA's `half` and `nv_bfloat16` types and their native
+arithmetic; math intrinsics on them are computed in float.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from tessera.backend.codegen_c_like import CLikeCodegen
+from tessera.errors import UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import stmt as S
+from tessera.ir.dtypes import DataType
+from tessera.ir.expr import Const
+from tessera.ir.func import CUDA_KERNEL, Function
+from tessera.ir.types import TensorType
+
+CUDA_PRELUDE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__device__ __forceinline__ int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+__device__ __forceinline__ int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__device__ __forceinline__ int64_t ts_floormod64(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+__device__ __forceinline__ float ts_fmod_floorf(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+__device__ __forceinline__ double ts_fmod_floor(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+_HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
+_NARROW = {"float16": "half", "bfloat16": "nv_bfloat16"}
+
+
+class CudaCodegen(CLikeCodegen):
+    target = "cuda"
+
+    def scalar_type(self, t: DataType) -> str:
+        if t.name in _NARROW:
+            return _NARROW[t.name]
+        return super().scalar_type(t)
+
+    def storage_type(self, t: DataType) -> str:
+        return self.scalar_type(t)
+
+    def load_value(self, t: DataType, text: str) -> str:
+        return text
+
+    def store_value(self, t: DataType, text: str) -> str:
+        return text
+
+    def cast(self, value: str, src: DataType, dst: DataType) -> str:
+        if dst.name in _NARROW:
+            return f"{_NARROW[dst.name]}((float)({value}))"
+        if src.name in _NARROW:
+            return f"(({self.scalar_type(dst)})(float)({value}))"
+        return f"(({self.scalar_type(dst)})({value}))"
+
+    def const_float(self, value: float, t: DataType) -> str:
+        if t.name in _NARROW:
+            return f"{_NARROW[t.name]}({super().const_float(value, dtypes.float32)})"
+        return super().const_float(value, t)
+
+    def math_call(self, name: str, args: list[str], t: DataType) -> str:
+        if t.name in _NARROW:  # compute in float, round back
+            if name in ("max", "min"):
+                return f"__h{name}({args[0]}, {args[1]})"
+            wide = [f"(float)({a})" for a in args]
+            return f"{_NARROW[t.name]}({super().math_call(name, wide, dtypes.float32)})"
+        if name == "rsqrt" and t == dtypes.float32:
+            return f"rsqrtf({args[0]})"
+        return super().math_call(name, args, t)
+
+    def hardware_index(self, name: str) -> str:
+        reg, axis = name.split(".")
+        return f"((int32_t){_HW[reg]}.{axis})"
+
+    def emit_barrier(self) -> None:
+        self.emit("__syncthreads();")
+
+    def loop_pragma(self, kind: str) -> str | None:
+        if kind == S.PARALLEL:
+            raise UnsupportedError("parallel() loops are for CPU kernels")
+        return "#pragma unroll" if kind == S.UNROLL else None
+
+    def emit_declare_buffer(self, var, t: TensorType) -> None:
+        size = self.expr(t.shape[0])
+        prefix = "__shared__ __align__(16) " if t.scope == "shared" else ""
+        self.emit(f"{prefix}{self.storage_type(t.dtype)} {self.name_of(var)}[{size}];")
+
+    def function(self, func: Function) -> str:
+        if func.kind != CUDA_KERNEL:
+            raise UnsupportedError(f"the CUDA backend compiles CUDA kernels, not {func.kind}")
+        self.prepare(func)
+        params = ", ".join(self.params(func))
+        bounds = ""
+        block = func.launch.block
+        if block and all(isinstance(b, Const) for b in block):
+            threads = prod(int(b.value) for b in block)
+            mb = f", {func.launch.min_blocks}" if func.launch.min_blocks else ""
+            bounds = f"__launch_bounds__({threads}{mb}) "
+        self.emit(f'extern "C" __global__ void {bounds}{func.name}({params}) {{')
+        self.depth += 1
+        self.visit(func.body)
+        self.depth -= 1
+        self.emit("}")
+        return "\n".join(self.lines)
+
+
+def generate_cuda(funcs: list[Function]) -> str:
+    """CUDA source for a list of lowered CUDA kernels."""
+    parts = [CUDA_PRELUDE.strip()]
+    for f in funcs:
+        parts.append(CudaCodegen().function(f))
+    return "\n\n".join(parts) + "\n"

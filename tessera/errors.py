@@ -1,0 +1,47 @@
+"""Errors raised by tessera.  A leaf module: every layer may import it."""
+
+from __future__ import annotations
+
+
+class TesseraError(Exception):
+    """Base class of tessera's errors."""
+
+
+class KernelSyntaxError(TesseraError):
+    """A kernel uses an unsupported construct or is ill-typed; points at the source line."""
+
+    def __init__(self, message: str, kernel: str = "?", filename: str = "<unknown>", line: int = 0,
+                 col: int = 0, source_line: str = ""):  # fmt: skip
+        self.message, self.kernel, self.filename, self.line, self.col = message, kernel, filename, line, col
+        text = f"in kernel '{kernel}' at {filename}:{line}: {message}"
+        if source_line:
+            text += f"\n    {source_line.rstrip()}\n    {' ' * col}^"
+        super().__init__(text)
+
+
+class CompilationError(TesseraError):
+    """gcc or nvcc rejected generated code; carries the compiler log and the source path."""
+
+    def __init__(self, compiler: str, command: list[str], log: str, source_path: str):
+        self.compiler, self.command, self.log, self.source_path = compiler, command, log, source_path
+        super().__init__(
+            f"{compiler} failed to compile generated code.\n"
+            f"  generated source: {source_path}\n  command: {' '.join(command)}\n"
+            f"--- compiler log ---\n{log.strip()}\n--- end of log ---"
+        )
+
+
+class CompilerNotFoundError(TesseraError):
+    """gcc or nvcc is not installed or not on PATH."""
+
+
+class UnsupportedError(TesseraError):
+    """A feature that tessera (or this backend) does not support yet."""
+
+
+class ArgumentError(TesseraError, TypeError):
+    """A kernel was called with arguments of the wrong dtype, shape, device or layout."""
+
+
+class DeviceError(TesseraError):
+    """No usable CUDA driver or GPU, or a CUDA call failed."""

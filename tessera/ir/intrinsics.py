@@ -1,0 +1,49 @@
+"""Intrinsic functions callable from kernels, with their typing rules.
+
+Backends map each intrinsic name to a C or CUDA function; the front end and passes only
+need the arity and the result type defined here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.ir import dtypes
+from tessera.ir.dtypes import DataType
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    name: str
+    arity: int
+    # "float": result is the (float) argument type, ints promote to float32.
+    # "same": result is the promoted type of the arguments.
+    rule: str
+
+    def result_type(self, arg_types: list[DataType]) -> DataType:
+        if len(arg_types) != self.arity:
+            raise TypeError(f"{self.name}() takes {self.arity} argument(s), got {len(arg_types)}")
+        t = arg_types[0]
+        for other in arg_types[1:]:
+            t = dtypes.promote(t, other)
+        if self.rule == "float" and not t.is_float:
+            return dtypes.float32
+        return t
+
+
+_FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "floor", "ceil", "round")
+INTRINSICS: dict[str, Intrinsic] = {n: Intrinsic(n, 1, "float") for n in _FLOAT_UNARY}
+INTRINSICS |= {
+    "pow": Intrinsic("pow", 2, "float"),
+    "abs": Intrinsic("abs", 1, "same"),
+    "max": Intrinsic("max", 2, "same"),
+    "min": Intrinsic("min", 2, "same"),
+    "fma": Intrinsic("fma", 3, "float"),
+}
+
+
+def lookup(name: str) -> Intrinsic:
+    try:
+        return INTRINSICS[name]
+    except KeyError:
+        raise KeyError(f"unknown intrinsic {name!r}; known: {sorted(INTRINSICS)}") from None

@@ -1,0 +1,93 @@
+"""The `@tessera.kernel` decorator: parse, lower, generate, build and load on first call.
+
+This module sits on top of the layers (lang -> transforms -> backend -> runtime) and is the
+only place that strings them together for one kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
+from tessera.ir.func import Function
+from tessera.lang.parser import parse_kernel
+from tessera.transforms.pipeline import lower
+
+
+class Kernel:
+    """A tessera kernel.  Inspect `.ir`, `.lowered` and `.source`; call it to run it."""
+
+    def __init__(self, pyfunc: Callable, target: str = "cpu", name: Optional[str] = None, arch: Optional[str] = None):
+        self.pyfunc, self.target = pyfunc, target
+        self.ir: Function = parse_kernel(pyfunc, target, name)
+        self.__name__ = self.ir.name
+        self.__doc__ = pyfunc.__doc__
+        self._arch = arch
+        self._lowered: Optional[Function] = None
+        self._source: Optional[str] = None
+        self._compiled: Any = None
+
+    @property
+    def lowered(self) -> Function:
+        if self._lowered is None:
+            self._lowered = lower(self.ir)
+        return self._lowered
+
+    @property
+    def arch(self) -> str:
+        if self._arch is None:
+            self._arch = detect_cuda_arch()
+        return self._arch
+
+    @property
+    def source(self) -> str:
+        """The generated C or CUDA source."""
+        if self._source is None:
+            gen = generate_c if self.target == "cpu" else generate_cuda
+            self._source = gen([self.lowered])
+        return self._source
+
+    def build(self) -> str:
+        """Compile (or fetch from the cache) and return the artifact path."""
+        if self.target == "cpu":
+            return str(build_c(self.source))
+        return str(build_cuda(self.source, self.arch))
+
+    def compile(self) -> Any:
+        """Build and load; returns the loaded runtime kernel."""
+        if self._compiled is None:
+            from pathlib import Path
+
+            path = Path(self.build())
+            if self.target == "cpu":
+                from tessera.runtime.cpu import CpuKernel
+
+                self._compiled = CpuKernel(self.ir, path)
+            else:
+                from tessera.runtime.cuda import CudaKernel
+
+                self._compiled = CudaKernel(self.ir, path)
+        return self._compiled
+
+    def __call__(self, *args: Any, stream: Optional[int] = None) -> None:
+        compiled = self.compile()
+        if self.target == "cpu":
+            compiled(args)
+        else:
+            compiled.launch(args, stream)
+
+    def __repr__(self) -> str:
+        return f"<tessera.Kernel {self.ir.name} target={self.target}>"
+
+
+def kernel(fn: Optional[Callable] = None, *, target: str = "cpu", name: Optional[str] = None,
+           arch: Optional[str] = None) -> Any:  # fmt: skip
+    """Compile a Python function into a tessera kernel.
+
+    Use as ``@kernel`` (CPU) or ``@kernel(target="cuda")``.  The function body is parsed at
+    decoration time, so unsupported constructs are reported immediately with the line.
+    """
+    def wrap(f: Callable) -> Kernel:
+        return Kernel(f, target, name, arch)
+
+    return wrap(fn) if fn is not None else wrap

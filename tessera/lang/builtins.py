@@ -1,0 +1,76 @@
+"""Names that kernels use: hardware indices, memory, loops, casts and math intrinsics.
+
+These objects are markers: the parser recognises them by identity and turns their uses
+into IR.  Calling them from ordinary Python raises an error that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera.ir.dtypes import DataType
+from tessera.ir.intrinsics import INTRINSICS
+from tessera.ir.types import PointerType
+
+
+class Builtin:
+    """A kernel-only name.  `kind` tells the parser how to treat it."""
+
+    def __init__(self, name: str, kind: str):
+        self.name, self.kind = name, kind
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"tessera.{self.name} can only be used inside a @tessera.kernel function")
+
+    def __repr__(self) -> str:
+        return f"<tessera builtin {self.name}>"
+
+
+# Hardware indices: thread_idx.x, block_idx.y, ...
+thread_idx = Builtin("threadIdx", "hwindex")
+block_idx = Builtin("blockIdx", "hwindex")
+block_dim = Builtin("blockDim", "hwindex")
+grid_dim = Builtin("gridDim", "hwindex")
+
+# Launch configuration, set by assignment inside the kernel: attrs.grid = (...), attrs.block = 256.
+attrs = Builtin("attrs", "attrs")
+
+# Statements and memory.
+syncthreads = Builtin("syncthreads", "barrier")
+register_tensor = Builtin("register_tensor", "alloc")
+shared_tensor = Builtin("shared_tensor", "alloc")
+
+# Loop iterators.
+unroll = Builtin("unroll", "loop")
+parallel = Builtin("parallel", "loop")
+grid = Builtin("grid", "loop")
+
+# Expressions.
+cast = Builtin("cast", "cast")
+ceil_div = Builtin("ceil_div", "ceil_div")
+select = Builtin("select", "select")
+
+_intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
+exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
+sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))
+floor, ceil, round_ = _intrinsics["floor"], _intrinsics["ceil"], _intrinsics["round"]
+pow_, fma = _intrinsics["pow"], _intrinsics["fma"]
+abs_, max_, min_ = _intrinsics["abs"], _intrinsics["max"], _intrinsics["min"]
+
+
+def ptr(dtype: DataType) -> PointerType:
+    """Annotation for a raw pointer parameter: `x: ptr(f32)`."""
+    return PointerType(dtype)
+
+
+def python_equivalents() -> dict[Any, Builtin]:
+    """Python built-ins and math functions that kernels may use in place of ours."""
+    import builtins
+    import math
+
+    out: dict[Any, Builtin] = {builtins.abs: abs_, builtins.max: max_, builtins.min: min_, builtins.pow: pow_}
+    for name in ("exp", "exp2", "log", "log2", "sqrt", "sin", "cos", "tanh", "erf", "floor", "ceil"):
+        if hasattr(math, name):
+            out[getattr(math, name)] = _intrinsics[name]
+    out[math.pow] = pow_
+    return out

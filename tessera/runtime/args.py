@@ -1,0 +1,127 @@
+"""Check call arguments against a kernel's signature and convert them to C values."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+from tessera.errors import ArgumentError
+from tessera.ir import dtypes
+from tessera.ir.dtypes import DataType
+from tessera.ir.evaluate import evaluate
+from tessera.ir.expr import Const, Var
+from tessera.ir.func import Function
+from tessera.ir.types import PointerType, TensorType
+from tessera.runtime.tensor import ArrayView, as_view
+
+CTYPES = {
+    "bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+}  # fmt: skip
+
+
+def ctype_of(t: Any) -> type:
+    if isinstance(t, (PointerType, TensorType)):
+        return ctypes.c_void_p
+    if t.name not in CTYPES:
+        raise ArgumentError(f"scalar parameters of type {t} are not supported")
+    return CTYPES[t.name]
+
+
+def _scalar(func: Function, p: Var, value: Any) -> Any:
+    t: DataType = p.type
+    if isinstance(value, np.generic):
+        value = value.item()
+    if t.is_bool:
+        if not isinstance(value, (bool, int)):
+            raise ArgumentError(f"{func.name}: parameter '{p.name}' expects a bool, got {type(value).__name__}")
+        return bool(value)
+    if t.is_integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentError(f"{func.name}: parameter '{p.name}' expects an int ({t}), got {type(value).__name__}")
+        if not t.min_value <= value <= t.max_value:
+            raise ArgumentError(f"{func.name}: parameter '{p.name}' = {value} does not fit in {t}")
+        return value
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ArgumentError(f"{func.name}: parameter '{p.name}' expects a number ({t}), got {type(value).__name__}")
+    return float(value)
+
+
+def bind(func: Function, args: Sequence[Any], device: str) -> tuple[list[Any], dict[str, int], list[ArrayView]]:
+    """Validate `args` for `func` on `device`.
+
+    Returns the C values of all parameters (hidden shape parameters last), the values of
+    the shape symbols, and the array views (which keep the arrays alive).
+    """
+    if len(args) != len(func.params):
+        names = ", ".join(p.name for p in func.params)
+        raise ArgumentError(f"{func.name}() takes {len(func.params)} arguments ({names}), got {len(args)}")
+    values: dict[str, Any] = {}
+    views: list[ArrayView] = []
+    symbols: dict[str, int] = {}
+    for p, a in zip(func.params, args):
+        if isinstance(p.type, DataType):
+            values[p.name] = _scalar(func, p, a)
+    for p, a in zip(func.params, args):
+        if isinstance(p.type, DataType):
+            continue
+        try:
+            view = as_view(a)
+        except TypeError as exc:
+            raise ArgumentError(f"{func.name}: argument '{p.name}': {exc}") from None
+        if view is None:
+            raise ArgumentError(f"{func.name}: argument '{p.name}' must be an array (numpy, torch, device array), got {type(a).__name__}")
+        if view.device != device:
+            raise ArgumentError(f"{func.name}: argument '{p.name}' is on {view.device} but the kernel runs on {device}; move it first")
+        if view.dtype != p.type.dtype:
+            raise ArgumentError(f"{func.name}: argument '{p.name}' has dtype {view.dtype}, expected {p.type.dtype}")
+        if not view.contiguous:
+            raise ArgumentError(f"{func.name}: argument '{p.name}' is not contiguous; pass a contiguous copy (e.g. .contiguous() / np.ascontiguousarray)")
+        if isinstance(p.type, TensorType):
+            _check_shape(func, p, view, values, symbols)
+        values[p.name] = view.ptr
+        views.append(view)
+    for s in func.shape_params:
+        if s.name not in symbols:
+            raise ArgumentError(f"{func.name}: shape symbol '{s.name}' is not bound by any argument")
+        values[s.name] = symbols[s.name]
+    return [values[p.name] for p in func.all_params], symbols, views
+
+
+def _check_shape(func: Function, p: Var, view: ArrayView, values: dict[str, Any], symbols: dict[str, int]) -> None:
+    t: TensorType = p.type
+    if len(view.shape) != t.rank:
+        raise ArgumentError(f"{func.name}: argument '{p.name}' has shape {view.shape}, expected rank {t.rank} {t}")
+    for axis, (dim, actual) in enumerate(zip(t.shape, view.shape)):
+        if isinstance(dim, Const):
+            expected = dim.value
+        elif dim.name in values:  # an explicit integer parameter
+            expected = values[dim.name]
+        elif dim.name in symbols:
+            expected = symbols[dim.name]
+        else:
+            if actual >= 2**31:
+                raise ArgumentError(f"{func.name}: dimension {axis} of '{p.name}' ({actual}) exceeds int32")
+            symbols[dim.name] = actual
+            continue
+        if actual != expected:
+            what = f"'{dim.name}' = {expected}" if not isinstance(dim, Const) else str(expected)
+            raise ArgumentError(f"{func.name}: argument '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
+    if 0 in view.shape:
+        raise ArgumentError(f"{func.name}: argument '{p.name}' is empty (shape {view.shape})")
+
+
+def eval_launch_dims(func: Function, values: list[Any], dims: Sequence[Any]) -> tuple[int, int, int]:
+    env = {p: v for p, v in zip(func.all_params, values) if isinstance(p.type, DataType)}
+    out = [int(evaluate(d, env)) for d in dims] + [1] * (3 - len(dims))
+    for d in out:
+        if d <= 0:
+            raise ArgumentError(f"{func.name}: launch dimension evaluated to {d}; grid and block sizes must be positive")
+    return out[0], out[1], out[2]
+
+
+def default_int_dtype(v: int) -> DataType:
+    return dtypes.int32 if -(2**31) <= v < 2**31 else dtypes.int64

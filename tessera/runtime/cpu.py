@@ -1,0 +1,31 @@
+"""Load CPU kernels from shared libraries and call them."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+from tessera.ir.func import Function
+from tessera.runtime.args import bind, ctype_of
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(path)
+
+
+class CpuKernel:
+    """A compiled CPU kernel; call it with numpy arrays or CPU torch tensors."""
+
+    def __init__(self, func: Function, library: Path):
+        self.func = func
+        self.fn = getattr(_load(str(library)), func.name)
+        self.fn.restype = None
+        self.fn.argtypes = [ctype_of(p.type) for p in func.all_params]
+
+    def __call__(self, args: Sequence[Any]) -> None:
+        values, _, views = bind(self.func, args, "cpu")
+        self.fn(*values)
+        del views

@@ -1,0 +1,166 @@
+"""CUDA runtime through cuda-python's driver bindings: context, memory, modules, launches.
+
+tessera shares the device's primary context, the same one torch uses, so torch CUDA
+tensors and tessera device arrays can be passed to the same kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from math import prod
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from tessera.errors import ArgumentError, DeviceError
+from tessera.ir.dtypes import DataType
+from tessera.ir.func import Function
+from tessera.runtime.args import bind, ctype_of, eval_launch_dims
+from tessera.runtime.tensor import ArrayView, numpy_dtype
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise DeviceError(f"cuda-python is not installed ({exc}); `pip install cuda-bindings`") from None
+    return driver
+
+
+def check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python (err, *values) tuple, raising DeviceError on failure."""
+    driver = _driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, desc = driver.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else name
+        desc = desc.decode() if isinstance(desc, bytes) else desc
+        raise DeviceError(f"{what} failed: {name}: {desc}")
+    return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
+
+
+@functools.lru_cache(maxsize=None)
+def context() -> tuple[Any, Any]:
+    """(device, primary context) of GPU 0, made current on first use."""
+    driver = _driver()
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as exc:  # noqa: BLE001  (driver library missing)
+        raise DeviceError(f"no CUDA driver could be loaded: {exc}. Run CPU kernels (target='cpu') on this machine.") from None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"cuInit failed ({err}); is there a GPU? Run CPU kernels (target='cpu') instead.")
+    count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    if count == 0:
+        raise DeviceError("no CUDA device found; run CPU kernels (target='cpu') instead")
+    dev = check(driver.cuDeviceGet(0), "cuDeviceGet")
+    ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return dev, ctx
+
+
+def ensure_current() -> None:
+    _, ctx = context()
+    check(_driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def is_available() -> bool:
+    """True when a CUDA driver and at least one GPU are usable."""
+    try:
+        context()
+        return True
+    except DeviceError:
+        return False
+
+
+def synchronize() -> None:
+    ensure_current()
+    check(_driver().cuCtxSynchronize(), "cuCtxSynchronize (a kernel may have faulted)")
+
+
+class DeviceArray:
+    """A contiguous array in GPU memory, allocated with cuMemAlloc."""
+
+    def __init__(self, shape: Sequence[int], dtype: DataType):
+        ensure_current()
+        self.shape, self.dtype = tuple(int(s) for s in shape), dtype
+        self.nbytes = prod(self.shape) * dtype.nbytes
+        self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
+
+    @staticmethod
+    def from_numpy(arr: np.ndarray) -> DeviceArray:
+        from tessera.runtime.tensor import as_view
+
+        view = as_view(np.ascontiguousarray(arr))
+        out = DeviceArray(arr.shape, view.dtype)
+        check(_driver().cuMemcpyHtoD(out.ptr, view.ptr, out.nbytes), "cuMemcpyHtoD")
+        return out
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
+        ensure_current()
+        check(_driver().cuMemcpyDtoH(out.ctypes.data, self.ptr, self.nbytes), "cuMemcpyDtoH")
+        return out
+
+    def __tessera_view__(self) -> ArrayView:
+        return ArrayView(self.ptr, self.shape, self.dtype, "cuda", True, self)
+
+    def __del__(self) -> None:
+        ptr = getattr(self, "ptr", 0)
+        if ptr:
+            try:
+                _driver().cuMemFree(ptr)
+            except Exception:  # noqa: BLE001  (interpreter shutdown)
+                pass
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype})"
+
+
+def _current_stream(views: list[ArrayView]) -> int:
+    """torch's current stream when torch tensors are involved, else the legacy default stream."""
+    for v in views:
+        if type(v.owner).__module__.startswith("torch"):
+            import torch
+
+            return int(torch.cuda.current_stream(v.owner.device).cuda_stream)
+    return 0
+
+
+class CudaKernel:
+    """A kernel loaded from a cubin; call it with device arrays or torch CUDA tensors."""
+
+    def __init__(self, func: Function, cubin: Path, name: Optional[str] = None):
+        driver = _driver()
+        ensure_current()
+        self.func = func
+        self.module = check(driver.cuModuleLoadData(cubin.read_bytes()), f"loading {cubin}")
+        self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
+        self.ctypes = [ctype_of(p.type) for p in func.all_params]
+        self.smem_limit_set = 0
+
+    def launch(self, args: Sequence[Any], stream: Optional[int] = None) -> None:
+        driver = _driver()
+        values, _, views = bind(self.func, args, "cuda")
+        launch = self.func.launch
+        grid = eval_launch_dims(self.func, values, launch.grid)
+        block = eval_launch_dims(self.func, values, launch.block)
+        smem = int(eval_launch_dims(self.func, values, (launch.dynamic_smem,))[0]) if launch.dynamic_smem is not None else 0
+        if max(grid[1], grid[2]) > 65535 or grid[0] >= 2**31:
+            raise ArgumentError(f"{self.func.name}: grid {grid} exceeds CUDA limits")
+        if smem > 48 * 1024 and smem > self.smem_limit_set:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(driver.cuFuncSetAttribute(self.handle, attr, smem), "raising the dynamic shared memory limit")
+            self.smem_limit_set = smem
+        cvals = [ct(v) for ct, v in zip(self.ctypes, values)]
+        ptrs = (ctypes.c_void_p * len(cvals))(*[ctypes.addressof(v) for v in cvals])
+        if stream is None:
+            stream = _current_stream(views)
+        ensure_current()
+        check(
+            driver.cuLaunchKernel(self.handle, *grid, *block, smem, stream, ctypes.addressof(ptrs), 0),
+            f"launching {self.func.name} grid={grid} block={block}",
+        )
+        del views, cvals

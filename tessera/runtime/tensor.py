@@ -1,0 +1,87 @@
+"""A uniform view of array arguments: numpy arrays, torch tensors, DLPack and CUDA-array-interface objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tessera.ir import dtypes
+from tessera.ir.dtypes import DataType
+
+_NUMPY_TO_DTYPE = {
+    "bool": dtypes.boolean, "int8": dtypes.int8, "int16": dtypes.int16, "int32": dtypes.int32, "int64": dtypes.int64,
+    "uint8": dtypes.uint8, "uint16": dtypes.uint16, "uint32": dtypes.uint32, "uint64": dtypes.uint64,
+    "float16": dtypes.float16, "float32": dtypes.float32, "float64": dtypes.float64, "bfloat16": dtypes.bfloat16,
+}  # fmt: skip
+
+
+@dataclass
+class ArrayView:
+    """What the runtime needs to pass an array to a kernel."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: DataType
+    device: str  # "cpu" or "cuda"
+    contiguous: bool
+    owner: Any  # keeps the memory alive during the call
+
+
+def numpy_dtype(dt: DataType) -> np.dtype:
+    """The numpy dtype that stores `dt` (bfloat16 needs the ml_dtypes package)."""
+    if dt == dtypes.bfloat16:
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            raise TypeError("bfloat16 numpy arrays need the ml_dtypes package; or pass torch tensors") from None
+    for name, d in _NUMPY_TO_DTYPE.items():
+        if d == dt:
+            return np.dtype(name)
+    raise TypeError(f"{dt} has no numpy equivalent")
+
+
+def _torch_dtype(t: Any) -> DataType | None:
+    name = str(t).removeprefix("torch.")
+    return _NUMPY_TO_DTYPE.get(name)
+
+
+def as_view(obj: Any) -> ArrayView | None:
+    """An ArrayView of `obj`, or None when it is not an array."""
+    if isinstance(obj, np.ndarray):
+        dt = _NUMPY_TO_DTYPE.get(obj.dtype.name)
+        if dt is None:
+            raise TypeError(f"numpy dtype {obj.dtype} is not supported")
+        return ArrayView(obj.ctypes.data, tuple(obj.shape), dt, "cpu", bool(obj.flags.c_contiguous), obj)
+    mod = type(obj).__module__
+    if mod.startswith("torch") and hasattr(obj, "data_ptr"):
+        dt = _torch_dtype(obj.dtype)
+        if dt is None:
+            raise TypeError(f"torch dtype {obj.dtype} is not supported")
+        device = "cuda" if obj.is_cuda else "cpu" if obj.device.type == "cpu" else obj.device.type
+        return ArrayView(obj.data_ptr(), tuple(obj.shape), dt, device, obj.is_contiguous(), obj)
+    if hasattr(obj, "__tessera_view__"):
+        return obj.__tessera_view__()
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        dt = _NUMPY_TO_DTYPE.get(np.dtype(cai["typestr"]).name)
+        if dt is None:
+            raise TypeError(f"array dtype {cai['typestr']} is not supported")
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        contiguous = strides is None or tuple(strides) == _c_strides(shape, np.dtype(cai["typestr"]).itemsize)
+        return ArrayView(int(cai["data"][0]), shape, dt, "cuda", contiguous, obj)
+    if hasattr(obj, "__dlpack__"):
+        return as_view(np.from_dlpack(obj))
+    return None
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, acc = [], itemsize
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
