@@ -200,7 +200,7 @@ class IRMutator(IRVisitor):
 
     def visit_ForMapping(self, s: S.ForMapping) -> S.Stmt:
         w, body = self.visit(s.worker), self.visit(s.body)
-        return s if w is s.worker and body is s.body else _keep_line(S.ForMapping(s.vars, s.mapping, w, body), s)
+        return s if w is s.worker and body is s.body else _keep_line(S.ForMapping(s.vars, s.mapping, w, body, s.task_var), s)
 
     def visit_If(self, s: S.If) -> S.Stmt:
         c, t = self.visit(s.cond), self.visit(s.then_body)

@@ -88,7 +88,10 @@ class IRPrinter(IRVisitor):
 
     def visit_ForMapping(self, s: S.ForMapping) -> None:
         names = ", ".join(v.name for v in s.vars)
-        self.emit(f"for {names} in ({s.mapping}).on({self.expr(s.worker)}):")
+        if s.task_var is not None:
+            self.emit(f"for {s.task_var.name}, ({names}) in enumerate(({s.mapping}).on({self.expr(s.worker)})):")
+        else:
+            self.emit(f"for {names} in ({s.mapping}).on({self.expr(s.worker)}):")
         self.block(s.body)
 
     def visit_If(self, s: S.If) -> None:

@@ -88,6 +88,8 @@ class For(Stmt):
 class ForMapping(Stmt):
     """for vars in mapping.on(worker): the tasks a task mapping assigns to one worker.
 
+    With `task_var` (from `for t, (i, j) in enumerate(m.on(w))`), t counts the worker's own
+    tasks 0, 1, ...: the natural index into a register tensor that holds one value per task.
     Lowered by transforms.lower_task_mapping into ordinary loops and index arithmetic.
     """
 
@@ -95,6 +97,7 @@ class ForMapping(Stmt):
     mapping: TaskMapping
     worker: Expr
     body: Stmt
+    task_var: Optional[Var] = None
 
 
 @dataclass(eq=False)

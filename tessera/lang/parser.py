@@ -244,8 +244,11 @@ class KernelParser:
                 raise _Error("tuple assignment needs a tuple of the same length on the right")
             values = [self.expr(v) for v in node.value.elts]  # every right-hand side first
             stmts: list[S.Stmt] = []
+            targets = {n.id for t in target.elts for n in ast.walk(t) if isinstance(n, ast.Name)}
+            sources = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
             for k, v in enumerate(values):
-                if isinstance(v, E.Expr) and not isinstance(v, E.Const):
+                # a, b = b, a needs temporaries; independent targets do not.
+                if targets & sources and isinstance(v, E.Expr) and not isinstance(v, E.Const):
                     tmp = self.fresh_var("tmp", v.dtype)
                     stmts.append(S.DeclareVar(tmp, v))
                     values[k] = tmp
@@ -273,6 +276,8 @@ class KernelParser:
             self.define(name, value.var)
             return value
         if isinstance(existing, E.Var):
+            if value is existing:
+                return None  # M = M (e.g. M = a.shape[0] where M is the shape symbol)
             if not isinstance(existing.type, DataType):
                 raise _Error(f"cannot rebind tensor or pointer '{name}'; assign to its elements instead")
             return S.Assign(existing, self.convert(self.to_ir(value), existing.type, name))
@@ -360,8 +365,19 @@ class KernelParser:
     def stmt_For(self, node: ast.For) -> S.Stmt:
         if node.orelse:
             raise _Error("for/else is not supported")
-        names = self.target_names(node.target)
         it = node.iter
+        task_name = None
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "enumerate":
+            # for t, (i, j) in enumerate(m.on(w)): t numbers the worker's own tasks
+            target = node.target
+            if not (isinstance(target, ast.Tuple) and len(target.elts) == 2 and isinstance(target.elts[0], ast.Name)):
+                raise _Error("use `for t, (i, j) in enumerate(mapping.on(worker))`")
+            if len(it.args) != 1 or not self.is_mapping_on(it.args[0]):
+                raise _Error("enumerate() in kernels only wraps mapping.on(worker)")
+            task_name, it = target.elts[0].id, it.args[0]
+            names = self.target_names(target.elts[1])
+        else:
+            names = self.target_names(node.target)
         self.loop_depth += 1
         try:
             if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "on":
@@ -370,8 +386,10 @@ class KernelParser:
                     if len(it.args) != 1 or it.keywords:
                         raise _Error("mapping.on() takes exactly one argument: the worker index")
                     worker = self.to_ir(self.expr(it.args[0]))
-                    return self.mapping_loop(names, mapping, worker, node)
+                    return self.mapping_loop(names, mapping, worker, node, task_name)
             func = self.expr(it.func) if isinstance(it, ast.Call) else self.expr(it)
+            if isinstance(func, (list, tuple)) and not isinstance(it, ast.Call):
+                return self.static_loop(names, func, node)
             if isinstance(func, TaskMapping):  # every task of every worker, worker-major
                 w = self.fresh_var("worker", dtypes.int32)
                 inner = self.mapping_loop(names, func, w, node)
@@ -429,14 +447,38 @@ class KernelParser:
             body = S.For(v, zero, self.to_ir(ext), one, body)
         return body
 
-    def mapping_loop(self, names: list[str], mapping: TaskMapping, worker: E.Expr, node: ast.For) -> S.Stmt:
+    def is_mapping_on(self, node: ast.expr) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "on"
+                and isinstance(self.expr(node.func.value), TaskMapping))  # fmt: skip
+
+    def mapping_loop(self, names: list[str], mapping: TaskMapping, worker: E.Expr, node: ast.For,
+                     task_name: Optional[str] = None) -> S.Stmt:  # fmt: skip
         if len(names) != mapping.rank:
             raise _Error(f"the mapping {mapping} has rank {mapping.rank} but the loop unpacks {len(names)} names")
         if not worker.dtype.is_integer:
             raise _Error(f"the worker index must be an integer, got {worker.dtype}")
         vars_ = tuple(self.new_loop_var(n) for n in names)
-        body = self.block(node.body, dict(zip(names, vars_)))
-        return S.ForMapping(vars_, mapping, worker, body)
+        scope = dict(zip(names, vars_))
+        task_var = None
+        if task_name is not None:
+            task_var = self.new_loop_var(task_name)
+            scope[task_name] = task_var
+        body = self.block(node.body, scope)
+        return S.ForMapping(vars_, mapping, worker, body, task_var)
+
+    def static_loop(self, names: list[str], values: list[Any] | tuple[Any, ...], node: ast.For) -> S.Stmt:
+        """`for s in (128, 64, 32):` over a compile-time sequence: the body is repeated per value."""
+        if any(isinstance(n, (ast.Break, ast.Continue)) for stmt in node.body for n in ast.walk(stmt)):
+            raise _Error("break/continue are not supported in loops over compile-time sequences")
+        out = []
+        for value in values:
+            items = value if len(names) > 1 else (value,)
+            if not isinstance(items, (list, tuple)) or len(items) != len(names):
+                raise _Error(f"cannot unpack {value!r} into {len(names)} names")
+            self.loop_depth -= 1  # the copies are not run-time loops
+            out.append(self.block(node.body, dict(zip(names, items))))
+            self.loop_depth += 1
+        return S.seq(*out) if out else S.Seq([])
 
     # ---- expressions --------------------------------------------------------------------------
     def expr(self, node: ast.expr) -> Any:
@@ -458,6 +500,8 @@ class KernelParser:
             return value
         if _is_py_scalar(value):
             return E.as_expr(value)
+        if isinstance(value, str):
+            raise _Error(f"string constant {value!r} is not supported in kernels")
         raise _Error(f"{value!r} is not a value a kernel can compute with")
 
     def convert(self, value: E.Expr, dtype: DataType, name: str = "") -> E.Expr:
@@ -480,8 +524,8 @@ class KernelParser:
         return E.Binary("!=", value, E.Const(0, value.dtype))
 
     def expr_Constant(self, node: ast.Constant) -> Any:
-        if _is_py_scalar(node.value):
-            return node.value
+        if _is_py_scalar(node.value) or isinstance(node.value, str):
+            return node.value  # strings only matter at compile time: float("inf")
         raise _Error(f"constant {node.value!r} of type {type(node.value).__name__} is not supported in kernels")
 
     def expr_Name(self, node: ast.Name) -> Any:
@@ -489,6 +533,9 @@ class KernelParser:
 
     def expr_Tuple(self, node: ast.Tuple) -> tuple:
         return tuple(self.expr(e) for e in node.elts)
+
+    def expr_List(self, node: ast.List) -> list:
+        return [self.expr(e) for e in node.elts]
 
     def expr_Attribute(self, node: ast.Attribute) -> Any:
         owner = self.expr(node.value)

@@ -58,6 +58,8 @@ class LowerTaskMapping(IRMutator):
             else:
                 coords = [_const(0)] * m.rank
                 for d in atom.dims_outer_to_inner():
+                    if atom.shape[d] == 1:
+                        continue
                     v = E.Var(f"{base}_r{k}_{d}", dtypes.int32)
                     loops.append((v, atom.shape[d]))
                     coords[d] = v
@@ -77,6 +79,11 @@ class LowerTaskMapping(IRMutator):
             else:
                 spatial_vars[d] = fixed + moving
         decls = [S.DeclareVar(v, _sum(spatial_vars[d])) for d, v in enumerate(s.vars)]
+        if s.task_var is not None:  # row-major position among this worker's tasks
+            t: E.Expr = _const(0)
+            for v, extent in loops:
+                t = E.Binary("+", E.Binary("*", t, _const(extent)), v)
+            decls.append(S.DeclareVar(s.task_var, t))
         inner: S.Stmt = S.seq(*decls, body)
         kind = S.UNROLL if m.tasks_per_worker <= UNROLL_LIMIT else S.SERIAL
         for v, extent in reversed(loops):

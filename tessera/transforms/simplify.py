@@ -13,7 +13,7 @@ from typing import Any, Callable
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import Function
-from tessera.ir.functor import IRMutator
+from tessera.ir.functor import IRMutator, IRVisitor, substitute
 
 _FOLD: dict[str, Callable[[Any, Any], Any]] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -121,9 +121,34 @@ class Simplify(IRMutator):
         return super().visit_If(s)
 
     def visit_For(self, s: S.For) -> S.Stmt:
-        if isinstance(s.start, E.Const) and isinstance(s.stop, E.Const) and s.stop.value <= s.start.value:
-            return S.Seq([])
+        start, stop, step = self.visit(s.start), self.visit(s.stop), self.visit(s.step)
+        if isinstance(start, E.Const) and isinstance(stop, E.Const):
+            if stop.value <= start.value:
+                return S.Seq([])
+            if isinstance(step, E.Const) and stop.value - start.value <= step.value and not _has_loop_exit(s.body):
+                return self.visit(substitute(s.body, {s.var: start}))  # exactly one iteration
         return super().visit_For(s)
+
+
+def _has_loop_exit(body: S.Stmt) -> bool:
+    """True if `body` has a break/continue that belongs to the loop around it."""
+
+    class Finder(IRVisitor):
+        found = False
+
+        def visit_Break(self, x: S.Break) -> None:
+            self.found = True
+
+        visit_Continue = visit_Break
+
+        def visit_For(self, x: S.For) -> None:  # exits inside nested loops are theirs
+            pass
+
+        visit_While = visit_For
+
+    f = Finder()
+    f.visit(body)
+    return f.found
 
 
 def simplify(func: Function) -> Function:

@@ -61,7 +61,7 @@ class Verifier(IRVisitor):
     def visit_ForMapping(self, s: S.ForMapping) -> None:
         self.visit(s.worker)
         self.loops += 1
-        self.scoped(s.body, *s.vars)
+        self.scoped(s.body, *s.vars, *([s.task_var] if s.task_var is not None else []))
         self.loops -= 1
 
     def visit_While(self, s: S.While) -> None:
