@@ -12,7 +12,12 @@ Kernel authors import the names below, e.g.::
 """
 
 from tessera.errors import (
-    ArgumentError, CompilationError, CompilerNotFoundError, DeviceError, KernelSyntaxError, TesseraError,
+    ArgumentError,
+    CompilationError,
+    CompilerNotFoundError,
+    DeviceError,
+    KernelSyntaxError,
+    TesseraError,
     UnsupportedError,
 )  # fmt: skip
 from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
@@ -20,9 +25,38 @@ from tessera.ir.dtypes import DataType, dtype
 from tessera.ir.mapping import TaskMapping, repeat, spatial
 from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
-    abs_, attrs, block_dim, block_idx, cast, ceil, ceil_div, cos, erf, exp, exp2, floor, fma, grid, grid_dim, log,
-    log2, max_, min_, parallel, pow_, ptr, register_tensor, rsqrt, select, shared_tensor, sin, sqrt, syncthreads,
-    tanh, thread_idx, unroll,
+    abs_,
+    attrs,
+    block_dim,
+    block_idx,
+    cast,
+    ceil,
+    ceil_div,
+    cos,
+    erf,
+    exp,
+    exp2,
+    floor,
+    fma,
+    grid,
+    grid_dim,
+    log,
+    log2,
+    max_,
+    min_,
+    parallel,
+    pow_,
+    ptr,
+    register_tensor,
+    rsqrt,
+    select,
+    shared_tensor,
+    sin,
+    sqrt,
+    syncthreads,
+    tanh,
+    thread_idx,
+    unroll,
 )  # fmt: skip
 
 __version__ = "0.1.0"

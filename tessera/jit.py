@@ -6,7 +6,8 @@ only place that strings them together for one kernel.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
 from tessera.ir.func import Function
@@ -17,14 +18,14 @@ from tessera.transforms.pipeline import lower
 class Kernel:
     """A tessera kernel.  Inspect `.ir`, `.lowered` and `.source`; call it to run it."""
 
-    def __init__(self, pyfunc: Callable, target: str = "cpu", name: Optional[str] = None, arch: Optional[str] = None):
+    def __init__(self, pyfunc: Callable, target: str = "cpu", name: str | None = None, arch: str | None = None):
         self.pyfunc, self.target = pyfunc, target
         self.ir: Function = parse_kernel(pyfunc, target, name)
         self.__name__ = self.ir.name
         self.__doc__ = pyfunc.__doc__
         self._arch = arch
-        self._lowered: Optional[Function] = None
-        self._source: Optional[str] = None
+        self._lowered: Function | None = None
+        self._source: str | None = None
         self._compiled: Any = None
 
     @property
@@ -69,7 +70,7 @@ class Kernel:
                 self._compiled = CudaKernel(self.ir, path)
         return self._compiled
 
-    def __call__(self, *args: Any, stream: Optional[int] = None) -> None:
+    def __call__(self, *args: Any, stream: int | None = None) -> None:
         compiled = self.compile()
         if self.target == "cpu":
             compiled(args)
@@ -80,8 +81,8 @@ class Kernel:
         return f"<tessera.Kernel {self.ir.name} target={self.target}>"
 
 
-def kernel(fn: Optional[Callable] = None, *, target: str = "cpu", name: Optional[str] = None,
-           arch: Optional[str] = None) -> Any:  # fmt: skip
+def kernel(fn: Callable | None = None, *, target: str = "cpu", name: str | None = None,
+           arch: str | None = None) -> Any:  # fmt: skip
     """Compile a Python function into a tessera kernel.
 
     Use as ``@kernel`` (CPU) or ``@kernel(target="cuda")``.  The function body is parsed at

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (ruff reads the shape names in annotations such as f32["n"] as forward references)
 """The kernel front end: error reporting (message and exact source line) and parsing features.
 
 Each error case marks its offending line with a `# E:<tag>` comment; the expected line
@@ -186,7 +187,7 @@ def k_list_comp(a: f32["n"]):
 
 def k_mapping_unpack_too_many(a: f32[32]):
     for i, j, k in ts.spatial(4, 8).on(0):  # E:mapping_unpack_too_many
-        a[i * 8 + j] = 1.0
+        a[i * 8 + j + k] = 1.0
 
 
 REPEAT_4x8 = ts.repeat(4, 8)
@@ -199,7 +200,7 @@ def k_mapping_unpack_too_few(a: f32[32]):
 
 def k_grid_unpack(a: f32["n"]):
     for i, j in ts.grid(4):  # E:grid_unpack
-        a[i] = 1.0
+        a[i + j] = 1.0
 
 
 def k_parallel_in_cuda(a: f32["n"]):

@@ -26,13 +26,13 @@ def find_compiler(name: str, env_var: str) -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_version(path: str) -> str:
     out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
     return out.stdout.strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

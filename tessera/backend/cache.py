@@ -16,8 +16,8 @@ import shutil
 import tempfile
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ENV_VAR = "TESSERA_CACHE_DIR"
 

@@ -6,11 +6,11 @@ load widens, each store and each cast to them rounds to nearest even.
 
 from __future__ import annotations
 
+from tessera.backend.codegen_c_like import CLikeCodegen
+from tessera.errors import UnsupportedError
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
 from tessera.ir.types import TensorType
-from tessera.backend.codegen_c_like import CLikeCodegen
-from tessera.errors import UnsupportedError
 
 C_PRELUDE = r"""
 #include <stdint.h>

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +35,13 @@ def cases(rng: np.random.Generator) -> list[tuple[str, Callable, list[np.ndarray
     return out
 
 
-def _time(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 10) -> float:
-    fn()
+def _time(fn: Callable[..., Any], args: list[Any], sync: Callable[[], None], repeats: int = 10) -> float:
+    fn(*args)
     sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         sync()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
@@ -65,10 +66,10 @@ def run_examples(device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
         out = np.full(expected.shape, np.nan, dtype=np.float32)  # poison: unwritten outputs show up
         if device == "cuda":
             args = [cuda.DeviceArray.from_numpy(x) for x in inputs] + [cuda.DeviceArray.from_numpy(out)]
-            seconds = _time(lambda: kernel(*args), cuda.synchronize)
+            seconds = _time(kernel, args, cuda.synchronize)
             result = args[-1].numpy()
         else:
-            seconds = _time(lambda: kernel(*inputs, out), lambda: None)
+            seconds = _time(kernel, [*inputs, out], lambda: None)
             result = out
         err = float(np.max(np.abs(result - expected)) / max(np.max(np.abs(expected)), 1e-30))
         row = {"case": name, "device": device, "max_rel_err": err, "ms": seconds * 1e3, "build_s": build_s}

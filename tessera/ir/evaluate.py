@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tessera.ir import expr as E
 

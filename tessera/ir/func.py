@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from tessera.ir.expr import Expr, Var
 from tessera.ir.stmt import Stmt
@@ -18,7 +17,7 @@ class LaunchConfig:
 
     grid: tuple[Expr, ...] = ()
     block: tuple[Expr, ...] = ()
-    dynamic_smem: Optional[Expr] = None
+    dynamic_smem: Expr | None = None
     # Minimum resident blocks per SM for __launch_bounds__ (0: no launch bounds).
     min_blocks: int = 0
 

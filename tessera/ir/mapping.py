@@ -13,9 +13,10 @@ methods here give the same semantics in plain Python (used by tests and tools).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
-from tessera.ir.functor import IRVisitor
 from tessera.ir.func import Function
+from tessera.ir.functor import IRVisitor
 
 _PRECEDENCE = {
     "||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6,

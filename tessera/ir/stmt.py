@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from tessera.ir.expr import Expr, IRTypeError, Var, check_access
 from tessera.ir.types import REGISTER, SHARED, TensorType
@@ -39,7 +39,7 @@ class DeclareVar(Stmt):
     """Declare a scalar local variable, optionally initialised."""
 
     var: Var
-    init: Optional[Expr] = None
+    init: Expr | None = None
 
 
 @dataclass(eq=False)
@@ -97,14 +97,14 @@ class ForMapping(Stmt):
     mapping: TaskMapping
     worker: Expr
     body: Stmt
-    task_var: Optional[Var] = None
+    task_var: Var | None = None
 
 
 @dataclass(eq=False)
 class If(Stmt):
     cond: Expr
     then_body: Stmt
-    else_body: Optional[Stmt] = None
+    else_body: Stmt | None = None
 
 
 @dataclass(eq=False)

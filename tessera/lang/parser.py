@@ -12,7 +12,8 @@ import ast
 import builtins as py_builtins
 import inspect
 import textwrap
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from tessera.errors import KernelSyntaxError
 from tessera.ir import dtypes
@@ -44,7 +45,7 @@ def _is_py_scalar(v: Any) -> bool:
 class KernelParser:
     """Translate one Python function into a Function for `target` ("cpu" or "cuda")."""
 
-    def __init__(self, pyfunc: Callable, target: str, name: Optional[str] = None):
+    def __init__(self, pyfunc: Callable, target: str, name: str | None = None):
         if target not in TARGETS:
             raise ValueError(f"unknown target {target!r}; choose one of {sorted(TARGETS)}")
         self.pyfunc, self.target = pyfunc, target
@@ -67,7 +68,7 @@ class KernelParser:
         self.scopes: list[dict[str, Any]] = []
         self.shape_params: dict[str, E.Var] = {}
         self.launch = LaunchConfig()
-        self.current: Optional[ast.AST] = None
+        self.current: ast.AST | None = None
         self.loop_depth = 0
         self.counter = 0
 
@@ -87,7 +88,7 @@ class KernelParser:
         func.source_file, func.source_line = self.filename, self.first_line
         return func
 
-    def error(self, message: str, node: Optional[ast.AST] = None) -> KernelSyntaxError:
+    def error(self, message: str, node: ast.AST | None = None) -> KernelSyntaxError:
         node = node or self.current
         rel = getattr(node, "lineno", 1)
         col = getattr(node, "col_offset", 0) + self.indent
@@ -176,7 +177,7 @@ class KernelParser:
             raise _Error(f"cannot evaluate `{ast.unparse(node)}` at compile time: {exc}") from None
 
     # ---- statements -------------------------------------------------------------------------
-    def block(self, body: list[ast.stmt], scope: Optional[dict[str, Any]] = None) -> S.Stmt:
+    def block(self, body: list[ast.stmt], scope: dict[str, Any] | None = None) -> S.Stmt:
         self.scopes.append(scope if scope is not None else {})
         try:
             out = [self.stmt(s) for s in body]
@@ -184,7 +185,7 @@ class KernelParser:
             self.scopes.pop()
         return S.seq(*[s for s in out if s is not None]) if out else S.Seq([])
 
-    def stmt(self, node: ast.stmt) -> Optional[S.Stmt]:
+    def stmt(self, node: ast.stmt) -> S.Stmt | None:
         self.current = node
         method = getattr(self, "stmt_" + type(node).__name__, None)
         if method is None:
@@ -201,7 +202,7 @@ class KernelParser:
     def stmt_Pass(self, node: ast.Pass) -> None:
         return None
 
-    def stmt_Expr(self, node: ast.Expr) -> Optional[S.Stmt]:
+    def stmt_Expr(self, node: ast.Expr) -> S.Stmt | None:
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return None  # docstring
         value = self.expr(node.value)
@@ -235,7 +236,7 @@ class KernelParser:
         self.define(var.name, var)
         return S.DeclareVar(var, init)
 
-    def stmt_Assign(self, node: ast.Assign) -> Optional[S.Stmt]:
+    def stmt_Assign(self, node: ast.Assign) -> S.Stmt | None:
         if len(node.targets) != 1:
             raise _Error("chained assignment (a = b = c) is not supported")
         target = node.targets[0]
@@ -258,7 +259,7 @@ class KernelParser:
             return S.seq(*stmts)
         return self.assign_to(target, self.expr(node.value))
 
-    def assign_to(self, target: ast.expr, value: Any) -> Optional[S.Stmt]:
+    def assign_to(self, target: ast.expr, value: Any) -> S.Stmt | None:
         self.current = target
         if isinstance(target, ast.Attribute):
             return self.assign_attr(target, value)
@@ -344,7 +345,7 @@ class KernelParser:
             return S.Assign(var, self.convert(E.Binary(op, var, rhs), var.type, var.name))
         raise _Error(f"cannot assign to `{ast.unparse(node.target)}`")
 
-    def stmt_If(self, node: ast.If) -> Optional[S.Stmt]:
+    def stmt_If(self, node: ast.If) -> S.Stmt | None:
         cond = self.expr(node.test)
         if not isinstance(cond, E.Expr):  # compile-time condition: keep only the taken branch
             return self.block(node.body if cond else node.orelse)
@@ -452,7 +453,7 @@ class KernelParser:
                 and isinstance(self.expr(node.func.value), TaskMapping))  # fmt: skip
 
     def mapping_loop(self, names: list[str], mapping: TaskMapping, worker: E.Expr, node: ast.For,
-                     task_name: Optional[str] = None) -> S.Stmt:  # fmt: skip
+                     task_name: str | None = None) -> S.Stmt:  # fmt: skip
         if len(names) != mapping.rank:
             raise _Error(f"the mapping {mapping} has rank {mapping.rank} but the loop unpacks {len(names)} names")
         if not worker.dtype.is_integer:
@@ -736,6 +737,6 @@ class KernelParser:
             raise _Error("CUDA kernels must set `attrs.grid = (...)` and `attrs.block = (...)` in their body")
 
 
-def parse_kernel(pyfunc: Callable, target: str = "cpu", name: Optional[str] = None) -> Function:
+def parse_kernel(pyfunc: Callable, target: str = "cpu", name: str | None = None) -> Function:
     """Parse a Python function into an IR Function for `target`."""
     return KernelParser(pyfunc, target, name).parse()

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tessera.ir.func import Function
 from tessera.runtime.args import bind, ctype_of
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(path)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from math import prod
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def context() -> tuple[Any, Any]:
     """(device, primary context) of GPU 0, made current on first use."""
     driver = _driver()
@@ -132,7 +133,7 @@ def _current_stream(views: list[ArrayView]) -> int:
 class CudaKernel:
     """A kernel loaded from a cubin; call it with device arrays or torch CUDA tensors."""
 
-    def __init__(self, func: Function, cubin: Path, name: Optional[str] = None):
+    def __init__(self, func: Function, cubin: Path, name: str | None = None):
         driver = _driver()
         ensure_current()
         self.func = func
@@ -141,7 +142,7 @@ class CudaKernel:
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
         self.smem_limit_set = 0
 
-    def launch(self, args: Sequence[Any], stream: Optional[int] = None) -> None:
+    def launch(self, args: Sequence[Any], stream: int | None = None) -> None:
         driver = _driver()
         values, _, views = bind(self.func, args, "cuda")
         launch = self.func.launch

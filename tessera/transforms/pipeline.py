@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tessera.ir.func import Function
 from tessera.transforms.flatten_buffers import flatten_buffers

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
