@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
+from tessera.backend.codegen_c_like import symbol_name
 from tessera.ir.func import Function
 from tessera.lang.parser import parse_kernel
 from tessera.transforms.pipeline import lower
@@ -63,11 +64,11 @@ class Kernel:
             if self.target == "cpu":
                 from tessera.runtime.cpu import CpuKernel
 
-                self._compiled = CpuKernel(self.ir, path)
+                self._compiled = CpuKernel(self.ir, path, symbol_name(self.ir))
             else:
                 from tessera.runtime.cuda import CudaKernel
 
-                self._compiled = CudaKernel(self.ir, path)
+                self._compiled = CudaKernel(self.ir, path, symbol_name(self.ir))
         return self._compiled
 
     def __call__(self, *args: Any, stream: int | None = None) -> None:

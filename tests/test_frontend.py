@@ -1,4 +1,3 @@
-# ruff: noqa: F821  (ruff reads the shape names in annotations such as f32["n"] as forward references)
 """The kernel front end: error reporting (message and exact source line) and parsing features.
 
 Each error case marks its offending line with a `# E:<tag>` comment; the expected line
@@ -239,6 +238,31 @@ def k_int_cast_needed_var(a: f32["n"], x: i32):
         acc += a[i]  # E:int_cast_needed_var
 
 
+def k_assign_loop_var(a: f32["n"]):
+    for i in range(a.shape[0]):
+        i = i - 5  # E:assign_loop_var
+        a[i + 5] = 1.0
+
+
+def k_augassign_loop_var(a: f32["n"]):
+    for i in range(a.shape[0]):
+        a[i] = 1.0
+        i += 1  # E:augassign_loop_var
+
+
+def k_assign_mapping_var(a: f32[32]):
+    for i, j in ts.spatial(4, 8).on(0):
+        j = j * 2  # E:assign_mapping_var
+        a[i * 8 + j] = 1.0
+
+
+def k_assign_shape_symbol(a: f32["n"]):
+    n = a.shape[0]
+    n -= 1  # E:assign_shape_symbol
+    for i in range(n):
+        a[i] = 1.0
+
+
 CASES = [
     (k_missing_annotation, "cpu", "missing_annotation", ["'b'", "needs a type annotation"]),
     (k_string_constant, "cpu", "string_constant", ["string constant 'hello'", "not supported"]),
@@ -276,6 +300,10 @@ CASES = [
     (k_float_range, "cpu", "float_range", ["range() bounds must be integers", "float32"]),
     (k_floordiv_float, "cpu", "floordiv_float", ["'//' needs integer operands"]),
     (k_int_cast_needed_var, "cpu", "int_cast_needed_var", ["'acc'", "int32", "float32"]),
+    (k_assign_loop_var, "cpu", "assign_loop_var", ["cannot assign to loop variable 'i'"]),
+    (k_augassign_loop_var, "cpu", "augassign_loop_var", ["cannot assign to loop variable 'i'"]),
+    (k_assign_mapping_var, "cpu", "assign_mapping_var", ["cannot assign to loop variable 'j'"]),
+    (k_assign_shape_symbol, "cpu", "assign_shape_symbol", ["cannot assign to 'n'", "shape symbol"]),
 ]
 
 

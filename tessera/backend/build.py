@@ -19,7 +19,13 @@ DEFAULT_CUDA_ARCH = "sm_90a"
 
 
 def find_compiler(name: str, env_var: str) -> str:
-    path = os.environ.get(env_var) or shutil.which(name)
+    override = os.environ.get(env_var)
+    if override:  # a path or a command name; it must name an executable
+        path = shutil.which(override)
+        if not path:
+            raise CompilerNotFoundError(f"${env_var} is set to {override!r}, which is not an executable {name}")
+        return path
+    path = shutil.which(name)
     if not path:
         hint = "install gcc (e.g. `apt-get install gcc`)" if name == "gcc" else "install the CUDA toolkit so nvcc is on PATH"
         raise CompilerNotFoundError(f"{name} was not found on PATH (or ${env_var}); {hint}")

@@ -6,7 +6,7 @@ load widens, each store and each cast to them rounds to nearest even.
 
 from __future__ import annotations
 
-from tessera.backend.codegen_c_like import CLikeCodegen
+from tessera.backend.codegen_c_like import NAN_MINMAX, CLikeCodegen, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
@@ -51,6 +51,17 @@ static inline uint16_t ts_f2bf(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return (uint16_t)(x >> 16);
 }
+/* double -> float rounding to odd: rounding that on to half or bfloat16 then rounds only once. */
+static inline float ts_d2f_odd(double d) {
+  float f = (float)d;
+  if ((double)f != d && isfinite(f)) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(d)) u -= 1;  /* rounded away from zero: step back towards it */
+    u |= 1u; memcpy(&f, &u, 4);
+  }
+  return f;
+}
+{minmax}
 static inline int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
@@ -76,7 +87,7 @@ class CCodegen(CLikeCodegen):
             raise UnsupportedError(f"the C backend compiles CPU kernels, not {func.kind}")
         self.prepare(func)
         params = ", ".join(self.params(func)) or "void"
-        self.emit(f"void {func.name}({params}) {{")
+        self.emit(f"void {symbol_name(func)}({params}) {{")
         self.depth += 1
         self.visit(func.body)
         self.depth -= 1
@@ -86,7 +97,7 @@ class CCodegen(CLikeCodegen):
 
 def generate_c(funcs: list[Function]) -> str:
     """C source for a list of lowered CPU kernels."""
-    parts = [C_PRELUDE.strip()]
+    parts = [C_PRELUDE.strip().replace("{minmax}", NAN_MINMAX.format(q="static inline").strip())]
     for f in funcs:
         parts.append(CCodegen().function(f))
     return "\n\n".join(parts) + "\n"

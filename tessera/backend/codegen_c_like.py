@@ -24,7 +24,48 @@ _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "in
           "bool": "bool", "float32": "float", "float64": "double"}  # fmt: skip
 _C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
            "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "nearbyint", "pow": "pow",
-           "fma": "fma", "abs": "fabs", "max": "fmax", "min": "fmin"}  # fmt: skip
+           "fma": "fma", "abs": "fabs", "max": "ts_max", "min": "ts_min"}  # fmt: skip
+# ts_max/ts_min propagate NaN like numpy and torch (fmax/fmin would drop it).
+NAN_MINMAX = """
+{q} float ts_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
+{q} float ts_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
+{q} double ts_max(double a, double b) {{ return (a != a || a > b) ? a : b; }}
+{q} double ts_min(double a, double b) {{ return (a != a || a < b) ? a : b; }}
+"""
+# Identifiers that generated code must not use for its variables and functions: C and C++
+# keywords, the types, macros and library functions the preludes include (math.h in C,
+# CUDA's math and half-precision headers) and the preludes' own helpers (ts_*).
+_MATH_BASE = """acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ilogb
+    ldexp log log10 log1p log2 logb modf scalbn scalbln cbrt fabs hypot pow sqrt rsqrt erf erfc erfinv lgamma tgamma
+    ceil floor nearbyint rint lrint llrint round lround llround trunc fmod remainder remquo copysign nan nextafter
+    nexttoward fdim fmax fmin fma sincos""".split()
+C_RESERVED = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto if inline int long
+    register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
+    alignas alignof asm bool catch class constexpr const_cast decltype delete dynamic_cast explicit export false
+    friend mutable namespace new noexcept nullptr operator private protected public reinterpret_cast static_assert
+    static_cast template this thread_local throw true try typeid typename using virtual wchar_t
+    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t intptr_t uintptr_t ptrdiff_t NULL
+    NAN INFINITY HUGE_VAL fpclassify isfinite isinf isnan isnormal signbit memcpy memset memmove memcmp strlen
+    abs labs llabs min max main half half2 nv_bfloat16 nv_bfloat162 threadIdx blockIdx blockDim gridDim warpSize
+    """.split()
+    + [m + suffix for m in _MATH_BASE for suffix in ("", "f", "l")]
+)
+
+
+def c_identifier(name: str) -> str:
+    """`name` as a C identifier that cannot clash with C, C++, CUDA or the preludes."""
+    name = re.sub(r"\W", "_", name) or "v"
+    if name[0].isdigit() or name.startswith(("ts_", "__")) or re.match(r"_[A-Z]", name):
+        name = "v" + name
+    return name + "_" if name in C_RESERVED else name
+
+
+def symbol_name(func: Function) -> str:
+    """The name of the generated C/CUDA function for `func` (what the runtime looks up)."""
+    return c_identifier(func.name)
+
+
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
          "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}  # fmt: skip
 
@@ -84,7 +125,8 @@ class CLikeCodegen(IRVisitor):
 
     def cast(self, value: str, src: DataType, dst: DataType) -> str:
         if dst in (dtypes.float16, dtypes.bfloat16):  # round through the narrow format
-            return self.load_value(dst, self.store_value(dst, f"(float)({value})"))
+            wide = f"ts_d2f_odd({value})" if src == dtypes.float64 else f"(float)({value})"  # round once, not twice
+            return self.load_value(dst, self.store_value(dst, wide))
         return f"(({self.scalar_type(dst)})({value}))"
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
@@ -127,9 +169,7 @@ class CLikeCodegen(IRVisitor):
     # ---- names -------------------------------------------------------------------------------
     def name_of(self, v: E.Var) -> str:
         if v not in self.names:
-            base = re.sub(r"\W", "_", v.name) or "v"
-            if base[0].isdigit():
-                base = "v" + base
+            base = c_identifier(v.name)
             name, k = base, 0
             while name in self.used_names:
                 k += 1

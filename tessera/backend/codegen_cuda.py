@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tessera.backend.codegen_c_like import CLikeCodegen
+from tessera.backend.codegen_c_like import NAN_MINMAX, CLikeCodegen, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import stmt as S
@@ -22,6 +22,7 @@ CUDA_PRELUDE = r"""
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+{minmax}
 __device__ __forceinline__ int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 __device__ __forceinline__ int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 __device__ __forceinline__ int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
@@ -53,10 +54,18 @@ class CudaCodegen(CLikeCodegen):
 
     def cast(self, value: str, src: DataType, dst: DataType) -> str:
         if dst.name in _NARROW:
+            if src == dtypes.float64:  # round once, not through float
+                return f"__double2{'half' if dst == dtypes.float16 else 'bfloat16'}({value})"
             return f"{_NARROW[dst.name]}((float)({value}))"
         if src.name in _NARROW:
             return f"(({self.scalar_type(dst)})(float)({value}))"
         return f"(({self.scalar_type(dst)})({value}))"
+
+    def binary(self, e, parent: int) -> str:
+        if e.op == "%" and e.type.name in _NARROW:  # the floor-mod helper computes in float; round back
+            a, b = self.operand(e.a, e.type, 0), self.operand(e.b, e.type, 0)
+            return f"{_NARROW[e.type.name]}(ts_fmod_floorf((float)({a}), (float)({b})))"
+        return super().binary(e, parent)
 
     def const_float(self, value: float, t: DataType) -> str:
         if t.name in _NARROW:
@@ -65,8 +74,6 @@ class CudaCodegen(CLikeCodegen):
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
         if t.name in _NARROW:  # compute in float, round back
-            if name in ("max", "min"):
-                return f"__h{name}({args[0]}, {args[1]})"
             wide = [f"(float)({a})" for a in args]
             return f"{_NARROW[t.name]}({super().math_call(name, wide, dtypes.float32)})"
         if name == "rsqrt" and t == dtypes.float32:
@@ -101,7 +108,7 @@ class CudaCodegen(CLikeCodegen):
             threads = prod(int(b.value) for b in block)
             mb = f", {func.launch.min_blocks}" if func.launch.min_blocks else ""
             bounds = f"__launch_bounds__({threads}{mb}) "
-        self.emit(f'extern "C" __global__ void {bounds}{func.name}({params}) {{')
+        self.emit(f'extern "C" __global__ void {bounds}{symbol_name(func)}({params}) {{')
         self.depth += 1
         self.visit(func.body)
         self.depth -= 1
@@ -111,7 +118,7 @@ class CudaCodegen(CLikeCodegen):
 
 def generate_cuda(funcs: list[Function]) -> str:
     """CUDA source for a list of lowered CUDA kernels."""
-    parts = [CUDA_PRELUDE.strip()]
+    parts = [CUDA_PRELUDE.strip().replace("{minmax}", NAN_MINMAX.format(q="__device__ __forceinline__").strip())]
     for f in funcs:
         parts.append(CudaCodegen().function(f))
     return "\n\n".join(parts) + "\n"

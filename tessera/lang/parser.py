@@ -71,6 +71,8 @@ class KernelParser:
         self.current: ast.AST | None = None
         self.loop_depth = 0
         self.counter = 0
+        # Variables the kernel may read but not assign: loop indices and shape symbols.
+        self.readonly: dict[E.Var, str] = {}
 
     # ---- entry -----------------------------------------------------------------------
     def parse(self) -> Function:
@@ -137,11 +139,13 @@ class KernelParser:
         if isinstance(existing, E.Var):
             if not (isinstance(existing.type, DataType) and existing.type.is_integer):
                 raise _Error(f"shape symbol '{d}' of '{pname}' names parameter '{d}', which is not an integer")
+            self.readonly[existing] = "shape symbol"
             return existing
         if d not in self.shape_params:
             if not d.isidentifier():
                 raise _Error(f"shape symbol {d!r} of '{pname}' is not a valid identifier")
             var = E.Var(d, dtypes.int32)
+            self.readonly[var] = "shape symbol"
             self.shape_params[d] = var
             self.define(d, var)
         return self.shape_params[d]
@@ -281,6 +285,7 @@ class KernelParser:
                 return None  # M = M (e.g. M = a.shape[0] where M is the shape symbol)
             if not isinstance(existing.type, DataType):
                 raise _Error(f"cannot rebind tensor or pointer '{name}'; assign to its elements instead")
+            self.check_assignable(existing)
             return S.Assign(existing, self.convert(self.to_ir(value), existing.type, name))
         if not isinstance(value, E.Expr) and not _is_py_scalar(value):
             self.define(name, value)  # compile-time value (mapping, dtype, ...)
@@ -290,6 +295,13 @@ class KernelParser:
         var = E.Var(name, value.dtype)
         self.define(name, var)
         return S.DeclareVar(var, value)
+
+    def check_assignable(self, var: E.Var) -> None:
+        what = self.readonly.get(var)
+        if what == "loop variable":
+            raise _Error(f"cannot assign to loop variable '{var.name}'; copy it into a new variable first")
+        if what is not None:
+            raise _Error(f"cannot assign to '{var.name}': it is a tensor dimension ({what}); copy it first")
 
     def fresh_var(self, hint: str, dtype: DataType) -> E.Var:
         self.counter += 1
@@ -342,6 +354,7 @@ class KernelParser:
             var = self.lookup_local(node.target.id)
             if not isinstance(var, E.Var) or not isinstance(var.type, DataType):
                 raise _Error(f"'{node.target.id}' is not a scalar variable defined in this kernel")
+            self.check_assignable(var)
             return S.Assign(var, self.convert(E.Binary(op, var, rhs), var.type, var.name))
         raise _Error(f"cannot assign to `{ast.unparse(node.target)}`")
 
@@ -389,6 +402,8 @@ class KernelParser:
                     worker = self.to_ir(self.expr(it.args[0]))
                     return self.mapping_loop(names, mapping, worker, node, task_name)
             func = self.expr(it.func) if isinstance(it, ast.Call) else self.expr(it)
+            if isinstance(it, ast.Call) and not isinstance(func, B.Builtin) and func is not py_builtins.range:
+                func = self.expr(it)  # e.g. `for i, j in spatial(4, 8):`
             if isinstance(func, (list, tuple)) and not isinstance(it, ast.Call):
                 return self.static_loop(names, func, node)
             if isinstance(func, TaskMapping):  # every task of every worker, worker-major
@@ -422,7 +437,9 @@ class KernelParser:
     def new_loop_var(self, name: str, dtype: DataType = dtypes.int32) -> E.Var:
         if name in self.scopes[0]:
             raise _Error(f"loop variable '{name}' shadows a kernel parameter")
-        return E.Var(name, dtype)
+        var = E.Var(name, dtype)
+        self.readonly[var] = "loop variable"
+        return var
 
     def range_loop(self, name: str, args: list[Any], kind: str, node: ast.For, call: ast.expr) -> S.Stmt:
         if not 1 <= len(args) <= 3:
@@ -594,6 +611,8 @@ class KernelParser:
         if isinstance(c, E.Const) and not isinstance(other, E.Const):
             t = other.dtype
             if (c.type.is_float and t.is_float) or (c.type.is_integer and (t.is_integer or t.is_float)):
+                if t.is_integer and not t.min_value <= c.value <= t.max_value:
+                    return c  # a literal that does not fit keeps its own (wider) type: a_i32 + 2**40 is int64
                 return E.Const(c.value, t)
         return c
 

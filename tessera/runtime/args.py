@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,8 @@ def _check_shape(func: Function, p: Var, view: ArrayView, values: dict[str, Any]
         if actual != expected:
             what = f"'{dim.name}' = {expected}" if not isinstance(dim, Const) else str(expected)
             raise ArgumentError(f"{func.name}: argument '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
+    if prod(view.shape) >= 2**31:  # generated index arithmetic is 32-bit
+        raise ArgumentError(f"{func.name}: argument '{p.name}' has {prod(view.shape)} elements; tensors of 2**31 or more elements are not supported yet")
     if 0 in view.shape:
         raise ArgumentError(f"{func.name}: argument '{p.name}' is empty (shape {view.shape})")
 

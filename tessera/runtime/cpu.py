@@ -20,9 +20,9 @@ def _load(path: str) -> ctypes.CDLL:
 class CpuKernel:
     """A compiled CPU kernel; call it with numpy arrays or CPU torch tensors."""
 
-    def __init__(self, func: Function, library: Path):
+    def __init__(self, func: Function, library: Path, name: str | None = None):
         self.func = func
-        self.fn = getattr(_load(str(library)), func.name)
+        self.fn = getattr(_load(str(library)), name or func.name)
         self.fn.restype = None
         self.fn.argtypes = [ctype_of(p.type) for p in func.all_params]
 
