@@ -29,6 +29,7 @@ from tessera.lang.builtins import (
     attrs,
     block_dim,
     block_idx,
+    block_reduce,
     cast,
     ceil,
     ceil_div,
@@ -51,12 +52,16 @@ from tessera.lang.builtins import (
     rsqrt,
     select,
     shared_tensor,
+    shfl_down,
+    shfl_idx,
+    shfl_xor,
     sin,
     sqrt,
     syncthreads,
     tanh,
     thread_idx,
     unroll,
+    warp_reduce,
 )  # fmt: skip
 
 __version__ = "0.1.0"
@@ -64,7 +69,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError", "CompilationError", "CompilerNotFoundError", "DeviceError", "KernelSyntaxError", "TesseraError",
     "UnsupportedError", "DataType", "dtype", "TaskMapping", "repeat", "spatial", "Kernel", "kernel",
-    "abs_", "attrs", "block_dim", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "floor",
+    "abs_", "attrs", "block_dim", "block_reduce", "shfl_down", "shfl_idx", "shfl_xor", "warp_reduce", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "floor",
     "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
 ]  # fmt: skip

@@ -6,6 +6,7 @@ only place that strings them together for one kernel.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -19,9 +20,10 @@ from tessera.transforms.pipeline import lower
 class Kernel:
     """A tessera kernel.  Inspect `.ir`, `.lowered` and `.source`; call it to run it."""
 
-    def __init__(self, pyfunc: Callable, target: str = "cpu", name: str | None = None, arch: str | None = None):
+    def __init__(self, pyfunc: Callable, target: str = "cpu", name: str | None = None, arch: str | None = None,
+                 scope: dict[str, Any] | None = None):  # fmt: skip
         self.pyfunc, self.target = pyfunc, target
-        self.ir: Function = parse_kernel(pyfunc, target, name)
+        self.ir: Function = parse_kernel(pyfunc, target, name, scope)
         self.__name__ = self.ir.name
         self.__doc__ = pyfunc.__doc__
         self._arch = arch
@@ -90,6 +92,7 @@ def kernel(fn: Callable | None = None, *, target: str = "cpu", name: str | None 
     decoration time, so unsupported constructs are reported immediately with the line.
     """
     def wrap(f: Callable) -> Kernel:
-        return Kernel(f, target, name, arch)
+        caller = sys._getframe(1)  # where the decorated function is defined
+        return Kernel(f, target, name, arch, dict(caller.f_locals))
 
     return wrap(fn) if fn is not None else wrap

@@ -136,6 +136,8 @@ class CLikeCodegen(IRVisitor):
                 return f"(({args[0]}) {op} ({args[1]}) ? ({args[0]}) : ({args[1]}))"
             if name == "abs":
                 return f"(({args[0]}) < 0 ? -({args[0]}) : ({args[0]}))"
+        if name not in _C_MATH and name != "rsqrt":
+            raise UnsupportedError(f"{name}() is not available on the {self.target} target")
         if name == "rsqrt":
             return f"(1.0f / sqrtf({args[0]}))" if t != dtypes.float64 else f"(1.0 / sqrt({args[0]}))"
         fn = _C_MATH[name]

@@ -31,6 +31,7 @@ __device__ __forceinline__ float ts_fmod_floorf(float a, float b) { float r = fm
 __device__ __forceinline__ double ts_fmod_floor(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
+_SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 _HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
 _NARROW = {"float16": "half", "bfloat16": "nv_bfloat16"}
 
@@ -71,6 +72,12 @@ class CudaCodegen(CLikeCodegen):
         if t.name in _NARROW:
             return f"{_NARROW[t.name]}({super().const_float(value, dtypes.float32)})"
         return super().const_float(value, t)
+
+    def visit_Call(self, e) -> str:
+        if e.func in _SHUFFLES:  # the lane operand keeps its integer type
+            value = self.operand(e.args[0], e.type, 0)
+            return f"{_SHUFFLES[e.func]}(0xffffffffu, {value}, {self.expr(e.args[1])})"
+        return super().visit_Call(e)
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
         if t.name in _NARROW:  # compute in float, round back

@@ -18,12 +18,17 @@ class Intrinsic:
     arity: int
     # "float": result is the (float) argument type, ints promote to float32.
     # "same": result is the promoted type of the arguments.
+    # "first": result is the first argument's type (warp shuffles: value, lane operand).
     rule: str
 
     def result_type(self, arg_types: list[DataType]) -> DataType:
         if len(arg_types) != self.arity:
             raise TypeError(f"{self.name}() takes {self.arity} argument(s), got {len(arg_types)}")
         t = arg_types[0]
+        if self.rule == "first":
+            if not arg_types[1].is_integer:
+                raise TypeError(f"{self.name}() takes an integer lane operand, got {arg_types[1]}")
+            return t
         for other in arg_types[1:]:
             t = dtypes.promote(t, other)
         if self.rule == "float" and not t.is_float:
@@ -39,7 +44,12 @@ INTRINSICS |= {
     "max": Intrinsic("max", 2, "same"),
     "min": Intrinsic("min", 2, "same"),
     "fma": Intrinsic("fma", 3, "float"),
+    # Warp shuffles (CUDA only): exchange a value among the 32 lanes of a warp.
+    "shfl_xor": Intrinsic("shfl_xor", 2, "first"),
+    "shfl_down": Intrinsic("shfl_down", 2, "first"),
+    "shfl_idx": Intrinsic("shfl_idx", 2, "first"),
 }
+GPU_ONLY = frozenset({"shfl_xor", "shfl_down", "shfl_idx"})
 
 
 def lookup(name: str) -> Intrinsic:

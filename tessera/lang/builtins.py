@@ -50,12 +50,17 @@ cast = Builtin("cast", "cast")
 ceil_div = Builtin("ceil_div", "ceil_div")
 select = Builtin("select", "select")
 
+# Collectives: every thread of the warp (block) must reach them; all get the result.
+warp_reduce = Builtin("warp_reduce", "collective")
+block_reduce = Builtin("block_reduce", "collective")
+
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
 sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))
 floor, ceil, round_ = _intrinsics["floor"], _intrinsics["ceil"], _intrinsics["round"]
 pow_, fma = _intrinsics["pow"], _intrinsics["fma"]
 abs_, max_, min_ = _intrinsics["abs"], _intrinsics["max"], _intrinsics["min"]
+shfl_xor, shfl_down, shfl_idx = _intrinsics["shfl_xor"], _intrinsics["shfl_down"], _intrinsics["shfl_idx"]
 
 
 def ptr(dtype: DataType) -> PointerType:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import ast
 import builtins as py_builtins
+import operator
 from typing import Any
 
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
-from tessera.ir.intrinsics import INTRINSICS
-from tessera.ir.mapping import TaskMapping
+from tessera.ir.func import LaunchConfig
+from tessera.ir.intrinsics import GPU_ONLY, INTRINSICS
 from tessera.ir.types import REGISTER, SHARED, TensorType
 from tessera.lang import builtins as B
+from tessera.lang import collectives
 
 BINARY_OPERATORS = {
     ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
@@ -26,6 +28,14 @@ BINARY_OPERATORS = {
 }  # fmt: skip
 _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 _PY_EQUIVALENTS = B.python_equivalents()
+
+
+_PY_BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+    "%": operator.mod, "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
+}  # fmt: skip
 
 
 class ParseError(Exception):
@@ -42,9 +52,35 @@ class ExpressionParser:
     target: str
     current: ast.AST | None
     loop_depth: int
+    launch: LaunchConfig
 
     def lookup(self, name: str) -> Any:
         raise NotImplementedError
+
+    def emit_before(self, stmts: list[S.Stmt]) -> None:
+        """Statements that must run before the statement being parsed (expanded builtins)."""
+        raise NotImplementedError
+
+    def fresh_var(self, hint: str, dtype: DataType) -> E.Var:
+        raise NotImplementedError
+
+    def collective(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> E.Expr:
+        if self.target != "cuda":
+            raise ParseError(f"{name}() is only available in CUDA kernels")
+        if len(args) != 2 or kwargs or args[1] not in collectives.OPS:
+            raise ParseError(f"{name}(value, op) takes a value and one of {collectives.OPS}")
+        value = self.to_ir(args[0])
+        acc = self.fresh_var("red", value.dtype)
+        stmts: list[S.Stmt] = [S.DeclareVar(acc, value)]
+        if name == "warp_reduce":
+            stmts += collectives.warp_reduce(acc, args[1])
+        else:
+            block = self.launch.block
+            if len(block) != 1 or block[0].value % collectives.WARP:
+                raise ParseError("block_reduce() needs `attrs.block = N` set earlier, 1-D, with N a multiple of 32")
+            stmts += collectives.block_reduce(acc, args[1], int(block[0].value), self.fresh_var("partials", value.dtype).name)
+        self.emit_before(stmts)
+        return acc
 
     # ---- expressions --------------------------------------------------------------------------
     def expr(self, node: ast.expr) -> Any:
@@ -146,10 +182,11 @@ class ExpressionParser:
         op = BINARY_OPERATORS.get(type(node.op))
         if op is None:
             raise ParseError(f"operator {type(node.op).__name__} is not supported")
-        if is_py_scalar(a) and is_py_scalar(b):
-            return eval(f"a {op} b", {"a": a, "b": b}) if op != "//" else a // b
-        if isinstance(a, TaskMapping) and isinstance(b, TaskMapping) and op == "*":
-            return a * b
+        if not isinstance(a, E.Expr) and not isinstance(b, E.Expr):  # compile time: ints, mappings, ...
+            try:
+                return _PY_BINARY[op](a, b)
+            except Exception as exc:  # noqa: BLE001
+                raise ParseError(f"compile-time `{ast.unparse(node)}` failed: {exc}") from None
         x, y = self.to_ir(a), self.to_ir(b)
         x, y = self.coerce_constant(x, y), self.coerce_constant(y, x)
         return E.Binary(op, x, y)
@@ -192,8 +229,8 @@ class ExpressionParser:
             op = _CMPOPS.get(type(op_node))
             if op is None:
                 raise ParseError(f"comparison {type(op_node).__name__} is not supported")
-            if is_py_scalar(a) and is_py_scalar(b):
-                part: Any = eval(f"a {op} b", {"a": a, "b": b})
+            if not isinstance(a, E.Expr) and not isinstance(b, E.Expr):  # compile time, strings too
+                part: Any = _PY_BINARY[op](a, b)
             else:
                 x, y = self.to_ir(a), self.to_ir(b)
                 part = E.Binary(op, self.coerce_constant(x, y), self.coerce_constant(y, x))
@@ -251,7 +288,11 @@ class ExpressionParser:
                 raise ParseError(f"{func.name}() takes no keyword arguments")
             if func.name in ("max", "min") and all(is_py_scalar(a) for a in args):
                 return (max if func.name == "max" else min)(*args)
+            if func.name in GPU_ONLY and self.target != "cuda":
+                raise ParseError(f"{func.name}() is only available in CUDA kernels")
             return self.intrinsic(func.name, args)
+        if kind == "collective":
+            return self.collective(func.name, args, kwargs)
         if kind == "barrier":
             if self.target != "cuda":
                 raise ParseError("syncthreads() is only available in CUDA kernels")

@@ -30,7 +30,8 @@ from tessera.lang.expressions import BINARY_OPERATORS, ExpressionParser, ParseEr
 class KernelParser(ExpressionParser):
     """Translate one Python function into a Function for `target` ("cpu" or "cuda")."""
 
-    def __init__(self, pyfunc: Callable, target: str, name: str | None = None):
+    def __init__(self, pyfunc: Callable, target: str, name: str | None = None,
+                 scope: dict[str, Any] | None = None):  # fmt: skip
         if target not in TARGETS:
             raise ValueError(f"unknown target {target!r}; choose one of {sorted(TARGETS)}")
         self.pyfunc, self.target = pyfunc, target
@@ -43,7 +44,9 @@ class KernelParser(ExpressionParser):
         self.source_lines = lines
         self.tree = ast.parse(textwrap.dedent("".join(lines)))
         self.indent = len(lines[0]) - len(lines[0].lstrip())
-        self.env = dict(pyfunc.__globals__)
+        # Globals, then the defining frame's locals (names used only in annotations are not
+        # closure cells under `from __future__ import annotations`), then the closure.
+        self.env = dict(pyfunc.__globals__) | dict(scope or {})
         if pyfunc.__closure__:
             for var, cell in zip(pyfunc.__code__.co_freevars, pyfunc.__closure__):
                 try:
@@ -56,6 +59,7 @@ class KernelParser(ExpressionParser):
         self.current: ast.AST | None = None
         self.loop_depth = 0
         self.counter = 0
+        self.pending: list[S.Stmt] = []  # statements expanded from the expression being parsed
         # Variables the kernel may read but not assign: loop indices and shape symbols.
         self.readonly: dict[E.Var, str] = {}
 
@@ -179,14 +183,24 @@ class KernelParser(ExpressionParser):
         method = getattr(self, "stmt_" + type(node).__name__, None)
         if method is None:
             raise ParseError(f"`{type(node).__name__}` statements are not supported in kernels")
+        outer_pending, self.pending = self.pending, []
         try:
             result = method(node)
         except E.IRTypeError as exc:
             self.current = node
             raise ParseError(str(exc)) from None
+        finally:
+            pending, self.pending = self.pending, outer_pending
+        if pending:
+            if isinstance(node, ast.While):
+                raise ParseError("collectives cannot be used in a while condition")
+            result = S.seq(*pending, *([result] if result is not None else []))
         if isinstance(result, S.Stmt):
             result.line = self.first_line + node.lineno - 1
         return result
+
+    def emit_before(self, stmts: list[S.Stmt]) -> None:
+        self.pending.extend(stmts)
 
     def stmt_Pass(self, node: ast.Pass) -> None:
         return None
@@ -479,6 +493,8 @@ class KernelParser(ExpressionParser):
             raise ParseError("CUDA kernels must set `attrs.grid = (...)` and `attrs.block = (...)` in their body")
 
 
-def parse_kernel(pyfunc: Callable, target: str = "cpu", name: str | None = None) -> Function:
-    """Parse a Python function into an IR Function for `target`."""
-    return KernelParser(pyfunc, target, name).parse()
+def parse_kernel(pyfunc: Callable, target: str = "cpu", name: str | None = None,
+                 scope: dict[str, Any] | None = None) -> Function:  # fmt: skip
+    """Parse a Python function into an IR Function for `target`; `scope` adds names visible
+    where the function was defined (the decorator passes its caller's locals)."""
+    return KernelParser(pyfunc, target, name, scope).parse()

@@ -1,0 +1,93 @@
+"""Benchmark protocol (DESIGN.md): side by side in one process, CUDA events, L2 flushed,
+median of at least 50 repeats, correctness in the same run; results as JSONL + markdown."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20  # well above the H200's 60 MB L2
+
+
+class Timer:
+    """Times callables with CUDA events; flushes L2 before each repeat by writing a large buffer."""
+
+    def __init__(self, repeats: int = 50, warmup: int = 5, flush_l2: bool = True):
+        self.repeats, self.warmup, self.flush_l2 = repeats, warmup, flush_l2
+        self.scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> float:
+        """Median time of fn(*args) in microseconds."""
+        for _ in range(self.warmup):
+            fn(*args)
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        for s, e in zip(starts, ends):
+            if self.flush_l2:
+                self.scratch.zero_()
+            s.record()
+            fn(*args)
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written) measured in this run."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = timer(dst.copy_, src)
+    return nbytes / (us * 1e-6) / 1e9
+
+
+def environment() -> dict[str, Any]:
+    commit = os.environ.get("TESSERA_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def write_results(suite: str, rows: list[dict[str, Any]], outdirs: list[Path], columns: list[str]) -> None:
+    """Write <date>-h200-<suite>.jsonl and a markdown table into each of `outdirs`."""
+    env = environment()
+    gpu_tag = "h200" if "H200" in env["gpu"] else env["gpu"].lower().replace(" ", "-")
+    stem = f"{env['date']}-{gpu_tag}-{suite}"
+    lines = [json.dumps({"suite": suite, **r, **env}) for r in rows]
+    header = f"# {suite} — {env['gpu']}, {env['date']}, torch {env['torch']}, CUDA {env['cuda']}, commit {env['commit'][:12]}\n\n"
+    peer_names = sorted({p for r in rows for p in r["peers_us"]})
+    cols = ["case", "tessera_us", *[f"{p} (us)" for p in peer_names], *columns, "rel_err"]
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [r["case"], f"{r['tessera_us']:.1f}"]
+        cells += [f"{r['peers_us'].get(p, float('nan')):.1f}" for p in peer_names]
+        cells += [f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns]
+        cells.append(f"{r['rel_err']:.1e}")
+        table.append("| " + " | ".join(cells) + " |")
+    for d in outdirs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{stem}.jsonl").write_text("\n".join(lines) + "\n")
+        (d / f"{stem}.md").write_text(header + "\n".join(table) + "\n")
+    print(header + "\n".join(table))

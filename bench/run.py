@@ -1,0 +1,98 @@
+"""Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
+
+Suites: reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis) against
+torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
+of the device copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Timer, copy_bandwidth_gbs, rel_err, write_results  # noqa: E402
+
+import tessera as ts  # noqa: E402
+from tessera.kernels import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax  # noqa: E402
+
+_DT = {"fp16": (torch.float16, ts.f16), "bf16": (torch.bfloat16, ts.bf16), "fp32": (torch.float32, ts.f32)}
+EPS = 1e-5
+
+
+def _torch_op(op: str):
+    if op in ("sum", "mean"):
+        return lambda x: getattr(torch, op)(x, dim=-1)
+    if op in ("max", "min"):
+        return lambda x: getattr(torch, op == "max" and "amax" or "amin")(x, dim=-1)
+    if op == "softmax":
+        return lambda x: torch.softmax(x, dim=-1)
+    if op == "layernorm":
+        return lambda x, w, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, EPS)
+    return lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
+    rows = []
+    # >= 64 MB cases for the bandwidth target, plus L2-sized ones (flushed between repeats).
+    cases = [((8192, 8192), "fp16"), ((16384, 4096), "fp16"), ((4096, 16384), "fp16"), ((8192, 8192), "fp32"),
+             ((4096, 4096), "fp16"), ((2048, 768), "fp16")]  # fmt: skip
+    ops = ["sum", "max", "mean", "softmax", "layernorm", "rmsnorm"]
+    for (R, C), dname in cases:
+        if True:
+            tdt, sdt = _DT[dname]
+            x = torch.randn(R, C, device="cuda", dtype=tdt)
+            w = torch.randn(C, device="cuda", dtype=tdt)
+            b = torch.randn(C, device="cuda", dtype=tdt)
+            for op in ops:
+                if op in ("sum", "max", "mean"):
+                    kern, args, y = make_row_reduce(op, sdt), (x,), torch.empty(R, device="cuda", dtype=tdt)
+                    out_bytes = R * x.element_size()
+                else:
+                    make = {"softmax": make_softmax, "layernorm": make_layernorm, "rmsnorm": make_rmsnorm}[op]
+                    kern, args, y = make(sdt), {"softmax": (x,), "layernorm": (x, w, b), "rmsnorm": (x, w)}[op], torch.empty_like(x)
+                    out_bytes = x.numel() * x.element_size()
+                kargs = (*args, y) + ((EPS,) if op in ("layernorm", "rmsnorm") else ())
+                eager = _torch_op(op)
+                compiled = torch.compile(eager)
+                y.fill_(float("nan"))
+                kern(*kargs)
+                ref = eager(*[a.double() for a in args])
+                err = rel_err(y, ref)
+                peers = {"torch.eager": timer(eager, *args), "torch.compile:default": timer(compiled, *args)}
+                t_us = timer(kern, *kargs)
+                nbytes = x.numel() * x.element_size() + out_bytes
+                gbs = nbytes / (t_us * 1e-6) / 1e9
+                row = {"case": f"op={op},R={R},C={C},{dname}", "tessera_us": t_us, "peers_us": peers, "rel_err": err,
+                       "mbytes": nbytes / 1e6, "gbs": gbs, "frac_copy_bw": gbs / copy_gbs}  # fmt: skip
+                rows.append(row)
+                print(f"{row['case']:<36} tessera {t_us:8.1f} us  eager {peers['torch.eager']:8.1f}  "
+                      f"compile {peers['torch.compile:default']:8.1f}  {gbs:7.0f} GB/s ({gbs / copy_gbs:.0%})  err {err:.1e}", flush=True)  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", choices=["reduce"], required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", ""))
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    timer = Timer(repeats=args.repeats)
+    copy_gbs = copy_bandwidth_gbs(timer)
+    print(f"device copy bandwidth this run: {copy_gbs:.0f} GB/s")
+    rows = reduce_suite(timer, copy_gbs)
+    for r in rows:
+        r["copy_gbs"] = copy_gbs
+    outdirs = [Path(__file__).resolve().parent / "results"] + ([Path(args.out)] if args.out else [])
+    write_results(args.suite, rows, outdirs, ["gbs", "frac_copy_bw"])
+
+
+if __name__ == "__main__":
+    main()
