@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
-from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ir.expr import Const, Var
@@ -126,6 +125,3 @@ def eval_launch_dims(func: Function, values: list[Any], dims: Sequence[Any]) -> 
             raise ArgumentError(f"{func.name}: launch dimension evaluated to {d}; grid and block sizes must be positive")
     return out[0], out[1], out[2]
 
-
-def default_int_dtype(v: int) -> DataType:
-    return dtypes.int32 if -(2**31) <= v < 2**31 else dtypes.int64
