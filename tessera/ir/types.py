@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from tessera.ir.dtypes import DataType
-
-if TYPE_CHECKING:
-    from tessera.ir.expr import Expr
 
 # Memory scopes a tensor can live in.
 GLOBAL, SHARED, REGISTER = "global", "shared", "register"
@@ -58,15 +55,3 @@ class TensorType:
 
 Type = Union[DataType, PointerType, TensorType]
 
-
-def is_scalar(t: Type) -> bool:
-    return isinstance(t, DataType)
-
-
-def shape_constants(shape: tuple[Expr, ...]) -> tuple[int, ...] | None:
-    """The shape as ints when every dimension is a constant, else None."""
-    from tessera.ir.expr import Const
-
-    if all(isinstance(d, Const) for d in shape):
-        return tuple(int(d.value) for d in shape)
-    return None
