@@ -6,7 +6,7 @@ load widens, each store and each cast to them rounds to nearest even.
 
 from __future__ import annotations
 
-from tessera.backend.codegen_c_like import NAN_MINMAX, CLikeCodegen, symbol_name
+from tessera.backend.codegen_c_like import SHARED_HELPERS, CLikeCodegen, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
@@ -61,13 +61,7 @@ static inline float ts_d2f_odd(double d) {
   }
   return f;
 }
-{minmax}
-static inline int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-static inline int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-static inline int64_t ts_floormod64(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline float ts_fmod_floorf(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline double ts_fmod_floor(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+{helpers}
 """
 
 
@@ -97,7 +91,7 @@ class CCodegen(CLikeCodegen):
 
 def generate_c(funcs: list[Function]) -> str:
     """C source for a list of lowered CPU kernels."""
-    parts = [C_PRELUDE.strip().replace("{minmax}", NAN_MINMAX.format(q="static inline").strip())]
+    parts = [C_PRELUDE.strip().replace("{helpers}", SHARED_HELPERS.format(q="static inline").strip())]
     for f in funcs:
         parts.append(CCodegen().function(f))
     return "\n\n".join(parts) + "\n"

@@ -25,12 +25,20 @@ _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "in
 _C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
            "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "nearbyint", "pow": "pow",
            "fma": "fma", "abs": "fabs", "max": "ts_max", "min": "ts_min"}  # fmt: skip
-# ts_max/ts_min propagate NaN like numpy and torch (fmax/fmin would drop it).
-NAN_MINMAX = """
+# Helpers both preludes need, with the target's function qualifier as {q}.  ts_max/ts_min
+# propagate NaN like numpy and torch (fmax/fmin would drop it); the floor helpers give integer
+# // and % and float % Python's semantics.
+SHARED_HELPERS = """
 {q} float ts_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
 {q} float ts_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
 {q} double ts_max(double a, double b) {{ return (a != a || a > b) ? a : b; }}
 {q} double ts_min(double a, double b) {{ return (a != a || a < b) ? a : b; }}
+{q} int32_t ts_floordiv(int32_t a, int32_t b) {{ int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }}
+{q} int32_t ts_floormod(int32_t a, int32_t b) {{ int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
+{q} int64_t ts_floordiv64(int64_t a, int64_t b) {{ int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }}
+{q} int64_t ts_floormod64(int64_t a, int64_t b) {{ int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
+{q} float ts_fmod_floorf(float a, float b) {{ float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
+{q} double ts_fmod_floor(double a, double b) {{ double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
 """
 # Identifiers that generated code must not use for its variables and functions: C and C++
 # keywords, the types, macros and library functions the preludes include (math.h in C,
@@ -238,7 +246,8 @@ class CLikeCodegen(IRVisitor):
             suffix = "64" if t.nbits == 64 else ""
             return f"{fn}{suffix}({self.operand(e.a, t, 0)}, {self.operand(e.b, t, 0)})"
         if op == "%" and t.is_float:
-            return f"ts_fmod_floor({self.operand(e.a, dtypes.float64, 0)}, {self.operand(e.b, dtypes.float64, 0)})" if t == dtypes.float64 else f"ts_fmod_floorf({self.operand(e.a, t, 0)}, {self.operand(e.b, t, 0)})"
+            fn = "ts_fmod_floor" if t == dtypes.float64 else "ts_fmod_floorf"
+            return f"{fn}({self.operand(e.a, t, 0)}, {self.operand(e.b, t, 0)})"
         c_op = "/" if op == "//" else op
         p = _PREC[c_op]
         if op in ("<<", ">>"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tessera.backend.codegen_c_like import NAN_MINMAX, CLikeCodegen, symbol_name
+from tessera.backend.codegen_c_like import SHARED_HELPERS, CLikeCodegen, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import stmt as S
@@ -22,13 +22,7 @@ CUDA_PRELUDE = r"""
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-{minmax}
-__device__ __forceinline__ int32_t ts_floordiv(int32_t a, int32_t b) { int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-__device__ __forceinline__ int32_t ts_floormod(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-__device__ __forceinline__ int64_t ts_floordiv64(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-__device__ __forceinline__ int64_t ts_floormod64(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-__device__ __forceinline__ float ts_fmod_floorf(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-__device__ __forceinline__ double ts_fmod_floor(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+{helpers}
 """
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
@@ -125,7 +119,7 @@ class CudaCodegen(CLikeCodegen):
 
 def generate_cuda(funcs: list[Function]) -> str:
     """CUDA source for a list of lowered CUDA kernels."""
-    parts = [CUDA_PRELUDE.strip().replace("{minmax}", NAN_MINMAX.format(q="__device__ __forceinline__").strip())]
+    parts = [CUDA_PRELUDE.strip().replace("{helpers}", SHARED_HELPERS.format(q="__device__ __forceinline__").strip())]
     for f in funcs:
         parts.append(CudaCodegen().function(f))
     return "\n\n".join(parts) + "\n"

@@ -117,11 +117,23 @@ def _check_shape(func: Function, p: Var, view: ArrayView, values: dict[str, Any]
         raise ArgumentError(f"{func.name}: argument '{p.name}' is empty (shape {view.shape})")
 
 
-def eval_launch_dims(func: Function, values: list[Any], dims: Sequence[Any]) -> tuple[int, int, int]:
-    env = {p: v for p, v in zip(func.all_params, values) if isinstance(p.type, DataType)}
+def scalar_env(func: Function, values: list[Any]) -> dict[Var, Any]:
+    """The scalar parameters' values, for evaluating launch expressions."""
+    return {p: v for p, v in zip(func.all_params, values) if isinstance(p.type, DataType)}
+
+
+def eval_launch_dims(func: Function, env: dict[Var, Any], dims: Sequence[Any]) -> tuple[int, int, int]:
     out = [int(evaluate(d, env)) for d in dims] + [1] * (3 - len(dims))
     for d in out:
         if d <= 0:
             raise ArgumentError(f"{func.name}: launch dimension evaluated to {d}; grid and block sizes must be positive")
     return out[0], out[1], out[2]
 
+
+def eval_dynamic_smem(func: Function, env: dict[Var, Any]) -> int:
+    if func.launch.dynamic_smem is None:
+        return 0
+    smem = int(evaluate(func.launch.dynamic_smem, env))
+    if smem < 0:
+        raise ArgumentError(f"{func.name}: attrs.dynamic_smem evaluated to {smem} bytes; it must be >= 0")
+    return smem

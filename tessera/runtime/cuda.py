@@ -18,7 +18,7 @@ import numpy as np
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
-from tessera.runtime.args import bind, ctype_of, eval_launch_dims
+from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
 from tessera.runtime.tensor import ArrayView, numpy_dtype
 
 
@@ -146,9 +146,10 @@ class CudaKernel:
         driver = _driver()
         values, _, views = bind(self.func, args, "cuda")
         launch = self.func.launch
-        grid = eval_launch_dims(self.func, values, launch.grid)
-        block = eval_launch_dims(self.func, values, launch.block)
-        smem = int(eval_launch_dims(self.func, values, (launch.dynamic_smem,))[0]) if launch.dynamic_smem is not None else 0
+        env = scalar_env(self.func, values)
+        grid = eval_launch_dims(self.func, env, launch.grid)
+        block = eval_launch_dims(self.func, env, launch.block)
+        smem = eval_dynamic_smem(self.func, env)
         if max(grid[1], grid[2]) > 65535 or grid[0] >= 2**31:
             raise ArgumentError(f"{self.func.name}: grid {grid} exceeds CUDA limits")
         if smem > 48 * 1024 and smem > self.smem_limit_set:
