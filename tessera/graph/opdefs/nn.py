@@ -1,0 +1,257 @@
+"""Neural-network operators: conv2d, pooling, normalizations and softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tessera.graph.opdefs._common import norm_axis, pair, require_float, upcast
+from tessera.graph.registry import register
+from tessera.graph.symbolic import Dim, ShapeError, Sym, fresh_dim
+
+
+def _window_out(size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: bool = False) -> Dim:
+    """Output length of a sliding window, with torch's rule that a ceil-mode window must
+    start inside the input or its left padding."""
+    if isinstance(size, Sym):
+        return fresh_dim("w")
+    span = size + p0 + p1 - d * (k - 1) - 1
+    if span < 0:
+        raise ShapeError(f"window {k} (dilation {d}) does not fit input size {size} with padding {p0}+{p1}")
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p0:
+        out -= 1
+    return out
+
+
+def _pads(padding) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from 1, 2 or 4 ints."""
+    p = [int(padding)] if isinstance(padding, int) else [int(v) for v in padding]
+    if len(p) == 1:
+        return (p[0],) * 4
+    if len(p) == 2:
+        return (p[0], p[1], p[0], p[1])
+    if len(p) == 4:
+        return tuple(p)  # type: ignore[return-value]
+    raise ShapeError(f"padding must have 1, 2 or 4 entries, got {padding}")
+
+
+def _windows(x: np.ndarray, k, s, d, pads, fill, out_hw) -> np.ndarray:
+    """All windows of x [N, C, H, W] as [N, C, OH, OW, kh, kw] (a view where possible)."""
+    (kh, kw), (sh, sw), (dh, dw) = k, s, d
+    pt, pl, pb, pr = pads
+    oh, ow = out_hw
+    # Extra right/bottom padding so that ceil-mode windows stay in bounds; they never count.
+    need_h = (oh - 1) * sh + dh * (kh - 1) + 1
+    need_w = (ow - 1) * sw + dw * (kw - 1) + 1
+    eb = max(0, need_h - (x.shape[2] + pt + pb))
+    er = max(0, need_w - (x.shape[3] + pl + pr))
+    if pt or pl or pb or pr or eb or er:
+        x = np.pad(x, ((0, 0), (0, 0), (pt, pb + eb), (pl, pr + er)), constant_values=fill)
+    win = sliding_window_view(x, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    return win[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw, ::dh, ::dw]
+
+
+# ---- conv2d -------------------------------------------------------------------------------
+def _conv_infer(xs, a):
+    x, w = xs[0], xs[1]
+    if x.ndim != 4 or w.ndim != 4:
+        raise ShapeError(f"conv2d takes NCHW input and OIHW weight, got {x.shape} and {w.shape}")
+    g = a["groups"]
+    if isinstance(x.shape[1], int) and x.shape[1] != w.shape[1] * g:
+        raise ShapeError(f"input has {x.shape[1]} channels, weight expects {w.shape[1]} x {g} groups")
+    if isinstance(w.shape[0], int) and w.shape[0] % g:
+        raise ShapeError(f"{w.shape[0]} output channels do not split into {g} groups")
+    if len(xs) == 3 and xs[2].shape != (w.shape[0],):
+        raise ShapeError(f"bias shape {xs[2].shape} does not match {w.shape[0]} output channels")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = pair(a["stride"]), pair(a["dilation"]), _pads(a["padding"])
+    oh = _window_out(x.shape[2], w.shape[2], sh, pt, pb, dh)
+    ow = _window_out(x.shape[3], w.shape[3], sw, pl, pr, dw)
+    return [((x.shape[0], w.shape[0], oh, ow), x.dtype)]
+
+
+def _conv_ref(xs, a):
+    x, w = upcast(xs[0]), upcast(xs[1])
+    n, g = x.shape[0], a["groups"]
+    o, cg, kh, kw = w.shape
+    s, d, pads = pair(a["stride"]), pair(a["dilation"]), _pads(a["padding"])
+    oh = _window_out(x.shape[2], kh, s[0], pads[0], pads[2], d[0])
+    ow = _window_out(x.shape[3], kw, s[1], pads[1], pads[3], d[1])
+    win = _windows(x, (kh, kw), s, d, pads, 0, (oh, ow))  # [N, C, OH, OW, kh, kw]
+    og = o // g
+    out = np.empty((n, o, oh, ow), dtype=np.result_type(x, w))
+    for gi in range(g):
+        cols = win[:, gi * cg : (gi + 1) * cg].transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, cg * kh * kw)
+        res = cols @ w[gi * og : (gi + 1) * og].reshape(og, -1).T  # [N*OH*OW, og]
+        out[:, gi * og : (gi + 1) * og] = res.reshape(n, oh, ow, og).transpose(0, 3, 1, 2)
+    if len(xs) == 3:
+        out += upcast(xs[2]).reshape(1, -1, 1, 1)
+    return [out]
+
+
+register("conv2d", infer=_conv_infer, reference=_conv_ref, category="anchor", num_inputs=(2, 3),
+         attrs={"stride": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1},
+         doc="inputs: x [N,C,H,W], weight [O,C/groups,kh,kw], optional bias [O]; padding (top, left, bottom, right)")  # fmt: skip
+
+
+# ---- pooling ------------------------------------------------------------------------------
+def _pool_out_hw(shape, a):
+    (kh, kw), (sh, sw) = pair(a["kernel"]), pair(a["stride"] or a["kernel"])
+    (dh, dw), (pt, pl, pb, pr) = pair(a.get("dilation", 1)), _pads(a["padding"])
+    oh = _window_out(shape[2], kh, sh, pt, pb, dh, a["ceil_mode"])
+    ow = _window_out(shape[3], kw, sw, pl, pr, dw, a["ceil_mode"])
+    return oh, ow
+
+
+def _pool_infer(xs, a):
+    x = xs[0]
+    if x.ndim != 4:
+        raise ShapeError(f"2-D pooling takes NCHW input, got {x.shape}")
+    return [((x.shape[0], x.shape[1], *_pool_out_hw(x.shape, a)), x.dtype)]
+
+
+def _max_pool_ref(xs, a):
+    x = xs[0]
+    oh, ow = _pool_out_hw(x.shape, a)
+    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    win = _windows(x, pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["dilation"]), _pads(a["padding"]),
+                   fill, (oh, ow))  # fmt: skip
+    return [win.max(axis=(4, 5))]
+
+
+def _avg_pool_ref(xs, a):
+    x = upcast(xs[0])
+    oh, ow = _pool_out_hw(x.shape, a)
+    k, s, pads = pair(a["kernel"]), pair(a["stride"] or a["kernel"]), _pads(a["padding"])
+    total = _windows(x, k, s, (1, 1), pads, 0, (oh, ow)).sum(axis=(4, 5))
+    # The divisor counts window cells inside the input (plus its padding when
+    # count_include_pad); cells added only for ceil mode never count, as in torch.
+    h, w = x.shape[2], x.shape[3]
+    inside = np.zeros((1, 1, h + pads[0] + pads[2], w + pads[1] + pads[3]), dtype=x.dtype)
+    if a["count_include_pad"]:
+        inside[:] = 1
+    else:
+        inside[:, :, pads[0] : pads[0] + h, pads[1] : pads[1] + w] = 1
+    count = _windows(inside, k, s, (1, 1), (0, 0, 0, 0), 0, (oh, ow)).sum(axis=(4, 5))
+    return [total / count]
+
+
+register("max_pool2d", infer=_pool_infer, reference=_max_pool_ref, category="reduce",
+         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False},
+         doc="stride None means stride = kernel; padding (top, left, bottom, right) is -inf")  # fmt: skip
+register("avg_pool2d", infer=_pool_infer, reference=_avg_pool_ref, category="reduce",
+         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "ceil_mode": False,
+                "count_include_pad": True})  # fmt: skip
+
+
+def _adaptive_infer(xs, a):
+    x = xs[0]
+    if x.ndim != 4:
+        raise ShapeError(f"adaptive_avg_pool2d takes NCHW input, got {x.shape}")
+    return [((x.shape[0], x.shape[1], *pair(a["output_size"])), x.dtype)]
+
+
+def _adaptive_ref(xs, a):
+    x = upcast(xs[0])
+    oh, ow = pair(a["output_size"])
+    h, w = x.shape[2], x.shape[3]
+    out = np.empty((*x.shape[:2], oh, ow), dtype=x.dtype)
+    for i in range(oh):
+        h0, h1 = (i * h) // oh, -(-((i + 1) * h) // oh)
+        for j in range(ow):
+            w0, w1 = (j * w) // ow, -(-((j + 1) * w) // ow)
+            out[:, :, i, j] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return [out]
+
+
+register("adaptive_avg_pool2d", infer=_adaptive_infer, reference=_adaptive_ref, category="reduce",
+         attrs={"output_size": [1, 1]})  # fmt: skip
+
+
+# ---- normalizations -----------------------------------------------------------------------
+def _bn_infer(xs, a):
+    x = xs[0]
+    require_float(x.dtype, "batch_norm")
+    if x.ndim < 2:
+        raise ShapeError(f"batch_norm needs a channel axis, got shape {x.shape}")
+    for t in xs[1:]:
+        if t.shape != (x.shape[1],):
+            raise ShapeError(f"batch_norm parameter of shape {t.shape}, expected ({x.shape[1]},)")
+    return [(x.shape, x.dtype)]
+
+
+def _bn_ref(xs, a):
+    x, mean, var, weight, bias = (upcast(t) for t in xs)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    scale = weight / np.sqrt(var + a["eps"])
+    return [x * scale.reshape(shape) + (bias - mean * scale).reshape(shape)]
+
+
+register("batch_norm", infer=_bn_infer, reference=_bn_ref, category="elementwise", num_inputs=5,
+         attrs={"eps": 1e-5}, doc="inference form: inputs x, running_mean, running_var, weight, bias; channels on axis 1")  # fmt: skip
+
+
+def _norm_infer(xs, a):
+    x = xs[0]
+    require_float(x.dtype, "normalization")
+    k = a["num_axes"]
+    if not 1 <= k <= x.ndim:
+        raise ShapeError(f"cannot normalize over the last {k} axes of rank {x.ndim}")
+    for t in xs[1:]:
+        if t.shape != x.shape[x.ndim - k :]:
+            raise ShapeError(f"norm parameter of shape {t.shape}, expected {x.shape[x.ndim - k:]}")
+    return [(x.shape, x.dtype)]
+
+
+def _layer_norm_ref(xs, a):
+    x = upcast(xs[0])
+    axes = tuple(range(x.ndim - a["num_axes"], x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + a["eps"])
+    if len(xs) > 1:
+        y = y * upcast(xs[1])
+    if len(xs) > 2:
+        y = y + upcast(xs[2])
+    return [y]
+
+
+def _rms_norm_ref(xs, a):
+    x = upcast(xs[0])
+    axes = tuple(range(x.ndim - a["num_axes"], x.ndim))
+    y = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + a["eps"])
+    if len(xs) > 1:
+        y = y * upcast(xs[1])
+    return [y]
+
+
+register("layer_norm", infer=_norm_infer, reference=_layer_norm_ref, category="reduce", num_inputs=(1, 3),
+         attrs={"num_axes": 1, "eps": 1e-5}, doc="normalizes over the last num_axes axes; optional weight, bias")  # fmt: skip
+register("rms_norm", infer=_norm_infer, reference=_rms_norm_ref, category="reduce", num_inputs=(1, 2),
+         attrs={"num_axes": 1, "eps": 1e-6}, doc="x / sqrt(mean(x^2) + eps) * weight over the last num_axes axes")  # fmt: skip
+
+
+# ---- softmax ------------------------------------------------------------------------------
+def _softmax_infer(xs, a):
+    require_float(xs[0].dtype, "softmax")
+    norm_axis(a["axis"], xs[0].ndim)
+    return [(xs[0].shape, xs[0].dtype)]
+
+
+def _softmax_ref(xs, a):
+    x = upcast(xs[0])
+    m = np.max(x, axis=a["axis"], keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0))
+    return [e / e.sum(axis=a["axis"], keepdims=True)]
+
+
+def _log_softmax_ref(xs, a):
+    x = upcast(xs[0])
+    m = np.max(x, axis=a["axis"], keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    return [x - m - np.log(np.exp(x - m).sum(axis=a["axis"], keepdims=True))]
+
+
+register("softmax", infer=_softmax_infer, reference=_softmax_ref, category="reduce", attrs={"axis": -1})
+register("log_softmax", infer=_softmax_infer, reference=_log_softmax_ref, category="reduce", attrs={"axis": -1})
+

@@ -1,0 +1,80 @@
+"""Reductions over axes (with keepdim), argmax/argmin and cumulative sums."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.graph.opdefs._common import norm_axes, norm_axis, upcast
+from tessera.graph.registry import register
+from tessera.ir import dtypes
+
+
+def _reduce_shape(shape, axes, keepdim):
+    axes = norm_axes(axes, len(shape))
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _reduce_infer(kind):
+    def infer(xs, a):
+        dt = xs[0].dtype
+        if kind in ("sum", "prod") and (dt.is_bool or (dt.is_integer and dt.nbits < 64)):
+            dt = dtypes.int64  # like torch: integer sums accumulate in int64
+        if kind == "mean" and not dt.is_float:
+            dt = dtypes.float32
+        return [(_reduce_shape(xs[0].shape, a["axes"], a["keepdim"]), dt)]
+
+    return infer
+
+
+_FNS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def _reduce_ref(fn):
+    def ref(xs, a):
+        axes = norm_axes(a["axes"], xs[0].ndim)
+        return [fn(upcast(xs[0]), axis=axes, keepdims=a["keepdim"])]
+
+    return ref
+
+
+for _k, _f in _FNS.items():
+    register(f"reduce_{_k}", infer=_reduce_infer(_k), reference=_reduce_ref(_f), category="reduce",
+             attrs={"axes": None, "keepdim": False}, doc="axes None reduces everything")  # fmt: skip
+
+
+def _arg_infer(xs, a):
+    norm_axis(a["axis"], xs[0].ndim)
+    return [(_reduce_shape(xs[0].shape, [a["axis"]], a["keepdim"]), dtypes.int64)]
+
+
+def _arg_ref(fn):
+    return lambda xs, a: [np.expand_dims(fn(xs[0], axis=a["axis"]), a["axis"]) if a["keepdim"]
+                          else fn(xs[0], axis=a["axis"])]  # fmt: skip
+
+
+register("argmax", infer=_arg_infer, reference=_arg_ref(np.argmax), category="reduce",
+         attrs={"axis": -1, "keepdim": False}, doc="first index of the maximum")  # fmt: skip
+register("argmin", infer=_arg_infer, reference=_arg_ref(np.argmin), category="reduce",
+         attrs={"axis": -1, "keepdim": False})  # fmt: skip
+
+
+def _cumsum_infer(xs, a):
+    norm_axis(a["axis"], xs[0].ndim)
+    dt = xs[0].dtype
+    return [(xs[0].shape, dtypes.int64 if dt.is_bool or (dt.is_integer and dt.nbits < 64) else dt)]
+
+
+def _cumsum_ref(xs, a):
+    x = upcast(xs[0])
+    y = np.cumsum(x, axis=a["axis"])
+    if a["reverse"]:
+        y = np.flip(np.cumsum(np.flip(x, a["axis"]), axis=a["axis"]), a["axis"])
+    if a["exclusive"]:
+        y = y - x
+    return [y]
+
+
+register("cumsum", infer=_cumsum_infer, reference=_cumsum_ref, category="reduce",
+         attrs={"axis": 0, "exclusive": False, "reverse": False})  # fmt: skip

@@ -1,0 +1,282 @@
+"""Injective operators: reshapes, transposes, slices, concatenation, splits, broadcasts and
+gathers.  Shapes may hold symbolic sizes; attribute entries may be symbolic too and are
+evaluated from the input shapes at run time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.graph.opdefs._common import norm_axes, norm_axis
+from tessera.graph.registry import REQUIRED, register
+from tessera.graph.symbolic import (
+    Dim,
+    ShapeError,
+    Sym,
+    broadcast_shapes,
+    dim_add,
+    dim_div,
+    fresh_dim,
+    numel,
+)  # fmt: skip
+from tessera.ir import dtypes
+
+BIG = 2**62  # "to the end" in slice bounds
+
+
+def _same(xs, a):
+    return [(xs[0].shape, xs[0].dtype)]
+
+
+# ---- reshape ------------------------------------------------------------------------------
+def _reshape_infer(xs, a):
+    x, target = xs[0], list(a["shape"])
+    if sum(1 for d in target if d == -1) > 1:
+        raise ShapeError(f"reshape target {target} has more than one -1")
+    known = numel([d for d in target if d != -1])
+    total = numel(x.shape)
+    if -1 in target:
+        rest = dim_div(total, known) if known != 0 else 0
+        target[target.index(-1)] = rest
+    elif isinstance(total, int) and isinstance(known, int) and total != known:
+        raise ShapeError(f"cannot reshape {x.shape} ({total} elements) to {a['shape']} ({known})")
+    return [(tuple(target), x.dtype)]
+
+
+register("reshape", infer=_reshape_infer, category="injective", attrs={"shape": REQUIRED},
+         reference=lambda xs, a: [np.reshape(xs[0], a["shape"])],
+         doc="row-major reshape; one entry may be -1; entries may be symbolic sizes")  # fmt: skip
+
+
+def _flatten_infer(xs, a):
+    x = xs[0]
+    if x.ndim == 0:
+        return [((1,), x.dtype)]
+    s, e = norm_axis(a["start"], x.ndim), norm_axis(a["end"], x.ndim)
+    return [((*x.shape[:s], numel(x.shape[s : e + 1]), *x.shape[e + 1 :]), x.dtype)]
+
+
+def _flatten_ref(xs, a):
+    x = xs[0]
+    if x.ndim == 0:
+        return [x.reshape(1)]
+    s, e = norm_axis(a["start"], x.ndim), norm_axis(a["end"], x.ndim)
+    return [x.reshape(*x.shape[:s], -1, *x.shape[e + 1 :])]
+
+
+register("flatten", infer=_flatten_infer, reference=_flatten_ref, category="injective",
+         attrs={"start": 0, "end": -1})  # fmt: skip
+
+
+def _permute_infer(xs, a):
+    perm = [norm_axis(p, xs[0].ndim) for p in a["perm"]]
+    if sorted(perm) != list(range(xs[0].ndim)):
+        raise ShapeError(f"{a['perm']} is not a permutation of rank {xs[0].ndim}")
+    return [(tuple(xs[0].shape[p] for p in perm), xs[0].dtype)]
+
+
+register("permute", infer=_permute_infer, category="injective", attrs={"perm": REQUIRED},
+         reference=lambda xs, a: [np.transpose(xs[0], a["perm"])])  # fmt: skip
+
+
+# ---- slicing ------------------------------------------------------------------------------
+def _slice_len(dim: Dim, start, end, step) -> Dim:
+    if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
+        return len(range(*slice(start, end, step).indices(dim)))
+    if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
+        return dim
+    if step == 1 and isinstance(start, int) and start >= 0 and end == dim and isinstance(dim, Sym):
+        return dim_add(dim, -start)
+    return fresh_dim("l")
+
+
+def _slice_infer(xs, a):
+    x = xs[0]
+    shape = list(x.shape)
+    n = len(a["axes"])
+    if not (len(a["starts"]) == len(a["ends"]) == n and len(a["steps"] or [1] * n) == n):
+        raise ShapeError("slice axes, starts, ends and steps differ in length")
+    for ax, s, e, st in zip(a["axes"], a["starts"], a["ends"], a["steps"] or [1] * n):
+        if st == 0:
+            raise ShapeError("slice step cannot be 0")
+        ax = norm_axis(ax, x.ndim)
+        shape[ax] = _slice_len(shape[ax], s, e, st)
+    return [(tuple(shape), x.dtype)]
+
+
+def _slice_ref(xs, a):
+    x = xs[0]
+    index = [slice(None)] * x.ndim
+    n = len(a["axes"])
+    for ax, s, e, st in zip(a["axes"], a["starts"], a["ends"], a["steps"] or [1] * n):
+        index[ax % x.ndim] = slice(s, e, st)
+    return [x[tuple(index)]]
+
+
+register("slice", infer=_slice_infer, reference=_slice_ref, category="injective",
+         attrs={"axes": REQUIRED, "starts": REQUIRED, "ends": REQUIRED, "steps": None},
+         doc="Python slicing per axis: negative bounds count from the end, bounds are clamped, steps may be negative")  # fmt: skip
+
+
+def _concat_infer(xs, a):
+    rank = xs[0].ndim
+    ax = norm_axis(a["axis"], rank)
+    shape = list(xs[0].shape)
+    for t in xs[1:]:
+        if t.ndim != rank:
+            raise ShapeError(f"concat of ranks {rank} and {t.ndim}")
+        for i, (d0, d1) in enumerate(zip(shape, t.shape)):
+            if i != ax and isinstance(d0, int) and isinstance(d1, int) and d0 != d1:
+                raise ShapeError(f"concat along {ax}: shapes {xs[0].shape} and {t.shape} differ on axis {i}")
+        shape[ax] = dim_add(shape[ax], t.shape[ax])
+    dt = xs[0].dtype
+    for t in xs[1:]:
+        dt = dtypes.promote(dt, t.dtype) if t.dtype != dt else dt
+    return [(tuple(shape), dt)]
+
+
+register("concat", infer=_concat_infer, category="injective", attrs={"axis": 0}, num_inputs=(1, 1 << 16),
+         reference=lambda xs, a: [np.concatenate(xs, axis=a["axis"])])  # fmt: skip
+
+
+def _split_infer(xs, a):
+    x = xs[0]
+    ax = norm_axis(a["axis"], x.ndim)
+    sizes = a["sizes"]
+    if isinstance(x.shape[ax], int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != x.shape[ax]:
+        raise ShapeError(f"split sizes {sizes} do not add up to {x.shape[ax]}")
+    return [(tuple(s if i == ax else d for i, d in enumerate(x.shape)), x.dtype) for s in sizes]
+
+
+def _split_ref(xs, a):
+    offsets = np.cumsum(a["sizes"])[:-1]
+    return list(np.split(xs[0], offsets, axis=a["axis"]))
+
+
+register("split", infer=_split_infer, reference=_split_ref, category="injective",
+         attrs={"axis": 0, "sizes": REQUIRED}, doc="one output per entry of sizes")  # fmt: skip
+
+
+# ---- broadcasting and axes ----------------------------------------------------------------
+def _expand_target(in_shape, target):
+    pad = len(target) - len(in_shape)
+    if pad < 0:
+        raise ShapeError(f"cannot expand {in_shape} to fewer dimensions {target}")
+    out = []
+    for i, t in enumerate(target):
+        src = in_shape[i - pad] if i >= pad else 1
+        out.append(src if t == -1 else t)
+    return broadcast_shapes(in_shape, out)
+
+
+register("expand", infer=lambda xs, a: [(_expand_target(xs[0].shape, list(a["shape"])), xs[0].dtype)],
+         category="injective", attrs={"shape": REQUIRED},
+         reference=lambda xs, a: [np.broadcast_to(xs[0], _expand_target(xs[0].shape, list(a["shape"])))],
+         doc="broadcast to shape (torch.expand: -1 keeps a size; ONNX Expand maps here after broadcasting)")  # fmt: skip
+
+
+def _squeeze_axes(shape, axes):
+    if axes is None:
+        return tuple(i for i, d in enumerate(shape) if d == 1)
+    axes = norm_axes(axes, len(shape))
+    # torch silently keeps an axis whose size is not 1; so do we.
+    return tuple(i for i in axes if shape[i] == 1)
+
+
+def _squeeze_infer(xs, a):
+    drop = _squeeze_axes(xs[0].shape, a["axes"])
+    return [(tuple(d for i, d in enumerate(xs[0].shape) if i not in drop), xs[0].dtype)]
+
+
+register("squeeze", infer=_squeeze_infer, category="injective", attrs={"axes": None},
+         reference=lambda xs, a: [np.squeeze(xs[0], axis=_squeeze_axes(xs[0].shape, a["axes"]))])  # fmt: skip
+
+
+def _unsqueeze_infer(xs, a):
+    rank = xs[0].ndim + len(a["axes"])
+    axes = norm_axes(a["axes"], rank)
+    it = iter(xs[0].shape)
+    return [(tuple(1 if i in axes else next(it) for i in range(rank)), xs[0].dtype)]
+
+
+register("unsqueeze", infer=_unsqueeze_infer, category="injective", attrs={"axes": REQUIRED},
+         reference=lambda xs, a: [np.expand_dims(xs[0], norm_axes(a["axes"], xs[0].ndim + len(a["axes"])))],
+         doc="axes index the output")  # fmt: skip
+
+
+def _tile_infer(xs, a):
+    reps = list(a["repeats"])
+    shape = [1] * (len(reps) - xs[0].ndim) + list(xs[0].shape)
+    reps = [1] * (len(shape) - len(reps)) + reps
+    return [(tuple(d if r == 1 else (d * r if isinstance(d, int) else d * r) for d, r in zip(shape, reps)), xs[0].dtype)]
+
+
+register("tile", infer=_tile_infer, category="injective", attrs={"repeats": REQUIRED},
+         reference=lambda xs, a: [np.tile(xs[0], a["repeats"])], doc="torch.Tensor.repeat / numpy.tile")  # fmt: skip
+
+register("flip", infer=_same, category="injective", attrs={"axes": REQUIRED},
+         reference=lambda xs, a: [np.flip(xs[0], axis=tuple(a["axes"]))])  # fmt: skip
+
+
+def _pad_infer(xs, a):
+    pads = a["pads"]
+    x = xs[0]
+    if len(pads) != 2 * x.ndim:
+        raise ShapeError(f"pad needs (before, after) for each of {x.ndim} axes, got {pads}")
+    shape = [dim_add(dim_add(d, pads[2 * i]), pads[2 * i + 1]) for i, d in enumerate(x.shape)]
+    return [(tuple(shape), x.dtype)]
+
+
+def _pad_ref(xs, a):
+    x, p = xs[0], a["pads"]
+    widths = [(max(p[2 * i], 0), max(p[2 * i + 1], 0)) for i in range(x.ndim)]
+    y = np.pad(x, widths, constant_values=np.asarray(a["value"]).astype(x.dtype))
+    crop = tuple(slice(-min(p[2 * i], 0), y.shape[i] + min(p[2 * i + 1], 0)) for i in range(x.ndim))
+    return [y[crop]]
+
+
+register("pad", infer=_pad_infer, reference=_pad_ref, category="injective", attrs={"pads": REQUIRED, "value": 0.0},
+         doc="constant padding; pads = [before0, after0, before1, after1, ...]; negative values crop")  # fmt: skip
+
+
+def _tri_infer(xs, a):
+    if xs[0].ndim < 2:
+        raise ShapeError("tril/triu need rank >= 2")
+    return _same(xs, a)
+
+
+register("tril", infer=_tri_infer, category="injective", attrs={"diagonal": 0},
+         reference=lambda xs, a: [np.tril(xs[0], a["diagonal"])])  # fmt: skip
+register("triu", infer=_tri_infer, category="injective", attrs={"diagonal": 0},
+         reference=lambda xs, a: [np.triu(xs[0], a["diagonal"])])  # fmt: skip
+
+
+# ---- gathers ------------------------------------------------------------------------------
+def _take_infer(xs, a):
+    data, idx = xs
+    if not idx.dtype.is_integer:
+        raise ShapeError(f"indices must be integers, got {idx.dtype}")
+    ax = norm_axis(a["axis"], data.ndim)
+    return [((*data.shape[:ax], *idx.shape, *data.shape[ax + 1 :]), data.dtype)]
+
+
+def _take_ref(xs, a):
+    data, idx = xs
+    n = data.shape[a["axis"]]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"index out of range for axis of size {n}")
+    return [np.take(data, idx, axis=a["axis"])]
+
+
+register("take", infer=_take_infer, reference=_take_ref, category="injective", attrs={"axis": 0}, num_inputs=2,
+         doc="inputs data, indices: numpy.take (embedding, index_select, ONNX Gather); negative indices wrap")  # fmt: skip
+
+
+def _gather_elements_infer(xs, a):
+    if xs[0].ndim != xs[1].ndim:
+        raise ShapeError("gather_elements needs index of the same rank as data")
+    return [(xs[1].shape, xs[0].dtype)]
+
+
+register("gather_elements", infer=_gather_elements_infer, category="injective", attrs={"axis": 0}, num_inputs=2,
+         reference=lambda xs, a: [np.take_along_axis(xs[0], xs[1], axis=a["axis"])],
+         doc="torch.gather / ONNX GatherElements")  # fmt: skip
