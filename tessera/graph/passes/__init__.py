@@ -1,0 +1,42 @@
+"""Graph passes, one per module, and the default pipeline.
+
+Each pass rewrites a FlowGraph in place and returns how many rewrites it made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.passes.constant_folding import fold_constants
+from tessera.graph.passes.dead_code import eliminate_dead_code
+from tessera.graph.passes.fold_batchnorm import fold_batchnorm
+from tessera.graph.passes.merge_qkv import merge_parallel_projections
+
+Pass = Callable[[FlowGraph], int]
+
+DEFAULT_PASSES: tuple[Pass, ...] = (
+    fold_constants,
+    eliminate_dead_code,
+    fold_batchnorm,
+    merge_parallel_projections,
+    eliminate_dead_code,
+)
+
+_log = logging.getLogger("tessera")
+
+
+def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: bool = True) -> FlowGraph:
+    """Run passes over graph in order (verifying after each when verify) and return it."""
+    for p in passes:
+        n = p(graph)
+        if n:
+            _log.debug("pass %s: %d rewrites on %s", p.__name__, n, graph.name)
+        if verify:
+            graph.verify()
+    return graph
+
+
+__all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
+           "merge_parallel_projections"]  # fmt: skip

@@ -1,0 +1,67 @@
+"""Merge projections that read the same input into one wider matmul followed by a split.
+
+Attention computes Q, K and V as three linear layers of the same activation; one GEMM with
+the weights concatenated reads the activation once and fills the GPU better.  Applies to
+groups of `linear` ops with constant weights (and all or none with constant biases) and to
+groups of `matmul(x, W)` with constant 2-D W, when they share the input x.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.operator import Operator
+from tessera.graph.tensor import Tensor
+
+
+def _const(t: Tensor) -> bool:
+    return t.is_constant and t.producer is None
+
+
+def _key(op: Operator):
+    """Ops with equal keys can merge; None if op is not a mergeable projection."""
+    if op.kind == "linear" and _const(op.inputs[1]) and all(_const(t) for t in op.inputs[2:]):
+        w = op.inputs[1]
+        return ("linear", op.inputs[0], w.shape[1], w.dtype, len(op.inputs))
+    if op.kind == "matmul" and _const(op.inputs[1]) and op.inputs[1].ndim == 2 and op.inputs[0].ndim >= 2:
+        w = op.inputs[1]
+        return ("matmul", op.inputs[0], w.shape[0], w.dtype)
+    return None
+
+
+def merge_parallel_projections(graph: FlowGraph, min_group: int = 2) -> int:
+    """Rewrite in place; returns the number of groups merged."""
+    groups: dict[tuple, list[Operator]] = {}
+    for op in graph.operators:
+        key = _key(op)
+        if key is not None:
+            groups.setdefault(key, []).append(op)
+    merged = 0
+    ops = list(graph.operators)
+    for key, members in groups.items():
+        if len(members) < min_group:
+            continue
+        x = members[0].inputs[0]  # key[1] may have been rewired by an earlier merge
+        if key[0] == "linear":
+            weight = np.concatenate([m.inputs[1].data for m in members], axis=0)
+            sizes = [m.inputs[1].shape[0] for m in members]
+        else:
+            weight = np.concatenate([m.inputs[1].data for m in members], axis=1)
+            sizes = [m.inputs[1].shape[1] for m in members]
+        inputs = [x, Tensor.constant(weight, name="_".join(m.inputs[1].name for m in members))]
+        if key[0] == "linear" and key[4] == 3:
+            inputs.append(Tensor.constant(np.concatenate([m.inputs[2].data for m in members]), name=inputs[1].name + "_b"))
+        wide = Operator.create(key[0], inputs, name="merged_" + members[0].name)
+        split = Operator.create("split", wide.outputs, {"axis": -1, "sizes": sizes}, name="split_" + members[0].name)
+        for m, out in zip(members, split.outputs):
+            graph.replace_uses(m.outputs[0], out)
+            out.name = m.outputs[0].name
+        # The wide op sits where the first member was; the graph is re-sorted below anyway.
+        first = ops.index(members[0])
+        ops[first:first] = [wide, split]
+        ops = [op for op in ops if op not in members]
+        graph.operators = ops
+        merged += 1
+    graph.set_operators(ops)
+    return merged
