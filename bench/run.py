@@ -1,6 +1,7 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
-Suites: reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis) against
+Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile) and
+reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis) against
 torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
 of the device copy bandwidth measured in the same run.
 """
@@ -79,7 +80,8 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce"], required=True)
+    ap.add_argument("--suite", choices=["reduce", "gemm"], required=True)
+    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
@@ -87,10 +89,17 @@ def main() -> None:
     timer = Timer(repeats=args.repeats)
     copy_gbs = copy_bandwidth_gbs(timer)
     print(f"device copy bandwidth this run: {copy_gbs:.0f} GB/s")
+    outdirs = [Path(__file__).resolve().parent / "results"] + ([Path(args.out)] if args.out else [])
+    if args.suite == "gemm":
+        from gemm_suite import gemm_suite, summary
+
+        rows = gemm_suite(timer, quick=args.quick)
+        write_results(args.suite, rows, outdirs, ["vs_cublas", "tflops", "config"])
+        print(summary(rows))
+        return
     rows = reduce_suite(timer, copy_gbs)
     for r in rows:
         r["copy_gbs"] = copy_gbs
-    outdirs = [Path(__file__).resolve().parent / "results"] + ([Path(args.out)] if args.out else [])
     write_results(args.suite, rows, outdirs, ["gbs", "frac_copy_bw"])
 
 

@@ -20,9 +20,11 @@ from tessera.errors import (
     TesseraError,
     UnsupportedError,
 )  # fmt: skip
+from tessera.ir import fragments
 from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
 from tessera.ir.dtypes import DataType, dtype
 from tessera.ir.mapping import TaskMapping, repeat, spatial
+from tessera.ir.types import Swizzle
 from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
     abs_,
@@ -33,6 +35,10 @@ from tessera.lang.builtins import (
     cast,
     ceil,
     ceil_div,
+    copy_async,
+    copy_async_commit,
+    copy_async_wait,
+    copy_vector,
     cos,
     erf,
     exp,
@@ -41,10 +47,12 @@ from tessera.lang.builtins import (
     fma,
     grid,
     grid_dim,
+    ldmatrix,
     log,
     log2,
     max_,
     min_,
+    mma,
     parallel,
     pow_,
     ptr,
@@ -72,4 +80,5 @@ __all__ = [
     "abs_", "attrs", "block_dim", "block_reduce", "shfl_down", "shfl_idx", "shfl_xor", "warp_reduce", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "floor",
     "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
+    "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ only place that strings them together for one kernel.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ class Kernel:
         self._lowered: Function | None = None
         self._source: str | None = None
         self._compiled: Any = None
+        self._lock = threading.Lock()  # tuners build candidates from several threads
 
     @property
     def lowered(self) -> Function:
@@ -59,6 +61,10 @@ class Kernel:
 
     def compile(self) -> Any:
         """Build and load; returns the loaded runtime kernel."""
+        with self._lock:
+            return self._compile_locked()
+
+    def _compile_locked(self) -> Any:
         if self._compiled is None:
             from pathlib import Path
 
@@ -70,11 +76,11 @@ class Kernel:
             else:
                 from tessera.runtime.cuda import CudaKernel
 
-                self._compiled = CudaKernel(self.ir, path, symbol_name(self.ir))
+                self._compiled = CudaKernel(self.ir, path, symbol_name(self.ir), self.lowered.launch)
         return self._compiled
 
     def __call__(self, *args: Any, stream: int | None = None) -> None:
-        compiled = self.compile()
+        compiled = self._compiled or self.compile()
         if self.target == "cpu":
             compiled(args)
         else:

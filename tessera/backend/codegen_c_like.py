@@ -294,6 +294,9 @@ class CLikeCodegen(IRVisitor):
     def visit_Load(self, e: E.Load) -> str:
         return self.load_value(e.type, f"{self.name_of(e.buffer)}[{self.expr(e.indices[0])}]")
 
+    def visit_Address(self, e: E.Address) -> str:
+        return f"(&{self.name_of(e.buffer)}[{self.expr(e.indices[0])}])"
+
     # ---- statements -------------------------------------------------------------------------
     def visit_Evaluate(self, s: S.Evaluate) -> None:
         self.emit(self.expr(s.expr) + ";")
@@ -351,6 +354,12 @@ class CLikeCodegen(IRVisitor):
 
     def visit_Barrier(self, s: S.Barrier) -> None:
         self.emit_barrier()
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        if s.name != "copy_vector":
+            raise UnsupportedError(f"{s.name} is not available on the {self.target} target")
+        dst, src = (self.expr(x) for x in s.operands)
+        self.emit(f"memcpy({dst}, {src}, {s.attrs['bytes']});")
 
     def visit_Seq(self, s: S.Seq) -> None:
         for x in s.stmts:

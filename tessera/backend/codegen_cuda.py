@@ -16,6 +16,7 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.expr import Const
 from tessera.ir.func import CUDA_KERNEL, Function
 from tessera.ir.types import TensorType
+from tessera.transforms.plan_shared_memory import shared_buffer_offsets
 
 CUDA_PRELUDE = r"""
 #include <cuda_fp16.h>
@@ -23,6 +24,53 @@ CUDA_PRELUDE = r"""
 #include <stdint.h>
 
 {helpers}
+// Memory and tensor-core instructions (tessera.ir.instructions).  Register fragments are
+// addressed through pointers; with constant indices after unrolling they stay in registers.
+template <int N> struct ts_vec;
+template <> struct ts_vec<2> { typedef uint16_t t; };
+template <> struct ts_vec<4> { typedef uint32_t t; };
+template <> struct ts_vec<8> { typedef uint2 t; };
+template <> struct ts_vec<16> { typedef uint4 t; };
+template <int N> __device__ __forceinline__ void ts_copy_vector(void* dst, const void* src) {
+  *reinterpret_cast<typename ts_vec<N>::t*>(dst) = *reinterpret_cast<const typename ts_vec<N>::t*>(src);
+}
+__device__ __forceinline__ uint32_t ts_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+template <int N> __device__ __forceinline__ void ts_copy_async(void* dst, const void* src, bool pred) {
+  // src-size 0 reads nothing and zero-fills: out-of-bounds tiles need no separate path.
+  if (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ts_smem(dst)), "l"(src), "r"(pred ? 16 : 0));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" :: "r"(ts_smem(dst)), "l"(src), "n"(N), "r"(pred ? N : 0));
+}
+__device__ __forceinline__ void ts_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void ts_copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void* dst, const void* src) {
+  uint32_t* r = reinterpret_cast<uint32_t*>(dst);
+  uint32_t a = ts_smem(src);
+  if (NUM == 4 && !TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if (NUM == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if (NUM == 2 && !TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else if (NUM == 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else if (!TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+}
+#define TS_MMA_M16N8K16(NAME, T)                                                                  \
+  __device__ __forceinline__ void NAME(float* c, const void* a, const void* b) {                \
+    const uint32_t* x = reinterpret_cast<const uint32_t*>(a);                                   \
+    const uint32_t* y = reinterpret_cast<const uint32_t*>(b);                                   \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "                         \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                        \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                \
+                 : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));             \
+  }
+TS_MMA_M16N8K16(ts_mma_m16n8k16_f16, "f16")
+TS_MMA_M16N8K16(ts_mma_m16n8k16_bf16, "bf16")
 """
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
@@ -85,6 +133,25 @@ class CudaCodegen(CLikeCodegen):
         reg, axis = name.split(".")
         return f"((int32_t){_HW[reg]}.{axis})"
 
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        ops = [self.expr(x) for x in s.operands]
+        a = s.attrs
+        if s.name == "copy_vector":
+            self.emit(f"ts_copy_vector<{a['bytes']}>({ops[0]}, {ops[1]});")
+        elif s.name == "copy_async":
+            self.emit(f"ts_copy_async<{a['bytes']}>({ops[0]}, {ops[1]}, {ops[2]});")
+        elif s.name == "copy_async_commit":
+            self.emit("ts_copy_async_commit();")
+        elif s.name == "copy_async_wait":
+            self.emit(f"ts_copy_async_wait<{a['pending']}>();")
+        elif s.name == "ldmatrix":
+            self.emit(f"ts_ldmatrix<{a['num']}, {'true' if a['trans'] else 'false'}>({ops[0]}, {ops[1]});")
+        elif s.name == "mma":
+            kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
+            self.emit(f"ts_mma_{a['shape']}_{kind}({ops[0]}, {ops[1]}, {ops[2]});")
+        else:
+            raise UnsupportedError(f"instruction {s.name} has no CUDA lowering")
+
     def emit_barrier(self) -> None:
         self.emit("__syncthreads();")
 
@@ -95,6 +162,11 @@ class CudaCodegen(CLikeCodegen):
 
     def emit_declare_buffer(self, var, t: TensorType) -> None:
         size = self.expr(t.shape[0])
+        if t.scope == "shared" and var in self.pool_offsets:
+            ctype = self.storage_type(t.dtype)
+            offset = self.pool_offsets[var]
+            self.emit(f"{ctype}* {self.name_of(var)} = reinterpret_cast<{ctype}*>(ts_shared_pool + {offset});")
+            return
         prefix = "__shared__ __align__(16) " if t.scope == "shared" else ""
         self.emit(f"{prefix}{self.storage_type(t.dtype)} {self.name_of(var)}[{size}];")
 
@@ -111,6 +183,10 @@ class CudaCodegen(CLikeCodegen):
             bounds = f"__launch_bounds__({threads}{mb}) "
         self.emit(f'extern "C" __global__ void {bounds}{symbol_name(func)}({params}) {{')
         self.depth += 1
+        self.pool_offsets: dict = {}
+        if func.launch.shared_pool:
+            self.pool_offsets, _ = shared_buffer_offsets(func)
+            self.emit("extern __shared__ __align__(128) uint8_t ts_shared_pool[];")
         self.visit(func.body)
         self.depth -= 1
         self.emit("}")

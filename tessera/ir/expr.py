@@ -209,6 +209,26 @@ class Load(Expr):
 
 
 @dataclass(eq=False, repr=False)
+class Address(Expr):
+    """The address of one element of a tensor or pointer: an operand of memory instructions."""
+
+    buffer: Var
+    indices: tuple[Expr, ...]
+    type: PointerType = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.type = PointerType(check_access(self.buffer, self.indices))
+
+    @property
+    def scope(self) -> str:
+        """Memory scope of the addressed element: global, shared or register."""
+        t = self.buffer.type
+        return t.scope if isinstance(t, TensorType) else "global"
+
+    __hash__ = object.__hash__
+
+
+@dataclass(eq=False, repr=False)
 class HardwareIndex(Expr):
     """threadIdx.x, blockIdx.y, blockDim.z, gridDim.x, ..."""
 

@@ -20,6 +20,8 @@ class LaunchConfig:
     dynamic_smem: Expr | None = None
     # Minimum resident blocks per SM for __launch_bounds__ (0: no launch bounds).
     min_blocks: int = 0
+    # Bytes of shared tensors placed in dynamic shared memory (set by plan_shared_memory).
+    shared_pool: int = 0
 
 
 @dataclass(eq=False)

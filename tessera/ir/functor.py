@@ -59,6 +59,11 @@ class IRVisitor:
         for i in e.indices:
             self.visit(i)
 
+    def visit_Address(self, e: E.Address) -> Any:
+        self.visit(e.buffer)
+        for i in e.indices:
+            self.visit(i)
+
     # statements
     def visit_Evaluate(self, s: S.Evaluate) -> Any:
         self.visit(s.expr)
@@ -107,6 +112,10 @@ class IRVisitor:
 
     def visit_Return(self, s: S.Return) -> Any:
         pass
+
+    def visit_Instruction(self, s: S.Instruction) -> Any:
+        for x in s.operands:
+            self.visit(x)
 
     def visit_Barrier(self, s: S.Barrier) -> Any:
         pass
@@ -168,6 +177,11 @@ class IRMutator(IRVisitor):
         idx = tuple(self.visit(i) for i in e.indices)
         return e if buf is e.buffer and _same(idx, e.indices) else E.Load(buf, idx)
 
+    def visit_Address(self, e: E.Address) -> E.Expr:
+        buf = self.visit(e.buffer)
+        idx = tuple(self.visit(i) for i in e.indices)
+        return e if buf is e.buffer and _same(idx, e.indices) else E.Address(buf, idx)
+
     def visit_Evaluate(self, s: S.Evaluate) -> S.Stmt:
         x = self.visit(s.expr)
         return s if x is s.expr else _keep_line(S.Evaluate(x), s)
@@ -221,6 +235,10 @@ class IRMutator(IRVisitor):
 
     def visit_Return(self, s: S.Return) -> S.Stmt:
         return s
+
+    def visit_Instruction(self, s: S.Instruction) -> S.Stmt:
+        ops = tuple(self.visit(x) for x in s.operands)
+        return s if _same(ops, s.operands) else _keep_line(S.Instruction(s.name, ops, dict(s.attrs)), s)
 
     def visit_Barrier(self, s: S.Barrier) -> S.Stmt:
         return s

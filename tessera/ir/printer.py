@@ -55,6 +55,9 @@ class IRPrinter(IRVisitor):
     def visit_Load(self, e: E.Load) -> str:
         return f"{e.buffer.name}[{', '.join(self.expr(i) for i in e.indices)}]"
 
+    def visit_Address(self, e: E.Address) -> str:
+        return f"&{self.visit_Load(e)}"
+
     # ---- statements: append lines ---------------------------------------------------
     def emit(self, text: str) -> None:
         self.lines.append("    " * self.depth + text)
@@ -113,6 +116,10 @@ class IRPrinter(IRVisitor):
 
     def visit_Return(self, s: S.Return) -> None:
         self.emit("return")
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        args = [self.expr(x) for x in s.operands] + [f"{k}={v!r}" for k, v in s.attrs.items()]
+        self.emit(f"{s.name}({', '.join(args)})")
 
     def visit_Barrier(self, s: S.Barrier) -> None:
         self.emit("syncthreads()")

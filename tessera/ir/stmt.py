@@ -129,6 +129,22 @@ class Return(Stmt):
 
 
 @dataclass(eq=False)
+class Instruction(Stmt):
+    """A memory or tensor-core instruction (see tessera.ir.instructions for the list)."""
+
+    name: str
+    operands: tuple[Expr, ...]
+    attrs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from tessera.ir.instructions import check_instruction
+
+        error = check_instruction(self.name, self.operands, self.attrs)
+        if error:
+            raise IRTypeError(error)
+
+
+@dataclass(eq=False)
 class Barrier(Stmt):
     """Synchronise the threads of a block (__syncthreads)."""
 

@@ -54,6 +54,15 @@ select = Builtin("select", "select")
 warp_reduce = Builtin("warp_reduce", "collective")
 block_reduce = Builtin("block_reduce", "collective")
 
+# Memory and tensor-core instructions (tessera.ir.instructions): statements, CUDA only except
+# copy_vector.  Memory operands are tensor elements: ts.copy_vector(r[0], x[i, j], bytes=16).
+copy_vector = Builtin("copy_vector", "instruction")
+copy_async = Builtin("copy_async", "instruction")
+copy_async_commit = Builtin("copy_async_commit", "instruction")
+copy_async_wait = Builtin("copy_async_wait", "instruction")
+ldmatrix = Builtin("ldmatrix", "instruction")
+mma = Builtin("mma", "instruction")
+
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
 sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))

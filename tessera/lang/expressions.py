@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins as py_builtins
 import operator
+from math import prod
 from typing import Any
 
 from tessera.ir import dtypes
@@ -18,9 +19,10 @@ from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import LaunchConfig
 from tessera.ir.intrinsics import GPU_ONLY, INTRINSICS
-from tessera.ir.types import REGISTER, SHARED, TensorType
+from tessera.ir.types import REGISTER, SHARED, Swizzle, TensorType
 from tessera.lang import builtins as B
 from tessera.lang import collectives
+from tessera.lang.instructions import InstructionError, build_instruction
 
 BINARY_OPERATORS = {
     ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
@@ -293,6 +295,11 @@ class ExpressionParser:
             return self.intrinsic(func.name, args)
         if kind == "collective":
             return self.collective(func.name, args, kwargs)
+        if kind == "instruction":
+            try:
+                return build_instruction(func.name, self.target, args, kwargs)
+            except InstructionError as exc:
+                raise ParseError(str(exc)) from None
         if kind == "barrier":
             if self.target != "cuda":
                 raise ParseError("syncthreads() is only available in CUDA kernels")
@@ -323,9 +330,12 @@ class ExpressionParser:
         raise ParseError(f"{func.name} cannot be called")
 
     def alloc(self, which: str, args: list[Any], kwargs: dict[str, Any]) -> S.DeclareBuffer:
+        swizzle = kwargs.pop("swizzle", None)
         if len(args) != 2 or kwargs or not isinstance(args[0], DataType):
             raise ParseError(f"{which}(dtype, [d0, d1, ...]) takes a dtype and a shape")
         scope = REGISTER if which == "register_tensor" else SHARED
+        if swizzle is not None and (scope != SHARED or not isinstance(swizzle, Swizzle)):
+            raise ParseError("swizzle= takes a tessera.Swizzle and applies to shared tensors only")
         if scope == SHARED and self.target != "cuda":
             raise ParseError("shared_tensor() is only available in CUDA kernels; use register_tensor() on the CPU")
         if self.loop_depth and scope == SHARED:
@@ -336,7 +346,9 @@ class ExpressionParser:
         dtype = args[0]
         if dtype.is_subbyte:
             raise ParseError(f"{which}() of sub-byte type {dtype} is not supported yet")
-        var = E.Var("_buf", TensorType(dtype, tuple(E.Const(d, dtypes.int32) for d in shape), scope))
+        if swizzle is not None and prod(shape) % (1 << (swizzle.base + swizzle.bits)):
+            raise ParseError(f"a {swizzle} layout needs a size that is a multiple of {1 << (swizzle.base + swizzle.bits)}")
+        var = E.Var("_buf", TensorType(dtype, tuple(E.Const(d, dtypes.int32) for d in shape), scope, swizzle))
         return S.DeclareBuffer(var)
 
 

@@ -13,7 +13,7 @@ from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ir.expr import Const, Var
-from tessera.ir.func import Function
+from tessera.ir.func import Function, LaunchConfig
 from tessera.ir.types import PointerType, TensorType
 from tessera.runtime.tensor import ArrayView, as_view
 
@@ -130,10 +130,14 @@ def eval_launch_dims(func: Function, env: dict[Var, Any], dims: Sequence[Any]) -
     return out[0], out[1], out[2]
 
 
-def eval_dynamic_smem(func: Function, env: dict[Var, Any]) -> int:
-    if func.launch.dynamic_smem is None:
-        return 0
-    smem = int(evaluate(func.launch.dynamic_smem, env))
+def eval_dynamic_smem(func: Function, env: dict[Var, Any], launch: LaunchConfig | None = None) -> int:
+    """Dynamic shared memory bytes: the kernel's attrs.dynamic_smem plus its shared-tensor pool.
+
+    `launch` is the lowered function's configuration when it differs from `func`'s."""
+    launch = launch or func.launch
+    if launch.dynamic_smem is None:
+        return launch.shared_pool
+    smem = int(evaluate(launch.dynamic_smem, env))
     if smem < 0:
         raise ArgumentError(f"{func.name}: attrs.dynamic_smem evaluated to {smem} bytes; it must be >= 0")
-    return smem
+    return smem + launch.shared_pool

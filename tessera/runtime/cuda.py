@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
-from tessera.ir.func import Function
+from tessera.ir.func import Function, LaunchConfig
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
 from tessera.runtime.tensor import ArrayView, numpy_dtype
 
@@ -133,10 +133,12 @@ def _current_stream(views: list[ArrayView]) -> int:
 class CudaKernel:
     """A kernel loaded from a cubin; call it with device arrays or torch CUDA tensors."""
 
-    def __init__(self, func: Function, cubin: Path, name: str | None = None):
+    def __init__(self, func: Function, cubin: Path, name: str | None = None, launch: LaunchConfig | None = None):
         driver = _driver()
         ensure_current()
         self.func = func
+        # The lowered kernel's configuration (passes may add a shared-memory pool).
+        self.launch = launch or func.launch
         self.module = check(driver.cuModuleLoadData(cubin.read_bytes()), f"loading {cubin}")
         self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
@@ -145,11 +147,11 @@ class CudaKernel:
     def launch(self, args: Sequence[Any], stream: int | None = None) -> None:
         driver = _driver()
         values, _, views = bind(self.func, args, "cuda")
-        launch = self.func.launch
+        launch = self.launch
         env = scalar_env(self.func, values)
         grid = eval_launch_dims(self.func, env, launch.grid)
         block = eval_launch_dims(self.func, env, launch.block)
-        smem = eval_dynamic_smem(self.func, env)
+        smem = eval_dynamic_smem(self.func, env, launch)
         if max(grid[1], grid[2]) > 65535 or grid[0] >= 2**31:
             raise ArgumentError(f"{self.func.name}: grid {grid} exceeds CUDA limits")
         if smem > 48 * 1024 and smem > self.smem_limit_set:

@@ -7,11 +7,12 @@ C and CUDA code generators emit.
 
 from __future__ import annotations
 
+from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import Function
 from tessera.ir.functor import IRMutator
-from tessera.ir.types import GLOBAL, PointerType, TensorType
+from tessera.ir.types import GLOBAL, PointerType, Swizzle, TensorType
 
 
 def flat_index(shape: tuple[E.Expr, ...], indices: tuple[E.Expr, ...]) -> E.Expr:
@@ -20,6 +21,13 @@ def flat_index(shape: tuple[E.Expr, ...], indices: tuple[E.Expr, ...]) -> E.Expr
     for dim, idx in zip(shape[1:], indices[1:]):
         out = E.Binary("+", E.Binary("*", out, dim), idx)
     return out
+
+
+def swizzled(offset: E.Expr, swizzle: Swizzle) -> E.Expr:
+    """The IR form of Swizzle.apply."""
+    mask = E.Const((1 << swizzle.bits) - 1, dtypes.int32)
+    moved = E.Binary("&", E.Binary(">>", offset, E.Const(swizzle.base + swizzle.shift, dtypes.int32)), mask)
+    return E.Binary("^", offset, E.Binary("<<", moved, E.Const(swizzle.base, dtypes.int32)))
 
 
 def flat_size(shape: tuple[E.Expr, ...]) -> E.Expr:
@@ -49,13 +57,21 @@ class FlattenBuffers(IRMutator):
     def access(self, buffer: E.Var, indices: tuple[E.Expr, ...]) -> tuple[E.Var, tuple[E.Expr, ...]]:
         t = buffer.type
         if isinstance(t, TensorType):
-            return self.flat_var(buffer), (flat_index(t.shape, indices),)
+            flat = flat_index(t.shape, indices)
+            if t.swizzle is not None:
+                flat = swizzled(flat, t.swizzle)
+            return self.flat_var(buffer), (flat,)
         return buffer, indices
 
     def visit_Load(self, e: E.Load) -> E.Expr:
         idx = tuple(self.visit(i) for i in e.indices)
         buf, flat = self.access(e.buffer, idx)
         return E.Load(buf, flat)
+
+    def visit_Address(self, e: E.Address) -> E.Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        buf, flat = self.access(e.buffer, idx)
+        return E.Address(buf, flat)
 
     def visit_Store(self, s: S.Store) -> S.Stmt:
         idx = tuple(self.visit(i) for i in s.indices)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from tessera.ir.func import Function
 from tessera.transforms.flatten_buffers import flatten_buffers
 from tessera.transforms.lower_task_mapping import lower_task_mapping
+from tessera.transforms.plan_shared_memory import plan_shared_memory
 from tessera.transforms.simplify import simplify
 from tessera.transforms.verify import verify
 
@@ -18,6 +19,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify", simplify),
     ("flatten_buffers", flatten_buffers),
     ("simplify", simplify),
+    ("plan_shared_memory", plan_shared_memory),
     ("verify", verify),
 ]
 

@@ -8,6 +8,7 @@ from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
 from tessera.ir.functor import IRVisitor
+from tessera.ir.instructions import INSTRUCTIONS
 
 
 class VerifyError(TesseraError):
@@ -83,6 +84,12 @@ class Verifier(IRVisitor):
     def visit_Continue(self, s: S.Continue) -> None:
         if not self.loops:
             self.fail("continue outside a loop")
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        if self.func.kind == CPU_KERNEL and INSTRUCTIONS[s.name].gpu_only:
+            self.fail(f"GPU instruction {s.name} in a CPU kernel")
+        for x in s.operands:
+            self.visit(x)
 
     def visit_Barrier(self, s: S.Barrier) -> None:
         if self.func.kind == CPU_KERNEL:

@@ -1,0 +1,133 @@
+"""Memory and tensor-core instructions: the operands and attributes each one takes.
+
+An `Instruction` statement (tessera.ir.stmt) names one of these.  Operands are IR
+expressions: `Address` nodes for memory operands, scalars otherwise.  Attributes are
+compile-time Python values (byte counts, matrix counts, shapes).  `check` validates one use
+and returns an error message, or None when it is well formed; the front end turns the
+message into a KernelSyntaxError at the user's line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.ir import dtypes
+from tessera.ir.expr import Address, Expr
+from tessera.ir.types import GLOBAL, REGISTER, SHARED
+
+
+@dataclass(frozen=True)
+class InstructionSpec:
+    name: str
+    # One entry per operand: "addr" (an Address) or "bool"/"int" (a scalar expression).
+    operands: tuple[str, ...]
+    attrs: tuple[str, ...]
+    gpu_only: bool
+    check: Callable[[tuple[Expr, ...], dict[str, Any]], str | None]
+    doc: str
+
+
+def _bytes_of(a: Address) -> int:
+    return a.type.dtype.nbytes
+
+
+def _check_copy(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src = ops
+    n = attrs["bytes"]
+    if n not in (2, 4, 8, 16):
+        return f"copy_vector moves 2, 4, 8 or 16 bytes, not {n!r}"
+    if dst.type.dtype != src.type.dtype:
+        return f"copy_vector needs the same element type on both sides, got {dst.type.dtype} and {src.type.dtype}"
+    if n % _bytes_of(dst):
+        return f"copy_vector of {n} bytes does not hold a whole number of {dst.type.dtype} elements"
+    return None
+
+
+def _check_cp_async(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src, _pred = ops
+    if attrs["bytes"] not in (4, 8, 16):
+        return f"copy_async moves 4, 8 or 16 bytes, not {attrs['bytes']!r}"
+    if dst.scope != SHARED or src.scope != GLOBAL:
+        return f"copy_async copies global memory into shared memory, got {src.scope} -> {dst.scope}"
+    if dst.type.dtype != src.type.dtype:
+        return f"copy_async needs the same element type on both sides, got {dst.type.dtype} and {src.type.dtype}"
+    return None
+
+
+def _check_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    n = attrs["pending"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 7:
+        return f"copy_async_wait(n) needs a compile-time int n in 0..7 (groups left in flight), got {n!r}"
+    return None
+
+
+def _check_ldmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src = ops
+    if attrs["num"] not in (1, 2, 4):
+        return f"ldmatrix loads 1, 2 or 4 matrices, not {attrs['num']!r}"
+    if not isinstance(attrs["trans"], bool):
+        return "ldmatrix's trans= must be True or False"
+    if dst.scope != REGISTER or src.scope != SHARED:
+        return f"ldmatrix loads shared memory into a register tensor, got {src.scope} -> {dst.scope}"
+    if dst.type.dtype.nbits != 16 or src.type.dtype != dst.type.dtype:
+        return f"ldmatrix moves 16-bit elements (float16/bfloat16), got {src.type.dtype} -> {dst.type.dtype}"
+    return None
+
+
+MMA_SHAPES = ("m16n8k16",)
+
+
+def _check_mma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    c, a, b = ops
+    if attrs["shape"] not in MMA_SHAPES:
+        return f"mma shape {attrs['shape']!r} is not supported; use one of {MMA_SHAPES}"
+    if any(x.scope != REGISTER for x in ops):
+        return "mma operands must be register tensors"
+    if a.type.dtype not in (dtypes.float16, dtypes.bfloat16) or b.type.dtype != a.type.dtype:
+        return f"mma multiplies float16 or bfloat16 fragments of one type, got {a.type.dtype} and {b.type.dtype}"
+    if c.type.dtype != dtypes.float32:
+        return f"mma accumulates in float32, got a {c.type.dtype} accumulator"
+    return None
+
+
+def _ok(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    return None
+
+
+INSTRUCTIONS: dict[str, InstructionSpec] = {
+    s.name: s
+    for s in (
+        InstructionSpec("copy_vector", ("addr", "addr"), ("bytes",), False, _check_copy,
+                        "copy `bytes` contiguous bytes (one vector load and store); both addresses aligned"),
+        InstructionSpec("copy_async", ("addr", "addr", "bool"), ("bytes",), True, _check_cp_async,
+                        "cp.async global->shared; zero-fills the destination when the predicate is false"),
+        InstructionSpec("copy_async_commit", (), (), True, _ok, "cp.async.commit_group"),
+        InstructionSpec("copy_async_wait", (), ("pending",), True, _check_wait,
+                        "cp.async.wait_group: wait until at most `pending` groups are in flight"),
+        InstructionSpec("ldmatrix", ("addr", "addr"), ("num", "trans"), True, _check_ldmatrix,
+                        "ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16; each lane gives one row address"),
+        InstructionSpec("mma", ("addr", "addr", "addr"), ("shape",), True, _check_mma,
+                        "mma.sync.aligned (row.col), float32 accumulate: c += a @ b on warp fragments"),
+    )
+}  # fmt: skip
+
+
+def check_instruction(name: str, operands: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    """Validate one use; an error message or None."""
+    spec = INSTRUCTIONS.get(name)
+    if spec is None:
+        return f"unknown instruction {name!r}; known: {sorted(INSTRUCTIONS)}"
+    if len(operands) != len(spec.operands):
+        return f"{name} takes {len(spec.operands)} operand(s), got {len(operands)}"
+    for kind, op in zip(spec.operands, operands):
+        if kind == "addr" and not isinstance(op, Address):
+            return f"{name} takes tensor elements (addresses) as memory operands, e.g. buf[i, j]"
+        if kind == "bool" and (isinstance(op, Address) or not op.dtype.is_bool):
+            return f"{name}'s predicate must be a bool expression"
+    missing = set(spec.attrs) - set(attrs)
+    extra = set(attrs) - set(spec.attrs)
+    if missing or extra:
+        return f"{name} takes attributes {list(spec.attrs)}, got {sorted(attrs)}"
+    return spec.check(operands, attrs)

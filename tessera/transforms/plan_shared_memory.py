@@ -1,0 +1,69 @@
+"""Place a CUDA kernel's shared tensors in one dynamic shared-memory pool when they need more
+than the 48 KiB that static `__shared__` arrays may use.
+
+Offsets are assigned in declaration order, each aligned to 128 bytes (the widest swizzle
+period), and the pool size is recorded in `LaunchConfig.shared_pool`; the CUDA code generator
+carves the tensors from `extern __shared__` memory at the same offsets (via
+`shared_buffer_offsets`) and the runtime adds the pool to the launch's dynamic size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tessera.errors import UnsupportedError
+from tessera.ir import expr as E
+from tessera.ir import stmt as S
+from tessera.ir.evaluate import evaluate
+from tessera.ir.func import CUDA_KERNEL, Function
+from tessera.ir.functor import IRVisitor
+from tessera.ir.types import SHARED
+
+STATIC_LIMIT = 48 * 1024
+ALIGN = 128
+
+
+class _SharedBuffers(IRVisitor):
+    def __init__(self) -> None:
+        self.found: list[E.Var] = []
+
+    def visit_DeclareBuffer(self, s: S.DeclareBuffer) -> None:
+        if s.var.type.scope == SHARED:
+            self.found.append(s.var)
+
+
+def shared_buffer_offsets(func: Function) -> tuple[dict[E.Var, int], int]:
+    """Byte offset of each shared tensor in declaration order, and the total size."""
+    finder = _SharedBuffers()
+    finder.visit(func.body)
+    offsets: dict[E.Var, int] = {}
+    total = 0
+    for var in finder.found:
+        t = var.type
+        size = 1
+        for d in t.shape:
+            try:
+                size *= int(evaluate(d, {}))
+            except Exception:  # noqa: BLE001  (a variable: not a compile-time size)
+                raise UnsupportedError(f"shared tensor '{var.name}' needs a compile-time shape, got {t}") from None
+        offsets[var] = total
+        total += -(-size * t.dtype.nbytes // ALIGN) * ALIGN
+    return offsets, total
+
+
+def plan_shared_memory(func: Function) -> Function:
+    if func.kind != CUDA_KERNEL:
+        return func
+    _, total = shared_buffer_offsets(func)
+    if total <= STATIC_LIMIT:
+        return func
+    if func.launch.dynamic_smem is not None:
+        raise UnsupportedError(
+            f"{func.name}: shared tensors need {total} bytes (> 48 KiB, so they move to dynamic shared memory) "
+            "and attrs.dynamic_smem is also set; drop attrs.dynamic_smem, the size is computed for you"
+        )
+    if total > 227 * 1024:
+        raise UnsupportedError(f"{func.name}: shared tensors need {total} bytes; an H100/H200 block has at most 227 KiB")
+    out = func.with_body(func.body)
+    out.launch = replace(func.launch, shared_pool=total)
+    return out

@@ -1,0 +1,261 @@
+"""Tensor-core GEMM and the instructions under it: nvcc compile checks and IR/front-end rules in
+the CPU tier; results against torch on the GPU."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import f16, f32
+from tessera.errors import KernelSyntaxError, UnsupportedError
+from tessera.ir.fragments import LDMATRIX_X4, LDMATRIX_X4_NK, MMA_M16N8K16_A, MMA_M16N8K16_B, MMA_M16N8K16_C
+from tessera.kernels.gemm import GemmConfig, make_gemm, make_split_k_reduce
+from tessera.kernels.matmul import schedule_space
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+CONFIGS = [
+    GemmConfig(128, 128, 32, 64, 64, 4),
+    GemmConfig(64, 128, 64, 32, 64, 3),
+    GemmConfig(16, 64, 64, 16, 16, 4, split_k=3),
+    GemmConfig(128, 256, 32, 64, 64, 3),
+]
+
+
+# ---- fragments and swizzles (pure Python) -------------------------------------------------
+@pytest.mark.parametrize("lane", range(32))
+def test_fragment_mappings_follow_the_ptx_layouts(lane):
+    g, t = lane // 4, lane % 4
+    assert MMA_M16N8K16_C.on(lane) == [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+    assert MMA_M16N8K16_A.on(lane) == [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1),
+                                       (g, 2 * t + 8), (g, 2 * t + 9), (g + 8, 2 * t + 8), (g + 8, 2 * t + 9)]  # fmt: skip
+    assert MMA_M16N8K16_B.on(lane) == [(2 * t, g), (2 * t + 1, g), (2 * t + 8, g), (2 * t + 9, g)]
+    assert LDMATRIX_X4.on(lane) == [(lane % 16, lane // 16)]
+    assert LDMATRIX_X4_NK.on(lane) == [((lane // 16) * 8 + lane % 8, (lane // 8) % 2)]
+
+
+@pytest.mark.parametrize("cols", [16, 32, 64, 128, 256])
+def test_gemm_swizzles_are_permutations_and_spread_ldmatrix_rows(cols):
+    from tessera.kernels.gemm import _swizzle_for
+
+    sw = _swizzle_for(cols)
+    size = 64 * cols
+    assert sorted(sw.apply(i) for i in range(size)) == list(range(size))
+    for i in range(0, size, 8):  # 16-byte groups move together
+        assert [sw.apply(i + e) for e in range(8)] == [sw.apply(i) + e for e in range(8)]
+    for r0 in range(0, 64, 8):  # 8 rows at one column: 8 distinct 16-byte bank groups
+        for c in range(0, cols, 8):
+            groups = {(sw.apply((r0 + r) * cols + c) * 2 // 16) % 8 for r in range(8)}
+            assert len(groups) == 8
+
+
+def test_swizzle_rejects_overlapping_bit_ranges():
+    with pytest.raises(TypeError, match="shift >= bits"):
+        ts.Swizzle(3, 3, 2)
+
+
+# ---- configuration space --------------------------------------------------------------------
+def test_config_problems_name_the_reason():
+    assert GemmConfig(128, 128, 32, 64, 64, 4).problems() == []
+    assert any("multiples of 16" in p for p in GemmConfig(128, 128, 32, 24, 64, 4).problems())
+    assert any("shared memory" in p for p in GemmConfig(256, 256, 64, 64, 64, 5).problems())
+    with pytest.raises(UnsupportedError, match="GEMM config"):
+        make_gemm(f16, GemmConfig(128, 128, 32, 24, 64, 4))
+    with pytest.raises(UnsupportedError, match="float16 or bfloat16"):
+        make_gemm(f32, CONFIGS[0])
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (16, 14336, 4096), (4096, 4096, 4096), (37, 33, 41)])
+def test_schedule_space_is_small_valid_and_fits_the_shape(m, n, k):
+    space = schedule_space(m, n, k)
+    assert 0 < len(space) <= 400
+    assert all(not c.problems() for c in space)
+    assert len({str(c) for c in space}) == len(space)
+    if m <= 16:
+        assert all(c.block_m == 16 for c in space)
+
+
+# ---- front end rules -------------------------------------------------------------------------
+def test_instructions_are_checked_at_the_users_line():
+    with pytest.raises(KernelSyntaxError, match="only available in CUDA kernels"):
+
+        @ts.kernel
+        def k1(a: f16[64]):
+            s = ts.register_tensor(f16, [8])
+            ts.copy_async(s[0], a[0], 16, True)
+
+    with pytest.raises(KernelSyntaxError, match="global memory into shared memory"):
+
+        @ts.kernel(target="cuda")
+        def k2(a: f16[64]):
+            s = ts.register_tensor(f16, [8])
+            ts.copy_async(s[0], a[0], 16, True)
+
+    with pytest.raises(KernelSyntaxError, match="accumulates in float32"):
+
+        @ts.kernel(target="cuda")
+        def k3(a: f16[64]):
+            x = ts.register_tensor(f16, [8])
+            c = ts.register_tensor(f16, [4])
+            ts.mma(c[0], x[0], x[0])
+
+    with pytest.raises(KernelSyntaxError, match="tensor elements"):
+
+        @ts.kernel(target="cuda")
+        def k4(a: f16[64]):
+            s = ts.shared_tensor(f16, [64])
+            ts.copy_vector(s[0], 3, 16)
+
+    with pytest.raises(KernelSyntaxError, match="swizzle"):
+
+        @ts.kernel(target="cuda")
+        def k5(a: f16[64]):
+            s = ts.register_tensor(f16, [64], swizzle=ts.Swizzle(3, 3, 3))
+            s[0] = a[0]
+
+
+def test_copy_vector_runs_on_the_cpu(rng):
+    @ts.kernel
+    def copy_rows(x: f32["R", 8], y: f32["R", 8]):
+        for r in ts.parallel(R):
+            tmp = ts.register_tensor(f32, [8])
+            ts.copy_vector(tmp[0], x[r, 0], 16)
+            ts.copy_vector(tmp[4], x[r, 4], 16)
+            for j in range(8):
+                tmp[j] = tmp[j] * 2.0
+            ts.copy_vector(y[r, 0], tmp[0], 16)
+            ts.copy_vector(y[r, 4], tmp[4], 16)
+
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    y = np.zeros_like(x)
+    copy_rows(x, y)
+    np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_large_shared_tensors_move_to_a_dynamic_pool():
+    cfg = GemmConfig(128, 256, 32, 64, 64, 4)  # 96 KiB of shared tiles
+    k = make_gemm(f16, cfg)
+    assert k.lowered.launch.shared_pool >= cfg.smem_bytes()
+    assert "extern __shared__" in k.source
+    small = make_gemm(f16, GemmConfig(64, 64, 32, 32, 32, 2))
+    assert small.lowered.launch.shared_pool == 0 and "__shared__ __align__(16) half" in small.source
+
+
+@needs_nvcc
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype", [ts.f16, ts.bf16])
+def test_gemm_cuda_compiles(layout, dtype):
+    for cfg in CONFIGS[:3]:
+        make_gemm(dtype, cfg, layout).build()
+    make_gemm(dtype, CONFIGS[1], layout, vector=False).build()
+    make_split_k_reduce(dtype, 3).build()
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _check(out, a, b, layout, dtype_name):
+    torch = _torch()
+    bb = b if layout == "kn" else b.transpose(-1, -2)
+    ref = torch.matmul(a.double(), bb.double())
+    err = float((out.double() - ref).abs().max() / ref.abs().max())
+    assert err < (3e-3 if dtype_name == "float16" else 1.2e-2), err
+
+
+@pytest.mark.cuda
+def test_one_mma_tile_matches_numpy():
+    """ldmatrix + mma on one 16x16x16 tile: checks the fragment layouts on hardware."""
+    torch = _torch()
+
+    @ts.kernel(target="cuda")
+    def tile(A: f16[16, 16], B: f16[16, 8], C: f32[16, 8]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 32
+        lane = ts.thread_idx.x
+        As = ts.shared_tensor(f16, [16, 16])
+        Bt = ts.shared_tensor(f16, [16, 16])  # B padded to 16 columns for one ldmatrix.x4.trans
+        for i in range(lane, 256, 32):
+            As[i // 16, i % 16] = A[i // 16, i % 16]
+            Bt[i // 16, i % 16] = ts.select(i % 16 < 8, B[i // 16, ts.min_(i % 16, 7)], 0.0)
+        ts.syncthreads()
+        af = ts.register_tensor(f16, [8])
+        bf = ts.register_tensor(f16, [8])
+        acc = ts.register_tensor(f32, [4])
+        for e in range(4):
+            acc[e] = 0.0
+        for r, c in ts.fragments.LDMATRIX_X4.on(lane):
+            ts.ldmatrix(af[0], As[r, c * 8])
+            ts.ldmatrix(bf[0], Bt[r, c * 8], trans=True)
+        ts.mma(acc[0], af[0], bf[0])
+        for e, (r, c) in enumerate(ts.fragments.MMA_M16N8K16_C.on(lane)):
+            C[r, c] = acc[e]
+
+    a = torch.randn(16, 16, device="cuda", dtype=torch.float16)
+    b = torch.randn(16, 8, device="cuda", dtype=torch.float16)
+    c = torch.full((16, 8), float("nan"), device="cuda")
+    tile(a, b, c)
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,n,k", [(1, 72, 64), (17, 136, 264), (130, 264, 520), (256, 512, 4104)])
+def test_gemm_matches_torch(layout, dtype_name, m, n, k):
+    torch = _torch()
+    from tessera.kernels.matmul import matmul
+
+    dt = getattr(torch, dtype_name)
+    a = torch.randn(m, k, device="cuda", dtype=dt)
+    b = torch.randn(*((k, n) if layout == "kn" else (n, k)), device="cuda", dtype=dt)
+    for cfg in CONFIGS:
+        _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, dtype_name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", [(5, 33, 37), (70, 9, 130), (33, 100, 7)])
+def test_gemm_unaligned_shapes_use_the_scalar_path(m, n, k):
+    torch = _torch()
+    from tessera.kernels.matmul import matmul
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    for layout in ("kn", "nk"):
+        b = torch.randn(*((k, n) if layout == "kn" else (n, k)), device="cuda", dtype=torch.float16)
+        for cfg in CONFIGS[1:3]:
+            _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, "float16")
+
+
+@pytest.mark.cuda
+def test_batched_gemm_and_tuned_choice():
+    torch = _torch()
+    from tessera.kernels.matmul import choose_config, matmul
+
+    a = torch.randn(3, 40, 96, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 96, 56, device="cuda", dtype=torch.bfloat16)
+    _check(matmul(a, b, config=CONFIGS[2]), a, b, "kn", "bfloat16")
+    a2 = torch.randn(64, 128, device="cuda", dtype=torch.float16)
+    b2 = torch.randn(128, 64, device="cuda", dtype=torch.float16)
+    cfg = choose_config(a2, b2)
+    assert cfg in schedule_space(64, 64, 128)
+    assert choose_config(a2, b2) == cfg  # cached
+    _check(matmul(a2, b2), a2, b2, "kn", "float16")
+
+
+@pytest.mark.cuda
+def test_gemm_rejects_bad_operands():
+    torch = _torch()
+    from tessera.errors import ArgumentError
+    from tessera.kernels.matmul import matmul
+
+    a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
+    with pytest.raises(ArgumentError, match="do not match"):
+        matmul(a, torch.randn(8, 16, device="cuda", dtype=torch.float16))
+    with pytest.raises(UnsupportedError, match="float16 or bfloat16"):
+        matmul(a.float(), torch.randn(16, 8, device="cuda"))
+    with pytest.raises(ArgumentError, match="CUDA device"):
+        matmul(a.cpu(), torch.randn(16, 8, dtype=torch.float16))
