@@ -1,0 +1,214 @@
+"""Build compute definitions into a callable: schedule, lower, generate, compile, load, run.
+
+`build(outputs, inputs, target)` reuses the kernel compiler's pipeline (transforms.pipeline.lower,
+backend.generate_c/generate_cuda and build_c/build_cuda with the artifact cache, runtime
+CpuKernel/CudaKernel) for every kernel of the op; all kernels go into one source file, so one
+op costs one compiler run.  The returned `CompiledOp` binds shape symbols from its inputs'
+shapes at every call, so one build serves every batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
+from tessera.backend.codegen_c_like import symbol_name
+from tessera.errors import ArgumentError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir.compute import Compute, Placeholder, TensorNode, topological_order
+from tessera.ir.dtypes import DataType
+from tessera.ir.evaluate import evaluate
+from tessera.ops.schedule import KernelSpec, schedule
+from tessera.runtime.tensor import as_view, numpy_dtype
+from tessera.transforms.pipeline import lower
+
+
+class Generated:
+    """Scheduled and lowered kernels of an op with their source (not compiled)."""
+
+    def __init__(self, inputs: list[Placeholder], outputs: list[TensorNode], kernels: list[KernelSpec], target: str):
+        self.inputs, self.outputs, self.kernels, self.target = inputs, outputs, kernels, target
+        self.lowered = [lower(k.func) for k in kernels]
+        self.source = (generate_c if target == "cpu" else generate_cuda)(self.lowered)
+
+
+def _check_graph(outputs: list[TensorNode], inputs: list[Placeholder]) -> list[TensorNode]:
+    if not outputs:
+        raise ArgumentError("build: needs at least one output")
+    for t in outputs:
+        if not isinstance(t, TensorNode):
+            raise ArgumentError(f"build: outputs must be tensor nodes, got {type(t).__name__}")
+    for p in inputs:
+        if not isinstance(p, Placeholder):
+            raise ArgumentError(f"build: inputs must be placeholders, got {p!r}")
+    if len(set(inputs)) != len(inputs) or len(set(outputs)) != len(outputs):
+        raise ArgumentError("build: a tensor is listed twice among the inputs or the outputs")
+    # An output that is an input needs a copy kernel.
+    outputs = [Compute(f"copy_{t.name}", t.shape, t.dtype, (ax := tuple(E.Var(f"i{k}", dtypes.int32) for k in range(t.rank))), t[ax], "injective")
+               if isinstance(t, Placeholder) else t for t in outputs]  # fmt: skip
+    reached = [n for n in topological_order(outputs) if isinstance(n, Placeholder)]
+    missing = [p.name for p in reached if p not in inputs]
+    if missing:
+        raise ArgumentError(f"build: the outputs read placeholder(s) {missing} that are not among the inputs; pass them in `inputs`")
+    names: dict[str, E.Var] = {}
+    for p in inputs:
+        for d in p.shape:
+            if isinstance(d, E.Var):
+                if names.setdefault(d.name, d) is not d:
+                    raise ArgumentError(f"build: two different shape symbols are both named '{d.name}'; reuse one Var per dynamic size")
+            elif not isinstance(d, E.Const):
+                raise ArgumentError(f"build: input '{p.name}' has dimension {d}; input dimensions must be ints or int32 Vars")
+    return outputs
+
+
+def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeholder], target: str = "cpu",
+             name: str = "op") -> Generated:  # fmt: skip
+    """Schedule `outputs` and generate their source without compiling (e.g. to inspect it)."""
+    outs = [outputs] if isinstance(outputs, TensorNode) else list(outputs)
+    inputs = list(inputs)
+    outs = _check_graph(outs, inputs)
+    kernels = schedule(outs, target, name)
+    symbols = {d for p in inputs for d in p.shape if isinstance(d, E.Var)}
+    for k in kernels:
+        for v, expr in k.scalars:
+            if v is expr and v not in symbols:
+                raise ArgumentError(f"build: shape symbol '{v.name}' is used by kernel {k.name} but no input's shape "
+                                    "defines it; give some input a dimension with that symbol")  # fmt: skip
+    return Generated(inputs, outs, kernels, target)
+
+
+def build(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeholder], target: str = "cpu",
+          name: str = "op", arch: str | None = None) -> CompiledOp:  # fmt: skip
+    """Compile the computation of `outputs` from `inputs` for `target` ("cpu" or "cuda")."""
+    gen = generate(outputs, inputs, target, name)
+    if target == "cpu":
+        from tessera.runtime.cpu import CpuKernel
+
+        path = Path(build_c(gen.source))
+        loaded = [CpuKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
+    else:
+        from tessera.runtime.cuda import CudaKernel
+
+        path = Path(build_cuda(gen.source, arch or detect_cuda_arch()))
+        loaded = [CudaKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
+    return CompiledOp(gen, loaded)
+
+
+_TORCH_NAMES = {"bool": "bool"}
+
+
+def _torch_dtype(dt: DataType) -> Any:
+    import torch
+
+    return getattr(torch, _TORCH_NAMES.get(dt.name, dt.name))
+
+
+def _empty(shape: tuple[int, ...], dt: DataType, like: Any, target: str) -> Any:
+    """An uninitialised array of the same family (numpy, torch, device array) as `like`."""
+    if like is not None and type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.empty(shape, dtype=_torch_dtype(dt), device=like.device)
+    if target == "cuda":
+        if like is None or type(like).__module__.startswith("torch"):
+            import torch
+
+            return torch.empty(shape, dtype=_torch_dtype(dt), device="cuda")
+        from tessera.runtime.cuda import DeviceArray
+
+        return DeviceArray(shape, dt)
+    return np.empty(shape, dtype=numpy_dtype(dt))
+
+
+def _vector(a: Any) -> Any:
+    """A rank-0 array as a one-element vector (kernels take rank-0 tensors that way)."""
+    if hasattr(a, "reshape"):
+        return a.reshape(1)
+    raise ArgumentError(f"rank-0 arguments must support reshape(); got {type(a).__name__}")
+
+
+class CompiledOp:
+    """A built op: call it on arrays (numpy or CPU torch for "cpu"; torch CUDA tensors or
+    device arrays for "cuda") to get its outputs, or use `run` with preallocated outputs."""
+
+    def __init__(self, gen: Generated, loaded: list[Any]):
+        self.inputs, self.outputs, self.kernels, self.target = gen.inputs, gen.outputs, gen.kernels, gen.target
+        self.source = gen.source
+        self.lowered = gen.lowered
+        self._loaded = loaded
+        written = {t for k in self.kernels for t in k.writes}
+        self.temporaries = [t for t in written if t not in self.outputs]
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.kernels)
+
+    def bind_symbols(self, arrays: Sequence[Any]) -> dict[E.Var, int]:
+        """Check the inputs' ranks and static sizes; return the shape symbols' values."""
+        if len(arrays) != len(self.inputs):
+            names = ", ".join(p.name for p in self.inputs)
+            raise ArgumentError(f"op takes {len(self.inputs)} inputs ({names}), got {len(arrays)}")
+        env: dict[E.Var, int] = {}
+        for p, a in zip(self.inputs, arrays):
+            view = as_view(a)
+            if view is None:
+                raise ArgumentError(f"input '{p.name}' must be an array (numpy, torch, device array), got {type(a).__name__}")
+            if view.dtype != p.dtype:
+                raise ArgumentError(f"input '{p.name}' has dtype {view.dtype}, expected {p.dtype}")
+            if len(view.shape) != p.rank:
+                raise ArgumentError(f"input '{p.name}' has shape {view.shape}, expected rank {p.rank} ({p!r})")
+            for axis, (d, actual) in enumerate(zip(p.shape, view.shape)):
+                if isinstance(d, E.Const):
+                    expected = d.value
+                else:
+                    expected = env.setdefault(d, actual)
+                if actual != expected:
+                    what = f"symbol '{d.name}' = {expected} (bound by an earlier input)" if isinstance(d, E.Var) else str(expected)
+                    raise ArgumentError(f"input '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
+        return env
+
+    def shape_of(self, t: TensorNode, env: dict[E.Var, int]) -> tuple[int, ...]:
+        shape = tuple(int(evaluate(d, env)) for d in t.shape)
+        if any(s <= 0 for s in shape):
+            raise ArgumentError(f"'{t.name}' would have shape {shape} for these inputs; empty results are not supported")
+        return shape
+
+    def __call__(self, *arrays: Any, stream: int | None = None) -> Any:
+        env = self.bind_symbols(arrays)
+        like = arrays[0] if arrays else None
+        outs = [_empty(self.shape_of(t, env), t.dtype, like, self.target) for t in self.outputs]
+        self._run(arrays, outs, env, stream)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, inputs: Sequence[Any], outputs: Sequence[Any], stream: int | None = None) -> None:
+        """Compute into preallocated `outputs` (their shapes are checked by the kernels)."""
+        if len(outputs) != len(self.outputs):
+            raise ArgumentError(f"op has {len(self.outputs)} outputs, got {len(outputs)} arrays")
+        env = self.bind_symbols(inputs)
+        for t, a in zip(self.outputs, outputs):
+            view = as_view(a)
+            if view is None or tuple(view.shape) != self.shape_of(t, env):
+                raise ArgumentError(f"output '{t.name}' must have shape {self.shape_of(t, env)}")
+        self._run(inputs, outputs, env, stream)
+
+    def _run(self, inputs: Sequence[Any], outputs: Sequence[Any], env: dict[E.Var, int], stream: int | None) -> None:
+        arrays: dict[TensorNode, Any] = dict(zip(self.inputs, inputs))
+        arrays.update(zip(self.outputs, outputs))
+        like = inputs[0] if inputs else outputs[0]
+        for t in self.temporaries:
+            arrays[t] = _empty(self.shape_of(t, env), t.dtype, like, self.target)
+        for spec, kernel in zip(self.kernels, self._loaded):
+            args = [arrays[t] if t.rank else _vector(arrays[t]) for t in spec.tensors]
+            args += [int(evaluate(expr, env)) for _, expr in spec.scalars]
+            if self.target == "cpu":
+                kernel(args)
+            else:
+                kernel.launch(args, stream)
+
+    def __repr__(self) -> str:
+        return f"<CompiledOp {len(self.inputs)} inputs -> {len(self.outputs)} outputs, {len(self.kernels)} kernel(s), {self.target}>"

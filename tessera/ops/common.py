@@ -1,0 +1,253 @@
+"""Shared helpers of the operator library: argument checks, shapes, broadcasting and dtype promotion.
+
+Dimensions are int32 IR expressions (`tessera.ir.compute.as_dim`).  Two dimensions are the
+same when they are structurally equal: equal constants, the same `Var`, or the same
+arithmetic on them.  Symbolic sizes therefore broadcast only against themselves or 1; the
+graph layer must reuse one `Var` for one dynamic size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Union
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir.compute import TensorElement, TensorNode, as_dim
+from tessera.ir.dtypes import DataType
+
+Scalar = Union[bool, int, float]
+TensorOrScalar = Union[TensorNode, bool, int, float]
+
+# dtypes the ops compute with (sub-byte and fp8 types are storage formats for quantized kernels).
+SUPPORTED = (dtypes.boolean, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
+             dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)  # fmt: skip
+NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
+
+
+# ---- arguments -----------------------------------------------------------------------------------------------------
+def check_tensor(x: Any, op: str, what: str = "input") -> TensorNode:
+    """`x` as a tensor node, or an ArgumentError that says what was passed instead."""
+    if not isinstance(x, TensorNode):
+        raise ArgumentError(f"{op}: {what} must be a tensor node (placeholder or op result), got {type(x).__name__}")
+    if x.dtype not in SUPPORTED:
+        raise UnsupportedError(f"{op}: {what} '{x.name}' has dtype {x.dtype}, which ops cannot compute with; "
+                               f"dequantize or cast it to one of {', '.join(d.name for d in SUPPORTED)} first")  # fmt: skip
+    return x
+
+
+def check_float(x: TensorNode, op: str) -> None:
+    if not x.dtype.is_float:
+        raise UnsupportedError(f"{op}: needs a floating-point input, got '{x.name}' of dtype {x.dtype}; cast it first")
+
+
+def normalize_axis(axis: int, rank: int, op: str) -> int:
+    """A Python-style axis (negative counts from the end) as an index in [0, rank)."""
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise ArgumentError(f"{op}: axis must be an int, got {axis!r}")
+    if not -rank <= axis < max(rank, 1):
+        raise ArgumentError(f"{op}: axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank if rank else 0
+
+
+def normalize_axes(axes: int | Sequence[int] | None, rank: int, op: str) -> tuple[int, ...]:
+    """Sorted, distinct axes; None means every axis."""
+    if axes is None:
+        return tuple(range(rank))
+    if isinstance(axes, int):
+        axes = (axes,)
+    out = tuple(sorted(normalize_axis(a, rank, op) for a in axes))
+    if len(set(out)) != len(out):
+        raise ArgumentError(f"{op}: axes {tuple(axes)} repeat an axis")
+    return out
+
+
+# ---- dimensions -----------------------------------------------------------------------------------------------------
+def static(d: E.Expr) -> int | None:
+    """The value of a constant dimension, None for a symbolic one."""
+    return int(d.value) if isinstance(d, E.Const) else None
+
+
+def expr_key(e: Any) -> Any:
+    """A hashable structural key: equal keys mean equal expressions (variables by identity)."""
+    if isinstance(e, E.Const):
+        return ("c", e.value, e.type.name)
+    if isinstance(e, E.Var):
+        return ("v", id(e))
+    if isinstance(e, E.Binary):
+        return ("b", e.op, expr_key(e.a), expr_key(e.b))
+    if isinstance(e, E.Unary):
+        return ("u", e.op, expr_key(e.a))
+    if isinstance(e, E.Cast):
+        return ("cast", e.type.name, expr_key(e.value))
+    if isinstance(e, E.Call):
+        return ("call", e.func, e.type.name, tuple(expr_key(a) for a in e.args))
+    if isinstance(e, E.Select):
+        return ("sel", expr_key(e.cond), expr_key(e.a), expr_key(e.b))
+    if isinstance(e, TensorElement):
+        return ("t", id(e.tensor), tuple(expr_key(i) for i in e.indices))
+    return ("id", id(e))
+
+
+def same_dim(a: E.Expr, b: E.Expr) -> bool:
+    return expr_key(a) == expr_key(b)
+
+
+def dim_str(shape: Sequence[E.Expr]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def mul_dims(dims: Sequence[E.Expr]) -> E.Expr:
+    """The product of dimensions, with constants folded."""
+    coeff, rest = 1, []
+    for d in dims:
+        if isinstance(d, E.Const):
+            coeff *= int(d.value)
+        else:
+            rest.append(d)
+    out: E.Expr | None = None
+    for d in rest:
+        out = d if out is None else out * d
+    if out is None:
+        return as_dim(coeff)
+    return out if coeff == 1 else out * coeff if coeff else as_dim(0)
+
+
+def _factors(d: E.Expr) -> tuple[int, Counter]:
+    if isinstance(d, E.Const):
+        return int(d.value), Counter()
+    if isinstance(d, E.Binary) and d.op == "*":
+        ca, fa = _factors(d.a)
+        cb, fb = _factors(d.b)
+        return ca * cb, fa + fb
+    return 1, Counter({expr_key(d): 1})
+
+
+def monomial(dims: Sequence[E.Expr]) -> tuple[int, Counter]:
+    """The product of `dims` as (constant, multiset of symbolic factors)."""
+    coeff, factors = 1, Counter()
+    for d in dims:
+        c, f = _factors(d)
+        coeff *= c
+        factors += f
+    return coeff, factors
+
+
+def numel_equal(a: Sequence[E.Expr], b: Sequence[E.Expr]) -> bool:
+    return monomial(a) == monomial(b)
+
+
+# ---- broadcasting ------------------------------------------------------------------------------------------------
+def broadcast_shapes(shapes: Sequence[Sequence[E.Expr]], op: str) -> tuple[E.Expr, ...]:
+    """numpy broadcasting of shapes: right-aligned; a dimension of 1 stretches."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[E.Expr] = []
+    for k in range(rank):
+        dim: E.Expr | None = None
+        for s in shapes:
+            j = k - (rank - len(s))
+            if j < 0:
+                continue
+            d = s[j]
+            if dim is None or static(dim) == 1:
+                dim = d
+            elif static(d) == 1 or same_dim(d, dim):
+                continue
+            else:
+                listed = ", ".join(dim_str(s) for s in shapes)
+                hint = "" if static(d) is not None and static(dim) is not None else (
+                    "; symbolic sizes broadcast only against the same symbol or 1")  # fmt: skip
+                raise ArgumentError(f"{op}: shapes {listed} cannot be broadcast together: dimension {k} is {dim} "
+                                    f"in one and {d} in another{hint}")  # fmt: skip
+        out.append(dim if dim is not None else as_dim(1))
+    return tuple(out)
+
+
+def broadcast_read(x: TensorNode, out_shape: Sequence[E.Expr], axes: Sequence[E.Var]) -> TensorElement:
+    """The element of `x` that lands at `axes` of the broadcast result of shape `out_shape`."""
+    offset = len(out_shape) - x.rank
+    idx = []
+    for j, d in enumerate(x.shape):
+        target = out_shape[j + offset]
+        idx.append(E.Const(0, dtypes.int32) if static(d) == 1 and static(target) != 1 else axes[j + offset])
+    return x[tuple(idx)]
+
+
+# ---- dtypes ----------------------------------------------------------------------------------------------------------
+def _int_type(bits: int, signed: bool) -> DataType:
+    return dtypes.dtype(("int" if signed else "uint") + str(bits))
+
+
+def promote_types(a: DataType, b: DataType, op: str = "promote") -> DataType:
+    """numpy/torch promotion between two tensor dtypes (bool < integers < floats)."""
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        if not b.is_float:
+            return a
+        if not a.is_float:
+            return b
+        if {a, b} == {dtypes.float16, dtypes.bfloat16}:
+            return dtypes.float32
+        return a if a.nbits >= b.nbits else b
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.kind == b.kind:
+        return a if a.nbits >= b.nbits else b
+    signed, unsigned = (a, b) if a.kind == "int" else (b, a)
+    if signed.nbits > unsigned.nbits:
+        return signed
+    if unsigned.nbits >= 64:
+        raise UnsupportedError(f"{op}: no integer type holds both {a} and {b}; cast one of them first")
+    return _int_type(unsigned.nbits * 2, True)
+
+
+def scalar_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    raise ArgumentError(f"expected a tensor node or a Python number, got {type(v).__name__}")
+
+
+def result_type(args: Sequence[TensorOrScalar], op: str) -> DataType:
+    """The dtype of an elementwise result: tensors promote; Python numbers only lift the category.
+
+    As in torch, ``x_f16 * 2.0`` stays float16 and ``x_int32 * 2.5`` becomes float32.
+    """
+    tensors = [a for a in args if isinstance(a, TensorNode)]
+    if not tensors:
+        raise ArgumentError(f"{op}: needs at least one tensor argument")
+    t = tensors[0].dtype
+    for x in tensors[1:]:
+        t = promote_types(t, x.dtype, op)
+    kinds = {scalar_kind(a) for a in args if not isinstance(a, TensorNode)}
+    if "float" in kinds and not t.is_float:
+        return dtypes.float32
+    if "int" in kinds and t.is_bool:
+        return dtypes.int64
+    return t
+
+
+def compute_type(t: DataType) -> DataType:
+    """The type arithmetic on `t` values is carried out in: float16/bfloat16 widen to float32."""
+    return dtypes.float32 if t in NARROW_FLOATS else t
+
+
+def float_type(t: DataType) -> DataType:
+    """The floating type a transcendental function of a `t` value returns (ints give float32)."""
+    return t if t.is_float else dtypes.float32
+
+
+def operand(a: TensorOrScalar, out_shape: Sequence[E.Expr], axes: Sequence[E.Var], t: DataType) -> E.Expr:
+    """Argument `a` read at `axes` of the broadcast result, converted to the compute type `t`."""
+    if isinstance(a, TensorNode):
+        v: E.Expr = broadcast_read(a, out_shape, axes)
+        return v if v.dtype == t else E.Cast(v, t)
+    return E.Const(a, t)
