@@ -164,7 +164,8 @@ class TensorElement(E.Expr):
 
 
 # ---- construction helpers ---------------------------------------------------------------------------------------
-def _fresh(prefix: str) -> str:
+def fresh_name(prefix: str) -> str:
+    """A unique node name: prefix and a process-wide counter."""
     return f"{prefix}{next(_ids)}"
 
 
@@ -175,14 +176,14 @@ def axis_vars(prefix: str, n: int) -> tuple[E.Var, ...]:
 
 def placeholder(shape: Sequence[DimLike], dtype: DataType | str, name: str | None = None) -> Placeholder:
     """An input tensor; dims are ints or int32 `Var`s (symbolic sizes bound at call time)."""
-    return Placeholder(name or _fresh("in"), as_shape(shape), dtypes.dtype(dtype))
+    return Placeholder(name or fresh_name("in"), as_shape(shape), dtypes.dtype(dtype))
 
 
 def compute(shape: Sequence[DimLike], fcompute: Callable[..., Any], name: str | None = None,
             dtype: DataType | None = None, tag: str = "injective") -> Compute:  # fmt: skip
     """A tensor with elements `fcompute(*axes)`; `dtype` defaults to the value's type."""
     shape = as_shape(shape)
-    name = name or _fresh("t")
+    name = name or fresh_name("t")
     axes = axis_vars("i", len(shape))
     value = E.as_expr(fcompute(*axes))
     return Compute(name, shape, dtype or value.dtype, axes, value, tag)
@@ -196,7 +197,7 @@ def reduce(shape: Sequence[DimLike], reduce_extents: Sequence[DimLike], fcompute
     axes, raxes = axis_vars("i", len(shape)), axis_vars("r", len(extents))
     value = E.as_expr(fcompute(axes, raxes))
     acc = acc_dtype or value.dtype
-    return ReduceCompute(name or _fresh("red"), shape, dtype or acc, axes, raxes, extents, op, value, acc, tag)
+    return ReduceCompute(name or fresh_name("red"), shape, dtype or acc, axes, raxes, extents, op, value, acc, tag)
 
 
 # ---- traversal ------------------------------------------------------------------------------------------------------

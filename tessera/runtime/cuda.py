@@ -138,7 +138,7 @@ class CudaKernel:
         ensure_current()
         self.func = func
         # The lowered kernel's configuration (passes may add a shared-memory pool).
-        self.launch = launch or func.launch
+        self.launch_config = launch or func.launch
         self.module = check(driver.cuModuleLoadData(cubin.read_bytes()), f"loading {cubin}")
         self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
@@ -147,7 +147,7 @@ class CudaKernel:
     def launch(self, args: Sequence[Any], stream: int | None = None) -> None:
         driver = _driver()
         values, _, views = bind(self.func, args, "cuda")
-        launch = self.launch
+        launch = self.launch_config
         env = scalar_env(self.func, values)
         grid = eval_launch_dims(self.func, env, launch.grid)
         block = eval_launch_dims(self.func, env, launch.block)
