@@ -1,16 +1,121 @@
-"""tessera.ops: compute definitions of tensor operators and their auto-scheduled kernels."""
+"""tessera.ops: tensor operators as compute definitions, and the auto-scheduler that builds them.
+
+Build a computation from placeholders and ops, then compile it::
+
+    import numpy as np
+    from tessera import ops
+    from tessera.ir import Var, dtypes
+
+    n = Var("n", dtypes.int32)                      # a dynamic batch size
+    x = ops.placeholder((n, 768), "float32", "x")
+    w = ops.placeholder((768,), "float32", "w")
+    y = ops.gelu(ops.layer_norm(x, w))              # compute nodes, nothing runs yet
+    f = ops.build([y], [x, w], target="cpu")        # fused kernels, compiled once
+    out = f(np.random.rand(4, 768).astype(np.float32), np.ones(768, np.float32))
+
+Injective ops (elementwise, broadcast, reshape, transpose, slice, concat, pad, gathers) are
+inlined into their consumers; reductions fuse with their injective prologue and epilogue.
+"""
 
 from tessera.ir.compute import (
-           Compute,
-           Placeholder,
-           ReduceCompute,
-           TensorElement,
-           TensorNode,
-           compute,
-           placeholder,
-           reduce,
+    Compute,
+    Placeholder,
+    ReduceCompute,
+    TensorElement,
+    TensorNode,
+    compute,
+    placeholder,
+    reduce,
 )
-from tessera.ops.build import CompiledOp, build, generate
+from tessera.ops.build import CompiledOp, Generated, build, generate
+from tessera.ops.elementwise import (
+    abs,
+    add,
+    cast,
+    ceil,
+    clamp,
+    cos,
+    div,
+    elementwise,
+    eq,
+    erf,
+    exp,
+    exp2,
+    floor,
+    floor_divide,
+    ge,
+    gelu,
+    gt,
+    hardsigmoid,
+    hardswish,
+    le,
+    leaky_relu,
+    log,
+    log2,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    lt,
+    maximum,
+    minimum,
+    mul,
+    ne,
+    neg,
+    pow,
+    reciprocal,
+    relu,
+    remainder,
+    round,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    softplus,
+    sqrt,
+    square,
+    sub,
+    tanh,
+    where,
+)
+from tessera.ops.linalg import bmm, linear, matmul
+from tessera.ops.nn import adaptive_avg_pool2d, apply_rotary, avg_pool2d, conv2d, max_pool2d, rotate_half
+from tessera.ops.norm import batch_norm, layer_norm, rms_norm
+from tessera.ops.reduce import log_softmax, max, mean, min, prod, reduce_axes, softmax, sum
+from tessera.ops.transform import (
+    broadcast_to,
+    chunk,
+    concat,
+    embedding,
+    expand,
+    flatten,
+    gather,
+    index_select,
+    narrow,
+    pad,
+    permute,
+    reshape,
+    slice,
+    split,
+    squeeze,
+    take,
+    transpose,
+    unsqueeze,
+)
 
-__all__ = ["Compute", "Placeholder", "ReduceCompute", "TensorElement", "TensorNode", "compute", "placeholder",
-           "reduce", "CompiledOp", "build", "generate"]  # fmt: skip
+__all__ = [
+    "Compute", "Placeholder", "ReduceCompute", "TensorElement", "TensorNode", "compute", "placeholder", "reduce",
+    "CompiledOp", "Generated", "build", "generate",
+    "abs", "add", "cast", "ceil", "clamp", "cos", "div", "elementwise", "eq", "erf", "exp", "exp2", "floor",
+    "floor_divide", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "leaky_relu", "log", "log2", "logical_and",
+    "logical_not", "logical_or", "logical_xor", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "reciprocal",
+    "relu", "remainder", "round", "rsqrt", "sigmoid", "sign", "silu", "sin", "softplus", "sqrt", "square", "sub",
+    "tanh", "where",
+    "bmm", "linear", "matmul",
+    "adaptive_avg_pool2d", "apply_rotary", "avg_pool2d", "conv2d", "max_pool2d", "rotate_half",
+    "batch_norm", "layer_norm", "rms_norm",
+    "log_softmax", "max", "mean", "min", "prod", "reduce_axes", "softmax", "sum",
+    "broadcast_to", "chunk", "concat", "embedding", "expand", "flatten", "gather", "index_select", "narrow", "pad",
+    "permute", "reshape", "slice", "split", "squeeze", "take", "transpose", "unsqueeze",
+]  # fmt: skip

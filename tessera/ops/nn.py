@@ -1,0 +1,215 @@
+"""Neural-network operators as compute definitions: conv2d, max/avg pooling (incl. adaptive average
+pooling) in NCHW, and the rotary position embedding pieces.
+
+conv2d and pooling are correct, direct definitions (each output element loops over its window);
+they are scheduled as contractions and are slow next to a tuned template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir.compute import Compute, TensorNode, compute, fresh_name, reduce
+from tessera.ops.common import check_float, check_tensor, compute_type, dim_str, promote_types, same_dim, static
+from tessera.ops.elementwise import add, mul, neg
+from tessera.ops.transform import concat, slice
+
+
+def _pair(v: int | Sequence[int], what: str, op: str) -> tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v, v
+    t = tuple(v)
+    if len(t) != 2 or not all(isinstance(x, int) for x in t):
+        raise ArgumentError(f"{op}: {what} must be an int or a pair of ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def _out_size(n: E.Expr, k: int, s: int, p: int, d: int, op: str, ceil_mode: bool = False) -> E.Expr:
+    """Output length of a window of k taps (dilation d) sliding with stride s over n + 2p."""
+    span = d * (k - 1) + 1
+    nn = static(n)
+    if nn is None:
+        if ceil_mode:
+            raise UnsupportedError(f"{op}: ceil_mode needs static spatial sizes")
+        return (n + (2 * p - span)) // s + 1
+    if nn + 2 * p < span:
+        raise ArgumentError(f"{op}: the window ({span}) is larger than the padded input ({nn + 2 * p})")
+    if ceil_mode:
+        out = -(-(nn + 2 * p - span) // s) + 1
+        if (out - 1) * s >= nn + p:  # the last window must start inside the input or left padding
+            out -= 1
+    else:
+        out = (nn + 2 * p - span) // s + 1
+    return E.Const(out, dtypes.int32)
+
+
+def _check_nchw(x: TensorNode, op: str) -> None:
+    check_tensor(x, op)
+    if x.rank != 4:
+        raise ArgumentError(f"{op}: expects a 4-D NCHW input, got '{x.name}' of shape {dim_str(x.shape)}")
+
+
+def conv2d(x: TensorNode, weight: TensorNode, bias: TensorNode | None = None, stride: int | Sequence[int] = 1,
+           padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> TensorNode:  # fmt: skip
+    """2-D convolution, NCHW input and OIHW weight (cross-correlation, as torch), zero padding."""
+    _check_nchw(x, "conv2d")
+    check_tensor(weight, "conv2d", "weight")
+    if weight.rank != 4:
+        raise ArgumentError(f"conv2d: weight must be 4-D [out_channels, in_channels/groups, kh, kw], got {dim_str(weight.shape)}")
+    sh, sw = _pair(stride, "stride", "conv2d")
+    ph, pw = _pair(padding, "padding", "conv2d")
+    dh, dw = _pair(dilation, "dilation", "conv2d")
+    kh, kw = static(weight.shape[2]), static(weight.shape[3])
+    cin_g, cout = static(weight.shape[1]), static(weight.shape[0])
+    if None in (kh, kw, cin_g, cout):
+        raise UnsupportedError("conv2d: the weight's shape must be static")
+    if groups < 1 or cout % groups:
+        raise ArgumentError(f"conv2d: out_channels {cout} must be a multiple of groups={groups}")
+    cin = static(x.shape[1])
+    if cin is None or cin != cin_g * groups:
+        raise ArgumentError(f"conv2d: input has {x.shape[1]} channels but weight expects {cin_g} x groups={groups}")
+    t = promote_types(x.dtype, weight.dtype, "conv2d")
+    if not t.is_float:
+        raise UnsupportedError(f"conv2d: needs floating-point operands, got {t}")
+    acc = compute_type(t)
+    oh = _out_size(x.shape[2], kh, sh, ph, dh, "conv2d")
+    ow = _out_size(x.shape[3], kw, sw, pw, dw, "conv2d")
+    cout_g = cout // groups
+
+    def fn(i, r) -> E.Expr:
+        n, o, y, xx = i
+        c, u, v = r
+        ci = (o // cout_g) * cin_g + c if groups > 1 else c
+        h = y * sh + u * dh - ph
+        w = xx * sw + v * dw - pw
+        inside = E.Binary("&&", E.Binary("&&", h >= 0, h < x.shape[2]), E.Binary("&&", w >= 0, w < x.shape[3]))
+        xv = E.Cast(x[(n, ci, h, w)], acc)
+        if ph or pw:
+            xv = E.Select(inside, xv, E.Const(0, acc))
+        return xv * E.Cast(weight[(o, c, u, v)], acc)
+
+    out = reduce([x.shape[0], cout, oh, ow], [cin_g, kh, kw], fn, "sum", fresh_name("conv2d"),
+                 t if bias is None else acc, acc, tag="contraction")  # fmt: skip
+    if bias is None:
+        return out
+    check_tensor(bias, "conv2d", "bias")
+    if bias.rank != 1 or static(bias.shape[0]) != cout:
+        raise ArgumentError(f"conv2d: bias must have shape ({cout},), got {dim_str(bias.shape)}")
+    return compute(out.shape, lambda *i: out[i] + E.Cast(bias[(i[1],)], acc), fresh_name("conv2d_bias"), t)
+
+
+def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool, count_include_pad: bool) -> TensorNode:
+    _check_nchw(x, op)
+    check_float(x, op)
+    kh, kw = _pair(kernel_size, "kernel_size", op)
+    sh, sw = _pair(stride if stride is not None else kernel_size, "stride", op)
+    ph, pw = _pair(padding, "padding", op)
+    if ph * 2 > kh or pw * 2 > kw:
+        raise ArgumentError(f"{op}: padding ({ph}, {pw}) must be at most half the kernel size ({kh}, {kw})")
+    oh = _out_size(x.shape[2], kh, sh, ph, 1, op, ceil_mode)
+    ow = _out_size(x.shape[3], kw, sw, pw, 1, op, ceil_mode)
+    acc = compute_type(x.dtype)
+    H, W = x.shape[2], x.shape[3]
+
+    def window(i, r):
+        n, c, y, xx = i
+        u, v = r
+        h, w = y * sh + u - ph, xx * sw + v - pw
+        inside = E.Binary("&&", E.Binary("&&", h >= 0, h < H), E.Binary("&&", w >= 0, w < W))
+        return inside, E.Cast(x[(n, c, h, w)], acc)
+
+    shape = [x.shape[0], x.shape[1], oh, ow]
+    if op == "max_pool2d":
+        def fmax(i, r):
+            inside, v = window(i, r)
+            return E.Select(inside, v, E.Const(float("-inf"), acc))
+
+        return reduce(shape, [kh, kw], fmax, "max", fresh_name(op), x.dtype, acc, tag="pool")
+
+    def fsum(i, r):
+        inside, v = window(i, r)
+        return E.Select(inside, v, E.Const(0, acc))
+
+    total = reduce(shape, [kh, kw], fsum, "sum", fresh_name(op + "_sum"), acc, acc, tag="pool")
+
+    def divisor(y: E.Expr, w: E.Expr) -> E.Expr:
+        # torch: windows are clipped to the padded input; padding counts unless count_include_pad=False.
+        def count(o: E.Expr, s: int, p: int, k: int, n: E.Expr) -> E.Expr:
+            lo = o * s - p
+            hi = E.Call("min", (lo + k, n + p if count_include_pad else n), dtypes.int32)
+            lo = lo if count_include_pad else E.Call("max", (lo, E.Const(0, dtypes.int32)), dtypes.int32)
+            return hi - lo
+
+        return E.Cast(count(y, sh, ph, kh, H) * count(w, sw, pw, kw, W), acc)
+
+    return compute(shape, lambda *i: total[i] / divisor(i[2], i[3]), fresh_name(op), x.dtype)
+
+
+def max_pool2d(x: TensorNode, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False) -> TensorNode:  # fmt: skip
+    """Max over windows (padding never wins: it is -inf), NCHW."""
+    return _pool("max_pool2d", x, kernel_size, stride, padding, ceil_mode, True)
+
+
+def avg_pool2d(x: TensorNode, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> TensorNode:  # fmt: skip
+    """Average over windows, NCHW, with torch's divisor rules."""
+    return _pool("avg_pool2d", x, kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int]) -> TensorNode:
+    """torch's adaptive average pooling: window [floor(i*H/OH), ceil((i+1)*H/OH)) per output index."""
+    _check_nchw(x, "adaptive_avg_pool2d")
+    check_float(x, "adaptive_avg_pool2d")
+    oh, ow = _pair(output_size, "output_size", "adaptive_avg_pool2d")
+    H, W = static(x.shape[2]), static(x.shape[3])
+    if H is None or W is None:
+        raise UnsupportedError("adaptive_avg_pool2d: needs static spatial sizes")
+    kh = max(-(-((i + 1) * H) // oh) - (i * H) // oh for i in range(oh))
+    kw = max(-(-((i + 1) * W) // ow) - (i * W) // ow for i in range(ow))
+    acc = compute_type(x.dtype)
+
+    def bounds(o: E.Expr, n: int, out: int) -> tuple[E.Expr, E.Expr]:
+        return (o * n) // out, ((o + 1) * n + (out - 1)) // out
+
+    def fn(i, r):
+        nb, c, y, xx = i
+        u, v = r
+        h0, h1 = bounds(y, H, oh)
+        w0, w1 = bounds(xx, W, ow)
+        inside = E.Binary("&&", h0 + u < h1, w0 + v < w1)
+        return E.Select(inside, E.Cast(x[(nb, c, h0 + u, w0 + v)], acc), E.Const(0, acc))
+
+    shape = [x.shape[0], x.shape[1], oh, ow]
+    total = reduce(shape, [kh, kw], fn, "sum", fresh_name("adaptive_avg_pool2d_sum"), acc, acc, tag="pool")
+
+    def avg(*i: E.Var) -> E.Expr:
+        h0, h1 = bounds(i[2], H, oh)
+        w0, w1 = bounds(i[3], W, ow)
+        return total[i] / E.Cast((h1 - h0) * (w1 - w0), acc)
+
+    return compute(shape, avg, fresh_name("adaptive_avg_pool2d"), x.dtype)
+
+
+# ---- rotary position embedding ------------------------------------------------------------------------------------
+def rotate_half(x: TensorNode) -> Compute:
+    """cat(-x2, x1) of the two halves of the last axis (the Llama/GPT-NeoX convention)."""
+    check_tensor(x, "rotate_half")
+    d = static(x.shape[-1])
+    if d is None or d % 2:
+        raise ArgumentError(f"rotate_half: the last dimension must be static and even, got {x.shape[-1]}")
+    x1 = slice(x, -1, 0, d // 2)
+    x2 = slice(x, -1, d // 2, d)
+    return concat([neg(x2), x1], -1)
+
+
+def apply_rotary(x: TensorNode, cos: TensorNode, sin: TensorNode) -> Compute:
+    """x * cos + rotate_half(x) * sin, with cos/sin broadcast against x (e.g. [seq, head_dim])."""
+    for t, what in ((cos, "cos"), (sin, "sin")):
+        check_tensor(t, "apply_rotary", what)
+        if not same_dim(t.shape[-1], x.shape[-1]):
+            raise ArgumentError(f"apply_rotary: {what} has last dimension {t.shape[-1]}, x has {x.shape[-1]}")
+    return add(mul(x, cos), mul(rotate_half(x), sin))
