@@ -93,11 +93,18 @@ class Executor:
         return bindings
 
     def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
-        arrays = _collect(self.graph, args, kwargs)
+        """Run on inputs given positionally, by name, or as one dict; returns the outputs."""
+        return self.execute(_collect(self.graph, args, kwargs))
+
+    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[np.ndarray]:
+        """Run on the inputs in graph order; symbols adds size values no input shape carries."""
+        if len(arrays) != len(self.graph.inputs):
+            raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
         for t, a in zip(self.graph.inputs, arrays):
             if np.asarray(a).dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype}, got {np.asarray(a).dtype}")
-        bindings = self.bind(arrays)
+        bindings = dict(symbols or {})
+        bindings.update(self.bind(arrays))
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         for t in self.graph.constants:
             env[t] = t.data
@@ -106,7 +113,13 @@ class Executor:
             env.update(zip(op.outputs, outs))
             for t in release:
                 env.pop(t, None)
-        return [np.ascontiguousarray(env[t]) for t in self.graph.outputs]
+        # Hand out arrays the caller owns: never a constant, an input or a view of either.
+        outs = []
+        for t in self.graph.outputs:
+            a = np.asarray(env[t])
+            fresh = a.flags.c_contiguous and a.flags.owndata and t.producer is not None
+            outs.append(a if fresh else np.array(a, order="C", copy=True))
+        return outs
 
     def backend_counts(self) -> dict[str, int]:
         """How many operators each backend runs."""

@@ -79,12 +79,14 @@ class Tensor:
         if dtype is not None:
             array = array.astype(numpy_dtype(dtypes.dtype(dtype)))
         dt = from_numpy_dtype(array.dtype)
-        return Tensor(array.shape, dt, device, name or f"c{next(_names)}", np.ascontiguousarray(array))
+        return Tensor(array.shape, dt, device, name or f"c{next(_names)}", np.array(array, order="C", copy=True))
 
     def set_data(self, data: np.ndarray) -> None:
         data = np.asarray(data)
         if tuple(data.shape) != self.shape or data.dtype != numpy_dtype(self.dtype):
             raise ValueError(f"constant {self.name}: data {data.dtype}{list(data.shape)} does not match {self}")
+        data = data.view()
+        data.setflags(write=False)  # shared by every run and every copy of the graph
         self.data = data
 
     @property
