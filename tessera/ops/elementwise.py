@@ -34,6 +34,15 @@ def const(value: float | int | bool, t: DataType) -> E.Const:
     return E.Const(value, t)
 
 
+def fdiv(a: E.Expr, b: E.Expr) -> E.Expr:
+    """a / b (true division)."""
+    return E.Binary("/", a, b)
+
+
+def _relu6(v: E.Expr) -> E.Expr:
+    return _call("min", _call("max", v, const(0, v.dtype)), const(6, v.dtype))
+
+
 def _call(fn: str, *args: E.Expr) -> E.Expr:
     return E.Call(fn, tuple(args), args[0].dtype)
 
@@ -126,7 +135,7 @@ def erf(x: TensorNode) -> Compute:
 
 
 def reciprocal(x: TensorNode) -> Compute:
-    return _unary_float("reciprocal", x, lambda v: const(1, v.dtype) / v)
+    return _unary_float("reciprocal", x, lambda v: fdiv(const(1, v.dtype), v))
 
 
 def _rounding(op: str, x: TensorNode) -> Compute:
@@ -149,7 +158,7 @@ def round(x: TensorNode) -> Compute:  # noqa: A001
 
 
 def _sigmoid(v: E.Expr) -> E.Expr:
-    return const(1, v.dtype) / (const(1, v.dtype) + _call("exp", -v))
+    return fdiv(const(1, v.dtype), const(1, v.dtype) + _call("exp", -v))
 
 
 def sigmoid(x: TensorNode) -> Compute:
@@ -183,7 +192,7 @@ def softplus(x: TensorNode, beta: float = 1.0, threshold: float = 20.0) -> Compu
     def fn(v: E.Expr) -> E.Expr:
         t = v.dtype
         bx = v * const(beta, t)
-        return E.Select(bx > const(threshold, t), v, _call("log", const(1, t) + _call("exp", bx)) / const(beta, t))
+        return E.Select(bx > const(threshold, t), v, fdiv(_call("log", const(1, t) + _call("exp", bx)), const(beta, t)))
 
     return _unary_float("softplus", x, fn)
 
@@ -197,12 +206,12 @@ def leaky_relu(x: TensorNode, negative_slope: float = 0.01) -> Compute:
 
 def hardsigmoid(x: TensorNode) -> Compute:
     """relu6(x + 3) / 6."""
-    return _unary_float("hardsigmoid", x, lambda v: _call("min", _call("max", v + const(3, v.dtype), const(0, v.dtype)), const(6, v.dtype)) / const(6, v.dtype))
+    return _unary_float("hardsigmoid", x, lambda v: fdiv(_relu6(v + const(3, v.dtype)), const(6, v.dtype)))
 
 
 def hardswish(x: TensorNode) -> Compute:
     """x * relu6(x + 3) / 6."""
-    return _unary_float("hardswish", x, lambda v: v * _call("min", _call("max", v + const(3, v.dtype), const(0, v.dtype)), const(6, v.dtype)) / const(6, v.dtype))
+    return _unary_float("hardswish", x, lambda v: fdiv(v * _relu6(v + const(3, v.dtype)), const(6, v.dtype)))
 
 
 def logical_not(x: TensorNode) -> Compute:
@@ -249,7 +258,7 @@ def div(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
     """True division; integer operands give float32."""
     t = result_type([a, b], "div")
     out = float_type(t)
-    return elementwise("div", [a, b], out, compute_type(out), lambda x, y: x / y)
+    return elementwise("div", [a, b], out, compute_type(out), fdiv)
 
 
 def _int_guarded(x: E.Expr, y: E.Expr, op: str) -> E.Expr:
@@ -262,7 +271,7 @@ def floor_divide(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
     """Division rounded towards minus infinity; integer division by zero gives 0 (numpy)."""
     _no_bool("floor_divide", a, b)
     t = result_type([a, b], "floor_divide")
-    fn = (lambda x, y: _call("floor", x / y)) if t.is_float else (lambda x, y: _int_guarded(x, y, "//"))
+    fn = (lambda x, y: _call("floor", fdiv(x, y))) if t.is_float else (lambda x, y: _int_guarded(x, y, "//"))
     return _binary("floor_divide", a, b, fn)
 
 

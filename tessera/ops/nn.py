@@ -145,7 +145,7 @@ def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool,
 
         return E.Cast(count(y, sh, ph, kh, H) * count(w, sw, pw, kw, W), acc)
 
-    return compute(shape, lambda *i: total[i] / divisor(i[2], i[3]), fresh_name(op), x.dtype)
+    return compute(shape, lambda *i: E.Binary("/", total[i], divisor(i[2], i[3])), fresh_name(op), x.dtype)
 
 
 def max_pool2d(x: TensorNode, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
@@ -189,7 +189,7 @@ def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int]) -> Tens
     def avg(*i: E.Var) -> E.Expr:
         h0, h1 = bounds(i[2], H, oh)
         w0, w1 = bounds(i[3], W, ow)
-        return total[i] / E.Cast((h1 - h0) * (w1 - w0), acc)
+        return E.Binary("/", total[i], E.Cast((h1 - h0) * (w1 - w0), acc))
 
     return compute(shape, avg, fresh_name("adaptive_avg_pool2d"), x.dtype)
 

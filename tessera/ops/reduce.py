@@ -110,7 +110,7 @@ def softmax(x: TensorNode, axis: int = -1) -> Compute:
 
     def fn(*i: E.Var) -> E.Expr:
         kept = tuple(v for k, v in enumerate(i) if k != a)
-        return E.Call("exp", (E.Cast(x[i], ct) - m[kept],), ct) / s[kept]
+        return E.Binary("/", E.Call("exp", (E.Cast(x[i], ct) - m[kept],), ct), s[kept])
 
     return compute(x.shape, fn, fresh_name("softmax"), x.dtype)
 
