@@ -43,6 +43,7 @@ from tessera.lang.builtins import (
     erf,
     exp,
     exp2,
+    fence_proxy_async,
     floor,
     fma,
     grid,
@@ -70,6 +71,10 @@ from tessera.lang.builtins import (
     thread_idx,
     unroll,
     warp_reduce,
+    wgmma,
+    wgmma_commit,
+    wgmma_fence,
+    wgmma_wait,
 )  # fmt: skip
 
 __version__ = "0.1.0"
@@ -81,4 +86,5 @@ __all__ = [
     "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
+    "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async",
 ]  # fmt: skip

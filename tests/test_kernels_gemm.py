@@ -141,7 +141,7 @@ def test_large_shared_tensors_move_to_a_dynamic_pool():
     assert k.lowered.launch.shared_pool >= cfg.smem_bytes()
     assert "extern __shared__" in k.source
     small = make_gemm(f16, GemmConfig(64, 64, 32, 32, 32, 2))
-    assert small.lowered.launch.shared_pool == 0 and "__shared__ __align__(16) half" in small.source
+    assert small.lowered.launch.shared_pool == 0 and "__shared__ __align__(1024) half" in small.source
 
 
 @needs_nvcc
@@ -259,3 +259,30 @@ def test_gemm_rejects_bad_operands():
         matmul(a.float(), torch.randn(16, 8, device="cuda"))
     with pytest.raises(ArgumentError, match="CUDA device"):
         matmul(a.cpu(), torch.randn(16, 8, dtype=torch.float16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,n,k", [(1, 72, 64), (130, 264, 520), (256, 512, 4104)])
+def test_wgmma_gemm_matches_torch(dtype_name, m, n, k):
+    torch = _torch()
+    from tessera.kernels.gemm_sm90 import WgmmaConfig
+    from tessera.kernels.matmul import matmul
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an SM90 GPU")
+    dt = getattr(torch, dtype_name)
+    a = torch.randn(m, k, device="cuda", dtype=dt)
+    b = torch.randn(n, k, device="cuda", dtype=dt)
+    for cfg in (WgmmaConfig(128, 256, 4), WgmmaConfig(64, 128, 3, split_k=3), WgmmaConfig(128, 64, 5)):
+        _check(matmul(a, b, b_layout="nk", config=cfg), a, b, "nk", dtype_name)
+
+
+@needs_nvcc
+def test_wgmma_gemm_cuda_compiles():
+    from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
+
+    k = make_gemm_wgmma(ts.f16, WgmmaConfig(128, 128, 4, split_k=2))
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in k.source
+    k.build()
+    make_gemm_wgmma(ts.bf16, WgmmaConfig(64, 64, 3)).build()

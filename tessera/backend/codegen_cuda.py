@@ -71,7 +71,31 @@ template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void*
   }
 TS_MMA_M16N8K16(ts_mma_m16n8k16_f16, "f16")
 TS_MMA_M16N8K16(ts_mma_m16n8k16_bf16, "bf16")
+// wgmma shared-memory descriptor: K-major tile, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t ts_wgmma_desc(const void* p) {
+  uint64_t addr = ts_smem(p);
+  return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void ts_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ts_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ts_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void ts_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 """
+
+
+def wgmma_helper(n: int, kind: str) -> str:
+    """ts_wgmma_m64n{n}k16_{kind}(float* d, const void* a, const void* b): d += A @ B^T.
+
+    The accumulator has n / 2 registers per thread; the asm lists each as an operand."""
+    regs = n // 2
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    dlist = ", ".join(f"%{i}" for i in range(regs))
+    return (
+        f"__device__ __forceinline__ void ts_wgmma_m64n{n}k16_{kind}(float* d, const void* a, const void* b) {{\n"
+        f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
+        f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n\"\n"
+        f"    : {outs}\n    : \"l\"(ts_wgmma_desc(a)), \"l\"(ts_wgmma_desc(b)) : \"memory\");\n}}"
+    )
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 _HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
@@ -146,6 +170,14 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_copy_async_wait<{a['pending']}>();")
         elif s.name == "ldmatrix":
             self.emit(f"ts_ldmatrix<{a['num']}, {'true' if a['trans'] else 'false'}>({ops[0]}, {ops[1]});")
+        elif s.name == "wgmma":
+            kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
+            self.helpers.add(wgmma_helper(a["n"], kind))
+            self.emit(f"ts_wgmma_m64n{a['n']}k16_{kind}({ops[0]}, {ops[1]}, {ops[2]});")
+        elif s.name in ("wgmma_fence", "wgmma_commit", "fence_proxy_async"):
+            self.emit(f"ts_{s.name}();")
+        elif s.name == "wgmma_wait":
+            self.emit(f"ts_wgmma_wait<{a['pending']}>();")
         elif s.name == "mma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
             self.emit(f"ts_mma_{a['shape']}_{kind}({ops[0]}, {ops[1]}, {ops[2]});")
@@ -167,7 +199,7 @@ class CudaCodegen(CLikeCodegen):
             offset = self.pool_offsets[var]
             self.emit(f"{ctype}* {self.name_of(var)} = reinterpret_cast<{ctype}*>(ts_shared_pool + {offset});")
             return
-        prefix = "__shared__ __align__(16) " if t.scope == "shared" else ""
+        prefix = "__shared__ __align__(1024) " if t.scope == "shared" else ""
         self.emit(f"{prefix}{self.storage_type(t.dtype)} {self.name_of(var)}[{size}];")
 
     def function(self, func: Function) -> str:
@@ -184,9 +216,10 @@ class CudaCodegen(CLikeCodegen):
         self.emit(f'extern "C" __global__ void {bounds}{symbol_name(func)}({params}) {{')
         self.depth += 1
         self.pool_offsets: dict = {}
+        self.helpers: set[str] = set()  # per-shape instruction helpers this kernel needs
         if func.launch.shared_pool:
             self.pool_offsets, _ = shared_buffer_offsets(func)
-            self.emit("extern __shared__ __align__(128) uint8_t ts_shared_pool[];")
+            self.emit("extern __shared__ __align__(1024) uint8_t ts_shared_pool[];")
         self.visit(func.body)
         self.depth -= 1
         self.emit("}")
@@ -196,6 +229,10 @@ class CudaCodegen(CLikeCodegen):
 def generate_cuda(funcs: list[Function]) -> str:
     """CUDA source for a list of lowered CUDA kernels."""
     parts = [CUDA_PRELUDE.strip().replace("{helpers}", SHARED_HELPERS.format(q="__device__ __forceinline__").strip())]
+    helpers: set[str] = set()
+    bodies = []
     for f in funcs:
-        parts.append(CudaCodegen().function(f))
-    return "\n\n".join(parts) + "\n"
+        gen = CudaCodegen()
+        bodies.append(gen.function(f))
+        helpers |= gen.helpers
+    return "\n\n".join(parts + sorted(helpers) + bodies) + "\n"

@@ -24,3 +24,10 @@ LDMATRIX_X4 = spatial(16, 2, ranks=(1, 0))
 # Row addresses for ldmatrix.x4 (no trans) over B stored as [n, k] (a linear layer's weight):
 # (n row, 8-column k block); registers 0-1 and 2-3 are the B fragments of n rows 0-7 and 8-15.
 LDMATRIX_X4_NK = spatial(2, 1) * spatial(8, 2, ranks=(1, 0))
+
+
+def wgmma_m64_c(n: int):
+    """Accumulator of wgmma m64n{n}k16 over the 128 threads of a warpgroup: warp w owns rows
+    16w..16w+15, and within them each n8 column block is laid out like MMA_M16N8K16_C
+    (register 4j + k holds block j's k-th element)."""
+    return spatial(4, 1) * repeat(1, n // 8) * MMA_M16N8K16_C

@@ -92,6 +92,22 @@ def _check_mma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+WGMMA_N = tuple(range(8, 257, 8))
+
+
+def _check_wgmma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    d, a, b = ops
+    if attrs["n"] not in WGMMA_N:
+        return f"wgmma n must be a multiple of 8 in 8..256, got {attrs['n']!r}"
+    if d.scope != REGISTER or d.type.dtype != dtypes.float32:
+        return "wgmma accumulates into a float32 register tensor (n / 2 elements per thread)"
+    if a.scope != SHARED or b.scope != SHARED:
+        return "wgmma reads A and B from shared memory (K-major tiles with the 128-byte swizzle)"
+    if a.type.dtype not in (dtypes.float16, dtypes.bfloat16) or b.type.dtype != a.type.dtype:
+        return f"wgmma multiplies float16 or bfloat16 tiles of one type, got {a.type.dtype} and {b.type.dtype}"
+    return None
+
+
 def _ok(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
@@ -110,6 +126,15 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16; each lane gives one row address"),
         InstructionSpec("mma", ("addr", "addr", "addr"), ("shape",), True, _check_mma,
                         "mma.sync.aligned (row.col), float32 accumulate: c += a @ b on warp fragments"),
+        InstructionSpec("wgmma", ("addr", "addr", "addr"), ("n",), True, _check_wgmma,
+                        "wgmma.mma_async m64n{n}k16 (SM90), float32 accumulate, A [64, 16] and B [n, 16] K-major "
+                        "in shared memory laid out with Swizzle(3, 3, 3) in 1024-byte aligned 8-row groups"),
+        InstructionSpec("wgmma_fence", (), (), True, _ok, "wgmma.fence: order register accesses before wgmma"),
+        InstructionSpec("wgmma_commit", (), (), True, _ok, "wgmma.commit_group"),
+        InstructionSpec("wgmma_wait", (), ("pending",), True, _check_wait,
+                        "wgmma.wait_group: wait until at most `pending` wgmma groups are in flight"),
+        InstructionSpec("fence_proxy_async", (), (), True, _ok,
+                        "fence.proxy.async.shared::cta: make shared-memory writes visible to wgmma/TMA"),
     )
 }  # fmt: skip
 

@@ -24,7 +24,8 @@ class PointerType:
 
 @dataclass(frozen=True)
 class Swizzle:
-    """XOR swizzle of a shared tensor's flattened element offset (CUTLASS's Swizzle<B, M, S>).
+    """XOR swizzle of a shared tensor's element offsets (CUTLASS's Swizzle<B, M, S>), applied to
+    the row-major offset within each trailing 2-D tile (the last two dimensions).
 
     offset ^ (((offset >> (base + shift)) & (2**bits - 1)) << base): groups of 2**base elements
     (one 16-byte vector for `base` = log2(16 / element bytes)) move together, so vector accesses

@@ -14,6 +14,7 @@ from typing import Any
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.kernels.gemm import GemmConfig, make_gemm, make_split_k_reduce
+from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
 from tessera.tune import tune
 
 SMS = 132  # H100/H200; only used to prune split-k and to size waves
@@ -28,9 +29,28 @@ STAGES = (3, 4, 5)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def schedule_space(m: int, n: int, k: int, batch: int = 1) -> list[GemmConfig]:
-    """The candidates worth timing for one problem shape."""
-    out = []
+WGMMA_TILES = [(128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64)]
+
+
+def _splits(tiles: int, k_tiles: int) -> list[int]:
+    return [s for s in SPLITS if s == 1 or (tiles * s <= 4 * SMS and k_tiles >= 2 * s and tiles < SMS)]
+
+
+def schedule_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "kn", wgmma: bool = False) -> list[Any]:
+    """The candidates worth timing for one problem shape.
+
+    With `wgmma` (an SM90 GPU, 16-byte aligned rows and b_layout "nk") the warpgroup GEMM's
+    tiles join the mma.sync ones."""
+    out: list[Any] = []
+    if wgmma and b_layout == "nk":
+        for bm, bn in WGMMA_TILES:
+            if bm > max(64, 1 << (max(m, 1) - 1).bit_length()):
+                continue
+            for stages in STAGES:
+                for split in _splits(-(-m // bm) * -(-n // bn) * batch, -(-k // 64)):
+                    cfg = WgmmaConfig(bm, bn, stages, split)
+                    if not cfg.problems():
+                        out.append(cfg)
     m_cap = max(16, 1 << (max(m, 1) - 1).bit_length())  # smallest power of two >= m
     for bm, bn, wm, wn in TILES:
         if bm > m_cap:
@@ -39,9 +59,7 @@ def schedule_space(m: int, n: int, k: int, batch: int = 1) -> list[GemmConfig]:
         for bk in BLOCK_KS:
             k_tiles = -(-k // bk)
             for stages in STAGES:
-                for split in SPLITS:
-                    if split > 1 and (tiles * split > 4 * SMS or k_tiles < 2 * split or tiles >= SMS):
-                        continue
+                for split in _splits(tiles, k_tiles):
                     cfg = GemmConfig(bm, bn, bk, wm, wn, stages, split)
                     if not cfg.problems():
                         out.append(cfg)
@@ -86,9 +104,16 @@ def _vector_ok(a: Any, b: Any, n: int, k: int, b_layout: str) -> bool:
     return k % 8 == 0 and row_b % 8 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
-def _run(cfg: GemmConfig, dtype: Any, layout: str, vector: bool, a3: Any, b3: Any, c3: Any) -> None:
+def make_kernel(dtype: Any, cfg: Any, layout: str, vector: bool) -> Any:
+    """The compiled-on-demand kernel of one candidate (mma.sync or wgmma)."""
+    if isinstance(cfg, WgmmaConfig):
+        return make_gemm_wgmma(dtype, cfg, vector)
+    return make_gemm(dtype, cfg, layout, vector)
+
+
+def _run(cfg: Any, dtype: Any, layout: str, vector: bool, a3: Any, b3: Any, c3: Any) -> None:
     torch = _torch()
-    kernel = make_gemm(dtype, cfg, layout, vector)
+    kernel = make_kernel(dtype, cfg, layout, vector)
     if cfg.split_k == 1:
         kernel(a3, b3, c3, 1)
         return
@@ -98,13 +123,20 @@ def _run(cfg: GemmConfig, dtype: Any, layout: str, vector: bool, a3: Any, b3: An
     make_split_k_reduce(dtype, cfg.split_k)(work, c3)
 
 
+_FLUSH: list[Any] = []  # a buffer larger than L2, allocated on first tuning
+
+
 def _bench(run: Any) -> float:
+    """Median of 5 timed runs, each after flushing L2 as the benchmark protocol does."""
     torch = _torch()
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     run()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(5):
+        _FLUSH[0].zero_()
         start.record()
         run()
         end.record()
@@ -113,29 +145,30 @@ def _bench(run: Any) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def choose_config(a: Any, b: Any, b_layout: str = "kn") -> GemmConfig:
+def choose_config(a: Any, b: Any, b_layout: str = "kn") -> Any:
     """The tuned configuration for these operands' shape (tunes on first use, then cached)."""
     dtype, batch, m, n, k = _check(a, b, b_layout)
     return _tuned(a, b, b_layout, dtype, batch, m, n, k, _vector_ok(a, b, n, k, b_layout))
 
 
-def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool) -> GemmConfig:
+def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool) -> Any:
     torch = _torch()
     gpu = torch.cuda.get_device_name(a.device)
     key = f"gemm|{dtype}|{layout}|{'vec' if vector else 'scalar'}|b{batch}|m{m}|n{n}|k{k}|{gpu}"
     a3, b3 = a.reshape(batch, *a.shape[-2:]), b.reshape(batch, *b.shape[-2:])
     c3 = torch.empty((batch, m, n), dtype=a.dtype, device=a.device)
-    candidates = schedule_space(m, n, k, batch)
+    wgmma = vector and layout == "nk" and torch.cuda.get_device_capability(a.device) == (9, 0)
+    candidates = schedule_space(m, n, k, batch, layout, wgmma)
     record = tune(
         key,
         candidates,
-        build=lambda cfg: make_gemm(dtype, cfg, layout, vector).compile(),
+        build=lambda cfg: make_kernel(dtype, cfg, layout, vector).compile(),
         bench=lambda cfg, _: _bench(lambda: _run(cfg, dtype, layout, vector, a3, b3, c3)),
     )
     return record.best
 
 
-def matmul(a: Any, b: Any, *, b_layout: str = "kn", config: GemmConfig | None = None) -> Any:
+def matmul(a: Any, b: Any, *, b_layout: str = "kn", config: GemmConfig | WgmmaConfig | None = None) -> Any:
     """A @ B on tensor cores for float16/bfloat16 torch CUDA tensors, float32 accumulation.
 
     `a` is [M, K] or [batch, M, K]; `b` is [K, N] (b_layout="kn") or [N, K] ("nk", as a
@@ -148,6 +181,8 @@ def matmul(a: Any, b: Any, *, b_layout: str = "kn", config: GemmConfig | None = 
     a, b = a.contiguous(), b.contiguous()
     vector = _vector_ok(a, b, n, k, b_layout)
     cfg = config or _tuned(a, b, b_layout, dtype, batch, m, n, k, vector)
+    if isinstance(cfg, WgmmaConfig) and (b_layout != "nk" or not vector):
+        raise UnsupportedError(f"{cfg} needs b_layout='nk' and 16-byte aligned rows (K % 8 == 0)")
     torch = _torch()
     c3 = torch.empty((batch, m, n), dtype=a.dtype, device=a.device)
     _run(cfg, dtype, b_layout, vector, a.reshape(batch, m, k), b.reshape(batch, *b.shape[-2:]), c3)

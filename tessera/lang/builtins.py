@@ -62,6 +62,11 @@ copy_async_commit = Builtin("copy_async_commit", "instruction")
 copy_async_wait = Builtin("copy_async_wait", "instruction")
 ldmatrix = Builtin("ldmatrix", "instruction")
 mma = Builtin("mma", "instruction")
+wgmma = Builtin("wgmma", "instruction")
+wgmma_fence = Builtin("wgmma_fence", "instruction")
+wgmma_commit = Builtin("wgmma_commit", "instruction")
+wgmma_wait = Builtin("wgmma_wait", "instruction")
+fence_proxy_async = Builtin("fence_proxy_async", "instruction")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))

@@ -346,8 +346,9 @@ class ExpressionParser:
         dtype = args[0]
         if dtype.is_subbyte:
             raise ParseError(f"{which}() of sub-byte type {dtype} is not supported yet")
-        if swizzle is not None and prod(shape) % (1 << (swizzle.base + swizzle.bits)):
-            raise ParseError(f"a {swizzle} layout needs a size that is a multiple of {1 << (swizzle.base + swizzle.bits)}")
+        period = 1 << (swizzle.base + swizzle.bits) if swizzle is not None else 1
+        if prod(shape[-2:]) % period:
+            raise ParseError(f"a {swizzle} layout needs 2-D tiles (last two dims) whose size is a multiple of {period}")
         var = E.Var("_buf", TensorType(dtype, tuple(E.Const(d, dtypes.int32) for d in shape), scope, swizzle))
         return S.DeclareBuffer(var)
 

@@ -26,10 +26,6 @@ def _copy_async(dst: Any, src: Any, bytes: int = 16, pred: Any = True) -> tuple[
     return (dst, src, pred), {"bytes": bytes}
 
 
-def _copy_async_commit() -> tuple[tuple, dict]:
-    return (), {}
-
-
 def _copy_async_wait(pending: int) -> tuple[tuple, dict]:
     return (), {"pending": pending}
 
@@ -42,10 +38,20 @@ def _mma(c: Any, a: Any, b: Any, shape: str = "m16n8k16") -> tuple[tuple, dict]:
     return (c, a, b), {"shape": shape}
 
 
+def _wgmma(d: Any, a: Any, b: Any, n: int) -> tuple[tuple, dict]:
+    return (d, a, b), {"n": n}
+
+
+def _no_operands() -> tuple[tuple, dict]:
+    return (), {}
+
+
 # Python signatures of the kernel-facing calls (defaults live here, validation in ir).
 SIGNATURES = {
-    "copy_vector": _copy_vector, "copy_async": _copy_async, "copy_async_commit": _copy_async_commit,
-    "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "mma": _mma,
+    "copy_vector": _copy_vector, "copy_async": _copy_async, "copy_async_commit": _no_operands,
+    "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "mma": _mma, "wgmma": _wgmma,
+    "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _copy_async_wait,
+    "fence_proxy_async": _no_operands,
 }  # fmt: skip
 
 

@@ -57,10 +57,14 @@ class FlattenBuffers(IRMutator):
     def access(self, buffer: E.Var, indices: tuple[E.Expr, ...]) -> tuple[E.Var, tuple[E.Expr, ...]]:
         t = buffer.type
         if isinstance(t, TensorType):
-            flat = flat_index(t.shape, indices)
-            if t.swizzle is not None:
-                flat = swizzled(flat, t.swizzle)
-            return self.flat_var(buffer), (flat,)
+            if t.swizzle is None or len(indices) <= 2:
+                flat = flat_index(t.shape, indices)
+                return self.flat_var(buffer), (flat if t.swizzle is None else swizzled(flat, t.swizzle),)
+            # The swizzle permutes each trailing 2-D tile; outer indices select the tile, so
+            # their offset stays outside the XOR and the compiler can hoist it.
+            tile = flat_index(t.shape[-2:], indices[-2:])
+            outer = E.Binary("*", flat_index(t.shape[:-2], indices[:-2]), flat_size(t.shape[-2:]))
+            return self.flat_var(buffer), (E.Binary("+", outer, swizzled(tile, t.swizzle)),)
         return buffer, indices
 
     def visit_Load(self, e: E.Load) -> E.Expr:

@@ -1,8 +1,8 @@
 """Place a CUDA kernel's shared tensors in one dynamic shared-memory pool when they need more
 than the 48 KiB that static `__shared__` arrays may use.
 
-Offsets are assigned in declaration order, each aligned to 128 bytes (the widest swizzle
-period), and the pool size is recorded in `LaunchConfig.shared_pool`; the CUDA code generator
+Offsets are assigned in declaration order, each aligned to 1024 bytes (wgmma's swizzled
+8-row groups must start at 1024-byte addresses), and the pool size is recorded in `LaunchConfig.shared_pool`; the CUDA code generator
 carves the tensors from `extern __shared__` memory at the same offsets (via
 `shared_buffer_offsets`) and the runtime adds the pool to the launch's dynamic size.
 """
@@ -20,7 +20,7 @@ from tessera.ir.functor import IRVisitor
 from tessera.ir.types import SHARED
 
 STATIC_LIMIT = 48 * 1024
-ALIGN = 128
+ALIGN = 1024
 
 
 class _SharedBuffers(IRVisitor):
