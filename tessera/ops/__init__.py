@@ -27,7 +27,7 @@ from tessera.ir.compute import (
     placeholder,
     reduce,
 )
-from tessera.ops.build import CompiledOp, Generated, build, generate
+from tessera.ops.compiled import CompiledOp, Generated, build, generate
 from tessera.ops.elementwise import (
     abs,
     add,
@@ -82,7 +82,7 @@ from tessera.ops.elementwise import (
 from tessera.ops.linalg import bmm, linear, matmul
 from tessera.ops.nn import adaptive_avg_pool2d, apply_rotary, avg_pool2d, conv2d, max_pool2d, rotate_half
 from tessera.ops.norm import batch_norm, layer_norm, rms_norm
-from tessera.ops.reduce import log_softmax, max, mean, min, prod, reduce_axes, softmax, sum
+from tessera.ops.reductions import log_softmax, max, mean, min, prod, reduce_axes, softmax, sum
 from tessera.ops.transform import (
     broadcast_to,
     chunk,
