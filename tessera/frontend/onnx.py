@@ -88,7 +88,7 @@ class Importer:
         """value as a Known when it is one, or a small integer constant."""
         if isinstance(value, Known):
             return value
-        if isinstance(value, Tensor) and value.is_constant and value.dtype.is_integer and value.ndim <= 1:
+        if isinstance(value, Tensor) and value.is_constant and value.dtype.name == "int64" and value.ndim <= 1:
             if value.data.size <= 64:
                 return Known([int(v) for v in value.data.reshape(-1)], scalar=value.ndim == 0)
         return None

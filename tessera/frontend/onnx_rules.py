@@ -64,7 +64,7 @@ _KNOWN_BINARY = {"Add": dim_add, "Mul": dim_mul, "Sub": lambda a, b: dim_add(a, 
 def _known_binary(im, op_type, a, b):
     """Shape arithmetic on known integers (Mul of a size by a constant, ...); None if not applicable."""
     ka, kb = im.known(a), im.known(b)
-    if ka is None or kb is None or not (isinstance(a, Known) or isinstance(b, Known)) or op_type not in _KNOWN_BINARY:
+    if ka is None or kb is None or op_type not in _KNOWN_BINARY:
         return None
     va, vb = ka.values, kb.values
     n = max(len(va), len(vb))
@@ -83,7 +83,47 @@ def _known_binary(im, op_type, a, b):
     return Known(out, scalar=ka.scalar and kb.scalar)
 
 
+def _known_equal(im, a, b):
+    """Equal on shape values: a size is never equal to a number <= 0; otherwise decide only ints."""
+    ka, kb = im.known(a), im.known(b)
+    if ka is None or kb is None:
+        return None
+    va, vb = ka.values, kb.values
+    n = max(len(va), len(vb))
+    out = []
+    for i in range(n):
+        x, y = va[i if len(va) > 1 else 0], vb[i if len(vb) > 1 else 0]
+        if isinstance(x, int) and isinstance(y, int):
+            out.append(int(x == y))
+        elif (isinstance(x, int) and x <= 0) or (isinstance(y, int) and y <= 0):
+            out.append(0)
+        elif x == y:
+            out.append(1)
+        else:
+            return None
+    return Known(out, scalar=ka.scalar and kb.scalar)
+
+
+@rule("Equal")
+def _equal(im, node, args, attrs):
+    k = _known_equal(im, args[0], args[1])
+    return k if k is not None else im.op("eq", args[0], args[1])
+
+
+@rule("Where")
+def _where(im, node, args, attrs):
+    ks = [im.known(a) for a in args]
+    if all(k is not None for k in ks):
+        n = max(len(k.values) for k in ks)
+        pick = [k.values if len(k.values) == n else k.values * n for k in ks]
+        return Known([x if c else y for c, x, y in zip(*pick)], scalar=all(k.scalar for k in ks))
+    return im.op("where", *args)
+
+
 for _t, _k in _BINARY.items():
+    if _t == "Equal":
+        continue
+
     def _bin(im, node, args, attrs, _k=_k):
         k = _known_binary(im, node.op_type, args[0], args[1])
         return k if k is not None else im.op(_k, args[0], args[1])
@@ -114,11 +154,6 @@ def _maxmin(im, node, args, attrs):
     for a in args[1:]:
         y = im.op(kind, y, a)
     return y
-
-
-@rule("Where")
-def _where(im, node, args, attrs):
-    return im.op("where", *args)
 
 
 @rule("Cast")
@@ -305,6 +340,8 @@ def _constant(im, node, args, attrs):
 
 @rule("Shape")
 def _shape(im, node, args, attrs):
+    if isinstance(args[0], Known):  # the shape of a shape vector
+        return Known([] if args[0].scalar else [len(args[0].values)])
     shape = list(im.tensor(args[0]).shape)
     start, end = attrs.get("start", 0), attrs.get("end", None)
     return Known(shape[start:end])
@@ -320,8 +357,10 @@ def _size(im, node, args, attrs):
 
 @rule("Reshape")
 def _reshape(im, node, args, attrs):
-    x = im.tensor(args[0])
     target = im.ints(args[1], "Reshape shape")
+    if isinstance(args[0], Known) and target in ([-1], [len(args[0].values)]):
+        return Known(args[0].values)
+    x = im.tensor(args[0])
     if not attrs.get("allowzero", 0):
         target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
     syms = [i for i, d in enumerate(target) if isinstance(d, Sym)]
@@ -438,6 +477,8 @@ def _tile(im, node, args, attrs):
 def _constant_of_shape(im, node, args, attrs):
     shape = im.ints(args[0], "ConstantOfShape shape")
     value = im.numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    if all(isinstance(d, int) for d in shape) and np.prod(shape) <= 64:
+        return Tensor.constant(np.full(shape, value.reshape(-1)[0], value.dtype))  # small: shape arithmetic reads it
     return im.op("full", shape=shape, value=value.reshape(-1)[0].item(), dtype=Tensor.constant(value).dtype.name)
 
 
