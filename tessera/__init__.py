@@ -88,3 +88,13 @@ __all__ = [
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async",
 ]  # fmt: skip
+
+
+def __getattr__(name: str):
+    # The model compiler loads on first use, so `import tessera` needs neither torch nor onnx:
+    # tessera.onnx.load(...) imports the ONNX front end, tessera.graph the graph layer.
+    if name in ("onnx", "graph"):
+        import importlib
+
+        return importlib.import_module("tessera.frontend.onnx" if name == "onnx" else "tessera.graph")
+    raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -103,7 +103,9 @@ class CompiledGraph:
     # ---- building ---------------------------------------------------------------------------
     def _build(self, example_inputs: list[Any]) -> None:
         stats["builds"] += 1
-        self.static = {i: (v, v._version) for i, (n, v) in enumerate(zip(self.placeholders, example_inputs))
+        # index -> (tensor, version, copy of its value if tiny); see __call__.
+        self.static = {i: (v, v._version, v.detach().clone() if v.numel() <= 16 else None)
+                       for i, (n, v) in enumerate(zip(self.placeholders, example_inputs))
                        if isinstance(v, torch.Tensor) and _is_module_state(n, v)}  # fmt: skip
         self.fallback_reason: str | None = None
         try:
@@ -283,13 +285,13 @@ class CompiledGraph:
                 log.info("tessera: autograd is needed (grad mode on, inputs require grad); running in torch")
                 self._warned_grad = True
             return self.gm(*args)
-        for i, (t, version) in self.static.items():
+        for i, (t, version, value) in self.static.items():
             a = args[i]
             if a is t and a._version == version:
                 continue
             # Python numbers held by modules (eps, momentum) arrive as fresh 0-d tensors each call.
-            if a.numel() <= 16 and t.numel() == a.numel() and a.dtype == t.dtype and torch.equal(a, t):
-                self.static[i] = (a, a._version)
+            if value is not None and a.shape == value.shape and a.dtype == value.dtype and torch.equal(a, value):
+                self.static[i] = (a, a._version, value)
                 continue
             log.info("tessera: module state %s changed; rebuilding the graph", self.placeholders[i].name)
             self._build(list(args))

@@ -1,0 +1,79 @@
+"""Graph passes change the graph and keep its results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.graph import GraphBuilder
+from tessera.graph.passes import (
+    eliminate_dead_code,
+    fold_batchnorm,
+    fold_constants,
+    merge_parallel_projections,
+    optimize,
+)  # fmt: skip
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_constant_folding_evaluates_constant_subgraphs(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["n", 4])
+    w = b.constant(_f32(rng, 4, 4))
+    w2 = b.op("mul", b.op("permute", w, perm=[1, 0]), b.constant(np.float32(2.0)))  # constant-only
+    b.output(b.op("add", b.op("matmul", x, w2), b.op("arange", end=4, dtype="float32")))
+    g = b.build()
+    xv = _f32(rng, 3, 4)
+    before = g.run(xv)[0]
+    assert fold_constants(g) == 3
+    assert sorted(g.summary()) == ["add", "matmul"]
+    np.testing.assert_allclose(g.verify().run(xv)[0], before, rtol=1e-6)
+
+
+def test_dead_code_elimination(rng):
+    b = GraphBuilder()
+    x = b.input("x", [3])
+    b.op("exp", x)  # unused
+    b.output(b.op("relu", x))
+    g = b.build()
+    assert len(g.operators) == 2 and eliminate_dead_code(g) == 1 and g.summary() == {"relu": 1}
+
+
+def test_batchnorm_folds_into_conv(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["n", 3, 9, 8])
+    c = b.op("conv2d", x, b.constant(_f32(rng, 5, 3, 3, 3)), b.constant(_f32(rng, 5)), padding=[1, 1, 1, 1])
+    stats = [b.constant(_f32(rng, 5)), b.constant(rng.random(5).astype(np.float32) + 0.5),
+             b.constant(_f32(rng, 5)), b.constant(_f32(rng, 5))]  # fmt: skip
+    b.output(b.op("relu", b.op("batch_norm", c, *stats, eps=1e-3)))
+    g = b.build()
+    xv = _f32(rng, 2, 3, 9, 8)
+    before = g.run(xv)[0]
+    assert fold_batchnorm(g) == 1
+    assert g.summary() == {"conv2d": 1, "relu": 1}
+    np.testing.assert_allclose(g.verify().run(xv)[0], before, rtol=1e-5, atol=1e-5)
+
+
+def test_qkv_projections_merge_into_one_linear(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["batch", "seq", 8])
+    q, k, v = (b.op("linear", x, b.constant(_f32(rng, n, 8)), b.constant(_f32(rng, n))) for n in (8, 4, 4))
+    scores = b.op("matmul", q, b.op("permute", b.op("concat", k, k, axis=-1), perm=[0, 2, 1]))
+    b.output(b.op("matmul", b.op("softmax", scores, axis=-1), b.op("concat", v, v, axis=-1)))
+    g = b.build()
+    xv = _f32(rng, 2, 5, 8)
+    before = g.run(xv)[0]
+    assert merge_parallel_projections(g) == 1
+    assert g.summary()["linear"] == 1 and g.summary()["split"] == 1
+    np.testing.assert_allclose(g.verify().run(xv)[0], before, rtol=1e-5, atol=1e-6)
+
+
+def test_default_pipeline_is_idempotent(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["n", 6])
+    b.output(b.op("gelu", b.op("linear", x, b.constant(_f32(rng, 6, 6)))))
+    g = optimize(b.build())
+    text = str(g)
+    assert str(optimize(g)) == text
