@@ -286,3 +286,23 @@ def test_wgmma_gemm_cuda_compiles():
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in k.source
     k.build()
     make_gemm_wgmma(ts.bf16, WgmmaConfig(64, 64, 3)).build()
+
+
+@pytest.mark.cuda
+def test_launch_plans_follow_the_arguments():
+    """Cached launch plans are keyed by shapes/strides/dtypes: new shapes re-plan, bad ones still fail."""
+    torch = _torch()
+    from tessera.errors import ArgumentError
+    from tessera.kernels.matmul import make_kernel
+
+    k = make_kernel(ts.f16, CONFIGS[1], "kn", True)
+    for m, n in ((20, 64), (70, 136), (20, 64)):
+        a = torch.randn(1, m, 64, device="cuda", dtype=torch.float16)
+        b = torch.randn(1, 64, n, device="cuda", dtype=torch.float16)
+        c = torch.full((1, m, n), float("nan"), device="cuda", dtype=torch.float16)
+        k(a, b, c, 1)
+        _check(c[0], a[0], b[0], "kn", "float16")
+    with pytest.raises(ArgumentError, match="dtype"):
+        k(a.float(), b, c, 1)
+    with pytest.raises(ArgumentError, match="contiguous"):
+        k(a.transpose(1, 2), b, c, 1)

@@ -9,6 +9,7 @@ the winner is cached per (dtype, layout, shape, GPU) by tessera.tune.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
@@ -104,6 +105,7 @@ def _vector_ok(a: Any, b: Any, n: int, k: int, b_layout: str) -> bool:
     return k % 8 == 0 and row_b % 8 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
+@functools.cache
 def make_kernel(dtype: Any, cfg: Any, layout: str, vector: bool) -> Any:
     """The compiled-on-demand kernel of one candidate (mma.sync or wgmma)."""
     if isinstance(cfg, WgmmaConfig):
