@@ -1,9 +1,15 @@
-"""Row reductions, softmax, LayerNorm and RMSNorm over the last axis of x[R, C] (CUDA).
+"""Row reductions (sum, mean, max, min) and softmax over the last axis of x[R, C] (CUDA).
 
-Schedule: one block of `threads` threads per row.  Each thread strides over the row with
-`unroll` independent loads in flight per step, accumulating in float32; `block_reduce`
-combines the per-thread partials (warp shuffles, then shared memory).  Softmax uses the
-online form (running max and rescaled sum) so the row is read twice, not three times.
+Every kernel is a template over a `RowSchedule` (see its docstring): how many threads share
+a row, how wide each load is, how many loads each thread keeps in flight and whether the row
+stays in registers between reading and writing.  LayerNorm and RMSNorm, built on the same
+schedules, live in reduce_norm.py; reduce_ops.py picks a schedule from the shape and dtype.
+
+The kernel language has no device functions, so each template spells out its cross-thread
+combine step: `block_reduce` when one block owns a row, otherwise a `shfl_xor` butterfly
+over the `lanes` threads of the row (aligned lane groups inside one warp).  Every thread of
+the block reaches the combine step, also those whose row is past the end of x (their loads
+are skipped instead): shuffles and barriers need the whole warp or block.
 """
 
 from __future__ import annotations
@@ -11,41 +17,70 @@ from __future__ import annotations
 import functools
 
 import tessera as ts
-from tessera import f32
+from tessera import f32, i32
 from tessera.ir.dtypes import DataType
+from tessera.kernels.reduce_norm import make_layernorm, make_rmsnorm
+from tessera.kernels.reduce_schedule import SCALAR_BLOCK, VECTOR_BYTES, RowSchedule, check_schedule
+
+__all__ = ["RowSchedule", "make_layernorm", "make_rmsnorm", "make_row_reduce", "make_softmax"]
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -float("inf"), "min": float("inf")}
 
 
 @functools.cache
-def make_row_reduce(op: str, dtype: DataType, threads: int = 256, unroll: int = 4) -> ts.Kernel:
-    """y[r] = op(x[r, :]) for op in sum, mean, max, min; y has x's dtype."""
+def make_row_reduce(op: str, dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
+    """kernel(x, y): y[r] = op(x[r, :]) for op in sum, mean, max, min; y has x's dtype.
+
+    Accumulates in float32; max/min propagate NaN.  Reads the row once (`cached` is ignored).
+    """
     if op not in _INIT:
         raise ValueError(f"unknown reduction {op!r}; choose one of {sorted(_INIT)}")
-    init = _INIT[op]
-    block_op = "sum" if op == "mean" else op
-    step = threads * unroll
+    check_schedule(dtype, schedule)
+    T, THREADS, LANES, VEC, PT = dtype, schedule.threads, schedule.lanes, schedule.vec, schedule.per_thread
+    ROWS, STEP, OFFSETS, BLOCK = schedule.rows_per_block, LANES * PT, schedule.shuffle_offsets, schedule.block_combine
+    INIT = _INIT[op]
+    RED = "sum" if op == "mean" else op
 
-    @ts.kernel(target="cuda", name=f"row_{op}_{dtype.short}")
-    def row_reduce(x: dtype["R", "C"], y: dtype["R"]):
+    @ts.kernel(target="cuda", name=f"row_{op}_{T.short}_{schedule}")
+    def row_reduce(x: T["R", "C"], y: T["R"]):
+        R = x.shape[0]
         C = x.shape[1]
-        ts.attrs.grid = x.shape[0]
-        ts.attrs.block = threads
-        row = ts.block_idx.x
-        acc = init
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    v = ts.cast(x[row, c], f32)
-                    if block_op == "sum":
-                        acc += v
-                    elif block_op == "max":
-                        acc = max(acc, v)
+        ts.attrs.grid = ts.ceil_div(R, ROWS)
+        ts.attrs.block = THREADS
+        row = ts.block_idx.x * ROWS + ts.thread_idx.x // LANES
+        lane = ts.thread_idx.x % LANES
+        active = row < R
+        loads = C // VEC
+        acc = INIT
+        for base in range(lane, loads, STEP):
+            v = ts.register_tensor(T, [PT, VEC])
+            for k in ts.unroll(PT):  # issue every load of the step before using one
+                i = base + k * LANES
+                if active and i < loads:
+                    if VEC == 1:
+                        v[k, 0] = x[row, i]
                     else:
-                        acc = min(acc, v)
-        total = ts.block_reduce(acc, block_op)
-        if ts.thread_idx.x == 0:
+                        ts.copy_vector(v[k, 0], x[row, i * VEC], VECTOR_BYTES)
+            for k in ts.unroll(PT):
+                if active and base + k * LANES < loads:
+                    for j in ts.unroll(VEC):
+                        if RED == "sum":
+                            acc += ts.cast(v[k, j], f32)
+                        elif RED == "max":
+                            acc = max(acc, ts.cast(v[k, j], f32))
+                        else:
+                            acc = min(acc, ts.cast(v[k, j], f32))
+        total = acc
+        if BLOCK:
+            total = ts.block_reduce(acc, RED)
+        for d in OFFSETS:
+            if RED == "sum":
+                total = total + ts.shfl_xor(total, ts.cast(d, i32))
+            elif RED == "max":
+                total = max(total, ts.shfl_xor(total, ts.cast(d, i32)))
+            else:
+                total = min(total, ts.shfl_xor(total, ts.cast(d, i32)))
+        if lane == 0 and active:
             if op == "mean":
                 y[row] = total / ts.cast(C, f32)
             else:
@@ -55,95 +90,146 @@ def make_row_reduce(op: str, dtype: DataType, threads: int = 256, unroll: int = 
 
 
 @functools.cache
-def make_softmax(dtype: DataType, threads: int = 256, unroll: int = 4) -> ts.Kernel:
-    """y = softmax(x) over the last axis."""
-    step = threads * unroll
+def make_softmax(dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
+    """kernel(x, y): y = softmax(x) over the last axis, computed in float32."""
+    check_schedule(dtype, schedule)
+    return (_make_softmax_cached if schedule.cached else _make_softmax_streaming)(dtype, schedule)
 
-    @ts.kernel(target="cuda", name=f"softmax_{dtype.short}")
-    def softmax(x: dtype["R", "C"], y: dtype["R", "C"]):
+
+def _make_softmax_cached(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
+    # One read of x: the row is loaded into registers, its max and sum of exponentials are
+    # reduced, and y is written from the exponentials kept in registers (one exp per element).
+    T, THREADS, LANES, VEC, PT = dtype, schedule.threads, schedule.lanes, schedule.vec, schedule.per_thread
+    ROWS, OFFSETS, BLOCK = schedule.rows_per_block, schedule.shuffle_offsets, schedule.block_combine
+
+    @ts.kernel(target="cuda", name=f"softmax_{T.short}_{schedule}")
+    def softmax_cached(x: T["R", "C"], y: T["R", "C"]):
+        R = x.shape[0]
         C = x.shape[1]
-        ts.attrs.grid = x.shape[0]
-        ts.attrs.block = threads
-        row = ts.block_idx.x
+        ts.attrs.grid = ts.ceil_div(R, ROWS)
+        ts.attrs.block = THREADS
+        row = ts.block_idx.x * ROWS + ts.thread_idx.x // LANES
+        lane = ts.thread_idx.x % LANES
+        active = row < R
+        loads = C // VEC
+        v = ts.register_tensor(T, [PT, VEC])
+        for k in ts.unroll(PT):
+            i = lane + k * LANES
+            if active and i < loads:
+                if VEC == 1:
+                    v[k, 0] = x[row, i]
+                else:
+                    ts.copy_vector(v[k, 0], x[row, i * VEC], VECTOR_BYTES)
+        f = ts.register_tensor(f32, [PT, VEC])
+        m = -float("inf")
+        for k in ts.unroll(PT):
+            if active and lane + k * LANES < loads:
+                for j in ts.unroll(VEC):
+                    f[k, j] = ts.cast(v[k, j], f32)
+                    m = max(m, f[k, j])
+        row_max = m
+        if BLOCK:
+            row_max = ts.block_reduce(m, "max")
+        for d in OFFSETS:
+            row_max = max(row_max, ts.shfl_xor(row_max, ts.cast(d, i32)))
+        s = 0.0
+        for k in ts.unroll(PT):
+            if active and lane + k * LANES < loads:
+                for j in ts.unroll(VEC):
+                    f[k, j] = ts.exp(f[k, j] - row_max)
+                    s += f[k, j]
+        total = s
+        if BLOCK:
+            total = ts.block_reduce(s, "sum")
+        for d in OFFSETS:
+            total = total + ts.shfl_xor(total, ts.cast(d, i32))
+        inv = 1.0 / total
+        o = ts.register_tensor(T, [PT, VEC])
+        for k in ts.unroll(PT):
+            i = lane + k * LANES
+            if active and i < loads:
+                for j in ts.unroll(VEC):
+                    o[k, j] = f[k, j] * inv
+                if VEC == 1:
+                    y[row, i] = o[k, 0]
+                else:
+                    ts.copy_vector(y[row, i * VEC], o[k, 0], VECTOR_BYTES)
+
+    return softmax_cached
+
+
+def _make_softmax_streaming(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
+    # Two reads of x.  Pass 1 keeps a running max m and a sum s of exp(x - m) per thread,
+    # rescaling s once per step of per_thread loads (not once per element); threads then
+    # agree on the row max and rescale their sums to it.  Pass 2 writes exp(x - max) / sum.
+    T, THREADS, LANES, VEC, PT = dtype, schedule.threads, schedule.lanes, schedule.vec, schedule.per_thread
+    ROWS, STEP, OFFSETS, BLOCK = schedule.rows_per_block, LANES * PT, schedule.shuffle_offsets, schedule.block_combine
+
+    @ts.kernel(target="cuda", name=f"softmax_{T.short}_{schedule}")
+    def softmax_streaming(x: T["R", "C"], y: T["R", "C"]):
+        R = x.shape[0]
+        C = x.shape[1]
+        ts.attrs.grid = ts.ceil_div(R, ROWS)
+        ts.attrs.block = THREADS
+        row = ts.block_idx.x * ROWS + ts.thread_idx.x // LANES
+        lane = ts.thread_idx.x % LANES
+        active = row < R
+        loads = C // VEC
         m = -float("inf")
         s = 0.0
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    v = ts.cast(x[row, c], f32)
-                    m_new = max(m, v)
-                    s = s * ts.exp(m - m_new) + ts.exp(v - m_new)
-                    m = m_new
-        row_max = ts.block_reduce(m, "max")
-        s = s * ts.exp(m - row_max) if m > -float("inf") else 0.0
-        inv = 1.0 / ts.block_reduce(s, "sum")
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    y[row, c] = ts.exp(ts.cast(x[row, c], f32) - row_max) * inv
+        for base in range(lane, loads, STEP):
+            v = ts.register_tensor(T, [PT, VEC])
+            for k in ts.unroll(PT):
+                i = base + k * LANES
+                if active and i < loads:
+                    if VEC == 1:
+                        v[k, 0] = x[row, i]
+                    else:
+                        ts.copy_vector(v[k, 0], x[row, i * VEC], VECTOR_BYTES)
+            step_max = -float("inf")
+            for k in ts.unroll(PT):
+                if active and base + k * LANES < loads:
+                    for j in ts.unroll(VEC):
+                        step_max = max(step_max, ts.cast(v[k, j], f32))
+            m_new = max(m, step_max)
+            # While everything seen is -inf there is nothing to add (and -inf - -inf is NaN);
+            # a NaN m_new passes the test, so NaN inputs propagate.
+            if m_new != -float("inf"):
+                s = s * ts.exp(m - m_new)
+                for k in ts.unroll(PT):
+                    if active and base + k * LANES < loads:
+                        for j in ts.unroll(VEC):
+                            s += ts.exp(ts.cast(v[k, j], f32) - m_new)
+                m = m_new
+        row_max = m
+        if BLOCK:
+            row_max = ts.block_reduce(m, "max")
+        for d in OFFSETS:
+            row_max = max(row_max, ts.shfl_xor(row_max, ts.cast(d, i32)))
+        total = ts.select(m == row_max, s, s * ts.exp(m - row_max))  # m == row_max covers -inf
+        if BLOCK:
+            total = ts.block_reduce(total, "sum")
+        for d in OFFSETS:
+            total = total + ts.shfl_xor(total, ts.cast(d, i32))
+        inv = 1.0 / total
+        for base in range(lane, loads, STEP):
+            v = ts.register_tensor(T, [PT, VEC])
+            for k in ts.unroll(PT):
+                i = base + k * LANES
+                if active and i < loads:
+                    if VEC == 1:
+                        v[k, 0] = x[row, i]
+                    else:
+                        ts.copy_vector(v[k, 0], x[row, i * VEC], VECTOR_BYTES)
+            o = ts.register_tensor(T, [PT, VEC])
+            for k in ts.unroll(PT):
+                i = base + k * LANES
+                if active and i < loads:
+                    for j in ts.unroll(VEC):
+                        o[k, j] = ts.exp(ts.cast(v[k, j], f32) - row_max) * inv
+                    if VEC == 1:
+                        y[row, i] = o[k, 0]
+                    else:
+                        ts.copy_vector(y[row, i * VEC], o[k, 0], VECTOR_BYTES)
 
-    return softmax
-
-
-@functools.cache
-def make_layernorm(dtype: DataType, threads: int = 256, unroll: int = 4) -> ts.Kernel:
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis (biased variance)."""
-    step = threads * unroll
-
-    @ts.kernel(target="cuda", name=f"layernorm_{dtype.short}")
-    def layernorm(x: dtype["R", "C"], w: dtype["C"], b: dtype["C"], y: dtype["R", "C"], eps: f32):
-        C = x.shape[1]
-        ts.attrs.grid = x.shape[0]
-        ts.attrs.block = threads
-        row = ts.block_idx.x
-        s = 0.0
-        ss = 0.0
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    v = ts.cast(x[row, c], f32)
-                    s += v
-                    ss += v * v
-        inv_c = 1.0 / ts.cast(C, f32)
-        mean = ts.block_reduce(s, "sum") * inv_c
-        var = max(ts.block_reduce(ss, "sum") * inv_c - mean * mean, 0.0)
-        rstd = ts.rsqrt(var + eps)
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    v = (ts.cast(x[row, c], f32) - mean) * rstd
-                    y[row, c] = v * ts.cast(w[c], f32) + ts.cast(b[c], f32)
-
-    return layernorm
-
-
-@functools.cache
-def make_rmsnorm(dtype: DataType, threads: int = 256, unroll: int = 4) -> ts.Kernel:
-    """y = x / sqrt(mean(x^2) + eps) * w over the last axis."""
-    step = threads * unroll
-
-    @ts.kernel(target="cuda", name=f"rmsnorm_{dtype.short}")
-    def rmsnorm(x: dtype["R", "C"], w: dtype["C"], y: dtype["R", "C"], eps: f32):
-        C = x.shape[1]
-        ts.attrs.grid = x.shape[0]
-        ts.attrs.block = threads
-        row = ts.block_idx.x
-        ss = 0.0
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    v = ts.cast(x[row, c], f32)
-                    ss += v * v
-        rstd = ts.rsqrt(ts.block_reduce(ss, "sum") / ts.cast(C, f32) + eps)
-        for c0 in range(ts.thread_idx.x, C, step):
-            for u in ts.unroll(unroll):
-                c = c0 + u * threads
-                if c < C:
-                    y[row, c] = ts.cast(x[row, c], f32) * rstd * ts.cast(w[c], f32)
-
-    return rmsnorm
+    return softmax_streaming

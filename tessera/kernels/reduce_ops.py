@@ -1,0 +1,170 @@
+"""Row reductions, softmax, LayerNorm and RMSNorm on torch CUDA tensors: pick a kernel and launch it.
+
+Each op works over the last axis of x (any leading shape), allocates its output and chooses:
+
+* the load width: 16-byte vector loads when every row starts 16-byte aligned (x, weight,
+  bias and output pointers aligned, C % (16 / itemsize) == 0), else element loads;
+* the schedule, from the number of loads per row (`choose_schedule`): short rows share a
+  block (up to 32 lanes per row, warp shuffles); longer rows get a block each, sized for about
+  `TARGET_LOADS` loads per thread, with the row cached in registers while it fits in
+  `MAX_CACHED_ELEMS` elements per thread; longer rows still stream (softmax and the norms
+  then read x twice).
+
+Rows are launched in chunks that keep every element index below 2**31 (the kernels index
+with int32).
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+from tessera.errors import UnsupportedError
+from tessera.ir import dtypes
+from tessera.kernels.reduce import make_row_reduce, make_softmax
+from tessera.kernels.reduce_norm import make_layernorm, make_rmsnorm
+from tessera.kernels.reduce_schedule import REDUCTIONS, VECTOR_BYTES, WARP, RowSchedule
+
+if TYPE_CHECKING:
+    import torch
+
+# Loads each thread issues per step: enough bytes in flight per SM to cover DRAM latency
+# (4 x 16 B vector loads), more for element loads, which move 2 or 4 bytes each.
+TARGET_LOADS = {True: 4, False: 8}
+# A cached row keeps this many float32 values per thread in registers at most (beyond, the
+# register file limits occupancy more than the second read of x costs).
+MAX_CACHED_ELEMS = 32
+SHORT_ROW_THREADS = 128  # block size of the several-rows-per-block schedule
+STREAM_THREADS = 512
+MAX_THREADS = 1024
+INT32_LIMIT = 2**31 - 1
+_TS_DTYPES = {"torch.float16": dtypes.float16, "torch.bfloat16": dtypes.bfloat16, "torch.float32": dtypes.float32}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def choose_schedule(C: int, itemsize: int, vector: bool, cached: bool = True) -> RowSchedule:
+    """The schedule for rows of C elements of `itemsize` bytes.
+
+    `vector`: rows are 16-byte aligned (16-byte loads).  `cached`: the op benefits from
+    keeping the row in registers (softmax and the norms); plain reductions pass False.
+    """
+    vec = VECTOR_BYTES // itemsize if vector else 1
+    loads = -(-C // vec)
+    target = TARGET_LOADS[vector]
+    if loads <= WARP * target:  # short rows: several rows per block, at most a warp per row
+        lanes = min(WARP, _next_pow2(-(-loads // target)))
+        return RowSchedule(SHORT_ROW_THREADS, lanes, vec, -(-loads // lanes), cached)
+    threads = min(MAX_THREADS, _next_pow2(-(-loads // target)))
+    per_thread = -(-loads // threads)
+    if cached and per_thread * vec <= MAX_CACHED_ELEMS:
+        return RowSchedule(threads, threads, vec, per_thread, True)
+    threads = min(threads, STREAM_THREADS)
+    return RowSchedule(threads, threads, vec, min(per_thread, target), False)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _ts_dtype(x: torch.Tensor) -> dtypes.DataType:
+    t = _TS_DTYPES.get(str(x.dtype))
+    if t is None:
+        raise UnsupportedError(f"row kernels take float16, bfloat16 or float32 tensors, not {x.dtype}")
+    return t
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    if not x.is_cuda:
+        raise UnsupportedError("row kernels run on CUDA tensors; move x to the GPU first")
+    if x.dim() == 0:
+        raise ValueError("row kernels reduce over the last axis; x has no axes")
+    return x.contiguous().view(prod(x.shape[:-1]), x.shape[-1])
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    return all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
+
+
+def _param(p: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
+    if p.shape != (x.shape[-1],):
+        raise ValueError(f"{name} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
+    return p.to(device=x.device, dtype=x.dtype).contiguous()
+
+
+def _launch(kernel: Any, x2: torch.Tensor, y2: torch.Tensor, params: tuple, scalars: tuple) -> None:
+    """kernel(x rows, *params, y rows, *scalars) over row chunks of fewer than 2**31 elements."""
+    R, C = x2.shape
+    chunk = max(1, INT32_LIMIT // max(C, 1))
+    for r0 in range(0, R, chunk):
+        kernel(x2[r0 : r0 + chunk], *params, y2[r0 : r0 + chunk], *scalars)
+
+
+def _vector_ok(x2: torch.Tensor, *others: torch.Tensor) -> bool:
+    vec = VECTOR_BYTES // x2.element_size()
+    return x2.shape[1] % vec == 0 and _aligned(x2, *others)
+
+
+def row_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
+    """op(x) over the last axis for op in sum, mean, max, min; float32 accumulation, x's dtype out."""
+    torch = _torch()
+    if op not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {op!r}; choose one of {REDUCTIONS}")
+    sdt = _ts_dtype(x)
+    x2 = _rows(x)
+    R, C = x2.shape
+    if R == 0 or C == 0:  # empty rows follow torch (sum 0, mean nan, max/min raise)
+        fn = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax, "min": torch.amin}[op]
+        return fn(x, dim=-1)
+    y = torch.empty(R, device=x.device, dtype=x.dtype)
+    vector = _vector_ok(x2)
+    kernel = make_row_reduce(op, sdt, choose_schedule(C, x2.element_size(), vector, cached=False))
+    _launch(kernel, x2, y, (), ())
+    return y.view(x.shape[:-1])
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x) over the last axis, computed in float32, x's dtype out."""
+    torch = _torch()
+    sdt = _ts_dtype(x)
+    x2 = _rows(x)
+    R, C = x2.shape
+    y = torch.empty_like(x2)
+    if R and C:
+        vector = _vector_ok(x2, y)
+        _launch(make_softmax(sdt, choose_schedule(C, x2.element_size(), vector)), x2, y, (), ())
+    return y.view(x.shape)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
+    torch = _torch()
+    sdt = _ts_dtype(x)
+    x2 = _rows(x)
+    R, C = x2.shape
+    w, b = _param(weight, x, "weight"), _param(bias, x, "bias")
+    y = torch.empty_like(x2)
+    if R and C:
+        vector = _vector_ok(x2, y, w, b)
+        kernel = make_layernorm(sdt, choose_schedule(C, x2.element_size(), vector))
+        _launch(kernel, x2, y, (w, b), (float(eps),))
+    return y.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    torch = _torch()
+    sdt = _ts_dtype(x)
+    x2 = _rows(x)
+    R, C = x2.shape
+    w = _param(weight, x, "weight")
+    y = torch.empty_like(x2)
+    if R and C:
+        vector = _vector_ok(x2, y, w)
+        kernel = make_rmsnorm(sdt, choose_schedule(C, x2.element_size(), vector))
+        _launch(kernel, x2, y, (w,), (float(eps),))
+    return y.view(x.shape)
