@@ -216,6 +216,8 @@ def test_cuda_schedules_are_chosen():
     kinds = {k.schedule for k in g.kernels}
     assert {"cuda-elementwise256", "cuda-warp256", "cuda-thread128", "cuda-block256", "cuda-block1024"} <= kinds
     assert "__shfl_xor_sync" in g.source and "__syncthreads" in g.source
+    # A shuffle must never sit inside a conditional expression (it would run on some lanes only).
+    assert not [line for line in g.source.splitlines() if "__shfl" in line and "?" in line]
 
 
 @needs_nvcc

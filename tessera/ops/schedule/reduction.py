@@ -7,7 +7,6 @@ here also need prod).
 
 from __future__ import annotations
 
-from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.compute import ReduceCompute
@@ -49,7 +48,10 @@ def warp_allreduce(acc: E.Var, op: str, width: int = WARP) -> list[S.Stmt]:
     out: list[S.Stmt] = []
     offset = width // 2
     while offset:
-        other = E.Call("shfl_xor", (acc, i32(offset)), acc.dtype)
+        # Shuffle into a variable first: an integer max/min prints as `a > b ? a : b`, which
+        # would evaluate the shuffle twice, once under a divergent branch (undefined result).
+        other = E.Var(f"{acc.name}_from{offset}", acc.dtype)
+        out.append(S.DeclareVar(other, E.Call("shfl_xor", (acc, i32(offset)), acc.dtype)))
         out.append(S.Assign(acc, combine(op, acc, other)))
         offset //= 2
     return out
@@ -74,8 +76,3 @@ def block_allreduce(acc: E.Var, op: str, threads: int, name: str) -> list[S.Stmt
         out.append(S.Assign(acc, combine(op, acc, E.Load(partials, (i32(w),)))))
     out.append(S.Barrier())  # the next reduction may reuse shared memory
     return out
-
-
-def accumulator_type(t: DataType) -> DataType:
-    """A reduction's accumulator for values of type t on CUDA shuffles (no bool shuffles)."""
-    return dtypes.int32 if t.is_bool else t
