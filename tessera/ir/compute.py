@@ -165,8 +165,8 @@ class TensorElement(E.Expr):
 
 # ---- construction helpers ---------------------------------------------------------------------------------------
 def fresh_name(prefix: str) -> str:
-    """A unique node name: prefix and a process-wide counter."""
-    return f"{prefix}{next(_ids)}"
+    """A unique node name: prefix, '.', a process-wide counter (kernels drop the '.n' part)."""
+    return f"{prefix}.{next(_ids)}"
 
 
 def axis_vars(prefix: str, n: int) -> tuple[E.Var, ...]:

@@ -21,8 +21,8 @@ from tessera.ops.schedule.loops import i32
 
 
 def base_name(name: str) -> str:
-    """A node name without its uniquifying number ("add17" -> "add"): stable generated code."""
-    return re.sub(r"\d+$", "", name) or "t"
+    """A node name without the counter `fresh_name` adds ("add.17" -> "add"): stable generated code."""
+    return re.sub(r"\.\d+$", "", name) or "t"
 
 
 class Buffers:
@@ -116,4 +116,11 @@ def scalar_params(body: S.Stmt, buffers: Buffers, launch_exprs: list[E.Expr]) ->
             raise ArgumentError(f"variable '{v.name}' ({v.type}) is used by a compute definition but is not an "
                                 "int32 shape symbol; shape symbols must be int32 Vars")  # fmt: skip
     symbols.sort(key=lambda v: v.name)
+    # The runtime binds parameters by name: rename this kernel's own parameters away from the
+    # shape symbols (which belong to the caller and keep their names).
+    taken = {v.name for v in symbols}
+    for v in [*buffers.params.values(), *(d for d, _ in buffers.dim_params)]:
+        if v.name in taken:
+            v.name = buffers.unique(v.name + "_")
+        taken.add(v.name)
     return [(v, v) for v in symbols] + list(buffers.dim_params)
