@@ -126,3 +126,46 @@ def test_rotary(rng):
     np.testing.assert_array_equal(rh, rot)
     assert rel(yv, xv.astype(np.float64) * cv + rot * sv.astype(np.float64)) < 1e-6
     assert len(ops.generate([y], [x, cos, sin]).kernels) == 1
+
+
+def _attention_ref(q, k, v, mask=None, causal=False):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = np.where(np.arange(lk)[None, :] - np.arange(lq)[:, None] <= lk - lq, s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def test_attention(rng):
+    q = ops.placeholder((2, 3, 5, 8), "float32", "q")
+    k = ops.placeholder((2, 3, 7, 8), "float32", "k")
+    v = ops.placeholder((2, 3, 7, 4), "float32", "v")
+    m = ops.placeholder((2, 1, 1, 7), "bool", "m")
+    outs = [ops.attention(q, k, v), ops.attention(q, k, v, causal=True), ops.attention(q, k, v, mask=m)]
+    qv, kv, vv = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4)))
+    mv = rng.random((2, 1, 1, 7)) > 0.3
+    mv[..., 0] = True
+    res = ops.build(outs, [q, k, v, m])(qv, kv, vv, mv)
+    q64, k64, v64 = (a.astype(np.float64) for a in (qv, kv, vv))
+    for out, ref in zip(res, [_attention_ref(q64, k64, v64), _attention_ref(q64, k64, v64, causal=True),
+                              _attention_ref(q64, k64, v64, mask=mv)]):  # fmt: skip
+        assert rel(out, ref) < 1e-6
+
+
+def test_creation_ops(rng):
+    n = ops.placeholder((4, 6), "float32", "n")
+    outs = [ops.full((2, 3), 2.5), ops.arange(5), ops.arange(4, "float32", 1.0, 0.5), ops.tril(n), ops.triu(n, 1),
+            ops.causal_mask(3, 5), ops.add(n, ops.arange(6, "float32"))]  # fmt: skip
+    nv = rng.standard_normal((4, 6)).astype(np.float32)
+    res = ops.build(outs, [n])(nv)
+    np.testing.assert_array_equal(res[0], np.full((2, 3), 2.5, np.float32))
+    np.testing.assert_array_equal(res[1], np.arange(5))
+    assert res[1].dtype == np.int64
+    np.testing.assert_array_equal(res[2], np.arange(1.0, 3.0, 0.5, dtype=np.float32))
+    np.testing.assert_array_equal(res[3], np.tril(nv))
+    np.testing.assert_array_equal(res[4], np.triu(nv, 1))
+    np.testing.assert_array_equal(res[5], np.where(np.arange(5)[None] - np.arange(3)[:, None] <= 2, 0, -np.inf))
+    np.testing.assert_array_equal(res[6], nv + np.arange(6, dtype=np.float32))

@@ -198,3 +198,15 @@ def test_multiple_outputs_share_statistics(rng):
     yv, mv = f(xv)
     check(mv, xv.astype(np.float64).mean(1, keepdims=True), "float32")
     check(yv, xv - xv.astype(np.float64).mean(1, keepdims=True), "float32")
+
+
+def test_var_std_logsumexp(rng):
+    x = ops.placeholder((5, 12, 3), "float32", "x")
+    outs = [ops.var(x, 1), ops.std(x, (0, 2), 0, keepdims=True), ops.logsumexp(x, 1), ops.logsumexp(x, -1, keepdims=True)]
+    xv = (rng.standard_normal((5, 12, 3)) * 2 + 5).astype(np.float32)
+    x64 = xv.astype(np.float64)
+    res = ops.build(outs, [x])(xv)
+    lse = np.log(np.exp(x64).sum(1))
+    for out, ref in zip(res, [x64.var(1, ddof=1), x64.std((0, 2), ddof=0, keepdims=True), lse,
+                              np.log(np.exp(x64).sum(-1, keepdims=True))]):  # fmt: skip
+        check(out, ref, "float32", 2)

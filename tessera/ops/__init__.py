@@ -28,6 +28,7 @@ from tessera.ir.compute import (
     reduce,
 )
 from tessera.ops.compiled import CompiledOp, Generated, build, generate
+from tessera.ops.creation import arange, causal_mask, full, tril, triu
 from tessera.ops.elementwise import (
     abs,
     add,
@@ -80,9 +81,29 @@ from tessera.ops.elementwise import (
     where,
 )
 from tessera.ops.linalg import bmm, linear, matmul
-from tessera.ops.nn import adaptive_avg_pool2d, apply_rotary, avg_pool2d, conv2d, max_pool2d, rotate_half
+from tessera.ops.nn import (
+    adaptive_avg_pool2d,
+    apply_rotary,
+    attention,
+    avg_pool2d,
+    conv2d,
+    max_pool2d,
+    rotate_half,
+)
 from tessera.ops.norm import batch_norm, layer_norm, rms_norm
-from tessera.ops.reductions import log_softmax, max, mean, min, prod, reduce_axes, softmax, sum
+from tessera.ops.reductions import (
+    log_softmax,
+    logsumexp,
+    max,
+    mean,
+    min,
+    prod,
+    reduce_axes,
+    softmax,
+    std,
+    sum,
+    var,
+)
 from tessera.ops.transform import (
     broadcast_to,
     chunk,
@@ -112,10 +133,11 @@ __all__ = [
     "logical_not", "logical_or", "logical_xor", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "reciprocal",
     "relu", "remainder", "round", "rsqrt", "sigmoid", "sign", "silu", "sin", "softplus", "sqrt", "square", "sub",
     "tanh", "where",
+    "arange", "causal_mask", "full", "tril", "triu",
     "bmm", "linear", "matmul",
-    "adaptive_avg_pool2d", "apply_rotary", "avg_pool2d", "conv2d", "max_pool2d", "rotate_half",
+    "adaptive_avg_pool2d", "apply_rotary", "attention", "avg_pool2d", "conv2d", "max_pool2d", "rotate_half",
     "batch_norm", "layer_norm", "rms_norm",
-    "log_softmax", "max", "mean", "min", "prod", "reduce_axes", "softmax", "sum",
+    "log_softmax", "logsumexp", "max", "mean", "min", "prod", "reduce_axes", "softmax", "std", "sum", "var",
     "broadcast_to", "chunk", "concat", "embedding", "expand", "flatten", "gather", "index_select", "narrow", "pad",
     "permute", "reshape", "slice", "split", "squeeze", "take", "transpose", "unsqueeze",
 ]  # fmt: skip

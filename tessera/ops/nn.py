@@ -14,8 +14,11 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, TensorNode, compute, fresh_name, reduce
 from tessera.ops.common import check_float, check_tensor, compute_type, dim_str, promote_types, same_dim, static
-from tessera.ops.elementwise import add, mul, neg
-from tessera.ops.transform import concat, slice
+from tessera.ops.creation import causal_mask
+from tessera.ops.elementwise import add, mul, neg, where
+from tessera.ops.linalg import matmul
+from tessera.ops.reductions import softmax
+from tessera.ops.transform import concat, slice, transpose
 
 
 def _pair(v: int | Sequence[int], what: str, op: str) -> tuple[int, int]:
@@ -213,3 +216,31 @@ def apply_rotary(x: TensorNode, cos: TensorNode, sin: TensorNode) -> Compute:
         if not same_dim(t.shape[-1], x.shape[-1]):
             raise ArgumentError(f"apply_rotary: {what} has last dimension {t.shape[-1]}, x has {x.shape[-1]}")
     return add(mul(x, cos), mul(rotate_half(x), sin))
+
+
+# ---- attention ----------------------------------------------------------------------------------------------------------
+def attention(q: TensorNode, k: TensorNode, v: TensorNode, mask: TensorNode | None = None, causal: bool = False,
+              scale: float | None = None) -> TensorNode:  # fmt: skip
+    """softmax(q @ k^T * scale + mask) @ v over [..., L, D] operands (torch's scaled_dot_product_attention).
+
+    `mask` is additive (0 / -inf, broadcast against the scores) or bool (True keeps); `causal`
+    adds the bottom-right aligned causal mask.  A plain composition of matmul and softmax: a
+    fused attention template replaces it for speed.
+    """
+    for t, what in ((q, "q"), (k, "k"), (v, "v")):
+        check_tensor(t, "attention", what)
+        check_float(t, "attention")
+        if t.rank < 2:
+            raise ArgumentError(f"attention: {what} must be [..., L, D], got shape {dim_str(t.shape)}")
+    d = static(q.shape[-1])
+    if scale is None:
+        if d is None:
+            raise UnsupportedError("attention: give `scale` when the head dimension is symbolic")
+        scale = d**-0.5
+    scores = mul(matmul(q, transpose(k)), scale)
+    if causal:
+        scores = add(scores, causal_mask(q.shape[-2], k.shape[-2], scores.dtype))
+    if mask is not None:
+        check_tensor(mask, "attention", "mask")
+        scores = where(mask, scores, float("-inf")) if mask.dtype.is_bool else add(scores, mask)
+    return matmul(softmax(scores, -1), v)

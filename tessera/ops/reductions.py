@@ -15,7 +15,7 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, ReduceCompute, TensorNode, compute, fresh_name, reduce
 from tessera.ir.dtypes import DataType
-from tessera.ops.common import check_float, check_tensor, compute_type, normalize_axes, normalize_axis
+from tessera.ops.common import check_float, check_tensor, compute_type, mul_dims, normalize_axes, normalize_axis
 
 
 def split_index(rank: int, axes: Sequence[int], kept: Sequence[E.Expr], reduced: Sequence[E.Expr]) -> tuple[E.Expr, ...]:
@@ -125,3 +125,48 @@ def log_softmax(x: TensorNode, axis: int = -1) -> Compute:
         return E.Cast(x[i], ct) - m[kept] - E.Call("log", (s[kept],), ct)
 
     return compute(x.shape, fn, fresh_name("log_softmax"), x.dtype)
+
+
+def var(x: TensorNode, axes: int | Sequence[int] | None = None, correction: int = 1, keepdims: bool = False) -> TensorNode:
+    """Variance over `axes`, sum((x - mean)^2) / (n - correction) (torch's default correction=1)."""
+    check_tensor(x, "var")
+    check_float(x, "var")
+    ax = normalize_axes(axes, x.rank, "var")
+    ct = compute_type(x.dtype)
+    kept = [d for k, d in enumerate(x.shape) if k not in ax]
+    extents = [x.shape[k] for k in ax]
+    mu = reduce(kept, extents, lambda o, r: E.Cast(x[split_index(x.rank, ax, o, r)], ct), "mean", fresh_name("var_mean"), ct, ct)
+
+    def dev(o, r) -> E.Expr:
+        d = E.Cast(x[split_index(x.rank, ax, o, r)], ct) - mu[tuple(o)]
+        return d * d
+
+    ss = reduce(kept, extents, dev, "sum", fresh_name("var_ss"), ct, ct)
+    n = E.Cast(mul_dims(extents), ct)
+
+    def fn(*i: E.Var) -> E.Expr:
+        o = tuple(v for k, v in enumerate(i) if k not in ax) if keepdims else i
+        return E.Binary("/", ss[o], n - E.Const(correction, ct))
+
+    shape = [E.Const(1, dtypes.int32) if k in ax else d for k, d in enumerate(x.shape)] if keepdims else kept
+    return compute(shape, fn, fresh_name("var"), x.dtype)
+
+
+def std(x: TensorNode, axes: int | Sequence[int] | None = None, correction: int = 1, keepdims: bool = False) -> TensorNode:
+    """Standard deviation: sqrt(var)."""
+    v = var(x, axes, correction, keepdims)
+    return compute(v.shape, lambda *i: E.Call("sqrt", (E.Cast(v[i], compute_type(x.dtype)),), compute_type(x.dtype)),
+                   fresh_name("std"), x.dtype)  # fmt: skip
+
+
+def logsumexp(x: TensorNode, axis: int = -1, keepdims: bool = False) -> TensorNode:
+    """log(sum(exp(x))) along `axis`, computed stably as max + log(sum(exp(x - max)))."""
+    m, s, ct = _row_stats(x, axis, "logsumexp")
+    a = normalize_axis(axis, x.rank, "logsumexp")
+    shape = [E.Const(1, dtypes.int32) if k == a else d for k, d in enumerate(x.shape)] if keepdims else m.shape
+
+    def fn(*i: E.Var) -> E.Expr:
+        o = tuple(v for k, v in enumerate(i) if k != a) if keepdims else i
+        return m[o] + E.Call("log", (s[o],), ct)
+
+    return compute(shape, fn, fresh_name("logsumexp"), x.dtype)
