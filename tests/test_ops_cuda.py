@@ -170,3 +170,19 @@ def test_gelu_matches_math(torch):
     xv = torch.linspace(-8, 8, 1000, device="cuda")
     ref = torch.tensor([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in xv.double().tolist()], dtype=torch.float64)
     check(f(xv).cpu(), ref, "float32")
+
+
+def test_attention_and_creation(torch):
+    s = Var("s", dtypes.int32)
+    q = ops.placeholder((1, 4, s, 32), "float16", "q")
+    k = ops.placeholder((1, 4, s, 32), "float16", "k")
+    v = ops.placeholder((1, 4, s, 32), "float16", "v")
+    pos = ops.arange(s, "float32")
+    f = ops.build([ops.attention(q, k, v, causal=True), ops.var(ops.cast(q, "float32"), -1), pos], [q, k, v], "cuda")
+    for seq in (1, 45):
+        qv, kv, vv = (rand(torch, (1, 4, seq, 32), "float16") for _ in range(3))
+        att, var, p = f(qv, kv, vv)
+        ref = torch.nn.functional.scaled_dot_product_attention(qv.double(), kv.double(), vv.double(), is_causal=True)
+        check(att, ref, "float16", 4)
+        check(var, qv.double().var(-1), "float32", 100)
+        assert torch.equal(p, torch.arange(seq, device="cuda", dtype=torch.float32))
