@@ -1,7 +1,8 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
 Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile) and
-reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis) against
+reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
+functions of tessera.kernels.reduce_ops, output allocation included) against
 torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
 of the device copy bandwidth measured in the same run.
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Timer, copy_bandwidth_gbs, rel_err, write_results  # noqa: E402
 
 import tessera as ts  # noqa: E402
-from tessera.kernels import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax  # noqa: E402
+from tessera.kernels import reduce_ops  # noqa: E402
 
 _DT = {"fp16": (torch.float16, ts.f16), "bf16": (torch.bfloat16, ts.bf16), "fp32": (torch.float32, ts.f32)}
 EPS = 1e-5
@@ -39,6 +40,24 @@ def _torch_op(op: str):
     return lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
 
 
+def _tessera_op(op: str):
+    """The dispatch function (tessera.kernels.reduce_ops): output allocation and kernel choice included."""
+    if op in ("sum", "max", "mean", "min"):
+        return lambda x: reduce_ops.row_reduce(x, op)
+    if op == "softmax":
+        return reduce_ops.softmax
+    if op == "layernorm":
+        return lambda x, w, b: reduce_ops.layer_norm(x, w, b, EPS)
+    return lambda x, w: reduce_ops.rms_norm(x, w, EPS)
+
+
+def _schedule(op: str, x: torch.Tensor) -> str:
+    """The schedule the dispatcher picks for x (16-byte aligned when C allows it)."""
+    vector = x.shape[-1] % (16 // x.element_size()) == 0 and x.data_ptr() % 16 == 0
+    cached = op in ("softmax", "layernorm", "rmsnorm")
+    return str(reduce_ops.choose_schedule(x.shape[-1], x.element_size(), vector, cached))
+
+
 def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
     rows = []
     # >= 64 MB cases for the bandwidth target, plus L2-sized ones (flushed between repeats).
@@ -46,35 +65,27 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
              ((4096, 4096), "fp16"), ((2048, 768), "fp16")]  # fmt: skip
     ops = ["sum", "max", "mean", "softmax", "layernorm", "rmsnorm"]
     for (R, C), dname in cases:
-        if True:
-            tdt, sdt = _DT[dname]
-            x = torch.randn(R, C, device="cuda", dtype=tdt)
-            w = torch.randn(C, device="cuda", dtype=tdt)
-            b = torch.randn(C, device="cuda", dtype=tdt)
-            for op in ops:
-                if op in ("sum", "max", "mean"):
-                    kern, args, y = make_row_reduce(op, sdt), (x,), torch.empty(R, device="cuda", dtype=tdt)
-                    out_bytes = R * x.element_size()
-                else:
-                    make = {"softmax": make_softmax, "layernorm": make_layernorm, "rmsnorm": make_rmsnorm}[op]
-                    kern, args, y = make(sdt), {"softmax": (x,), "layernorm": (x, w, b), "rmsnorm": (x, w)}[op], torch.empty_like(x)
-                    out_bytes = x.numel() * x.element_size()
-                kargs = (*args, y) + ((EPS,) if op in ("layernorm", "rmsnorm") else ())
-                eager = _torch_op(op)
-                compiled = torch.compile(eager)
-                y.fill_(float("nan"))
-                kern(*kargs)
-                ref = eager(*[a.double() for a in args])
-                err = rel_err(y, ref)
-                peers = {"torch.eager": timer(eager, *args), "torch.compile:default": timer(compiled, *args)}
-                t_us = timer(kern, *kargs)
-                nbytes = x.numel() * x.element_size() + out_bytes
-                gbs = nbytes / (t_us * 1e-6) / 1e9
-                row = {"case": f"op={op},R={R},C={C},{dname}", "tessera_us": t_us, "peers_us": peers, "rel_err": err,
-                       "mbytes": nbytes / 1e6, "gbs": gbs, "frac_copy_bw": gbs / copy_gbs}  # fmt: skip
-                rows.append(row)
-                print(f"{row['case']:<36} tessera {t_us:8.1f} us  eager {peers['torch.eager']:8.1f}  "
-                      f"compile {peers['torch.compile:default']:8.1f}  {gbs:7.0f} GB/s ({gbs / copy_gbs:.0%})  err {err:.1e}", flush=True)  # fmt: skip
+        tdt, _ = _DT[dname]
+        x = torch.randn(R, C, device="cuda", dtype=tdt)
+        w = torch.randn(C, device="cuda", dtype=tdt)
+        b = torch.randn(C, device="cuda", dtype=tdt)
+        for op in ops:
+            args = {"layernorm": (x, w, b), "rmsnorm": (x, w)}.get(op, (x,))
+            out_bytes = (R if op in ("sum", "max", "mean") else x.numel()) * x.element_size()
+            ours, eager = _tessera_op(op), _torch_op(op)
+            compiled = torch.compile(eager)
+            err = rel_err(ours(*args), eager(*[a.double() for a in args]))
+            peers = {"torch.eager": timer(eager, *args), "torch.compile:default": timer(compiled, *args)}
+            t_us = timer(ours, *args)
+            nbytes = x.numel() * x.element_size() + out_bytes
+            gbs = nbytes / (t_us * 1e-6) / 1e9
+            row = {"case": f"op={op},R={R},C={C},{dname}", "tessera_us": t_us, "peers_us": peers, "rel_err": err,
+                   "mbytes": nbytes / 1e6, "gbs": gbs, "frac_copy_bw": gbs / copy_gbs,
+                   "vs_eager": peers["torch.eager"] / t_us, "schedule": _schedule(op, x)}  # fmt: skip
+            rows.append(row)
+            print(f"{row['case']:<36} tessera {t_us:8.1f} us  eager {peers['torch.eager']:8.1f}  "
+                  f"compile {peers['torch.compile:default']:8.1f}  {gbs:7.0f} GB/s ({gbs / copy_gbs:.0%})  "
+                  f"err {err:.1e}  {row['schedule']}", flush=True)  # fmt: skip
     return rows
 
 
@@ -100,7 +111,7 @@ def main() -> None:
     rows = reduce_suite(timer, copy_gbs)
     for r in rows:
         r["copy_gbs"] = copy_gbs
-    write_results(args.suite, rows, outdirs, ["gbs", "frac_copy_bw"])
+    write_results(args.suite, rows, outdirs, ["gbs", "frac_copy_bw", "vs_eager", "schedule"])
 
 
 if __name__ == "__main__":

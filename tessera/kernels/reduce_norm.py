@@ -197,7 +197,6 @@ def _make_rmsnorm_cached(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
         active = row < R
         loads = C // VEC
         v = ts.register_tensor(T, [PT, VEC])
-        wv = ts.register_tensor(T, [PT, VEC])
         for k in ts.unroll(PT):
             i = lane + k * LANES
             if active and i < loads:
@@ -218,6 +217,7 @@ def _make_rmsnorm_cached(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
         for d in OFFSETS:
             sq = sq + ts.shfl_xor(sq, ts.cast(d, i32))
         rstd = ts.rsqrt(sq / ts.cast(C, f32) + eps)
+        wv = ts.register_tensor(T, [PT, VEC])
         o = ts.register_tensor(T, [PT, VEC])
         for k in ts.unroll(PT):  # the weight is read only now (see layernorm_cached)
             i = lane + k * LANES
