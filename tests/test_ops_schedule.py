@@ -241,3 +241,14 @@ def test_generated_source_is_deterministic_and_names_do_not_clash(rng):
     xv = rng.standard_normal((5, 12)).astype(np.float32)
     e = np.exp(xv - xv.max(1, keepdims=True))
     np.testing.assert_allclose(f(xv), e / e.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_build_many_uses_one_compiler_run(rng, cache_dir):
+    x = ops.placeholder((3, 8), "float32", "x")
+    y = ops.placeholder((8,), "float32", "y")
+    f1, f2 = ops.build_many([([ops.softmax(x)], [x]), (ops.add(x, y), [x, y])])
+    assert len(list(cache_dir.rglob("*.so"))) == 1
+    xv, yv = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    e = np.exp(xv - xv.max(1, keepdims=True))
+    np.testing.assert_allclose(f1(xv), e / e.sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(f2(xv, yv), xv + yv)

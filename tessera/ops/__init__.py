@@ -27,7 +27,7 @@ from tessera.ir.compute import (
     placeholder,
     reduce,
 )
-from tessera.ops.compiled import CompiledOp, Generated, build, generate
+from tessera.ops.compiled import CompiledOp, Generated, build, build_many, generate
 from tessera.ops.creation import arange, causal_mask, full, tril, triu
 from tessera.ops.elementwise import (
     abs,
@@ -127,7 +127,7 @@ from tessera.ops.transform import (
 
 __all__ = [
     "Compute", "Placeholder", "ReduceCompute", "TensorElement", "TensorNode", "compute", "placeholder", "reduce",
-    "CompiledOp", "Generated", "build", "generate",
+    "CompiledOp", "Generated", "build", "build_many", "generate",
     "abs", "add", "cast", "ceil", "clamp", "cos", "div", "elementwise", "eq", "erf", "exp", "exp2", "floor",
     "floor_divide", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "leaky_relu", "log", "log2", "logical_and",
     "logical_not", "logical_or", "logical_xor", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "reciprocal",

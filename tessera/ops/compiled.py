@@ -34,7 +34,33 @@ class Generated:
     def __init__(self, inputs: list[Placeholder], outputs: list[TensorNode], kernels: list[KernelSpec], target: str):
         self.inputs, self.outputs, self.kernels, self.target = inputs, outputs, kernels, target
         self.lowered = [lower(k.func) for k in kernels]
-        self.source = (generate_c if target == "cpu" else generate_cuda)(self.lowered)
+        self._source: str | None = None
+
+    @property
+    def source(self) -> str:
+        if self._source is None:
+            self._source = _generate_source(self.lowered, self.target)
+        return self._source
+
+
+def _generate_source(funcs: list, target: str) -> str:
+    return (generate_c if target == "cpu" else generate_cuda)(funcs)
+
+
+def _compile(source: str, target: str, arch: str | None) -> Path:
+    if target == "cpu":
+        return Path(build_c(source))
+    return Path(build_cuda(source, arch or detect_cuda_arch()))
+
+
+def _load(gen: Generated, path: Path) -> list[Any]:
+    if gen.target == "cpu":
+        from tessera.runtime.cpu import CpuKernel
+
+        return [CpuKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
+    from tessera.runtime.cuda import CudaKernel
+
+    return [CudaKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
 
 
 def _check_graph(outputs: list[TensorNode], inputs: list[Placeholder]) -> list[TensorNode]:
@@ -86,17 +112,21 @@ def build(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placehold
           name: str = "op", arch: str | None = None) -> CompiledOp:  # fmt: skip
     """Compile the computation of `outputs` from `inputs` for `target` ("cpu" or "cuda")."""
     gen = generate(outputs, inputs, target, name)
-    if target == "cpu":
-        from tessera.runtime.cpu import CpuKernel
+    return CompiledOp(gen, _load(gen, _compile(gen.source, target, arch)))
 
-        path = Path(build_c(gen.source))
-        loaded = [CpuKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
-    else:
-        from tessera.runtime.cuda import CudaKernel
 
-        path = Path(build_cuda(gen.source, arch or detect_cuda_arch()))
-        loaded = [CudaKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
-    return CompiledOp(gen, loaded)
+def build_many(graphs: Sequence[tuple[TensorNode | Sequence[TensorNode], Sequence[Placeholder]]], target: str = "cpu",
+               name: str = "op", arch: str | None = None) -> list[CompiledOp]:  # fmt: skip
+    """Build several (outputs, inputs) computations with ONE compiler run (one source, one artifact).
+
+    A graph compiler should use this for all the fused groups of a model: nvcc's start-up cost
+    is then paid once, not per group.
+    """
+    gens = [generate(outs, ins, target, f"{name}{k}") for k, (outs, ins) in enumerate(graphs)]
+    if not gens:
+        return []
+    path = _compile(_generate_source([f for g in gens for f in g.lowered], target), target, arch)
+    return [CompiledOp(g, _load(g, path)) for g in gens]
 
 
 _TORCH_NAMES = {"bool": "bool"}
