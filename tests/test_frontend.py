@@ -578,3 +578,20 @@ def test_cuda_kernel_parses_with_attrs():
 
     assert len(k.ir.launch.grid) == 1 and len(k.ir.launch.block) == 1
     assert "threadIdx.x" in str(k.ir)
+
+
+def test_integer_warp_max_shuffles_once_per_step():
+    """Integer max compiles to `a > b ? a : b`; the shuffle must not sit inside it (divergent shuffle)."""
+    import re
+
+    @ts.kernel(target="cuda")
+    def imax(x: ts.int32[32], y: ts.int32[1]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 32
+        m = ts.warp_reduce(x[ts.thread_idx.x], "max")
+        if ts.thread_idx.x == 0:
+            y[0] = m
+
+    src = imax.source
+    assert src.count("__shfl_xor_sync") == 5
+    assert not re.search(r"\?[^;]*__shfl", src)

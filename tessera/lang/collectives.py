@@ -31,7 +31,10 @@ def warp_reduce(acc: E.Var, op: str) -> list[S.Stmt]:
     out: list[S.Stmt] = []
     offset = WARP // 2
     while offset:
-        other = E.Call("shfl_xor", (acc, E.Const(offset, dtypes.int32)), acc.dtype)
+        # The shuffle goes into its own variable: integer max/min compile to `a > b ? a : b`,
+        # which would run a shuffle twice, once under divergent control flow.
+        other = E.Var("lane_value", acc.dtype)
+        out.append(S.DeclareVar(other, E.Call("shfl_xor", (acc, E.Const(offset, dtypes.int32)), acc.dtype)))
         out.append(S.Assign(acc, combine(acc, other)))
         offset //= 2
     return out
