@@ -20,7 +20,7 @@ import tessera as ts
 from tessera import bf16, f16, f32
 from tessera.errors import UnsupportedError
 from tessera.kernels import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax, reduce_ops
-from tessera.kernels.reduce_ops import MAX_CACHED_ELEMS, choose_schedule
+from tessera.kernels.reduce_ops import MAX_CACHED_ELEMS, SOFTMAX_CACHED_ELEMS, choose_schedule, kernel_for
 from tessera.kernels.reduce_schedule import SCALAR_BLOCK, RowSchedule
 
 EPS = 1e-5
@@ -62,6 +62,11 @@ def test_short_rows_use_a_warp_or_less():
     assert (s.lanes, s.per_thread, s.cached, s.rows_per_block) == (32, 3, True, 4)
     assert choose_schedule(8192, 2, True) == RowSchedule(256, 256, 8, 4, True)
     assert not choose_schedule(1 << 20, 2, True).cached  # far beyond the registers: streaming
+    # Softmax caches at most 16 values per thread: more threads per row, or streaming.
+    assert choose_schedule(4096, 2, True, max_cached_elems=16) == RowSchedule(256, 256, 8, 2, True)
+    assert not choose_schedule(16384, 2, True, max_cached_elems=16).cached
+    assert kernel_for("softmax", "torch.float16", 4096, True) is make_softmax(f16, RowSchedule(256, 256, 8, 2, True))
+    assert kernel_for("sum", "torch.float32", 8192, True) is make_row_reduce("sum", f32, RowSchedule(512, 512, 4, 4))
 
 
 def test_schedule_problems():
@@ -157,10 +162,12 @@ def variants(op: str, C: int, dtype) -> list[RowSchedule]:
     V = 16 // dtype.nbytes
     vecs = [1, V] if C % V == 0 else [1]
     out = [choose_schedule(C, dtype.nbytes, vec > 1, cached) for vec in vecs]
+    if op == "softmax":
+        out += [choose_schedule(C, dtype.nbytes, vec > 1, True, SOFTMAX_CACHED_ELEMS) for vec in vecs]
     for vec in vecs:
         out += [RowSchedule(128, 128, vec, 2, False), RowSchedule(64, 4, vec, 2, False)]  # several steps per row
         p = -(-C // (16 * vec))
-        if cached and p * vec <= 64:
+        if cached and p <= 32 and p * vec <= 64:
             out.append(RowSchedule(64, 16, vec, p, True))  # short-row, cached
     out.append(SCALAR_BLOCK)
     return list(dict.fromkeys(out))
