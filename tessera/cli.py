@@ -1,9 +1,19 @@
-"""Command-line interface: `tessera examples` builds and runs the example kernels."""
+"""Command-line interface.
+
+    tessera examples            build and run the example kernels, checked against numpy
+    tessera demo                compile a transformer with torch.compile(backend="tessera") and run it
+    tessera run MODEL           compile an ONNX model (or a saved compiled graph) and run it
+    tessera bench [--suite S]   run a benchmark suite (bench/run.py of a source checkout)
+"""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+from pathlib import Path
+
+from tessera.errors import TesseraError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,7 +22,29 @@ def main(argv: list[str] | None = None) -> int:
     ex = sub.add_parser("examples", help="build and run the example kernels, checked against numpy")
     ex.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ex.add_argument("--tolerance", type=float, default=1e-4, help="fail if a max relative error exceeds this")
+    demo = sub.add_parser("demo", help="compile a GPT-2-style model through torch.compile and compare with torch")
+    demo.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    demo.add_argument("--model", choices=["gpt2", "llama", "resnet18", "bert"], default="gpt2")
+    run = sub.add_parser("run", help="compile an ONNX model (or a saved compiled graph) and run it")
+    run.add_argument("model", help="path to a .onnx file or a file saved by CompiledGraph.save")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    run.add_argument("--input", action="append", default=[], help="an input as .npy (repeat, in input order)")
+    run.add_argument("--dim", action="append", default=[], help="a symbolic size, name=value (default 1)")
+    run.add_argument("--repeat", type=int, default=20, help="timed calls after the warm-up")
+    run.add_argument("--int-high", type=int, default=100, help="random integer inputs are drawn from [0, this)")
+    run.add_argument("--save", help="also save the compiled graph to this file")
+    bench = sub.add_parser("bench", help="run a benchmark suite (needs a source checkout with bench/)")
+    bench.add_argument("--suite", default="models", help="models, gemm or reduce")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments for bench/run.py")
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except TesseraError as exc:
+        print(f"tessera {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "examples":
         from tessera.examples.run import run_examples
 
@@ -22,6 +54,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAILED: error above {args.tolerance} in {', '.join(bad)}", file=sys.stderr)
             return 1
         print("all examples match numpy")
+    elif args.command == "demo":
+        from tessera.examples.demo import run_demo
+
+        return 0 if run_demo(args.model, args.device) else 1
+    elif args.command == "run":
+        from tessera.run_model import run_model
+
+        run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save)
+    elif args.command == "bench":
+        script = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+        if not script.exists():
+            print(f"tessera bench: {script} not found; the benchmarks live in a source checkout (pip install -e .)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        return subprocess.call([sys.executable, str(script), "--suite", args.suite, *args.rest], cwd=script.parents[1])
     return 0
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.symbolic import numel as shape_numel
 from tessera.graph.tensor import Tensor
+
+K = TypeVar("K")
 
 
 @dataclass
@@ -36,6 +39,25 @@ class MemoryPlan:
 
 def _align(n: int, a: int) -> int:
     return -(-n // a) * a
+
+
+def place_buffers(sizes: Mapping[K, int], lifetimes: Mapping[K, tuple[int, int]]) -> tuple[dict[K, int], int]:
+    """Offsets for buffers of `sizes` (already aligned) alive over inclusive step ranges:
+    largest first, each at the lowest offset clear of every placed buffer alive at the same
+    time.  Returns the offsets and the arena size."""
+    placed: list[tuple[int, int, K]] = []
+    offsets: dict[K, int] = {}
+    for t in sorted(sizes, key=lambda t: (-sizes[t], lifetimes[t][0])):
+        lo_t, hi_t = lifetimes[t]
+        busy = sorted((o, o + s) for o, s, u in placed if not (lifetimes[u][1] < lo_t or hi_t < lifetimes[u][0]))
+        offset = 0
+        for lo, hi in busy:
+            if offset + sizes[t] <= lo:
+                break
+            offset = max(offset, hi)
+        offsets[t] = offset
+        placed.append((offset, sizes[t], t))
+    return offsets, max((o + s for o, s, _ in placed), default=0)
 
 
 def plan_memory(graph: FlowGraph, bindings: Mapping[str, int] | None = None, alignment: int = 256) -> MemoryPlan:
@@ -59,18 +81,7 @@ def plan_memory(graph: FlowGraph, bindings: Mapping[str, int] | None = None, ali
         n = n if isinstance(n, int) else n.evaluate(bindings)
         sizes[t] = _align(max(1, n * t.dtype.nbytes), alignment)
 
-    placed: list[tuple[int, int, Tensor]] = []  # (offset, size, tensor)
-    offsets: dict[Tensor, int] = {}
-    for t in sorted(start, key=lambda t: (-sizes[t], start[t])):
-        busy = sorted((o, o + s) for o, s, u in placed if not (end[u] < start[t] or end[t] < start[u]))
-        offset = 0
-        for lo, hi in busy:
-            if offset + sizes[t] <= lo:
-                break
-            offset = max(offset, hi)
-        offsets[t] = offset
-        placed.append((offset, sizes[t], t))
-    arena = max((o + s for o, s, _ in placed), default=0)
+    offsets, arena = place_buffers(sizes, {t: (start[t], end[t]) for t in start})
     live_peak = 0
     for i in range(len(steps) + 1):
         live_peak = max(live_peak, sum(s for t, s in sizes.items() if start[t] <= i <= end[t]))

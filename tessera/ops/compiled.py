@@ -9,7 +9,7 @@ shapes at every call, so one build serves every batch size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +84,25 @@ def _check_graph(outputs: list[TensorNode], inputs: list[Placeholder]) -> list[T
     names: dict[str, E.Var] = {}
     for p in inputs:
         for d in p.shape:
-            if isinstance(d, E.Var):
-                if names.setdefault(d.name, d) is not d:
-                    raise ArgumentError(f"build: two different shape symbols are both named '{d.name}'; reuse one Var per dynamic size")
-            elif not isinstance(d, E.Const):
-                raise ArgumentError(f"build: input '{p.name}' has dimension {d}; input dimensions must be ints or int32 Vars")
+            if not isinstance(d, E.Expr) or d.dtype != dtypes.int32:
+                raise ArgumentError(f"build: input '{p.name}' has dimension {d}; input dimensions must be ints or int32 expressions")
+            for v in _vars_of(d):
+                if names.setdefault(v.name, v) is not v:
+                    raise ArgumentError(f"build: two different shape symbols are both named '{v.name}'; reuse one Var per dynamic size")
     return outputs
+
+
+def _vars_of(e: E.Expr) -> list[E.Var]:
+    """The Vars of an integer shape expression (dimensions are small trees of Var, Const, Binary)."""
+    if isinstance(e, E.Var):
+        return [e]
+    if isinstance(e, E.Binary):
+        return _vars_of(e.a) + _vars_of(e.b)
+    if isinstance(e, E.Unary):
+        return _vars_of(e.a)
+    if isinstance(e, E.Cast):
+        return _vars_of(e.value)
+    return []
 
 
 def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeholder], target: str = "cpu",
@@ -99,7 +112,7 @@ def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeh
     inputs = list(inputs)
     outs = _check_graph(outs, inputs)
     kernels = schedule(outs, target, name)
-    symbols = {d for p in inputs for d in p.shape if isinstance(d, E.Var)}
+    symbols = {v for p in inputs for d in p.shape for v in _vars_of(d)}
     for k in kernels:
         for v, expr in k.scalars:
             if v is expr and v not in symbols:
@@ -112,7 +125,8 @@ def build(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placehold
           name: str = "op", arch: str | None = None) -> CompiledOp:  # fmt: skip
     """Compile the computation of `outputs` from `inputs` for `target` ("cpu" or "cuda")."""
     gen = generate(outputs, inputs, target, name)
-    return CompiledOp(gen, _load(gen, _compile(gen.source, target, arch)))
+    path = _compile(gen.source, target, arch)
+    return CompiledOp(gen, _load(gen, path), path)
 
 
 def build_many(graphs: Sequence[tuple[TensorNode | Sequence[TensorNode], Sequence[Placeholder]]], target: str = "cpu",
@@ -126,7 +140,7 @@ def build_many(graphs: Sequence[tuple[TensorNode | Sequence[TensorNode], Sequenc
     if not gens:
         return []
     path = _compile(_generate_source([f for g in gens for f in g.lowered], target), target, arch)
-    return [CompiledOp(g, _load(g, path)) for g in gens]
+    return [CompiledOp(g, _load(g, path), path) for g in gens]
 
 
 _TORCH_NAMES = {"bool": "bool"}
@@ -166,24 +180,31 @@ class CompiledOp:
     """A built op: call it on arrays (numpy or CPU torch for "cpu"; torch CUDA tensors or
     device arrays for "cuda") to get its outputs, or use `run` with preallocated outputs."""
 
-    def __init__(self, gen: Generated, loaded: list[Any]):
+    def __init__(self, gen: Generated, loaded: list[Any], artifact: Path | None = None):
+        self.artifact = artifact  # the built library or cubin in the artifact cache
         self.inputs, self.outputs, self.kernels, self.target = gen.inputs, gen.outputs, gen.kernels, gen.target
         self.source = gen.source
         self.lowered = gen.lowered
         self._loaded = loaded
-        written = {t for k in self.kernels for t in k.writes}
+        written = list(dict.fromkeys(t for k in self.kernels for t in k.writes))  # kernel order, deterministic
         self.temporaries = [t for t in written if t not in self.outputs]
 
     @property
     def num_kernels(self) -> int:
         return len(self.kernels)
 
-    def bind_symbols(self, arrays: Sequence[Any]) -> dict[E.Var, int]:
-        """Check the inputs' ranks and static sizes; return the shape symbols' values."""
+    def bind_symbols(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> dict[E.Var, int]:
+        """Check the inputs' ranks and sizes; return the shape symbols' values.
+
+        A symbol that is an input's whole dimension is bound from that input's shape; one that
+        only appears inside a dimension expression (such as 4*batch) must come in `symbols`."""
         if len(arrays) != len(self.inputs):
             names = ", ".join(p.name for p in self.inputs)
             raise ArgumentError(f"op takes {len(self.inputs)} inputs ({names}), got {len(arrays)}")
         env: dict[E.Var, int] = {}
+        if symbols:
+            env.update((v, int(symbols[v.name])) for p in self.inputs for d in p.shape for v in _vars_of(d) if v.name in symbols)
+        shapes = []
         for p, a in zip(self.inputs, arrays):
             view = as_view(a)
             if view is None:
@@ -192,14 +213,21 @@ class CompiledOp:
                 raise ArgumentError(f"input '{p.name}' has dtype {view.dtype}, expected {p.dtype}")
             if len(view.shape) != p.rank:
                 raise ArgumentError(f"input '{p.name}' has shape {view.shape}, expected rank {p.rank} ({p!r})")
-            for axis, (d, actual) in enumerate(zip(p.shape, view.shape)):
-                if isinstance(d, E.Const):
-                    expected = d.value
-                else:
-                    expected = env.setdefault(d, actual)
+            for d, actual in zip(p.shape, view.shape):
+                if isinstance(d, E.Var):
+                    env.setdefault(d, actual)
+            shapes.append((p, tuple(view.shape)))
+        for p, actual_shape in shapes:
+            for axis, (d, actual) in enumerate(zip(p.shape, actual_shape)):
+                unbound = [v.name for v in _vars_of(d) if v not in env]
+                if unbound:
+                    raise ArgumentError(f"input '{p.name}': the size symbol(s) {unbound} of dimension {axis} are bound by no "
+                                        "input's shape; pass their values in `symbols`")  # fmt: skip
+                expected = int(evaluate(d, env))
                 if actual != expected:
-                    what = f"symbol '{d.name}' = {expected} (bound by an earlier input)" if isinstance(d, E.Var) else str(expected)
-                    raise ArgumentError(f"input '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
+                    what = f"symbol '{d.name}' = {expected} (bound by an earlier input)" if isinstance(d, E.Var) else (
+                        f"{d} = {expected}" if _vars_of(d) else str(expected))
+                    raise ArgumentError(f"input '{p.name}' has shape {actual_shape}; dimension {axis} should be {what}")
         return env
 
     def shape_of(self, t: TensorNode, env: dict[E.Var, int]) -> tuple[int, ...]:
@@ -208,30 +236,45 @@ class CompiledOp:
             raise ArgumentError(f"'{t.name}' would have shape {shape} for these inputs; empty results are not supported")
         return shape
 
-    def __call__(self, *arrays: Any, stream: int | None = None) -> Any:
-        env = self.bind_symbols(arrays)
+    def __call__(self, *arrays: Any, stream: int | None = None, symbols: Mapping[str, int] | None = None) -> Any:
+        env = self.bind_symbols(arrays, symbols)
         like = arrays[0] if arrays else None
         outs = [_empty(self.shape_of(t, env), t.dtype, like, self.target) for t in self.outputs]
         self._run(arrays, outs, env, stream)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def run(self, inputs: Sequence[Any], outputs: Sequence[Any], stream: int | None = None) -> None:
-        """Compute into preallocated `outputs` (their shapes are checked by the kernels)."""
+    def run(self, inputs: Sequence[Any], outputs: Sequence[Any], stream: int | None = None,
+            symbols: Mapping[str, int] | None = None, temporaries: Sequence[Any] | None = None) -> None:  # fmt: skip
+        """Compute into preallocated `outputs` (their shapes are checked by the kernels).
+
+        `temporaries` (in the order of `self.temporaries`, shapes from `shapes_for`) lets a caller
+        that plans memory, or captures a CUDA graph, supply every buffer: nothing is allocated."""
         if len(outputs) != len(self.outputs):
             raise ArgumentError(f"op has {len(self.outputs)} outputs, got {len(outputs)} arrays")
-        env = self.bind_symbols(inputs)
+        env = self.bind_symbols(inputs, symbols)
         for t, a in zip(self.outputs, outputs):
             view = as_view(a)
             if view is None or tuple(view.shape) != self.shape_of(t, env):
                 raise ArgumentError(f"output '{t.name}' must have shape {self.shape_of(t, env)}")
-        self._run(inputs, outputs, env, stream)
+        if temporaries is not None and len(temporaries) != len(self.temporaries):
+            raise ArgumentError(f"op has {len(self.temporaries)} temporaries, got {len(temporaries)} arrays")
+        self._run(inputs, outputs, env, stream, temporaries)
 
-    def _run(self, inputs: Sequence[Any], outputs: Sequence[Any], env: dict[E.Var, int], stream: int | None) -> None:
+    def shapes_for(self, tensors: Sequence[TensorNode], inputs: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[tuple[int, ...]]:
+        """Concrete shapes of some of this op's tensors (e.g. its temporaries) for these inputs."""
+        env = self.bind_symbols(inputs, symbols)
+        return [self.shape_of(t, env) for t in tensors]
+
+    def _run(self, inputs: Sequence[Any], outputs: Sequence[Any], env: dict[E.Var, int], stream: int | None,
+             temporaries: Sequence[Any] | None = None) -> None:  # fmt: skip
         arrays: dict[TensorNode, Any] = dict(zip(self.inputs, inputs))
         arrays.update(zip(self.outputs, outputs))
         like = inputs[0] if inputs else outputs[0]
-        for t in self.temporaries:
-            arrays[t] = _empty(self.shape_of(t, env), t.dtype, like, self.target)
+        if temporaries is not None:
+            arrays.update(zip(self.temporaries, temporaries))
+        else:
+            for t in self.temporaries:
+                arrays[t] = _empty(self.shape_of(t, env), t.dtype, like, self.target)
         for spec, kernel in zip(self.kernels, self._loaded):
             args = [arrays[t] if t.rank else _vector(arrays[t]) for t in spec.tensors]
             args += [int(evaluate(expr, env)) for _, expr in spec.scalars]

@@ -39,6 +39,8 @@ from tessera.errors import TesseraError, UnsupportedError
 from tessera.frontend.torch import handlers, handlers_shape  # noqa: F401  (register the rules)
 from tessera.frontend.torch.convert import Converter, Opaque, is_tensor_meta, scalar_from_meta, target_key
 from tessera.graph import Executor, FlowGraph, Tensor
+from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
+from tessera.graph.compiler import compile_graph
 from tessera.graph.passes import optimize
 from tessera.graph.symbolic import Sym, contains_sym
 
@@ -85,7 +87,8 @@ class _Segment:
         self.outputs: list[torch.fx.Node] = []
         self.output_structure: list[Any] = []  # per output node: its value with tensors as leaf indices
         self.graph: FlowGraph | None = None
-        self.executor: Executor | None = None
+        self.executor: Executor | TesseraCompiledGraph | None = None
+        self.on_device = False  # a CUDA graph: torch tensors in and out
         self.devices: list[torch.device] = []
         self.sym_inputs: dict[str, int] = {}  # symbol name -> index of a SymInt placeholder
 
@@ -266,8 +269,14 @@ class CompiledGraph:
                 if names - bound:
                     raise UnsupportedError(f"{op.kind} depends on sizes {sorted(names - bound)} that no input carries")
         seg.graph = graph
-        seg.executor = Executor(graph, self.options.get("backends"))
         seg.devices = [torch.device(t.device) for t in outs]
+        if self.options.get("backends") is not None or self.options.get("executor") == "reference":
+            seg.executor = Executor(graph, self.options.get("backends"))
+        else:
+            target = "cuda" if any(t.device == "cuda" for t in [*graph.inputs, *outs]) else "cpu"
+            seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.get("cuda_graph", True),
+                                         tune=self.options.get("tune", False))  # fmt: skip
+            seg.on_device = target == "cuda"
         seg.sym_inputs = self._sym_placeholders()
 
     def _sym_placeholders(self) -> dict[str, int]:
@@ -314,10 +323,13 @@ class CompiledGraph:
         for n in seg.inputs:
             for v in _leaves(values[n]):
                 if isinstance(v, torch.Tensor):
-                    arrays.append(_to_numpy(v))
+                    arrays.append(v if seg.on_device else _to_numpy(v))
         symbols = {name: int(args[i]) for name, i in seg.sym_inputs.items()}
         results = seg.executor.execute(arrays, symbols)
-        tensors = [torch.from_numpy(r).to(d) for r, d in zip(results, seg.devices)]
+        if seg.on_device:
+            tensors = list(results)
+        else:
+            tensors = [torch.from_numpy(r).to(d) for r, d in zip(results, seg.devices)]
 
         def rebuild(s: Any) -> Any:
             if isinstance(s, list):

@@ -1,0 +1,90 @@
+"""Anchor operators on the GPU: which graph operators run on kernel templates
+(tessera.ops.anchors: the tuned GEMM, convolution as implicit GEMM) and how a group's
+elementwise tail becomes the template's epilogue (post-scheduling fusion)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tessera.errors import UnsupportedError
+from tessera.graph.compiler.partition import Group
+from tessera.graph.operator import Operator
+from tessera.graph.tensor import Tensor
+from tessera.ir import dtypes
+
+ANCHOR_KINDS = ("matmul", "linear", "conv2d")
+_TEMPLATE_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def is_anchor(op: Operator) -> bool:
+    """Whether a kernel template runs op (fp16/bf16 GEMMs and group-1 convolutions)."""
+    if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
+        return False
+    if any(t.dtype != op.outputs[0].dtype for t in op.inputs):
+        return False
+    if op.kind == "conv2d":
+        return op.attrs.get("groups", 1) == 1
+    return op.inputs[0].ndim >= 2 and op.inputs[1].ndim >= 2 if op.kind == "matmul" else True
+
+
+def _epilogue(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> tuple[Any, list[Tensor]]:
+    """The anchor's elementwise tail as an ops.anchors Epilogue, and the tensors it reads."""
+    if not group.epilogue:
+        return None, []
+    from tessera import ops
+    from tessera.graph.lowering import lower_operator
+    from tessera.ops.anchors import Epilogue
+
+    acc_t = group.anchor.outputs[0]
+    chain_outputs = {op.outputs[0] for op in group.epilogue}
+    extra_t = list(dict.fromkeys(t for op in group.epilogue for t in op.inputs if t is not acc_t and t not in chain_outputs))
+    out_shape = shapes[group.outputs[0]]
+    acc = ops.placeholder(out_shape, acc_t.dtype, "acc")
+    extras = [ops.placeholder(shapes[t], t.dtype, f"e{i}") for i, t in enumerate(extra_t)]
+    env: dict[Tensor, Any] = {acc_t: acc, **dict(zip(extra_t, extras))}
+    for op in group.epilogue:
+        env[op.outputs[0]] = lower_operator(op, [env[t] for t in op.inputs], {})[0]
+    return Epilogue(acc, env[group.outputs[0]], extras), extra_t
+
+
+def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False) -> Any:
+    """A callable (arrays in group.inputs order, [output]) running the anchor and its epilogue.
+
+    Raises UnsupportedError when no template takes this operator on these shapes."""
+    from tessera.ops import anchors
+
+    op = group.anchor
+    epilogue, extra_t = _epilogue(group, shapes)
+    position = {t: i for i, t in enumerate(group.inputs)}
+    operands = [position[t] for t in op.inputs]
+    extras = [position[t] for t in extra_t]
+    dtype = op.outputs[0].dtype
+    in_shapes = [shapes[t] for t in op.inputs]
+    if op.kind == "linear":
+        kernel = anchors.prepare_linear(in_shapes[0], in_shapes[1], dtype, bias=len(op.inputs) == 3,
+                                        epilogue=epilogue, tune=tune)  # fmt: skip
+    elif op.kind == "matmul":
+        kernel = anchors.prepare_matmul(in_shapes[0], in_shapes[1], dtype, b_layout="kn", epilogue=epilogue, tune=tune)
+    elif op.kind == "conv2d":
+        a = op.attrs
+        kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=tuple(a["stride"]),
+                                        padding=_pads(a["padding"]), dilation=tuple(a["dilation"]),
+                                        groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune)  # fmt: skip
+    else:
+        raise UnsupportedError(f"no kernel template for {op.kind}")
+
+    def run(arrays: Any, outputs: Any) -> None:
+        kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])
+
+    run.kernel = kernel  # type: ignore[attr-defined]
+    return run
+
+
+def _pads(padding: Any) -> tuple[int, int, int, int]:
+    p = [int(padding)] if isinstance(padding, int) else [int(v) for v in padding]
+    if len(p) == 1:
+        return (p[0],) * 4
+    if len(p) == 2:
+        return (p[0], p[1], p[0], p[1])
+    return tuple(p)  # type: ignore[return-value]

@@ -1,0 +1,301 @@
+"""CompiledGraph: a FlowGraph built into kernels, run with planned memory (and on the GPU,
+replayed as one CUDA graph).
+
+Per distinct set of symbol values (batch, sequence...) the compiled graph makes a *plan*:
+concrete shapes, one arena holding every intermediate tensor and kernel temporary (placed
+by liveness, tessera.graph.memory_plan), and the anchors prepared for those shapes.  On the
+GPU the first call of a plan runs the steps eagerly and then captures them into a CUDA
+graph; later calls copy the inputs into the plan's static input buffers, replay the graph
+and hand back copies of the static outputs (callers own what they get).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ArgumentError
+from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.memory_plan import place_buffers
+from tessera.graph.symbolic import bind_shape, evaluate
+from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.ir.dtypes import DataType
+
+log = logging.getLogger("tessera")
+
+ALIGN = 256
+MAX_PLANS = 16
+
+
+def _nbytes(shape: Sequence[int], dt: DataType) -> int:
+    return -(-max(1, int(np.prod(shape, dtype=np.int64)) * dt.nbytes) // ALIGN) * ALIGN
+
+
+class _Plan:
+    """Everything one set of symbol values needs: shapes, buffers, CUDA graph."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[Tensor, tuple[int, ...]] = {}
+        self.buffers: dict[Tensor, Any] = {}
+        self.temps: list[list[Any]] = []
+        self.arena: Any = None
+        self.arena_bytes = 0
+        self.static_inputs: list[Any] | None = None
+        self.static_outputs: list[Any] | None = None
+        self.cuda_graph: Any = None
+
+
+class CompiledGraph:
+    """A graph compiled for "cpu" (numpy in, numpy out) or "cuda" (torch CUDA tensors in and out).
+
+    Call it with the graph's inputs (positionally, by name or as one dict); it returns the list
+    of outputs.  `summary()` tells how the graph was compiled."""
+
+    def __init__(self, graph: FlowGraph, target: str, steps: list[Any], options: Mapping[str, Any]):
+        self.graph, self.target, self.steps, self.options = graph, target, steps, dict(options)
+        self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
+        if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
+            names = sorted({s.op.kind for s in steps if s.kind == "reference"})
+            log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
+            self.use_cuda_graph = False
+        self._constants: dict[Tensor, Any] = {}
+        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
+        # The index of the last step reading each tensor, for liveness.
+        self._produced_at: dict[Tensor, int] = {}
+        self._last_use: dict[Tensor, int] = {}
+        for i, s in enumerate(steps):
+            for t in s.outputs:
+                self._produced_at[t] = i
+            for t in s.inputs:
+                self._last_use[t] = i
+        for t in graph.outputs:
+            self._last_use[t] = len(steps)
+
+    # ---- calling ---------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.execute(self._collect(args, kwargs))
+
+    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[Any]:
+        """Run on the inputs in graph order; `symbols` adds sizes no input shape carries."""
+        arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
+        if len(arrays) != len(self.graph.inputs):
+            raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
+        bindings = dict(symbols or {})
+        for t, a in zip(self.graph.inputs, arrays):
+            bind_shape(bindings, t.shape, tuple(a.shape), f"input {t.name!r}")
+        key = tuple(sorted(bindings.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(bindings)
+            self._plans[key] = plan
+            if len(self._plans) > MAX_PLANS:
+                self._plans.popitem(last=False)
+            outs = self._run_eager(plan, arrays, bindings)
+            if self.use_cuda_graph:
+                self._capture(plan, arrays, bindings)
+            return outs
+        self._plans.move_to_end(key)
+        if plan.cuda_graph is not None:
+            for static, a in zip(plan.static_inputs, arrays):
+                static.copy_(a)
+            plan.cuda_graph.replay()
+            return [o.clone() for o in plan.static_outputs]
+        return self._run_eager(plan, arrays, bindings)
+
+    def _collect(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        inputs = self.graph.inputs
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            kwargs, args = args[0], ()
+        if args and kwargs:
+            raise ArgumentError("pass the inputs either positionally or by name, not both")
+        if kwargs:
+            missing = [t.name for t in inputs if t.name not in kwargs]
+            extra = set(kwargs) - {t.name for t in inputs}
+            if missing or extra:
+                raise ArgumentError(f"missing inputs {missing}, unknown inputs {sorted(extra)}")
+            args = [kwargs[t.name] for t in inputs]
+        if len(args) != len(inputs):
+            raise ArgumentError(f"graph {self.graph.name} takes {len(inputs)} inputs, got {len(args)}")
+        return list(args)
+
+    def _check_input(self, t: Tensor, a: Any) -> Any:
+        if self.target == "cpu":
+            if type(a).__module__.startswith("torch"):
+                a = a.detach().cpu().numpy()
+            a = np.ascontiguousarray(a)
+            if a.dtype != numpy_dtype(t.dtype):
+                raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
+            return a
+        import torch
+
+        if not isinstance(a, torch.Tensor):
+            a = torch.from_numpy(np.ascontiguousarray(a))
+        if a.device.type != "cuda":
+            a = a.cuda()
+        if a.dtype != _torch_dtype(t.dtype):
+            raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
+        return a.contiguous()
+
+    # ---- plans -----------------------------------------------------------------------------
+    def _shape(self, t: Tensor, bindings: Mapping[str, int]) -> tuple[int, ...]:
+        shape = tuple(evaluate(d, bindings) for d in t.shape)
+        if not all(isinstance(d, int) for d in shape):
+            raise ArgumentError(f"tensor {t.name!r} has shape {t.shape}, which these inputs do not determine")
+        return shape  # type: ignore[return-value]
+
+    def _constant(self, t: Tensor) -> Any:
+        if t not in self._constants:
+            data = np.ascontiguousarray(t.data)
+            if self.target == "cuda":
+                import torch
+
+                self._constants[t] = torch.from_numpy(data.view(np.uint16) if t.dtype.name == "bfloat16" else data).cuda()
+                if t.dtype.name == "bfloat16":
+                    self._constants[t] = self._constants[t].view(torch.bfloat16)
+            else:
+                self._constants[t] = data.reshape(data.shape)
+        return self._constants[t]
+
+    def _make_plan(self, bindings: Mapping[str, int]) -> _Plan:
+        plan = _Plan()
+        outputs = set(self.graph.outputs)
+        sizes: dict[Any, int] = {}
+        lifetimes: dict[Any, tuple[int, int]] = {}
+        dtypes: dict[Any, DataType] = {}
+        for i, step in enumerate(self.steps):
+            for t in step.outputs:
+                plan.shapes[t] = self._shape(t, bindings)
+                if t not in outputs:
+                    sizes[t] = _nbytes(plan.shapes[t], t.dtype)
+                    lifetimes[t] = (i, self._last_use.get(t, i))
+                    dtypes[t] = t.dtype
+        for t in self.graph.inputs:
+            plan.shapes[t] = self._shape(t, bindings)
+        for t in self.graph.constants:
+            plan.shapes[t] = tuple(t.data.shape)
+        # Kernel temporaries live during their own step only.
+        temp_specs = []
+        for i, step in enumerate(self.steps):
+            specs = step.temporaries([_Shaped(plan.shapes[t], t.dtype) for t in step.inputs], bindings)
+            temp_specs.append(specs)
+            for j, (shape, dt) in enumerate(specs):
+                sizes[(i, j)] = _nbytes(shape, dt)
+                lifetimes[(i, j)] = (i, i)
+        offsets, plan.arena_bytes = place_buffers(sizes, lifetimes)
+        plan.arena = self._alloc_arena(plan.arena_bytes)
+        for t in dtypes:
+            plan.buffers[t] = self._view(plan.arena, offsets[t], plan.shapes[t], t.dtype)
+        for i, specs in enumerate(temp_specs):
+            plan.temps.append([self._view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
+        for step in self.steps:
+            if step.kind == "anchor":
+                step.bind(plan.shapes)
+        return plan
+
+    def _alloc_arena(self, nbytes: int) -> Any:
+        if self.target == "cpu":
+            return np.empty(max(nbytes, 1), np.uint8)
+        import torch
+
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+
+    def _view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
+        count = int(np.prod(shape, dtype=np.int64))
+        if self.target == "cpu":
+            return np.frombuffer(arena, numpy_dtype(dt), count, offset).reshape(shape)
+        return arena[offset: offset + count * dt.nbytes].view(_torch_dtype(dt)).view(shape)
+
+    def _empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
+        if self.target == "cpu":
+            return np.empty(shape, numpy_dtype(dt))
+        import torch
+
+        return torch.empty(shape, dtype=_torch_dtype(dt), device="cuda")
+
+    # ---- running ---------------------------------------------------------------------------
+    def _run_eager(self, plan: _Plan, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list[Any]:
+        outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        self._run_steps(plan, arrays, outs, bindings)
+        return [self._result(t, arrays, outs) for t in self.graph.outputs]
+
+    def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any], bindings: Mapping[str, int]) -> None:
+        env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
+        env.update(plan.buffers)
+        env.update(outs)
+        for step, temps in zip(self.steps, plan.temps):
+            ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
+            step.run(ins, [env[t] for t in step.outputs], temps, bindings)
+
+    def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> Any:
+        if t in outs:
+            return outs[t]
+        source = arrays[self.graph.inputs.index(t)] if t in self.graph.inputs else self._constant(t)
+        return source.copy() if self.target == "cpu" else source.clone()
+
+    def _capture(self, plan: _Plan, arrays: Sequence[Any], bindings: Mapping[str, int]) -> None:
+        import torch
+
+        plan.static_inputs = [a.clone() for a in arrays]
+        outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm every launch plan off the capture
+            self._run_steps(plan, plan.static_inputs, outs, bindings)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._run_steps(plan, plan.static_inputs, outs, bindings)
+        plan.static_outputs = [self._result(t, plan.static_inputs, outs) if t not in outs else outs[t] for t in self.graph.outputs]
+        plan.cuda_graph = graph
+
+    def save(self, path: Any) -> None:
+        """Write the compiled graph to one file; `tessera.graph.compiler.load_compiled` reads it."""
+        from tessera.graph.compiler.saved import save_compiled
+
+        save_compiled(self, path)
+
+    # ---- reporting -------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Counts of steps by kind, kernels, and the operators left to the numpy reference."""
+        counts: dict[str, int] = {}
+        for s in self.steps:
+            counts[s.kind] = counts.get(s.kind, 0) + 1
+        return {
+            "target": self.target,
+            "operators": len(self.graph.operators),
+            "steps": counts,
+            "kernels": sum(s.num_kernels for s in self.steps),
+            "reference_ops": sorted({f"{s.op.kind}: {s.group.reason}" for s in self.steps if s.kind == "reference"}),
+            "fused_ops": sum(len(s.group.ops) - 1 for s in self.steps if s.kind == "anchor"),
+            "cuda_graph": self.use_cuda_graph,
+            "arena_bytes": {k[0][1] if k else "static": p.arena_bytes for k, p in self._plans.items()} if self._plans else {},
+        }
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"<CompiledGraph {self.graph.name} {self.target}: {s['operators']} ops -> {s['steps']}, {s['kernels']} kernels>"
+
+
+class _Shaped:
+    """A stand-in array (shape and dtype only) for computing temporary sizes."""
+
+    def __init__(self, shape: tuple[int, ...], dt: DataType):
+        self.shape, self.dtype_ = shape, dt
+
+    def __tessera_view__(self) -> Any:
+        from tessera.runtime.tensor import ArrayView
+
+        return ArrayView(0, tuple(self.shape), self.dtype_, "cpu", True, None)
+
+
+_TORCH_NAMES = {"bool": "bool"}
+
+
+def _torch_dtype(dt: DataType) -> Any:
+    import torch
+
+    return getattr(torch, _TORCH_NAMES.get(dt.name, dt.name))

@@ -1,0 +1,151 @@
+"""The steps of a compiled graph: what each partition group turns into, and how it runs.
+
+A step reads and writes arrays that the compiled graph hands it (numpy arrays on the CPU,
+torch tensors on the GPU); it never allocates at run time, so that a whole GPU run can be
+captured into one CUDA graph.  Fused groups share their CompiledOp when they are the same
+computation on the same shapes (the 22 identical layers of a Llama build once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessera.graph.compiler.partition import Group
+from tessera.graph.operator import Operator
+from tessera.graph.registry import get_op
+from tessera.graph.symbolic import contains_sym, evaluate
+from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.ir.compute import Placeholder, TensorNode
+
+
+def group_signature(group: Group) -> str:
+    """Structure of a group without its tensors' identities: equal signatures compute the same
+    function of their inputs (constants are inputs, so layers with different weights match)."""
+    local: dict[Tensor, str] = {t: f"in{i}:{t.dtype.name}{list(t.shape)}" for i, t in enumerate(group.inputs)}
+    parts = []
+    for k, op in enumerate(group.ops):
+        attrs = sorted((name, repr(value)) for name, value in op.attrs.items())
+        parts.append(f"{op.kind}{attrs}({','.join(local[t] for t in op.inputs)})")
+        for j, t in enumerate(op.outputs):
+            local[t] = f"op{k}.{j}"
+    parts.append("->" + ",".join(local[t] for t in group.outputs))
+    return ";".join(parts)
+
+
+def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor, tuple[int, ...]] | None = None
+                ) -> tuple[list[TensorNode], list[Placeholder]]:  # fmt: skip
+    """Compute definitions of a group's outputs over placeholders for its inputs.
+
+    With `concrete`, input shapes are those ints (anchor epilogues are built per shape);
+    otherwise symbolic graph dimensions become int32 expressions over `symbols`."""
+    from tessera import ops
+    from tessera.graph.lowering import dim_expr, lower_operator
+
+    env: dict[Tensor, TensorNode] = {}
+    placeholders = []
+    for i, t in enumerate(group.inputs):
+        shape = concrete[t] if concrete is not None else tuple(dim_expr(d, symbols) for d in t.shape)
+        env[t] = ops.placeholder(shape, t.dtype, f"in{i}")
+        placeholders.append(env[t])
+    for op in group.ops:
+        outs = lower_operator(op, [env[t] for t in op.inputs], symbols)
+        env.update(zip(op.outputs, outs))
+    return [env[t] for t in group.outputs], placeholders
+
+
+class FusedStep:
+    """A fused group run by its CompiledOp; temporaries come from the memory plan."""
+
+    kind = "fused"
+
+    def __init__(self, group: Group, compiled: Any):
+        self.group, self.compiled = group, compiled
+        self.inputs, self.outputs = group.inputs, group.outputs
+
+    def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list[tuple[tuple[int, ...], Any]]:
+        """(shape, dtype) of every temporary buffer for these inputs."""
+        temps = self.compiled.temporaries
+        return list(zip(self.compiled.shapes_for(temps, arrays, symbols), [t.dtype for t in temps]))
+
+    def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
+        self.compiled.run(arrays, outs, symbols=symbols, temporaries=temps)
+
+    @property
+    def num_kernels(self) -> int:
+        return self.compiled.num_kernels
+
+
+class AnchorStep:
+    """An anchor group: a kernel template with its epilogue, prepared per concrete shape."""
+
+    kind = "anchor"
+
+    def __init__(self, group: Group, prepare: Any):
+        self.group = group
+        self.anchor = group.anchor
+        self.inputs, self.outputs = group.inputs, group.outputs
+        self._prepare = prepare  # (group, shapes) -> kernel(arrays, outs)
+        self._kernels: dict[tuple, Any] = {}
+
+    def bind(self, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
+        key = tuple(shapes[t] for t in self.inputs)
+        if key not in self._kernels:
+            self._kernels[key] = self._prepare(self.group, shapes)
+        return self._kernels[key]
+
+    def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
+        return []
+
+    def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
+        shapes = {t: tuple(a.shape) for t, a in zip(self.inputs, arrays)}
+        self.bind(shapes)(arrays, outs)
+
+    @property
+    def num_kernels(self) -> int:
+        return 1
+
+
+class ReferenceStep:
+    """One operator tessera does not compile, run by its numpy reference (GPU data makes a
+    round trip through the host, so such a graph cannot be captured)."""
+
+    kind = "reference"
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.op: Operator = group.ops[0]
+        self.inputs, self.outputs = group.inputs, group.outputs
+        self.opdef = get_op(self.op.kind)
+        self.attrs = self.opdef.normalize_attrs(self.op.attrs)
+
+    def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
+        return []
+
+    def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
+        attrs = {k: evaluate(v, symbols) for k, v in self.attrs.items()} if contains_sym(list(self.attrs.values())) else self.attrs
+        host = [_to_numpy(a) for a in arrays]
+        results = self.opdef.reference(host, attrs)
+        for t, r, out in zip(self.op.outputs, results, outs):
+            _copy_into(out, np.asarray(r).astype(numpy_dtype(t.dtype), copy=False))
+
+    @property
+    def num_kernels(self) -> int:
+        return 0
+
+
+def _to_numpy(a: Any) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    return a.detach().cpu().numpy()
+
+
+def _copy_into(out: Any, value: np.ndarray) -> None:
+    if isinstance(out, np.ndarray):
+        out[...] = value.reshape(out.shape)
+    else:
+        import torch
+
+        out.copy_(torch.from_numpy(np.ascontiguousarray(value)).reshape(out.shape))
