@@ -1,6 +1,8 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
-Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile) and
+Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), models
+(bench/models_suite.py: whole models under torch.compile(backend="tessera") vs eager and
+torch.compile's modes; its own options follow, see `python3 bench/models_suite.py --help`) and
 reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
 functions of tessera.kernels.reduce_ops, output allocation included) against
 torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
@@ -91,11 +93,18 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm"], required=True)
+    ap.add_argument("--suite", choices=["reduce", "gemm", "models"], required=True)
     ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
-    args = ap.parse_args()
+    args, rest = ap.parse_known_args()  # the models suite has options of its own
+    if args.suite == "models":
+        from models_suite import main as models_main
+
+        models_main(["--repeats", str(args.repeats), *(["--out", args.out] if args.out else []), *rest])
+        return
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     torch.manual_seed(0)
     timer = Timer(repeats=args.repeats)
     copy_gbs = copy_bandwidth_gbs(timer)

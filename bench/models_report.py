@@ -1,0 +1,198 @@
+"""Results of the `models` suite: the per-case summary, the JSONL file and its markdown table.
+
+Kept free of CUDA, transformers and torchvision so that the CPU test tier can check it on
+synthetic rows (tests/test_bench_models.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SUITE = "models"
+EAGER = "torch.eager"
+COMPILE_PEERS = ["torch.compile:default", "torch.compile:reduce-overhead", "torch.compile:max-autotune"]
+PEERS = [EAGER, *COMPILE_PEERS]  # DESIGN.md's peer names, in table order
+TESSERA = "tessera"
+SYSTEMS = [*PEERS, TESSERA]
+
+
+def new_row(case: str) -> dict[str, Any]:
+    """An empty result row: every system fills its own entries (or `errors[system]`)."""
+    return {"suite": SUITE, "case": case, "tessera_us": None, "peers_us": {}, "rel_err": None,
+            "compile_s_cold": None, "compile_s_warm": None, "peers_rel_err": {}, "peers_compile_s_cold": {},
+            "peers_compile_s_warm": {}, "max_err": {}, "graph_breaks": {}, "errors": {}, "skipped": {},
+            "notes": {}}  # fmt: skip
+
+
+def record(row: dict[str, Any], system: str, result: dict[str, Any]) -> None:
+    """Store one system's measurement (`us`, `compile_s_cold`, `compile_s_warm`, `rel_err`,
+    `max_err`, `graph_breaks`, `note`, `error`, and `extra`: keys copied into the row as they are) under the row's keys for that system."""
+    ours = system == TESSERA
+    if result.get("us") is not None:
+        if ours:
+            row["tessera_us"] = result["us"]
+        else:
+            row["peers_us"][system] = result["us"]
+    for key in ("compile_s_cold", "compile_s_warm", "rel_err"):
+        if result.get(key) is not None:
+            if ours:
+                row[key] = result[key]
+            else:
+                row[f"peers_{key}"][system] = result[key]
+    for key in ("max_err", "graph_breaks"):
+        if result.get(key) is not None:
+            row[key][system] = result[key]
+    if result.get("note"):
+        row["notes"][system] = result["note"]
+    if result.get("error"):
+        row["errors"][system] = result["error"]
+    row.update(result.get("extra", {}))
+
+
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    """Add the fastest torch.compile mode and tessera's speed-up over it (> 1: tessera faster)."""
+    compiled = {p: t for p, t in row.get("peers_us", {}).items() if p in COMPILE_PEERS and t}
+    row["best_compile_peer"] = min(compiled, key=compiled.get) if compiled else None
+    best = compiled.get(row["best_compile_peer"]) if compiled else None
+    t = row.get("tessera_us")
+    row["vs_best_compile"] = best / t if best and t else None
+    eager = row.get("peers_us", {}).get(EAGER)
+    row["vs_eager"] = eager / t if eager and t else None
+    return row
+
+
+def stem(env: dict[str, Any]) -> str:
+    """`<date>-<gpu>-models`, the gpu tagged as bench/harness.py does (`h200`)."""
+    gpu = str(env.get("gpu", "unknown"))
+    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    return f"{env['date']}-{tag}-{SUITE}"
+
+
+def clean(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Append rows (one JSON object per line); several runs of model subsets share one file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(clean(r), allow_nan=False) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest_per_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row of each case, in the order cases first appear (a re-run supersedes)."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        last.pop(r["case"], None)
+        last[r["case"]] = r
+    order = list(dict.fromkeys(r["case"] for r in rows))
+    return [last[c] for c in order]
+
+
+def _ms(us: Any) -> str:
+    return f"{us / 1e3:.3f}" if isinstance(us, (int, float)) else "–"
+
+
+def _num(x: Any, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "–"
+
+
+def _cell(text: str, limit: int = 90) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short(system: str) -> str:
+    return system.replace("torch.compile:", "")
+
+
+def render_markdown(rows: list[dict[str, Any]]) -> str:
+    """Latency table (ms, ratios vs the best torch.compile mode), compile times and errors, notes."""
+    rows = latest_per_case(rows)
+    if not rows:
+        return f"# {SUITE}: no results\n"
+    env = rows[-1]
+    commits = sorted({str(r.get("commit", "unknown"))[:12] for r in rows})
+    repeats = sorted({r.get("repeats") for r in rows if r.get("repeats")})
+    out = [f"# {SUITE} — {env.get('gpu')}, {env.get('date')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+           f"commit {', '.join(commits)}", ""]  # fmt: skip
+    out += [f"Median of {', '.join(map(str, repeats)) or '?'} repeats (CUDA events, after warm-up), fp16, "
+            "same inputs for every system, no L2 flush (see notes). Speed-up = best torch.compile mode / tessera "
+            "(> 1: tessera faster).", ""]  # fmt: skip
+    cols = ["case", "tessera (ms)", *[f"{_short(p)} (ms)" for p in PEERS], "best torch.compile",
+            "speed-up vs best", "speed-up vs eager", "tessera rel_err"]  # fmt: skip
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        peers = r.get("peers_us", {})
+        cells = [r["case"], _ms(r.get("tessera_us")), *[_peer_cell(r, p, _ms(peers.get(p))) for p in PEERS],
+                 _short(r.get("best_compile_peer") or "–"), _num(r.get("vs_best_compile"), ".2f"),
+                 _num(r.get("vs_eager"), ".2f"), _num(r.get("rel_err"), ".1e")]  # fmt: skip
+        if r.get("tessera_us") is None:
+            cells[1] = (
+                "error" if TESSERA in r.get("errors", {}) else "skipped" if TESSERA in r.get("skipped", {}) else "–"
+            )
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "## Compile time (s; cold: empty caches, warm: after `torch._dynamo.reset()`) and error vs fp32",
+            ""]  # fmt: skip
+    cols = ["case", "system", "compile cold", "compile warm", "rel_err", "max_err", "graph breaks", "error / note"]
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        for s in SYSTEMS:
+            if s in r.get("skipped", {}):
+                continue
+            ours = s == TESSERA
+            cold = r.get("compile_s_cold") if ours else r.get("peers_compile_s_cold", {}).get(s)
+            warm = r.get("compile_s_warm") if ours else r.get("peers_compile_s_warm", {}).get(s)
+            err = r.get("rel_err") if ours else r.get("peers_rel_err", {}).get(s)
+            text = r.get("errors", {}).get(s) or r.get("notes", {}).get(s) or ""
+            out.append("| " + " | ".join([r["case"], s, _num(cold, ".1f"), _num(warm, ".1f"), _num(err, ".1e"),
+                                           _num(r.get("max_err", {}).get(s), ".1e"),
+                                           _num(r.get("graph_breaks", {}).get(s), "d"), _cell(text)]) + " |")  # fmt: skip
+    skipped = {(s, why) for r in rows for s, why in r.get("skipped", {}).items()}
+    out += ["", "## Notes", ""]
+    out += [f"- Skipped: `{s}` — {why}" for s, why in sorted(skipped)]
+    out += NOTES
+    return "\n".join(out) + "\n"
+
+
+def _peer_cell(row: dict[str, Any], peer: str, text: str) -> str:
+    if peer in row.get("errors", {}):
+        return "error"
+    if peer in row.get("skipped", {}):
+        return "skipped"
+    return text
+
+
+NOTES = [
+    "- No L2 flush: a whole model streams its weights and activations (tens to hundreds of MB) through the "
+    "60 MB L2 within one forward, and models run back to back in serving; every system is timed the same way, "
+    "on the same inputs.",
+    "- rel_err = ‖out − ref‖ / ‖ref‖ and max_err = max|out − ref| / max|ref|, against a float32 eager copy "
+    "(`model.float()`) of the same fp16 weights on the same inputs (TF32 off). torch.eager's own fp16 error is the "
+    "bar for the others.",
+    "- compile cold: the first call, compilation included, with an empty tessera cache (TESSERA_CACHE_DIR) and an "
+    "empty inductor cache (TORCHINDUCTOR_CACHE_DIR), both fresh temporary folders per model, after "
+    "`torch._dynamo.reset()`. compile warm: `torch._dynamo.reset()`, a new `torch.compile` and its first call in "
+    "the same process, so on-disk caches (tessera's artifacts; inductor's FX-graph, Triton and autotuning caches) "
+    "and in-process memoisation are warm. reduce-overhead records its CUDA graph on later calls (inside the "
+    "warm-up), not in the first call.",
+    "- A tessera graph break (dynamo splitting the model into several graphs, or tessera running nodes in torch) "
+    "counts as an error: tessera_us is left empty and the time with the breaks is in `tessera_us_with_breaks`.",
+    "- Each model runs in its own subprocess; a system that fails records `errors[system]` and the suite goes on.",
+]
