@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tessera import ops
+from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 
 ERF = np.vectorize(math.erf)
@@ -262,3 +263,56 @@ def test_torch_cpu_tensors(rng):
     out = f(t)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out, torch.nn.functional.silu(t), rtol=1.6e-2, atol=1e-2)
+
+
+EXTRA_UNARY = {
+    "tan": (ops.tan, np.tan),
+    "log1p": (ops.log1p, np.log1p),
+    "expm1": (ops.expm1, np.expm1),
+    "elu": (lambda x: ops.elu(x, 0.7), lambda x: np.where(x > 0, x, 0.7 * np.expm1(np.minimum(x, 0)))),
+    "mish": (ops.mish, lambda x: x * np.tanh(np.logaddexp(0, x))),
+    "trunc": (ops.trunc, np.trunc),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64", "float16"])
+def test_extra_unary_ops(rng, dtype_name):
+    """tan, log1p, expm1 (accurate near 0), elu, mish, trunc and isnan in one build."""
+    dt = np_dtype(dtype_name)
+    x = ops.placeholder((23, 9), dtype_name, "x")
+    names = list(EXTRA_UNARY)
+    f = ops.build([EXTRA_UNARY[n][0](x) for n in names] + [ops.isnan(x)], [x])
+    xv = (rng.standard_normal((23, 9)) * 2).clip(-0.95, None).astype(dt)  # log1p needs x > -1
+    xv[0, :4] = np.array([1e-7, -3e-6, 2e-4, -1e-3]).astype(dt)  # where log(1 + x) and exp(x) - 1 cancel
+    xv[1, 0] = np.nan
+    results = f(xv)
+    x64 = xv.astype(np.float64)
+    ok = ~np.isnan(x64)
+    for n, out in zip(names, results):
+        assert out.dtype == dt, n
+        with np.errstate(invalid="ignore"):
+            ref = EXTRA_UNARY[n][1](x64)
+        assert np.isnan(out[~ok]).all(), n
+        if n == "trunc":
+            np.testing.assert_array_equal(out[ok].astype(np.float64), ref[ok], err_msg=n)
+        else:  # relative accuracy also at the tiny inputs (float16 results there are subnormal)
+            atol = 1e-7 if dtype_name == "float16" else 1e-30
+            np.testing.assert_allclose(out[ok].astype(np.float64), ref[ok], rtol=TOL[dtype_name] * 4, atol=atol, err_msg=n)
+    np.testing.assert_array_equal(results[-1], np.isnan(xv))
+
+
+def test_trunc_isnan_of_integers_and_bitwise(rng):
+    a = ops.placeholder((7, 5), "int32", "a")
+    b = ops.placeholder((5,), "int64", "b")
+    m = ops.placeholder((7, 5), "bool", "m")
+    outs = [ops.trunc(a), ops.isnan(a), ops.bitwise_and(a, b), ops.bitwise_or(a, 6), ops.bitwise_and(m, ops.lt(a, 0)),
+            ops.bitwise_or(m, False)]  # fmt: skip
+    av = rng.integers(-100, 100, (7, 5)).astype(np.int32)
+    bv = rng.integers(0, 1 << 40, 5).astype(np.int64)
+    mv = rng.random((7, 5)) > 0.5
+    res = ops.build(outs, [a, b, m])(av, bv, mv)
+    assert res[2].dtype == np.int64 and res[4].dtype == np.bool_
+    for out, ref in zip(res, [av, np.zeros((7, 5), bool), av & bv, av | 6, mv & (av < 0), mv]):
+        np.testing.assert_array_equal(out, ref)
+    with pytest.raises(UnsupportedError, match="bitwise_and"):
+        ops.bitwise_and(ops.placeholder((3,), "float32"), a)

@@ -210,3 +210,39 @@ def test_var_std_logsumexp(rng):
     for out, ref in zip(res, [x64.var(1, ddof=1), x64.std((0, 2), ddof=0, keepdims=True), lse,
                               np.log(np.exp(x64).sum(-1, keepdims=True))]):  # fmt: skip
         check(out, ref, "float32", 2)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "int32"])
+def test_argmax_argmin(rng, dtype_name):
+    x = ops.placeholder((6, 9, 5), dtype_name, "x")
+    outs = [ops.argmax(x, 1), ops.argmin(x, -1, keepdims=True), ops.argmax(x, 0, keepdims=True), ops.argmin(x, 1)]
+    f = ops.build(outs, [x])
+    if dtype_name == "int32":
+        xv = rng.integers(-3, 4, (6, 9, 5)).astype(np.int32)  # many ties: the first index must win
+    else:
+        xv = rng.standard_normal((6, 9, 5)).astype(dtype_name)
+        xv[2, 4, 1] = np.nan  # numpy: the first NaN is both the maximum and the minimum
+    res = f(xv)
+    refs = [np.argmax(xv, 1), np.argmin(xv, -1)[..., None], np.argmax(xv, 0)[None], np.argmin(xv, 1)]
+    for out, ref in zip(res, refs):
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, ref)
+
+
+def test_cumsum_variants(rng):
+    x = ops.placeholder((7, 11), "float32", "x")
+    b = ops.placeholder((4, 9), "bool", "b")
+    h = ops.placeholder((13,), "float16", "h")
+    outs = [ops.cumsum(x, 1), ops.cumsum(x, 0, exclusive=True), ops.cumsum(x, -1, reverse=True),
+            ops.cumsum(x, 1, exclusive=True, reverse=True), ops.cumsum(b, 1), ops.cumsum(h, 0)]  # fmt: skip
+    xv = rng.standard_normal((7, 11)).astype(np.float32)
+    bv = rng.random((4, 9)) > 0.4
+    hv = rng.standard_normal(13).astype(np.float16)
+    res = ops.build(outs, [x, b, h])(xv, bv, hv)
+    x64 = xv.astype(np.float64)
+    rev = np.flip(np.cumsum(np.flip(x64, 1), 1), 1)
+    for out, ref in zip(res[:4], [np.cumsum(x64, 1), np.cumsum(x64, 0) - x64, rev, rev - x64]):
+        check(out, ref, "float32", 2)
+    assert res[4].dtype == np.int64 and res[5].dtype == np.float16
+    np.testing.assert_array_equal(res[4], np.cumsum(bv, 1))
+    check(res[5], np.cumsum(hv.astype(np.float64)), "float16", 4)

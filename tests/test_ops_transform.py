@@ -121,3 +121,28 @@ def test_transpose_feeding_elementwise_is_one_kernel(rng):
     assert f.num_kernels == 1
     xv, yv = rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
     np.testing.assert_allclose(f(xv, yv), np.maximum(xv.T + yv * 2, 0), rtol=1e-6)
+
+
+def test_tile_and_flip(rng):
+    x = ops.placeholder((3, 5), "float32", "x")
+    i = ops.placeholder((4,), "int64", "i")
+    outs = [ops.tile(x, (2, 3)), ops.tile(x, (2, 1, 2)), ops.tile(i, (3,)), ops.flip(x, 0), ops.flip(x, (0, -1)),
+            ops.flip(ops.tile(i, (2, 1)), 1)]  # fmt: skip
+    xv = rng.standard_normal((3, 5)).astype(np.float32)
+    iv = rng.integers(-9, 9, 4)
+    res = run(outs, [x, i], xv, iv)
+    refs = [np.tile(xv, (2, 3)), np.tile(xv, (2, 1, 2)), np.tile(iv, 3), np.flip(xv, 0), np.flip(xv, (0, 1)),
+            np.flip(np.tile(iv, (2, 1)), 1)]  # fmt: skip
+    for out, ref in zip(res, refs):
+        np.testing.assert_array_equal(out, ref)
+
+
+def test_tile_symbolic_dim(rng):
+    from tessera.ir import Var, dtypes
+
+    n = Var("n", dtypes.int32)
+    x = ops.placeholder((n, 2), "float32", "x")
+    f = ops.build([ops.tile(x, (3, 2))], [x])
+    for rows in (1, 4):
+        xv = rng.standard_normal((rows, 2)).astype(np.float32)
+        np.testing.assert_array_equal(f(xv), np.tile(xv, (3, 2)))

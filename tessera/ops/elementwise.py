@@ -214,6 +214,70 @@ def hardswish(x: TensorNode) -> Compute:
     return _unary_float("hardswish", x, lambda v: fdiv(v * _relu6(v + const(3, v.dtype)), const(6, v.dtype)))
 
 
+def tan(x: TensorNode) -> Compute:
+    """sin(x) / cos(x) (no tan intrinsic on every target)."""
+    return _unary_float("tan", x, lambda v: fdiv(_call("sin", v), _call("cos", v)))
+
+
+def _log1p(v: E.Expr) -> E.Expr:
+    # Goldberg's trick: log(u) * x / (u - 1) with u = 1 + x cancels the rounding of 1 + x,
+    # so small x keep full relative precision (log(1 + x) alone loses it).
+    t = v.dtype
+    u = const(1, t) + v
+    d = u - const(1, t)
+    exact = E.Binary("||", E.Binary("==", d, const(0, t)), E.Binary("==", u, const(float("inf"), t)))
+    return E.Select(exact, E.Select(E.Binary("==", d, const(0, t)), v, u), _call("log", u) * fdiv(v, d))
+
+
+def _expm1(v: E.Expr) -> E.Expr:
+    # Kahan's trick: (u - 1) * x / log(u) with u = exp(x) is accurate for small x; where
+    # exp(x) rounds to 1 the answer is x, and for large |x| u - 1 itself is exact enough.
+    t = v.dtype
+    u = _call("exp", v)
+    um1 = u - const(1, t)
+    small = E.Binary("&&", v > const(-0.5, t), v < const(0.5, t))
+    return E.Select(E.Binary("==", u, const(1, t)), v, E.Select(small, um1 * fdiv(v, _call("log", u)), um1))
+
+
+def log1p(x: TensorNode) -> Compute:
+    """log(1 + x), accurate for small x."""
+    return _unary_float("log1p", x, _log1p)
+
+
+def expm1(x: TensorNode) -> Compute:
+    """exp(x) - 1, accurate for small x."""
+    return _unary_float("expm1", x, _expm1)
+
+
+def elu(x: TensorNode, alpha: float = 1.0) -> Compute:
+    """x for x > 0, alpha * (exp(x) - 1) otherwise."""
+    return _unary_float("elu", x, lambda v: E.Select(v > const(0, v.dtype), v, const(alpha, v.dtype) * _expm1(v)))
+
+
+def mish(x: TensorNode) -> Compute:
+    """x * tanh(softplus(x)), softplus linear above 20 (torch's threshold)."""
+    def fn(v: E.Expr) -> E.Expr:
+        t = v.dtype
+        sp = E.Select(v > const(20, t), v, _log1p(_call("exp", v)))
+        return v * _call("tanh", sp)
+
+    return _unary_float("mish", x, fn)
+
+
+def trunc(x: TensorNode) -> Compute:
+    """Round towards zero (integers are copied)."""
+    if not x.dtype.is_float:
+        return _unary_same("trunc", x, lambda v: v, allow_bool=True)
+    return _unary_float("trunc", x, lambda v: E.Select(v < const(0, v.dtype), _call("ceil", v), _call("floor", v)))
+
+
+def isnan(x: TensorNode) -> Compute:
+    """True where x is NaN (never for integers)."""
+    check_tensor(x, "isnan")
+    return elementwise("isnan", [x], dtypes.boolean, compute_type(x.dtype),
+                       lambda v: E.Binary("!=", v, v) if v.dtype.is_float else const(False, dtypes.boolean))  # fmt: skip
+
+
 def logical_not(x: TensorNode) -> Compute:
     check_tensor(x, "logical_not")
     return elementwise("logical_not", [x], dtypes.boolean, x.dtype, lambda v: E.Binary("==", v, const(0, v.dtype)))
@@ -360,6 +424,23 @@ def logical_or(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
 
 def logical_xor(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
     return _logical("logical_xor", "!=", a, b)
+
+
+def _bitwise(op: str, sym: str, a: TensorOrScalar, b: TensorOrScalar) -> Compute:
+    t = result_type([a, b], op)
+    if t.is_float:
+        raise UnsupportedError(f"{op}: needs integer or bool operands, got {t}")
+    return _binary(op, a, b, lambda x, y: E.Binary(sym, x, y))
+
+
+def bitwise_and(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
+    """a & b on integers (logical and on bools)."""
+    return _bitwise("bitwise_and", "&", a, b)
+
+
+def bitwise_or(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
+    """a | b on integers (logical or on bools)."""
+    return _bitwise("bitwise_or", "|", a, b)
 
 
 def where(cond: TensorNode, a: TensorOrScalar, b: TensorOrScalar) -> Compute:

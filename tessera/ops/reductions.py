@@ -86,6 +86,65 @@ def prod(x: TensorNode, axes: int | Sequence[int] | None = None, keepdims: bool 
     return reduce_axes("prod", x, axes, keepdims)
 
 
+def _arg(op: str, x: TensorNode, axis: int, keepdims: bool) -> TensorNode:
+    check_tensor(x, op)
+    a = normalize_axis(axis, x.rank, op)
+    acc = dtypes.int32 if x.dtype.is_bool else compute_type(x.dtype)
+    kept = [d for k, d in enumerate(x.shape) if k != a]
+    n = x.shape[a]
+
+    def at(i: Sequence[E.Expr], r: E.Expr) -> E.Expr:
+        return E.Cast(x[split_index(x.rank, (a,), i, (r,))], acc)
+
+    best = reduce(kept, [n], lambda i, r: at(i, r[0]), "max" if op == "argmax" else "min", fresh_name(op + "_value"),
+                  acc, acc)  # fmt: skip
+    last = E.Cast(n, dtypes.int64) - E.Const(1, dtypes.int64)
+
+    def first(i: Sequence[E.Expr], r: Sequence[E.Expr]) -> E.Expr:
+        v = at(i, r[0])
+        # The first index holding the extreme value; max/min propagate NaN, and like numpy the
+        # first NaN then wins (v != v).  Non-matching positions give n - 1, the largest index.
+        hit = E.Binary("==", v, best[tuple(i)])
+        if acc.is_float:
+            hit = E.Binary("||", hit, E.Binary("!=", v, v))
+        return E.Select(hit, E.Cast(r[0], dtypes.int64), last)
+
+    idx = reduce(kept, [n], first, "min", fresh_name(op), dtypes.int64, dtypes.int64)
+    if not keepdims:
+        return idx
+    shape = [E.Const(1, dtypes.int32) if k == a else d for k, d in enumerate(x.shape)]
+    return compute(shape, lambda *i: idx[tuple(v for k, v in enumerate(i) if k != a)], fresh_name(op + "_keepdims"))
+
+
+def argmax(x: TensorNode, axis: int = -1, keepdims: bool = False) -> TensorNode:
+    """Index (int64) of the first maximum along `axis`; a NaN counts as the maximum, as in numpy."""
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x: TensorNode, axis: int = -1, keepdims: bool = False) -> TensorNode:
+    """Index (int64) of the first minimum along `axis`; a NaN counts as the minimum, as in numpy."""
+    return _arg("argmin", x, axis, keepdims)
+
+
+def cumsum(x: TensorNode, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> TensorNode:
+    """Running sums along `axis` (int64 for integer and bool inputs, as torch).  `exclusive` leaves
+    out each element itself; `reverse` sums from the end.
+
+    Each output element is a masked sum over the whole axis (O(n^2) work): fine for the short
+    axes of position ids and masks, not for long scans."""
+    check_tensor(x, "cumsum")
+    a = normalize_axis(axis, x.rank, "cumsum")
+    acc, out = _types("sum", x.dtype)
+
+    def fn(i: Sequence[E.Expr], r: Sequence[E.Expr]) -> E.Expr:
+        k, j = i[a], r[0]
+        cmp = {(False, False): "<=", (True, False): "<", (False, True): ">=", (True, True): ">"}[(exclusive, reverse)]
+        idx = tuple(j if d == a else v for d, v in enumerate(i))
+        return E.Select(E.Binary(cmp, j, k), E.Cast(x[idx], acc), E.Const(0, acc))
+
+    return reduce(x.shape, [x.shape[a]], fn, "sum", fresh_name("cumsum"), out, acc, tag="contraction")
+
+
 def _row_stats(x: TensorNode, axis: int, op: str) -> tuple[ReduceCompute, ReduceCompute, DataType]:
     """The row max and the sum of exp(x - max) along `axis`, in float32 (float64 for float64)."""
     check_tensor(x, op)

@@ -338,6 +338,36 @@ def chunk(x: TensorNode, chunks: int, axis: int = 0) -> list[Compute]:
     return split(x, -(-n // chunks), axis)
 
 
+def tile(x: TensorNode, repeats: Sequence[int]) -> Compute:
+    """numpy.tile / torch.Tensor.repeat: x repeated `repeats[k]` times along axis k (leading
+    axes are added when `repeats` is longer than x's rank)."""
+    check_tensor(x, "tile")
+    reps = [int(r) for r in repeats]
+    if any(r < 1 for r in reps):
+        raise ArgumentError(f"tile: repeats must be positive ints, got {list(repeats)}")
+    rank = builtins.max(len(reps), x.rank)
+    reps = [1] * (rank - len(reps)) + reps
+    off = rank - x.rank
+    src = [_i32(1)] * off + list(x.shape)
+    shape = [d if r == 1 else mul_dims([d, _i32(r)]) for d, r in zip(src, reps)]
+
+    def fn(*i: E.Var) -> E.Expr:
+        return x[tuple(i[k + off] if reps[k + off] == 1 else i[k + off] % d for k, d in enumerate(x.shape))]
+
+    return compute(shape, fn, fresh_name("tile"), x.dtype, tag="tile")
+
+
+def flip(x: TensorNode, axes: int | Sequence[int]) -> Compute:
+    """Reverse the order of elements along `axes`."""
+    check_tensor(x, "flip")
+    ax = normalize_axes(axes, x.rank, "flip")
+
+    def fn(*i: E.Var) -> E.Expr:
+        return x[tuple(x.shape[k] - 1 - v if k in ax else v for k, v in enumerate(i))]
+
+    return compute(x.shape, fn, fresh_name("flip"), x.dtype, tag="flip")
+
+
 def pad(x: TensorNode, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0.0) -> Compute:
     """Pad each dimension by (before, after) elements (numpy's pad_width, one pair per dimension).
 
