@@ -163,7 +163,7 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
             text = r.get("errors", {}).get(s) or r.get("notes", {}).get(s) or ""
             out.append("| " + " | ".join([r["case"], s, _num(cold, ".1f"), _num(warm, ".1f"), _num(err, ".1e"),
                                            _num(r.get("max_err", {}).get(s), ".1e"),
-                                           _num(r.get("graph_breaks", {}).get(s), "d"), _cell(text)]) + " |")  # fmt: skip
+                                           _num(r.get("graph_breaks", {}).get(s), "d"), _cell(text, 200)]) + " |")  # fmt: skip
     skipped = {(s, why) for r in rows for s, why in r.get("skipped", {}).items()}
     out += ["", "## Notes", ""]
     out += [f"- Skipped: `{s}` — {why}" for s, why in sorted(skipped)]

@@ -222,7 +222,9 @@ def graph_break_error(graphs: int | None, dynamo_breaks: int, eager_nodes: int, 
         parts.append(f"{len(wholly)} graphs ran wholly in torch")
     if not parts:
         return None
-    detail = "; ".join(dict.fromkeys(" ".join(m.split()) for m in messages))
+    # Whole-graph fallbacks first: their cause (an exception in tessera) matters most.
+    ordered = wholly + [m for m in messages if m not in wholly]
+    detail = "; ".join(dict.fromkeys(" ".join(m.split()).removeprefix("tessera: ") for m in ordered))
     return "graph break: " + ", ".join(parts) + (f" — {detail}" if detail else "")
 
 

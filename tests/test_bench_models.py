@@ -116,7 +116,15 @@ def test_graph_break_error(graphs, breaks, eager, messages, expect):
         assert text is None
     else:
         assert text.startswith("graph break: ") and expect in text
-        assert all(" ".join(m.split()) in text for m in messages)
+        assert all(" ".join(m.split()).removeprefix("tessera: ") in text for m in messages)
+
+
+def test_graph_break_error_puts_whole_graph_fallbacks_first():
+    messages = ["tessera: graph break at eq (method.__eq__): not supported; it runs in torch",
+                "tessera: running the whole graph in torch: ModuleNotFoundError: No module named 'x'"]  # fmt: skip
+    text = ms.graph_break_error(1, 0, 1, messages)
+    assert text.index("ModuleNotFoundError") < text.index("graph break at eq")
+    assert "tessera: " not in text
 
 
 def test_output_errors():
