@@ -1,0 +1,156 @@
+"""conv2d anchor (NCHW input, OIHW weight): im2col into a workspace, then the GEMM template with the
+output written straight into NCHW by the store index map, epilogue fused.
+
+Two forms:
+
+* 1x1, stride 1, no padding, 16-byte aligned rows (C and H*W multiples of 8): no copy at all.
+  Per image, out[o, p] = W[o, :] @ x[:, p] is a "kn" GEMM whose B operand is x itself and whose
+  A operand is the weight, broadcast over the batch by the operand's index map; the [O, H*W]
+  result of image n is exactly out[n] in NCHW.
+* everything else: an im2col kernel (a tessera.ops compute definition, one thread per element)
+  writes col[N*OH*OW, Kp] with K = C*KH*KW padded to Kp, a multiple of 8, so the rows suit
+  16-byte copies; out[pixel, o] = col @ W.T is an "nk" GEMM (the wgmma template's layout) whose
+  stores unravel the pixel into (n, oh, ow).  When K is not a multiple of 8 (the RGB stem), a
+  second kernel copies the weight into a zero-padded [O, Kp] workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import expr as E
+from tessera.ir.compute import Placeholder, compute
+from tessera.ir.dtypes import DataType
+from tessera.ops.anchors.config import Config
+from tessera.ops.anchors.epilogue import Epilogue
+from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
+from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot
+from tessera.ops.anchors.rewrite import i32, rename, unravel
+
+
+def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
+    vals = (v, v) if isinstance(v, int) else tuple(v)
+    if len(vals) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+        raise ArgumentError(f"conv2d: {what} must be an int or a pair of ints, got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
+def _pads(padding: int | Sequence[int]) -> tuple[int, int, int, int]:
+    p = [padding] if isinstance(padding, int) else list(padding)
+    if len(p) == 1:
+        p = p * 4
+    elif len(p) == 2:
+        p = [p[0], p[1], p[0], p[1]]
+    if len(p) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p):
+        raise ArgumentError(f"conv2d: padding must be (top, left, bottom, right) non-negative ints, got {padding!r}")
+    return p[0], p[1], p[2], p[3]
+
+
+def _nchw(pixel: list[E.Expr], channel: E.Expr) -> tuple[E.Expr, ...]:
+    return (pixel[0], channel, pixel[1], pixel[2])
+
+
+def _im2col_launches(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
+                     geo: dict[str, int], kp: int) -> tuple[Slot, Slot]:  # fmt: skip
+    """Add the im2col (and weight padding) launches; return the col and weight operands' slots."""
+    from tessera.ops import generate
+
+    n, c, h, w = x_shape
+    o, _, kh, kw = w_shape
+    oh, ow, k = geo["oh"], geo["ow"], c * kh * kw
+    sh, sw, pt, pl, dh, dw = geo["sh"], geo["sw"], geo["pt"], geo["pl"], geo["dh"], geo["dw"]
+    x = Placeholder("x", x_shape, dt)
+    wt = Placeholder("w", w_shape, dt)
+    zero = E.Const(0, dt)
+
+    def col_value(p: E.Expr, q: E.Expr) -> E.Expr:
+        img, rem = p // i32(oh * ow), p % i32(oh * ow)
+        y, xx = rem // i32(ow), rem % i32(ow)
+        ci, u, v = q // i32(kh * kw), (q // i32(kw)) % i32(kh), q % i32(kw)
+        hi, wi = y * i32(sh) + u * i32(dh) - i32(pt), xx * i32(sw) + v * i32(dw) - i32(pl)
+        conds = [hi >= i32(0), hi < i32(h), wi >= i32(0), wi < i32(w)] + ([q < i32(k)] if kp != k else [])
+        inside = conds[0]
+        for cnd in conds[1:]:
+            inside = E.Binary("&&", inside, cnd)
+        return E.Select(inside, x[img, ci, hi, wi], zero)  # short-circuit: no read outside x
+
+    col = compute((n * oh * ow, kp), col_value, "im2col", dt)
+    outputs, inputs, slots = [col], [x], {x: (INPUT, 0)}
+    col_slot = plan.workspace((n * oh * ow, kp), dt)
+    slots[col] = col_slot
+    w_slot: Slot = (INPUT, 1)
+    if kp != k:
+        wpad = compute((o, kp), lambda r, q: E.Select(q < i32(k), wt[r, q // i32(kh * kw), (q // i32(kw)) % i32(kh), q % i32(kw)], zero),
+                       "weight_pad", dt)  # fmt: skip
+        outputs.append(wpad)
+        inputs.append(wt)
+        slots[wt] = (INPUT, 1)
+        w_slot = plan.workspace((o, kp), dt)
+        slots[wpad] = w_slot
+    gen = generate(outputs, inputs, "cuda", name="conv2d")
+    for spec, low in zip(gen.kernels, gen.lowered):
+        if spec.scalars:
+            raise UnsupportedError(f"conv2d: im2col kernel {spec.name} has run-time scalars {[v.name for v, _ in spec.scalars]}")
+        plan.launches.append(Launch(rename(spec.func, spec.name), [slots[t] for t in spec.tensors], low))
+    return col_slot, w_slot
+
+
+def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str, *, stride: int | Sequence[int] = 1,
+                padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, bias: bool = False,
+                epilogue: Epilogue | None = None, tune: bool = False, wgmma: bool | None = None,
+                config: Config | None = None) -> AnchorPlan:  # fmt: skip
+    """The uncompiled plan of prepare_conv2d."""
+    dt = check_dtype(dtype, "conv2d")
+    x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ArgumentError(f"conv2d: x must be NCHW and the weight OIHW (4-D), got {x_shape} and {w_shape}")
+    if groups != 1:
+        raise UnsupportedError(f"conv2d: the GEMM template handles groups=1 only, got groups={groups}")
+    n, c, h, w = x_shape
+    o, cw, kh, kw = w_shape
+    if cw != c:
+        raise ArgumentError(f"conv2d: x has {c} channels but the weight {w_shape} expects {cw}")
+    (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if min(sh, sw, dh, dw) < 1:
+        raise ArgumentError(f"conv2d: stride and dilation must be >= 1, got {stride!r} and {dilation!r}")
+    pt, pl, pb, pr = _pads(padding)
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for input {x_shape} and weight {w_shape}")
+    out_shape = (n, o, oh, ow)
+    plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
+    bias_slot = (INPUT, 2) if bias else None
+    direct = kh == kw == 1 and sh == sw == 1 and pt == pl == pb == pr == 0 and c % 8 == 0 and (h * w) % 8 == 0
+    if direct:
+        p = GemmProblem(dt, "kn", n, o, h * w, c,
+                        Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, q, i32(0), i32(0))),
+                        Operand((INPUT, 0), x_shape, lambda bi, q, col: (bi, q, col // i32(w), col % i32(w))),
+                        lambda z, r, col: (z, r, col // i32(ow), col % i32(ow)), True)  # fmt: skip
+    else:
+        k = c * kh * kw
+        kp = -(-k // 8) * 8
+        geo = dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw)
+        col_slot, w_slot = _im2col_launches(plan, x_shape, w_shape, dt, geo, kp)
+        if w_slot[0] == WORKSPACE:
+            b = Operand(w_slot, (o, kp))
+        else:  # OIHW is [O, K] in memory
+            b = Operand(w_slot, w_shape, lambda bi, r, q: (r, q // i32(kh * kw), (q // i32(kw)) % i32(kh), q % i32(kw)))
+        p = GemmProblem(dt, "nk", 1, n * oh * ow, o, kp, Operand(col_slot, (n * oh * ow, kp), lambda bi, r, q: (r, q)), b,
+                        lambda z, r, col: _nchw(unravel(r, (n, oh, ow)), col), True)  # fmt: skip
+    return plan_gemm("conv2d", p, out_shape, plan.num_inputs, epilogue, bias_slot, 1, tune, wgmma, config, plan)
+
+
+def prepare_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str, *, stride: int | Sequence[int] = 1,
+                   padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, bias: bool = False,
+                   epilogue: Epilogue | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
+    """2-D convolution (cross-correlation, zero padding) of NCHW x with OIHW weights on tensor cores.
+
+    `padding` is (top, left, bottom, right) (an int or a (h, w) pair also work).  Inputs at
+    call time: ``[x, w]`` or ``[x, w, bias]`` (bias [O], added to the float32 accumulator);
+    the output is NCHW [N, O, OH, OW].  groups > 1 raises UnsupportedError.
+    """
+    return plan_conv2d(x_shape, w_shape, dtype, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                       bias=bias, epilogue=epilogue, tune=tune).load()  # fmt: skip
+

@@ -1,0 +1,142 @@
+"""AnchorKernel: the kernels of one anchor operator, compiled in one nvcc run, launched without allocating.
+
+A plan (`AnchorPlan`) is a list of launches.  Each launch is an IR function and, per
+parameter, where its argument comes from at call time: one of the anchor's inputs, the
+output, one of the epilogue's extras, or a workspace allocated once when the plan is
+loaded.  Plans are made without a GPU (their CUDA source can be inspected and compiled
+anywhere); `AnchorPlan.load()` compiles, loads and allocates the workspaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.errors import ArgumentError
+from tessera.ir.dtypes import DataType
+from tessera.ir.func import Function
+from tessera.transforms.pipeline import lower
+
+# Where a kernel argument comes from: (source, index) with source one of these.
+INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL = range(5)
+Slot = tuple[int, int]
+
+
+@dataclass
+class Launch:
+    """One kernel launch: the (unlowered) function and the source of each parameter."""
+
+    func: Function
+    slots: list[Slot]
+    lowered: Function | None = None  # when the caller lowered it already (tessera.ops kernels)
+
+    def __post_init__(self) -> None:
+        if len(self.slots) != len(self.func.params):
+            raise ValueError(f"{self.func.name}: {len(self.func.params)} parameters but {len(self.slots)} argument slots")
+        if self.func.shape_params:
+            raise ValueError(f"{self.func.name}: shape symbols {[s.name for s in self.func.shape_params]} are not bound")
+
+
+@dataclass
+class AnchorPlan:
+    """Launches, workspaces and the call signature of an anchor, not compiled yet."""
+
+    name: str
+    launches: list[Launch]
+    out_shape: tuple[int, ...]
+    out_dtype: DataType
+    num_inputs: int
+    num_extras: int
+    workspaces: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)
+    aligned_inputs: list[int] = field(default_factory=list)  # read with 16-byte vector copies
+    config: Any = None
+    _source: str | None = None
+
+    def workspace(self, shape: Sequence[int], dtype: DataType) -> Slot:
+        self.workspaces.append((tuple(int(s) for s in shape), dtype))
+        return (WORKSPACE, len(self.workspaces) - 1)
+
+    @property
+    def lowered(self) -> list[Function]:
+        for launch in self.launches:
+            if launch.lowered is None:
+                launch.lowered = lower(launch.func)
+        return [launch.lowered for launch in self.launches]  # type: ignore[misc]
+
+    @property
+    def source(self) -> str:
+        """The CUDA source of every kernel of the anchor (one compilation unit)."""
+        if self._source is None:
+            from tessera.backend import generate_cuda
+
+            self._source = generate_cuda(self.lowered)
+        return self._source
+
+    def build(self, arch: str | None = None) -> str:
+        """Compile (or fetch from the artifact cache) and return the cubin's path."""
+        from tessera.backend import build_cuda, detect_cuda_arch
+
+        return str(build_cuda(self.source, arch or detect_cuda_arch()))
+
+    def load(self, arch: str | None = None) -> AnchorKernel:
+        """Compile, load the kernels and allocate the workspaces on the current CUDA device."""
+        from pathlib import Path
+
+        import torch
+
+        from tessera.backend.codegen_c_like import symbol_name
+        from tessera.runtime.cuda import CudaKernel
+
+        path = Path(self.build(arch))
+        kernels = [CudaKernel(launch.func, path, symbol_name(launch.func), low.launch)
+                   for launch, low in zip(self.launches, self.lowered)]  # fmt: skip
+        device = torch.device("cuda", torch.cuda.current_device())
+        ws = [torch.empty(shape, dtype=getattr(torch, dt.name), device=device) for shape, dt in self.workspaces]
+        return AnchorKernel(self, kernels, ws)
+
+
+class AnchorKernel:
+    """A prepared anchor operator: call `kernel(inputs, out, extras)` on torch CUDA tensors.
+
+    Launches on torch's current stream and allocates nothing per call (workspaces belong to
+    the kernel, so one AnchorKernel must not run on two streams at once), which makes it safe
+    to capture in a CUDA graph.  `out` must be a contiguous tensor of `out_shape` and
+    `out_dtype`; inputs and extras must be contiguous, with the shapes given at prepare time.
+    """
+
+    def __init__(self, plan: AnchorPlan, kernels: list[Any], workspaces: list[Any]):
+        self.plan = plan
+        self.out_shape: tuple[int, ...] = plan.out_shape
+        self.out_dtype: DataType = plan.out_dtype
+        self.config = plan.config
+        self.workspaces = workspaces
+        self._steps = [(k, list(launch.slots)) for k, launch in zip(kernels, plan.launches)]
+        self._num_inputs, self._num_extras = plan.num_inputs, plan.num_extras
+        self._aligned = list(plan.aligned_inputs)
+
+    @property
+    def kernels(self) -> list[str]:
+        """The launched kernels' names, in order (the GEMM's name carries its configuration)."""
+        return [launch.func.name for launch in self.plan.launches]
+
+    @property
+    def source(self) -> str:
+        return self.plan.source
+
+    def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
+        if len(inputs) != self._num_inputs:
+            raise ArgumentError(f"{self.plan.name}: takes {self._num_inputs} inputs, got {len(inputs)}")
+        if len(extras) != self._num_extras:
+            raise ArgumentError(f"{self.plan.name}: its epilogue takes {self._num_extras} extra tensors, got {len(extras)}")
+        for i in self._aligned:
+            ptr = inputs[i].data_ptr() if hasattr(inputs[i], "data_ptr") else 0
+            if ptr % 16:
+                raise ArgumentError(f"{self.plan.name}: input {i} must start on a 16-byte boundary (its data is read "
+                                    "with 16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
+        sources = (inputs, (out,), extras, self.workspaces)
+        for kernel, slots in self._steps:
+            kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots])
+
+    def __repr__(self) -> str:
+        return f"<AnchorKernel {self.plan.name} -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
