@@ -111,6 +111,26 @@ def test_pooling_against_torch(rng):
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=f"case {k}")
 
 
+def test_ceil_mode_pooling_over_symbolic_sizes(rng):
+    """ceil_mode output sizes as expressions of symbolic H, W (torch's last-window rule included)."""
+    torch = pytest.importorskip("torch")
+    from tessera.ir import Var, dtypes
+
+    F = torch.nn.functional
+    h, w = Var("h", dtypes.int32), Var("w", dtypes.int32)
+    x = ops.placeholder((2, 3, h, w), "float32", "x")
+    f = ops.build([ops.max_pool2d(x, 3, 2, 1, ceil_mode=True), ops.avg_pool2d(x, 2, 3, 1, ceil_mode=True),
+                   ops.avg_pool2d(x, 3, 2, 0, ceil_mode=True, count_include_pad=False)], [x])  # fmt: skip
+    for hw in ((11, 10), (9, 9), (4, 7)):
+        xv = rng.standard_normal((2, 3, *hw)).astype(np.float32)
+        t = torch.from_numpy(xv.astype(np.float64))
+        refs = [F.max_pool2d(t, 3, 2, 1, ceil_mode=True), F.avg_pool2d(t, 2, 3, 1, ceil_mode=True),
+                F.avg_pool2d(t, 3, 2, 0, ceil_mode=True, count_include_pad=False)]  # fmt: skip
+        for out, ref in zip(f(xv), refs):
+            assert out.shape == tuple(ref.shape), hw
+            np.testing.assert_allclose(out, ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_rotary(rng):
     x = ops.placeholder((2, 4, 5, 8), "float32", "x")  # [batch, heads, seq, head_dim]
     cos = ops.placeholder((5, 8), "float32", "cos")

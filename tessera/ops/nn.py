@@ -35,9 +35,12 @@ def _out_size(n: E.Expr, k: int, s: int, p: int, d: int, op: str, ceil_mode: boo
     span = d * (k - 1) + 1
     nn = static(n)
     if nn is None:
-        if ceil_mode:
-            raise UnsupportedError(f"{op}: ceil_mode needs static spatial sizes")
-        return (n + (2 * p - span)) // s + 1
+        if not ceil_mode:
+            return (n + (2 * p - span)) // s + 1
+        out = (n + (2 * p - span + s - 1)) // s + 1
+        # As below: drop a last window that would start in the right padding.
+        late = E.Select((out - 1) * s >= n + p, E.Const(1, dtypes.int32), E.Const(0, dtypes.int32))
+        return out - late
     if nn + 2 * p < span:
         raise ArgumentError(f"{op}: the window ({span}) is larger than the padded input ({nn + 2 * p})")
     if ceil_mode:

@@ -1,0 +1,132 @@
+"""The lowering table (op kind -> rule), `lowering_error` and `lower_operator`.
+
+Every registered op kind is either in LOWERINGS or in NOT_LOWERED with the reason; the test
+suite checks that, so a newly registered kind cannot go missing silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tessera.errors import TesseraError
+from tessera.graph.lowering import elementwise as ew
+from tessera.graph.lowering import nn, reduce, shape
+from tessera.graph.lowering.core import Ctx, LoweringError
+from tessera.graph.operator import Operator
+from tessera.ir import expr as E
+from tessera.ir.compute import TensorNode
+from tessera.ops.common import SUPPORTED
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How one op kind lowers: `rule(ctx)` returns the output nodes; `check(op)` gives the reason
+    an operator of that kind cannot be lowered (attributes, dtypes), or None."""
+
+    rule: Callable[[Ctx], list[TensorNode]]
+    check: Callable[[Operator], str | None] | None = None
+
+
+_U, _UF = Lowering(ew.unary, ew.check_unary), Lowering(ew.unary)
+_ARITH, _CMP = Lowering(ew.arith, ew.check_arith), Lowering(ew.compare)
+_RED = Lowering(reduce.reduce_axes, reduce.check_reduce)
+_POOL = Lowering(nn.max_pool2d, nn.check_pool)
+
+LOWERINGS: dict[str, Lowering] = {
+    # elementwise: unary math and activations
+    "exp": _UF, "log": _UF, "sqrt": _UF, "rsqrt": _UF, "sin": _UF, "cos": _UF, "tan": _UF, "tanh": _UF,
+    "sigmoid": _UF, "silu": _UF, "erf": _UF, "reciprocal": _UF, "softplus": _UF, "log1p": _UF, "expm1": _UF,
+    "mish": _UF, "hardsigmoid": _UF, "hardswish": _UF, "logical_not": _UF, "isnan": _UF, "identity": _UF,
+    "neg": _U, "abs": _U, "relu": _U, "sign": _U, "floor": _UF, "ceil": _UF, "round": _UF,
+    "gelu": Lowering(ew.gelu, ew.check_gelu),
+    "leaky_relu": Lowering(ew.leaky_relu, ew.check_float_input),
+    "elu": Lowering(ew.elu, ew.check_float_input),
+    "clamp": Lowering(ew.clamp, ew.check_clamp),
+    "cast": Lowering(ew.cast_op),
+    # elementwise: binary and ternary
+    "add": _ARITH, "sub": _ARITH, "mul": _ARITH, "maximum": _ARITH, "minimum": _ARITH, "pow": _ARITH,
+    "remainder": _ARITH, "bitwise_and": _ARITH, "bitwise_or": _ARITH,
+    "eq": _CMP, "ne": _CMP, "lt": _CMP, "le": _CMP, "gt": _CMP, "ge": _CMP,
+    "logical_and": _CMP, "logical_or": _CMP, "logical_xor": _CMP,
+    "div": Lowering(ew.div, ew.check_div),
+    "where": Lowering(ew.where),
+    # reductions and normalizations
+    "reduce_sum": _RED, "reduce_mean": _RED, "reduce_max": _RED, "reduce_min": _RED, "reduce_prod": _RED,
+    "argmax": Lowering(reduce.arg_reduce), "argmin": Lowering(reduce.arg_reduce),
+    "cumsum": Lowering(reduce.cumsum, reduce.check_cumsum),
+    "softmax": Lowering(reduce.softmax, reduce.check_float_input),
+    "log_softmax": Lowering(reduce.softmax, reduce.check_float_input),
+    "layer_norm": Lowering(reduce.layer_norm, reduce.check_float_input),
+    "rms_norm": Lowering(reduce.rms_norm, reduce.check_float_input),
+    "batch_norm": Lowering(reduce.batch_norm, reduce.check_float_input),
+    # anchors and pooling
+    "matmul": Lowering(nn.matmul, nn.check_matmul),
+    "linear": Lowering(nn.linear, nn.check_matmul),
+    "conv2d": Lowering(nn.conv2d, nn.check_conv2d),
+    "scaled_dot_product_attention": Lowering(nn.attention, nn.check_attention),
+    "max_pool2d": _POOL,
+    "avg_pool2d": Lowering(nn.avg_pool2d, nn.check_pool),
+    "adaptive_avg_pool2d": Lowering(nn.adaptive_avg_pool2d, nn.check_adaptive),
+    # data movement
+    "reshape": Lowering(shape.reshape),
+    "flatten": Lowering(shape.flatten),
+    "permute": Lowering(shape.permute),
+    "squeeze": Lowering(shape.squeeze),
+    "unsqueeze": Lowering(shape.unsqueeze),
+    "expand": Lowering(shape.expand),
+    "tile": Lowering(shape.tile, shape.check_static_attrs("repeats")),
+    "flip": Lowering(shape.flip),
+    "tril": Lowering(shape.tri, shape.check_static_attrs("diagonal")),
+    "triu": Lowering(shape.tri, shape.check_static_attrs("diagonal")),
+    "slice": Lowering(shape.slice_op, shape.check_slice),
+    "concat": Lowering(shape.concat),
+    "split": Lowering(shape.split),
+    "pad": Lowering(shape.pad, shape.check_static_attrs("pads", "value")),
+    "take": Lowering(shape.take),
+    "gather_elements": Lowering(shape.gather_elements),
+    # sources
+    "full": Lowering(shape.full),
+    "arange": Lowering(shape.arange, shape.check_arange),
+}  # fmt: skip
+
+# Registered kinds that are deliberately not lowered, with the reason the user sees.
+NOT_LOWERED: dict[str, str] = {}
+
+
+def lowering_error(op: Operator) -> str | None:
+    """None when `lower_operator` can lower op (its kind, dtypes and attributes), else a short reason."""
+    rule = LOWERINGS.get(op.kind)
+    if rule is None:
+        return NOT_LOWERED.get(op.kind, f"{op.kind} is not lowered yet")
+    for t in [*op.inputs, *op.outputs]:
+        if t.dtype not in SUPPORTED:
+            return f"dtype {t.dtype} ({t.name}) is not supported by tessera.ops"
+        if any(isinstance(d, int) and d == 0 for d in t.shape):
+            return f"{t.name} is empty (shape {t.type_str()}); tessera.ops has no empty tensors"
+    try:
+        op.opdef.normalize_attrs(op.attrs)
+        return rule.check(op) if rule.check is not None else None
+    except (TesseraError, ValueError, TypeError) as exc:
+        return f"invalid operator: {exc}"
+
+
+def lower_operator(op: Operator, inputs: Sequence[TensorNode], symbols: dict[str, E.Var], *,
+                   inline_scalars: bool = False) -> list[TensorNode]:  # fmt: skip
+    """Compute definitions of op's outputs (graph shapes and dtypes) from nodes for its inputs.
+
+    `inputs` are placeholders or earlier results, one per graph input, of the same ranks;
+    `symbols` maps size names to int32 Vars (shared by every operator of one build; sizes that
+    attributes name and no input carries are created there).  With `inline_scalars`, rank-0
+    constant inputs are folded in as numbers (pow(x, 2) becomes x * x) -- only when the caller
+    does not reuse the result for other constant values.  Raises LoweringError (a TesseraError)
+    when op cannot be lowered."""
+    reason = lowering_error(op)
+    if reason is not None:
+        raise LoweringError(f"{op.name} ({op.kind}): {reason}")
+    try:
+        return LOWERINGS[op.kind].rule(Ctx(op, inputs, symbols, inline_scalars))
+    except LoweringError:
+        raise
+    except (TesseraError, E.IRTypeError) as exc:
+        raise LoweringError(f"{op.name} ({op.kind}): {exc}") from exc
