@@ -134,7 +134,7 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
         geo = dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw)
         col_slot, w_slot = _im2col_launches(plan, x_shape, w_shape, dt, geo, kp)
         if w_slot[0] == WORKSPACE:
-            b = Operand(w_slot, (o, kp))
+            b = Operand(w_slot, (o, kp), lambda bi, r, q: (r, q))
         else:  # OIHW is [O, K] in memory
             b = Operand(w_slot, w_shape, lambda bi, r, q: (r, q // i32(kh * kw), (q // i32(kw)) % i32(kh), q % i32(kw)))
         p = GemmProblem(dt, "nk", 1, n * oh * ow, o, kp, Operand(col_slot, (n * oh * ow, kp), lambda bi, r, q: (r, q)), b,

@@ -40,7 +40,7 @@ class Operand:
 
     slot: Slot
     shape: tuple[int, ...]
-    index: IndexMap | None = None  # (bi, row, col) -> index into `shape`; None: shape is the template's own
+    index: IndexMap  # (bi, row, col) -> index into `shape`
 
 
 @dataclass
@@ -107,8 +107,7 @@ def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, e
     b_shape = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
     f = specialize(f, {"A": (p.batch, p.m, p.k), "B": b_shape, "C": (p.batch * split, p.m, p.n)}, {"split": split})
     for name, op in (("A", p.a), ("B", p.b)):
-        if op.index is not None:
-            f = remap_operand(f, name, op.shape, op.index)
+        f = remap_operand(f, name, op.shape, op.index)
     label = str(cfg).replace("-", "_")
     if split == 1:
         f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{prefix}_gemm_{label}")
