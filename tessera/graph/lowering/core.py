@@ -51,9 +51,12 @@ def is_opaque(name: str) -> bool:
     return name.startswith("_")
 
 
-def dim_expr(d: Dim, symbols: dict[str, E.Var]) -> E.Expr:
+def dim_expr(d: Dim, symbols: dict[str, E.Expr]) -> E.Expr:
     """A graph dimension as an int32 expression: ints become constants, a monomial
-    coeff * prod(name^p) becomes the product of int32 `Var`s taken (or created) by name in `symbols`."""
+    coeff * prod(name^p) becomes the product of int32 `Var`s taken (or created) by name in `symbols`.
+
+    `symbols` may also map a name to a constant (an int32 `Const`) when the caller lowers for
+    known sizes; that size then folds into the expressions."""
     if isinstance(d, bool) or not isinstance(d, (int, Sym)):
         raise TypeError(f"a graph dimension is an int or a Sym, got {d!r}")
     if isinstance(d, int):
@@ -108,7 +111,7 @@ class Ctx:
     """One operator being lowered: its normalized attributes, its input nodes (conformed to the
     graph's shapes) and the sizes those inputs bind."""
 
-    def __init__(self, op: Operator, inputs: Sequence[TensorNode], symbols: dict[str, E.Var],
+    def __init__(self, op: Operator, inputs: Sequence[TensorNode], symbols: dict[str, E.Expr],
                  inline_scalars: bool = False):  # fmt: skip
         if len(inputs) != len(op.inputs):
             raise LoweringError(f"{op.name} ({op.kind}) has {len(op.inputs)} inputs, got {len(inputs)} nodes")

@@ -26,7 +26,7 @@ class LoweredGraph:
     tensors: list[Tensor]
     placeholders: list[Placeholder]
     outputs: list[TensorNode]
-    symbols: dict[str, E.Var]
+    symbols: dict[str, E.Expr]
 
     def arrays(self, inputs: Sequence[Any]) -> list[Any]:
         """The arrays to call the built computation with: the graph inputs, then the constants' data."""
@@ -36,7 +36,7 @@ class LoweredGraph:
         return list(inputs) + [np.asarray(t.data) for t in self.tensors[n:]]
 
 
-def lower_graph(graph: FlowGraph, symbols: dict[str, E.Var] | None = None, *,
+def lower_graph(graph: FlowGraph, symbols: dict[str, E.Expr] | None = None, *,
                 inline_scalars: bool = False) -> LoweredGraph:  # fmt: skip
     """Lower every operator of graph; a LoweringError names every operator that cannot be lowered."""
     problems = [f"{op.name} ({op.kind}): {r}" for op in graph.operators if (r := lowering_error(op)) is not None]

@@ -111,13 +111,14 @@ def lowering_error(op: Operator) -> str | None:
         return f"invalid operator: {exc}"
 
 
-def lower_operator(op: Operator, inputs: Sequence[TensorNode], symbols: dict[str, E.Var], *,
+def lower_operator(op: Operator, inputs: Sequence[TensorNode], symbols: dict[str, E.Expr], *,
                    inline_scalars: bool = False) -> list[TensorNode]:  # fmt: skip
     """Compute definitions of op's outputs (graph shapes and dtypes) from nodes for its inputs.
 
     `inputs` are placeholders or earlier results, one per graph input, of the same ranks;
     `symbols` maps size names to int32 Vars (shared by every operator of one build; sizes that
-    attributes name and no input carries are created there).  With `inline_scalars`, rank-0
+    attributes name and no input carries are created there, and the built op must be given
+    their values) or to int32 constants when the caller lowers for known sizes.  With `inline_scalars`, rank-0
     constant inputs are folded in as numbers (pow(x, 2) becomes x * x) -- only when the caller
     does not reuse the result for other constant values.  Raises LoweringError (a TesseraError)
     when op cannot be lowered."""
