@@ -18,11 +18,24 @@ L2_FLUSH_BYTES = 256 << 20  # well above the H200's 60 MB L2
 
 
 class Timer:
-    """Times callables with CUDA events; flushes L2 before each repeat by writing a large buffer."""
+    """Times callables with CUDA events; flushes L2 before each repeat by reading a large buffer.
+
+    The flush reads (sums) a 256 MB buffer rather than writing one: a write flush leaves L2
+    full of dirty lines, which the timed kernel then pays to write back to DRAM as its own
+    reads evict them — a cost that falls hardest on read-mostly kernels (reductions) and is
+    no part of their work.  After a read flush L2 holds only clean, unrelated lines, the same
+    for every system timed.  The flush also keeps the GPU busy for ~70 us, so host-side
+    dispatch shorter than that stays out of the timed region.
+    """
 
     def __init__(self, repeats: int = 50, warmup: int = 5, flush_l2: bool = True):
         self.repeats, self.warmup, self.flush_l2 = repeats, warmup, flush_l2
-        self.scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.scratch = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+        self._sink = torch.empty((), dtype=torch.float32, device="cuda")
+
+    def flush(self) -> None:
+        """Evict L2 by reading L2_FLUSH_BYTES (no writes but one scalar)."""
+        torch.sum(self.scratch, dim=0, out=self._sink)
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> float:
         """Median time of fn(*args) in microseconds."""
@@ -33,7 +46,7 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
         for s, e in zip(starts, ends):
             if self.flush_l2:
-                self.scratch.zero_()
+                self.flush()
             s.record()
             fn(*args)
             e.record()

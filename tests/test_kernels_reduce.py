@@ -41,17 +41,21 @@ def _make(op: str, dtype, schedule: RowSchedule) -> ts.Kernel:
 @pytest.mark.parametrize("itemsize", [2, 4])
 @pytest.mark.parametrize("vector", [True, False])
 @pytest.mark.parametrize("cached", [True, False])
-def test_choose_schedule(itemsize, vector, cached):
+@pytest.mark.parametrize("raw", [True, False])
+def test_choose_schedule(itemsize, vector, cached, raw):
     vec = 16 // itemsize if vector else 1
     dtype = f16 if itemsize == 2 else f32
-    for C in [1, 2, 3, 7, 8, 24, 64, 100, 256, 768, 1000, 1024, 4096, 4099, 8192, 8193, 16384, 40000, 100000]:
+    for C in [1, 2, 3, 7, 8, 24, 64, 100, 256, 768, 1000, 1024, 1032, 4096, 4099, 8192, 8193, 16384, 32768, 40000,
+              100000]:  # fmt: skip
         if vector and C % vec:
             continue
-        s = choose_schedule(C, itemsize, vector, cached)
+        s = choose_schedule(C, itemsize, vector, cached, raw=raw)
         assert not s.problems(dtype), (C, s)
         assert s.vec == vec
         loads = -(-C // vec)
-        if s.cached:
+        if s.raw:
+            assert raw and cached and vector and s.capacity >= C and s.per_thread <= 8 and s.threads >= 64, (C, s)
+        elif s.cached:
             assert cached and s.capacity >= C and s.per_thread * vec <= MAX_CACHED_ELEMS, (C, s)
         if loads <= 32 * 4:  # short rows share a block
             assert s.lanes <= 32 and s.rows_per_block > 1, (C, s)
@@ -65,7 +69,13 @@ def test_short_rows_use_a_warp_or_less():
     # Softmax caches at most 16 values per thread: more threads per row, or streaming.
     assert choose_schedule(4096, 2, True, max_cached_elems=16) == RowSchedule(256, 256, 8, 2, True)
     assert not choose_schedule(16384, 2, True, max_cached_elems=16).cached
-    assert kernel_for("softmax", "torch.float16", 4096, True) is make_softmax(f16, RowSchedule(256, 256, 8, 2, True))
+    # 16-bit softmax caches the row as loaded: 8 vector loads per thread, blocks of C / 64 threads.
+    assert kernel_for("softmax", "torch.float16", 4096, True) is make_softmax(f16, RowSchedule(64, 64, 8, 8, True, True))  # fmt: skip
+    assert kernel_for("softmax", "torch.bfloat16", 16384, True).ir.name.endswith("t256_l256_v8_p8_cr")
+    assert kernel_for("softmax", "torch.float16", 768, True).ir.name.endswith("t128_l32_v8_p3_c")  # short rows
+    assert kernel_for("softmax", "torch.float32", 8192, True).ir.name.endswith("t512_l512_v4_p4_c")
+    assert not kernel_for("softmax", "torch.float16", 4096, False).ir.name.endswith("r")  # element loads
+    assert not choose_schedule(1 << 16, 2, True, True, 16, raw=True).cached  # beyond 512 threads: streaming
     assert kernel_for("sum", "torch.float32", 8192, True) is make_row_reduce("sum", f32, RowSchedule(512, 512, 4, 4))
 
 
@@ -77,6 +87,11 @@ def test_schedule_problems():
             _make("sum", f32, bad)
     with pytest.raises(ValueError, match="unknown reduction"):
         make_row_reduce("prod", f16)
+    assert "raw" in RowSchedule(256, 256, 8, 4, False, True).problems(f16)[0]
+    assert str(RowSchedule(256, 256, 8, 4, True, True)) == "t256_l256_v8_p4_cr"
+    for make in (make_layernorm, make_rmsnorm):  # the norms cache float32 only
+        with pytest.raises(UnsupportedError, match="raw"):
+            make(f16, RowSchedule(256, 256, 8, 4, True, True))
 
 
 # One of each kernel family: (schedule, dtype).
@@ -90,6 +105,9 @@ FAMILIES = [
     (RowSchedule(512, 512, 1, 9, True), f16),  # element loads, cached (C = 4099)
     (SCALAR_BLOCK, f32),  # the original schedule
 ]
+# Softmax with the row cached as loaded (raw): row per block, short rows, element loads.
+RAW_SOFTMAX = [(RowSchedule(256, 256, 8, 8, True, True), f16), (RowSchedule(64, 16, 8, 4, True, True), bf16),
+               (RowSchedule(128, 128, 1, 9, True, True), f32)]  # fmt: skip
 
 
 def _build_all(kernels: list[ts.Kernel]) -> list[str]:
@@ -101,6 +119,7 @@ def _build_all(kernels: list[ts.Kernel]) -> list[str]:
 def test_reduce_kernels_compile():
     kernels = [_make(op, dt, s) for s, dt in FAMILIES for op in ("sum", "max", "softmax", "layernorm", "rmsnorm")]
     kernels += [make_row_reduce("max", f16), make_softmax(f16), make_layernorm(f16), make_rmsnorm(f16)]
+    kernels += [make_softmax(dt, s) for s, dt in RAW_SOFTMAX]
     for k, path in zip(kernels, _build_all(kernels)):
         assert path.endswith(".cubin")
         assert "__shfl_xor_sync" in k.source or "_l1_" in k.ir.name
@@ -129,6 +148,7 @@ def test_benchmark_schedules_do_not_spill(tmp_path):
         s = choose_schedule(C, dt.nbytes, vector)
         assert s.cached
         jobs += [(f"{op}_{C}_{dt.short}", _make(op, dt, s).source) for op in ("softmax", "layernorm", "rmsnorm")]
+        jobs.append((f"softmax_dispatch_{C}_{dt.short}", kernel_for("softmax", f"torch.{dt}", C, vector).source))
     with ThreadPoolExecutor(2) as ex:
         logs = list(ex.map(lambda j: _ptxas_usage(j[1], tmp_path, j[0]), jobs))
     for (name, _), log in zip(jobs, logs):
@@ -163,12 +183,19 @@ def variants(op: str, C: int, dtype) -> list[RowSchedule]:
     vecs = [1, V] if C % V == 0 else [1]
     out = [choose_schedule(C, dtype.nbytes, vec > 1, cached) for vec in vecs]
     if op == "softmax":
-        out += [choose_schedule(C, dtype.nbytes, vec > 1, True, SOFTMAX_CACHED_ELEMS) for vec in vecs]
+        out += [choose_schedule(C, dtype.nbytes, vec > 1, True, SOFTMAX_CACHED_ELEMS, raw) for vec in vecs
+                for raw in (False, True)]  # fmt: skip
     for vec in vecs:
         out += [RowSchedule(128, 128, vec, 2, False), RowSchedule(64, 4, vec, 2, False)]  # several steps per row
         p = -(-C // (16 * vec))
         if cached and p <= 32 and p * vec <= 64:
             out.append(RowSchedule(64, 16, vec, p, True))  # short-row, cached
+        if op == "softmax":  # the row cached as loaded: short-row and row-per-block
+            if p <= 32 and p * vec <= 64:
+                out.append(RowSchedule(64, 16, vec, p, True, True))
+            p = -(-C // (128 * vec))
+            if p <= 32 and p * vec <= 128:
+                out.append(RowSchedule(128, 128, vec, p, True, True))
     out.append(SCALAR_BLOCK)
     return list(dict.fromkeys(out))
 
@@ -180,7 +207,8 @@ def prebuilt(tmp_path_factory):
         _make(op, ts.dtype(d), s) for d in DTYPES for _, C in SHAPES for op in ALL_OPS for s in variants(op, C, ts.dtype(d))
     }  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("reduce-cache")))
+        if not os.environ.get("TESSERA_CACHE_DIR"):  # a cache the caller chose (prebuilt cubins) is kept
+            mp.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("reduce-cache")))
         with ThreadPoolExecutor(os.cpu_count() or 1) as ex:  # nvcc runs outside the GIL
             list(ex.map(lambda k: k.build(), kernels))
         for k in kernels:  # loading stays on this thread (the CUDA context)

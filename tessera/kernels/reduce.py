@@ -35,7 +35,7 @@ _INIT = {"sum": 0.0, "mean": 0.0, "max": -float("inf"), "min": float("inf")}
 def make_row_reduce(op: str, dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
     """kernel(x, y): y[r] = op(x[r, :]) for op in sum, mean, max, min; y has x's dtype.
 
-    Accumulates in float32; max/min propagate NaN.  Reads the row once (`cached` is ignored).
+    Accumulates in float32; max/min propagate NaN.  Reads the row once (`cached` and `raw` are ignored).
     """
     if op not in _INIT:
         raise ValueError(f"unknown reduction {op!r}; choose one of {sorted(_INIT)}")
@@ -97,6 +97,8 @@ def make_row_reduce(op: str, dtype: DataType, schedule: RowSchedule = SCALAR_BLO
 def make_softmax(dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
     """kernel(x, y): y = softmax(x) over the last axis, computed in float32."""
     check_schedule(dtype, schedule)
+    if schedule.raw:
+        return _make_softmax_cached_raw(dtype, schedule)
     return (_make_softmax_cached if schedule.cached else _make_softmax_streaming)(dtype, schedule)
 
 
@@ -161,6 +163,69 @@ def _make_softmax_cached(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
                     ts.copy_vector(y[row, i * VEC], o[k, 0], VECTOR_BYTES)
 
     return softmax_cached
+
+
+def _make_softmax_cached_raw(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:
+    # One read of x, the row kept as loaded (x's dtype): half the registers of caching float32
+    # exponentials for 16-bit rows, so blocks stay small and many fit on an SM, at the cost of
+    # a second exp per element (for the output, after the sum).  Values are scaled by log2(e).
+    T, THREADS, LANES, VEC, PT = dtype, schedule.threads, schedule.lanes, schedule.vec, schedule.per_thread
+    ROWS, OFFSETS, BLOCK = schedule.rows_per_block, schedule.shuffle_offsets, schedule.block_combine
+
+    @ts.kernel(target="cuda", name=f"softmax_{T.short}_{schedule}")
+    def softmax_cached_raw(x: T["R", "C"], y: T["R", "C"]):
+        R = x.shape[0]
+        C = x.shape[1]
+        ts.attrs.grid = ts.ceil_div(R, ROWS)
+        ts.attrs.block = THREADS
+        row = ts.block_idx.x * ROWS + ts.thread_idx.x // LANES
+        lane = ts.thread_idx.x % LANES
+        active = row < R
+        loads = C // VEC
+        v = ts.register_tensor(T, [PT, VEC])
+        for k in ts.unroll(PT):
+            i = lane + k * LANES
+            if active and i < loads:
+                if VEC == 1:
+                    v[k, 0] = x[row, i]
+                else:
+                    ts.copy_vector(v[k, 0], x[row, i * VEC], VECTOR_BYTES)
+        m = -float("inf")
+        for k in ts.unroll(PT):
+            if active and lane + k * LANES < loads:
+                for j in ts.unroll(VEC):
+                    m = max(m, ts.cast(v[k, j], f32))
+        row_max = m
+        if BLOCK:
+            row_max = ts.block_reduce(m, "max")
+        for d in OFFSETS:
+            row_max = max(row_max, ts.shfl_xor(row_max, ts.cast(d, i32)))
+        # exp(x - max) = exp2(x * log2(e) - max * log2(e)): one FMA feeds each exp2.  A row of
+        # -inf has max -inf; its scaled max is then -inf too and every term is NaN, as in torch.
+        shift = row_max * LOG2E
+        s = 0.0
+        for k in ts.unroll(PT):
+            if active and lane + k * LANES < loads:
+                for j in ts.unroll(VEC):
+                    s += ts.exp2(ts.cast(v[k, j], f32) * LOG2E - shift)
+        total = s
+        if BLOCK:
+            total = ts.block_reduce(s, "sum")
+        for d in OFFSETS:
+            total = total + ts.shfl_xor(total, ts.cast(d, i32))
+        inv = 1.0 / total
+        o = ts.register_tensor(T, [PT, VEC])
+        for k in ts.unroll(PT):
+            i = lane + k * LANES
+            if active and i < loads:
+                for j in ts.unroll(VEC):
+                    o[k, j] = ts.exp2(ts.cast(v[k, j], f32) * LOG2E - shift) * inv
+                if VEC == 1:
+                    y[row, i] = o[k, 0]
+                else:
+                    ts.copy_vector(y[row, i * VEC], o[k, 0], VECTOR_BYTES)
+
+    return softmax_cached_raw
 
 
 def _make_softmax_streaming(dtype: DataType, schedule: RowSchedule) -> ts.Kernel:

@@ -14,21 +14,28 @@ import functools
 
 import tessera as ts
 from tessera import f32, i32
+from tessera.errors import UnsupportedError
 from tessera.ir.dtypes import DataType
 from tessera.kernels.reduce_schedule import SCALAR_BLOCK, VECTOR_BYTES, RowSchedule, check_schedule
+
+
+def _check_norm_schedule(dtype: DataType, schedule: RowSchedule) -> None:
+    check_schedule(dtype, schedule)
+    if schedule.raw:
+        raise UnsupportedError(f"row schedule {schedule}: raw caching is a softmax schedule; the norms cache float32")
 
 
 @functools.cache
 def make_layernorm(dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
     """kernel(x, w, b, y, eps): y = (x - mean) / sqrt(var + eps) * w + b, biased variance."""
-    check_schedule(dtype, schedule)
+    _check_norm_schedule(dtype, schedule)
     return (_make_layernorm_cached if schedule.cached else _make_layernorm_streaming)(dtype, schedule)
 
 
 @functools.cache
 def make_rmsnorm(dtype: DataType, schedule: RowSchedule = SCALAR_BLOCK) -> ts.Kernel:
     """kernel(x, w, y, eps): y = x / sqrt(mean(x^2) + eps) * w."""
-    check_schedule(dtype, schedule)
+    _check_norm_schedule(dtype, schedule)
     return (_make_rmsnorm_cached if schedule.cached else _make_rmsnorm_streaming)(dtype, schedule)
 
 

@@ -8,7 +8,8 @@ Each op works over the last axis of x (any leading shape), allocates its output 
   block (up to 32 lanes per row, warp shuffles); longer rows get a block each, sized for about
   `TARGET_LOADS` loads per thread, with the row cached in registers while it fits in
   `MAX_CACHED_ELEMS` elements per thread; longer rows still stream (softmax and the norms
-  then read x twice).
+  then read x twice).  Softmax on 16-bit rows caches the row as loaded instead (`RAW_LOADS`
+  16-byte loads per thread), which fits rows up to 32768 elements in blocks of C / 64 threads.
 
 Rows are launched in chunks that keep every element index below 2**31 (the kernels index
 with int32).
@@ -40,6 +41,14 @@ MAX_CACHED_ELEMS = 32
 # per SM to overlap them with memory (measured on the H200: 4096 x 16384 fp16 caching 32 values
 # per thread took 103 us, streaming 78 us; 16384 x 4096, 16 values per thread: 76 us vs 79 us).
 SOFTMAX_CACHED_ELEMS = 16
+# Softmax on 16-bit rows with 16-byte loads caches the row as loaded (RowSchedule.raw): 8 loads
+# (128 bytes) per thread, so blocks stay small (a block of C / 64 threads per row) and many fit
+# on an SM.  Measured on the H200 (2026-11-22, L2 flushed by reads), fp16, % of copy bandwidth:
+# 8192 x 8192 t128 p8 raw 94.5% (float32 cache t512 p2: 79.9%), 16384 x 4096 t64 p8 raw 95.5%
+# (t256 p2: 88.3%), 4096 x 16384 t256 p8 raw 93.9% (streaming t512 p4: 81.9%); larger blocks
+# for the same rows lose (t512 p4 raw 90.9%, t1024 p2 raw 64%).
+RAW_LOADS = 8
+RAW_MIN_THREADS = 64  # a 32-thread block per row would cap an SM at 32 blocks (1024 threads)
 # Cached rows use at most 512 threads per block: at 1024, __launch_bounds__ caps a thread at
 # 64 registers and the cached LayerNorm spills.
 MAX_CACHED_THREADS = 512
@@ -54,13 +63,15 @@ def _next_pow2(n: int) -> int:
 
 
 def choose_schedule(C: int, itemsize: int, vector: bool, cached: bool = True,
-                    max_cached_elems: int = MAX_CACHED_ELEMS) -> RowSchedule:  # fmt: skip
+                    max_cached_elems: int = MAX_CACHED_ELEMS, raw: bool = False) -> RowSchedule:  # fmt: skip
     """The schedule for rows of C elements of `itemsize` bytes.
 
     `vector`: rows are 16-byte aligned (16-byte loads).  `cached`: the op benefits from
     keeping the row in registers (softmax and the norms); plain reductions pass False.
     `max_cached_elems`: the most values a thread may cache (the block grows to respect it,
-    up to MAX_CACHED_THREADS; beyond, the row streams).
+    up to MAX_CACHED_THREADS; beyond, the row streams).  `raw` (softmax, with `cached` and
+    `vector`): rows longer than the short-row limit are cached as loaded, RAW_LOADS vector
+    loads per thread (`max_cached_elems` then does not apply).
     """
     vec = VECTOR_BYTES // itemsize if vector else 1
     loads = -(-C // vec)
@@ -68,6 +79,10 @@ def choose_schedule(C: int, itemsize: int, vector: bool, cached: bool = True,
     if loads <= WARP * target:  # short rows: several rows per block, at most a warp per row
         lanes = min(WARP, _next_pow2(-(-loads // target)))
         return RowSchedule(SHORT_ROW_THREADS, lanes, vec, -(-loads // lanes), cached)
+    if cached and raw and vector:
+        threads = max(RAW_MIN_THREADS, _next_pow2(-(-loads // RAW_LOADS)))
+        if threads <= MAX_CACHED_THREADS:
+            return RowSchedule(threads, threads, vec, -(-loads // threads), True, True)
     if cached:
         threads = max(_next_pow2(-(-loads // target)), _next_pow2(-(-loads * vec // max_cached_elems)))
         threads = min(threads, MAX_CACHED_THREADS)
@@ -96,7 +111,8 @@ def kernel_for(op: str, dtype_name: str, C: int, vector: bool) -> ts.Kernel:
     if op in REDUCTIONS:
         return make_row_reduce(op, sdt, choose_schedule(C, sdt.nbytes, vector, cached=False))
     if op == "softmax":
-        return make_softmax(sdt, choose_schedule(C, sdt.nbytes, vector, max_cached_elems=SOFTMAX_CACHED_ELEMS))
+        raw = sdt.nbytes == 2  # float32 rows gain nothing from it (same registers, twice the exps)
+        return make_softmax(sdt, choose_schedule(C, sdt.nbytes, vector, True, SOFTMAX_CACHED_ELEMS, raw))
     make = {"layernorm": make_layernorm, "rmsnorm": make_rmsnorm}[op]
     return make(sdt, choose_schedule(C, sdt.nbytes, vector))
 

@@ -38,6 +38,9 @@ class RowSchedule:
       C <= capacity; the caller checks (reduce_ops does).  Without it the kernel streams
       over the row in steps of lanes * per_thread loads, for any C, and softmax and the
       norms read the row twice.  Row reductions always stream: they read the row once.
+    * `raw` (softmax, with `cached`): the row stays in registers as loaded, in x's dtype,
+      rather than as float32 exponentials: half the registers for float16/bfloat16 rows, at
+      the cost of evaluating each exponential twice (for the sum, then for the output).
     """
 
     threads: int = 256
@@ -45,6 +48,7 @@ class RowSchedule:
     vec: int = 1
     per_thread: int = 4
     cached: bool = False
+    raw: bool = False
 
     @property
     def rows_per_block(self) -> int:
@@ -85,10 +89,12 @@ class RowSchedule:
             out.append(f"vec={self.vec}: 1 or {VECTOR_BYTES // dtype.nbytes} ({VECTOR_BYTES} bytes of {dtype})")
         if not 1 <= self.per_thread <= 32:
             out.append(f"per_thread={self.per_thread}: between 1 and 32")
+        if self.raw and not self.cached:
+            out.append("raw=True caches the row as loaded: it needs cached=True")
         return out
 
     def __str__(self) -> str:
-        return f"t{self.threads}_l{self.lanes}_v{self.vec}_p{self.per_thread}{'_c' if self.cached else ''}"
+        return f"t{self.threads}_l{self.lanes}_v{self.vec}_p{self.per_thread}{'_c' if self.cached else ''}{'r' if self.raw else ''}"
 
 
 # The schedule of the original kernels: one block of 256 threads per row, element loads.
