@@ -36,6 +36,8 @@ def _out_size(n: E.Expr, k: int, s: int, p: int, d: int, op: str, ceil_mode: boo
     nn = static(n)
     if nn is None:
         if not ceil_mode:
+            if s == 1:  # keep the size expressions of deep networks short: n + 2p - span + 1
+                return n if 2 * p - span + 1 == 0 else n + (2 * p - span + 1)
             return (n + (2 * p - span)) // s + 1
         out = (n + (2 * p - span + s - 1)) // s + 1
         # As below: drop a last window that would start in the right padding.

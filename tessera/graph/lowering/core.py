@@ -83,7 +83,7 @@ def view(x: TensorNode, shape: Sequence[E.Expr]) -> TensorNode:
         return x
     for a, b in zip(x.shape, shape):
         if static(a) is not None and static(b) is not None and static(a) != static(b):
-            raise LoweringError(f"internal: '{x.name}' has size {static(a)} where the graph has {static(b)}")
+            raise LoweringError(f"'{x.name}' has size {static(a)} where the graph has {static(b)}")
     return compute(shape, lambda *i: x[i], fresh_name("view"), x.dtype, tag="reshape")
 
 
