@@ -24,7 +24,7 @@ from tessera.ir import fragments
 from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
 from tessera.ir.dtypes import DataType, dtype
 from tessera.ir.mapping import TaskMapping, repeat, spatial
-from tessera.ir.types import Swizzle
+from tessera.ir.types import Swizzle, TensorMapType, tensor_map
 from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
     abs_,
@@ -43,6 +43,7 @@ from tessera.lang.builtins import (
     erf,
     exp,
     exp2,
+    fence_mbarrier_init,
     fence_proxy_async,
     floor,
     fma,
@@ -52,6 +53,10 @@ from tessera.lang.builtins import (
     log,
     log2,
     max_,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_wait,
     min_,
     mma,
     parallel,
@@ -60,6 +65,7 @@ from tessera.lang.builtins import (
     register_tensor,
     rsqrt,
     select,
+    setmaxnreg,
     shared_tensor,
     shfl_down,
     shfl_idx,
@@ -67,8 +73,10 @@ from tessera.lang.builtins import (
     sin,
     sqrt,
     syncthreads,
+    syncwarp,
     tanh,
     thread_idx,
+    tma_load,
     unroll,
     warp_reduce,
     wgmma,
@@ -86,7 +94,9 @@ __all__ = [
     "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
-    "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async",
+    "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
+    "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+    "tma_load", "setmaxnreg", "syncwarp",
 ]  # fmt: skip
 
 

@@ -6,6 +6,7 @@ arithmetic; math intrinsics on them are computed in float.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 
 from tessera.backend.codegen_c_like import SHARED_HELPERS, CLikeCodegen, symbol_name
@@ -15,10 +16,11 @@ from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.expr import Const
 from tessera.ir.func import CUDA_KERNEL, Function
-from tessera.ir.types import TensorType
+from tessera.ir.types import TensorMapType, TensorType
 from tessera.transforms.plan_shared_memory import shared_buffer_offsets
 
 CUDA_PRELUDE = r"""
+#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -80,22 +82,73 @@ __device__ __forceinline__ void ts_wgmma_fence() { asm volatile("wgmma.fence.syn
 __device__ __forceinline__ void ts_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void ts_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 __device__ __forceinline__ void ts_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// MN-major (transposed) operand: 64-element chunks of 128-byte rows, 8-row groups 1024 bytes
+// apart (stride byte offset), chunks `chunk` bytes apart (leading byte offset).
+__device__ __forceinline__ uint64_t ts_wgmma_desc_mn(const void* p, uint32_t chunk) {
+  uint64_t addr = ts_smem(p);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((chunk >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+// mbarriers (64-bit words in shared memory) and TMA loads that complete on them.
+__device__ __forceinline__ void ts_mbarrier_init(void* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(ts_smem(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ts_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void ts_mbarrier_arrive(void* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(ts_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void ts_mbarrier_arrive_expect_tx(void* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(ts_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ts_mbarrier_wait(void* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(ts_smem(bar)), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void ts_tma_load_1d(void* dst, const CUtensorMap* map, void* bar, int32_t c0) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n"
+               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0) : "memory");
+}
+__device__ __forceinline__ void ts_tma_load_2d(void* dst, const CUtensorMap* map, void* bar, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void ts_tma_load_3d(void* dst, const CUtensorMap* map, void* bar, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void ts_tma_load_4d(void* dst, const CUtensorMap* map, void* bar, int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map, void* bar, int32_t c0, int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
+               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
 """
 
 
-def wgmma_helper(n: int, kind: str) -> str:
-    """ts_wgmma_m64n{n}k16_{kind}(float* d, const void* a, const void* b): d += A @ B^T.
+def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
+    """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}](float* d, const void* a, const void* b): d += A @ B^T.
 
-    The accumulator has n / 2 registers per thread; the asm lists each as an operand."""
+    The accumulator has n / 2 registers per thread; the asm lists each as an operand.  With
+    `b_chunk_bytes` B is MN-major (the transpose bit set), in 64-column chunks that far apart."""
     regs = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     dlist = ", ".join(f"%{i}" for i in range(regs))
+    name, trans = wgmma_name(n, kind, b_chunk_bytes), int(bool(b_chunk_bytes))
+    bdesc = f"ts_wgmma_desc_mn(b, {b_chunk_bytes}u)" if b_chunk_bytes else "ts_wgmma_desc(b)"
     return (
-        f"__device__ __forceinline__ void ts_wgmma_m64n{n}k16_{kind}(float* d, const void* a, const void* b) {{\n"
+        f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b) {{\n"
         f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
-        f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n\"\n"
-        f"    : {outs}\n    : \"l\"(ts_wgmma_desc(a)), \"l\"(ts_wgmma_desc(b)) : \"memory\");\n}}"
+        f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {trans};\\n}}\\n\"\n"
+        f"    : {outs}\n    : \"l\"(ts_wgmma_desc(a)), \"l\"({bdesc}) : \"memory\");\n}}"
     )
+
+
+def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
+    return f"ts_wgmma_m64n{n}k16_{kind}" + (f"_t{b_chunk_bytes}" if b_chunk_bytes else "")
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 _HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
@@ -172,10 +225,20 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_ldmatrix<{a['num']}, {'true' if a['trans'] else 'false'}>({ops[0]}, {ops[1]});")
         elif s.name == "wgmma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
-            self.helpers.add(wgmma_helper(a["n"], kind))
-            self.emit(f"ts_wgmma_m64n{a['n']}k16_{kind}({ops[0]}, {ops[1]}, {ops[2]});")
-        elif s.name in ("wgmma_fence", "wgmma_commit", "fence_proxy_async"):
+            chunk = a["b_chunk_bytes"] if a["trans_b"] else 0
+            self.helpers.add(wgmma_helper(a["n"], kind, chunk))
+            self.emit(f"{wgmma_name(a['n'], kind, chunk)}({ops[0]}, {ops[1]}, {ops[2]});")
+        elif s.name in ("wgmma_fence", "wgmma_commit", "fence_proxy_async", "fence_mbarrier_init"):
             self.emit(f"ts_{s.name}();")
+        elif s.name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait"):
+            self.emit(f"ts_{s.name}({', '.join(ops)});")
+        elif s.name == "tma_load":
+            coords = ", ".join(reversed(ops[3:]))  # the IR gives them outermost first, TMA innermost first
+            self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
+        elif s.name == "syncwarp":
+            self.emit("__syncwarp();")
+        elif s.name == "setmaxnreg":
+            self.emit(f'asm volatile("setmaxnreg.{"inc" if a["increase"] else "dec"}.sync.aligned.u32 {a["regs"]};\\n");')
         elif s.name == "wgmma_wait":
             self.emit(f"ts_wgmma_wait<{a['pending']}>();")
         elif s.name == "mma":
@@ -186,6 +249,21 @@ class CudaCodegen(CLikeCodegen):
 
     def emit_barrier(self) -> None:
         self.emit("__syncthreads();")
+
+    def params(self, func: Function) -> list[str]:
+        """Tensor maps are passed by value in parameter space (TMA reads them there)."""
+        maps = {p for p in func.all_params if isinstance(p.type, TensorMapType)}
+        if not maps:
+            return super().params(func)
+        rest = super().params(replace(func, params=[p for p in func.params if p not in maps]))
+        out, k = [], 0
+        for p in func.all_params:
+            if p in maps:
+                out.append(f"const __grid_constant__ CUtensorMap {self.name_of(p)}")
+            else:
+                out.append(rest[k])
+                k += 1
+        return out
 
     def loop_pragma(self, kind: str) -> str | None:
         if kind == S.PARALLEL:

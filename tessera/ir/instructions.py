@@ -14,19 +14,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.ir import dtypes
-from tessera.ir.expr import Address, Expr
-from tessera.ir.types import GLOBAL, REGISTER, SHARED
+from tessera.ir.expr import Address, Expr, Var
+from tessera.ir.types import GLOBAL, REGISTER, SHARED, TensorMapType, TensorType
 
 
 @dataclass(frozen=True)
 class InstructionSpec:
     name: str
-    # One entry per operand: "addr" (an Address) or "bool"/"int" (a scalar expression).
+    # One entry per operand: "addr" (an Address), "bool"/"int" (a scalar expression) or
+    # "tmap" (a tensor-map parameter); a last entry "int*" takes zero or more integers.
     operands: tuple[str, ...]
     attrs: tuple[str, ...]
     gpu_only: bool
     check: Callable[[tuple[Expr, ...], dict[str, Any]], str | None]
     doc: str
+
+    def kinds(self, count: int) -> tuple[str, ...] | None:
+        """The kind of each of `count` operands, or None when the count does not fit."""
+        if self.operands and self.operands[-1].endswith("*"):
+            fixed = self.operands[:-1]
+            if count < len(fixed):
+                return None
+            return fixed + (self.operands[-1][:-1],) * (count - len(fixed))
+        return self.operands if count == len(self.operands) else None
 
 
 def _bytes_of(a: Address) -> int:
@@ -99,6 +109,18 @@ def _check_wgmma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     d, a, b = ops
     if attrs["n"] not in WGMMA_N:
         return f"wgmma n must be a multiple of 8 in 8..256, got {attrs['n']!r}"
+    if not isinstance(attrs["trans_b"], bool):
+        return "wgmma's trans_b= must be True or False"
+    t = b.buffer.type
+    if attrs["trans_b"] and isinstance(t, TensorType) and t.rank > 1:  # (passes flatten it after the check)
+        # B [k, n] with n contiguous: the tile is [n / 64, k, 64] (64-column chunks of 128 bytes).
+        ok = t.rank >= 3 and t.swizzle is not None
+        if not ok or int(getattr(t.shape[-1], "value", 0)) != 64 or int(getattr(t.shape[-2], "value", 0)) % 16:
+            return "wgmma with trans_b=True reads B from a shared tensor [..., n / 64, k, 64] (k a multiple of 16) with the 128-byte swizzle"
+        if attrs["b_chunk_bytes"] != int(t.shape[-2].value) * 128:
+            return f"wgmma's b_chunk_bytes must be the byte stride of B's 64-column chunks ({int(t.shape[-2].value) * 128})"
+        if attrs["n"] > 64 and attrs["n"] % 64:
+            return "wgmma with trans_b=True and n > 64 needs n a multiple of 64 (whole 64-column chunks)"
     if d.scope != REGISTER or d.type.dtype != dtypes.float32:
         return "wgmma accumulates into a float32 register tensor (n / 2 elements per thread)"
     if a.scope != SHARED or b.scope != SHARED:
@@ -109,6 +131,44 @@ def _check_wgmma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
 
 
 def _ok(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    return None
+
+
+def _is_barrier(x: Expr) -> bool:
+    return isinstance(x, Address) and x.scope == SHARED and x.type.dtype == dtypes.uint64
+
+
+_BARRIER = "mbarriers are uint64 elements of a shared tensor, e.g. bars = ts.shared_tensor(u64, [stages]); bars[s]"
+
+
+def _check_mbarrier(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    if not _is_barrier(ops[0]):
+        return _BARRIER
+    return None
+
+
+def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, tmap, bar, *coords = ops
+    if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType)):
+        return "tma_load's second operand must be a tensor-map parameter (annotated ts.tensor_map(dtype, box))"
+    t: TensorMapType = tmap.type
+    if dst.scope != SHARED:
+        return f"tma_load writes shared memory, got a {dst.scope} destination"
+    if dst.type.dtype != t.dtype:
+        return f"tma_load's destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
+    if not _is_barrier(bar):
+        return "tma_load completes on an mbarrier: " + _BARRIER
+    if len(coords) != t.rank:
+        return f"tma_load into a rank-{t.rank} tensor map takes {t.rank} coordinates (outermost first), got {len(coords)}"
+    return None
+
+
+def _check_setmaxnreg(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    regs, inc = attrs["regs"], attrs["increase"]
+    if not isinstance(regs, int) or isinstance(regs, bool) or not 24 <= regs <= 256 or regs % 8:
+        return f"setmaxnreg takes a compile-time register count in 24..256, a multiple of 8, got {regs!r}"
+    if not isinstance(inc, bool):
+        return "setmaxnreg's increase= must be True (raise the limit) or False (lower it)"
     return None
 
 
@@ -126,15 +186,32 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16; each lane gives one row address"),
         InstructionSpec("mma", ("addr", "addr", "addr"), ("shape",), True, _check_mma,
                         "mma.sync.aligned (row.col), float32 accumulate: c += a @ b on warp fragments"),
-        InstructionSpec("wgmma", ("addr", "addr", "addr"), ("n",), True, _check_wgmma,
+        InstructionSpec("wgmma", ("addr", "addr", "addr"), ("n", "trans_b", "b_chunk_bytes"), True, _check_wgmma,
                         "wgmma.mma_async m64n{n}k16 (SM90), float32 accumulate, A [64, 16] and B [n, 16] K-major "
-                        "in shared memory laid out with Swizzle(3, 3, 3) in 1024-byte aligned 8-row groups"),
+                        "in shared memory laid out with Swizzle(3, 3, 3) in 1024-byte aligned 8-row groups; with "
+                        "trans_b B is [k, n] (MN-major) stored as 64-column chunks b_chunk_bytes apart"),
         InstructionSpec("wgmma_fence", (), (), True, _ok, "wgmma.fence: order register accesses before wgmma"),
         InstructionSpec("wgmma_commit", (), (), True, _ok, "wgmma.commit_group"),
         InstructionSpec("wgmma_wait", (), ("pending",), True, _check_wait,
                         "wgmma.wait_group: wait until at most `pending` wgmma groups are in flight"),
         InstructionSpec("fence_proxy_async", (), (), True, _ok,
                         "fence.proxy.async.shared::cta: make shared-memory writes visible to wgmma/TMA"),
+        InstructionSpec("mbarrier_init", ("addr", "int"), (), True, _check_mbarrier,
+                        "mbarrier.init: a barrier whose phase completes after `count` arrivals (and their bytes)"),
+        InstructionSpec("fence_mbarrier_init", (), (), True, _ok,
+                        "fence.mbarrier_init.release.cluster: make barrier inits visible (then syncthreads)"),
+        InstructionSpec("mbarrier_arrive", ("addr",), (), True, _check_mbarrier, "mbarrier.arrive: one arrival"),
+        InstructionSpec("mbarrier_arrive_expect_tx", ("addr", "int"), (), True, _check_mbarrier,
+                        "mbarrier.arrive.expect_tx: one arrival, and the phase also waits for `bytes` of async copies"),
+        InstructionSpec("mbarrier_wait", ("addr", "int"), (), True, _check_mbarrier,
+                        "spin on mbarrier.try_wait.parity until the phase of parity `parity` (0/1) has completed"),
+        InstructionSpec("tma_load", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load,
+                        "cp.async.bulk.tensor (TMA) global->shared of one box at the given coordinates (outermost "
+                        "first, zero-filled past the edges), completing `box_bytes` on the mbarrier"),
+        InstructionSpec("syncwarp", (), (), True, _ok,
+                        "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
+        InstructionSpec("setmaxnreg", (), ("regs", "increase"), True, _check_setmaxnreg,
+                        "setmaxnreg.inc/dec (SM90a): this warpgroup's register budget; needs attrs.min_blocks"),
     )
 }  # fmt: skip
 
@@ -144,13 +221,18 @@ def check_instruction(name: str, operands: tuple[Expr, ...], attrs: dict[str, An
     spec = INSTRUCTIONS.get(name)
     if spec is None:
         return f"unknown instruction {name!r}; known: {sorted(INSTRUCTIONS)}"
-    if len(operands) != len(spec.operands):
+    kinds = spec.kinds(len(operands))
+    if kinds is None:
         return f"{name} takes {len(spec.operands)} operand(s), got {len(operands)}"
-    for kind, op in zip(spec.operands, operands):
+    for kind, op in zip(kinds, operands):
         if kind == "addr" and not isinstance(op, Address):
             return f"{name} takes tensor elements (addresses) as memory operands, e.g. buf[i, j]"
+        if kind == "tmap" and not (isinstance(op, Var) and isinstance(op.type, TensorMapType)):
+            return f"{name} takes a tensor-map parameter (annotated ts.tensor_map(dtype, box)) as its map operand"
         if kind == "bool" and (isinstance(op, Address) or not op.dtype.is_bool):
             return f"{name}'s predicate must be a bool expression"
+        if kind == "int" and (isinstance(op, Address) or not isinstance(op.type, dtypes.DataType) or not op.dtype.is_integer):
+            return f"{name} takes integer values where it takes counts, byte counts, parities and coordinates"
     missing = set(spec.attrs) - set(attrs)
     extra = set(attrs) - set(spec.attrs)
     if missing or extra:

@@ -88,5 +88,51 @@ class TensorType:
         return f"{self.dtype}[{dims}{scope}{swizzle}]"
 
 
-Type = Union[DataType, PointerType, TensorType]
+@dataclass(frozen=True)
+class TensorMapType:
+    """A TMA tensor map (CUDA's CUtensorMap) passed by value as a kernel parameter.
+
+    It describes a row-major global tensor of `dtype` with `len(box)` dimensions, read in
+    boxes of `box` elements (outermost dimension first, like tensor indices) into shared
+    memory laid out with a `swizzle`-byte swizzle (0, 32, 64 or 128).  The host builds the
+    map (tessera.runtime.tensor_map.TensorMap); kernels name it in `tma_load`.
+    """
+
+    dtype: DataType
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+    @property
+    def rank(self) -> int:
+        return len(self.box)
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one load writes into shared memory (the whole box, zero-filled past the edges)."""
+        n = self.dtype.nbytes
+        for b in self.box:
+            n *= b
+        return n
+
+    def __str__(self) -> str:
+        return f"tensor_map[{self.dtype}, box={list(self.box)}, swizzle={self.swizzle}]"
+
+
+def tensor_map(dtype: DataType, box: tuple[int, ...] | list[int], swizzle: int = 128) -> TensorMapType:
+    """Annotation for a tensor-map parameter: `tma_a: ts.tensor_map(f16, (1, 128, 64))`."""
+    box = tuple(box)
+    if not isinstance(dtype, DataType) or dtype.is_subbyte:
+        raise TypeError(f"tensor_map() needs a byte-sized dtype, got {dtype!r}")
+    if not 1 <= len(box) <= 5 or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 256 for b in box):
+        raise TypeError(f"tensor_map() box needs 1 to 5 dimensions of 1..256 elements, got {box!r}")
+    if swizzle not in (0, 32, 64, 128):
+        raise TypeError(f"tensor_map() swizzle must be 0, 32, 64 or 128 bytes, got {swizzle!r}")
+    if box[-1] * dtype.nbytes % 16:
+        raise TypeError(f"tensor_map() inner box dimension must span a multiple of 16 bytes, got {box[-1]} x {dtype}")
+    if swizzle and box[-1] * dtype.nbytes > swizzle:
+        raise TypeError(f"tensor_map() inner box dimension ({box[-1] * dtype.nbytes} bytes) exceeds the {swizzle}-byte swizzle span")
+    return TensorMapType(dtype, box, swizzle)
+
+
+Type = Union[DataType, PointerType, TensorType, TensorMapType]
 

@@ -67,6 +67,15 @@ wgmma_fence = Builtin("wgmma_fence", "instruction")
 wgmma_commit = Builtin("wgmma_commit", "instruction")
 wgmma_wait = Builtin("wgmma_wait", "instruction")
 fence_proxy_async = Builtin("fence_proxy_async", "instruction")
+# Hopper asynchronous pipelines: mbarriers, TMA loads and per-warpgroup register budgets.
+mbarrier_init = Builtin("mbarrier_init", "instruction")
+fence_mbarrier_init = Builtin("fence_mbarrier_init", "instruction")
+mbarrier_arrive = Builtin("mbarrier_arrive", "instruction")
+mbarrier_arrive_expect_tx = Builtin("mbarrier_arrive_expect_tx", "instruction")
+mbarrier_wait = Builtin("mbarrier_wait", "instruction")
+tma_load = Builtin("tma_load", "instruction")
+setmaxnreg = Builtin("setmaxnreg", "instruction")
+syncwarp = Builtin("syncwarp", "instruction")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))

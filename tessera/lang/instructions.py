@@ -12,6 +12,7 @@ from typing import Any
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.instructions import INSTRUCTIONS, check_instruction
+from tessera.ir.types import TensorMapType
 
 
 class InstructionError(Exception):
@@ -38,8 +39,38 @@ def _mma(c: Any, a: Any, b: Any, shape: str = "m16n8k16") -> tuple[tuple, dict]:
     return (c, a, b), {"shape": shape}
 
 
-def _wgmma(d: Any, a: Any, b: Any, n: int) -> tuple[tuple, dict]:
-    return (d, a, b), {"n": n}
+def _wgmma(d: Any, a: Any, b: Any, n: int, trans_b: bool = False) -> tuple[tuple, dict]:
+    # With trans_b the descriptor needs the byte stride of B's 64-column chunks: read it off
+    # B's shared tensor type, [..., n / 64, k, 64] (checked in tessera.ir.instructions).
+    chunk = 0
+    if trans_b is True and isinstance(b, E.Load):
+        k = getattr(b.buffer.type.shape[-2], "value", 0) if getattr(b.buffer.type, "rank", 0) >= 2 else 0
+        chunk = int(k) * 128
+    return (d, a, b), {"n": n, "trans_b": trans_b, "b_chunk_bytes": chunk}
+
+
+def _mbarrier_init(bar: Any, count: Any) -> tuple[tuple, dict]:
+    return (bar, count), {}
+
+
+def _mbarrier_arrive(bar: Any) -> tuple[tuple, dict]:
+    return (bar,), {}
+
+
+def _mbarrier_arrive_expect_tx(bar: Any, bytes: Any) -> tuple[tuple, dict]:
+    return (bar, bytes), {}
+
+
+def _mbarrier_wait(bar: Any, parity: Any) -> tuple[tuple, dict]:
+    return (bar, parity), {}
+
+
+def _tma_load(dst: Any, tensor_map: Any, bar: Any, *coords: Any) -> tuple[tuple, dict]:
+    return (dst, tensor_map, bar, *coords), {}
+
+
+def _setmaxnreg(regs: int, increase: bool) -> tuple[tuple, dict]:
+    return (), {"regs": regs, "increase": increase}
 
 
 def _no_operands() -> tuple[tuple, dict]:
@@ -51,7 +82,9 @@ SIGNATURES = {
     "copy_vector": _copy_vector, "copy_async": _copy_async, "copy_async_commit": _no_operands,
     "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "mma": _mma, "wgmma": _wgmma,
     "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _copy_async_wait,
-    "fence_proxy_async": _no_operands,
+    "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
+    "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
+    "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
 }  # fmt: skip
 
 
@@ -60,8 +93,14 @@ def _operand(kind: str, value: Any) -> E.Expr:
         if isinstance(value, E.Load):
             return E.Address(value.buffer, value.indices)
         raise InstructionError("memory operands must be tensor elements such as buf[i, j]")
+    if kind == "tmap":
+        if isinstance(value, E.Var) and isinstance(value.type, TensorMapType):
+            return value
+        raise InstructionError("the map operand must be a tensor-map parameter (annotated ts.tensor_map(dtype, box))")
     if isinstance(value, bool):
         return E.Const(value, E.dtypes.boolean)
+    if kind == "int" and isinstance(value, int):
+        return E.Const(value, E.dtypes.int32 if -(2**31) <= value < 2**31 else E.dtypes.int64)
     if not isinstance(value, E.Expr):
         raise InstructionError(f"operand {value!r} is not a kernel value")
     return value
@@ -81,7 +120,10 @@ def build_instruction(name: str, target: str, args: list[Any], kwargs: dict[str,
     for key, value in attrs.items():
         if isinstance(value, E.Expr):
             raise InstructionError(f"{name}()'s {key}= must be a compile-time constant")
-    operands = tuple(_operand(kind, v) for kind, v in zip(spec.operands, raw_operands))
+    kinds = spec.kinds(len(raw_operands))
+    if kinds is None:
+        raise InstructionError(f"{name} takes {len(spec.operands)} operand(s), got {len(raw_operands)}")
+    operands = tuple(_operand(kind, v) for kind, v in zip(kinds, raw_operands))
     error = check_instruction(name, operands, attrs)
     if error:
         raise InstructionError(error)

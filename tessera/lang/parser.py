@@ -22,7 +22,7 @@ from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import TARGETS, Function, LaunchConfig
 from tessera.ir.mapping import TaskMapping, repeat
-from tessera.ir.types import GLOBAL, PointerType, TensorType
+from tessera.ir.types import GLOBAL, PointerType, TensorMapType, TensorType
 from tessera.lang import builtins as B
 from tessera.lang.expressions import BINARY_OPERATORS, ExpressionParser, ParseError, is_py_scalar
 
@@ -101,8 +101,10 @@ class KernelParser(ExpressionParser):
             ann = self.eval_python(arg.annotation)
             if isinstance(ann, str):  # `from __future__ import annotations`
                 ann = self.eval_python(ast.parse(ann, mode="eval").body)
-            if not isinstance(ann, (DataType, TensorType, PointerType)):
+            if not isinstance(ann, (DataType, TensorType, PointerType, TensorMapType)):
                 raise ParseError(f"parameter '{arg.arg}' has annotation {ann!r}; expected a dtype, a tensor type or ptr()")
+            if isinstance(ann, TensorMapType) and self.target != "cuda":
+                raise ParseError(f"parameter '{arg.arg}': tensor maps (TMA) are for CUDA kernels")
             if isinstance(ann, DataType) and (ann.is_subbyte or ann.name in ("e4m3", "e5m2")):
                 raise ParseError(f"scalar parameter '{arg.arg}' cannot have the storage-only type {ann}")
             annotations.append((arg, ann))

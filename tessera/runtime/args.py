@@ -14,8 +14,9 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ir.expr import Const, Var
 from tessera.ir.func import Function, LaunchConfig
-from tessera.ir.types import PointerType, TensorType
+from tessera.ir.types import PointerType, TensorMapType, TensorType
 from tessera.runtime.tensor import ArrayView, as_view
+from tessera.runtime.tensor_map import TensorMapSlot, check_tensor_map
 
 CTYPES = {
     "bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
@@ -27,6 +28,8 @@ CTYPES = {
 def ctype_of(t: Any) -> type:
     if isinstance(t, (PointerType, TensorType)):
         return ctypes.c_void_p
+    if isinstance(t, TensorMapType):
+        return TensorMapSlot
     if t.name not in CTYPES:
         raise ArgumentError(f"scalar parameters of type {t} are not supported")
     return CTYPES[t.name]
@@ -68,6 +71,9 @@ def bind(func: Function, args: Sequence[Any], device: str) -> tuple[list[Any], d
             values[p.name] = _scalar(func, p, a)
     for p, a in zip(func.params, args):
         if isinstance(p.type, DataType):
+            continue
+        if isinstance(p.type, TensorMapType):
+            values[p.name] = check_tensor_map(func.name, p.name, p.type, a).raw
             continue
         try:
             view = as_view(a)

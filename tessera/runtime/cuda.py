@@ -18,8 +18,10 @@ import numpy as np
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function, LaunchConfig
+from tessera.ir.types import TensorMapType
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
 from tessera.runtime.tensor import ArrayView, numpy_dtype
+from tessera.runtime.tensor_map import TensorMap
 
 
 def _driver() -> Any:
@@ -126,6 +128,8 @@ def _plan_key(args: Sequence[Any]) -> tuple | None:
     for a in args:
         if isinstance(a, (int, float, bool)):
             key.append((type(a), a))
+        elif isinstance(a, TensorMap):  # its bytes are copied into the plan's slot per call
+            key.append(a.type)
         elif type(a).__name__ in ("Tensor", "Parameter") and type(a).__module__.startswith("torch"):
             key.append((a.shape, a.stride(), a.dtype, a.device))
         else:
@@ -170,9 +174,11 @@ class CudaKernel:
             plan = self._plan(args)
             if key is not None and len(self.plans) < 256:
                 self.plans[key] = plan
-        slots, pointer_slots, grid, block, smem, array = plan
+        slots, pointer_slots, grid, block, smem, array = plan[:6]
         for i in pointer_slots:
             slots[i].value = args[i].data_ptr()
+        for i in plan[6]:
+            slots[i].load(args[i].raw)
         if stream is None:
             stream = plan_stream(args) if key is not None else 0
         ensure_current()
@@ -180,6 +186,12 @@ class CudaKernel:
             _driver().cuLaunchKernel(self.handle, *grid, *block, smem, stream, ctypes.addressof(array), 0),
             f"launching {self.func.name} grid={grid} block={block}",
         )
+
+    def bind(self, args: Sequence[Any]) -> BoundLaunch:
+        """Check `args` once and return a launcher for later calls whose arguments have the
+        same shapes, dtypes, devices and scalar values: it takes only the array pointers and
+        tensor maps (bytes), in parameter order, and skips all checking."""
+        return BoundLaunch(self, self._plan(args))
 
     def _plan(self, args: Sequence[Any]) -> tuple:
         """Full validation and launch geometry for one argument signature."""
@@ -198,8 +210,39 @@ class CudaKernel:
             self.smem_limit_set = smem
         slots = [ct(v) for ct, v in zip(self.ctypes, values)]
         array = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
-        pointer_slots = [i for i, p in enumerate(self.func.params) if not isinstance(p.type, DataType)]
+        map_slots = [i for i, p in enumerate(self.func.params) if isinstance(p.type, TensorMapType)]
+        pointer_slots = [i for i, p in enumerate(self.func.params)
+                         if not isinstance(p.type, (DataType, TensorMapType))]  # fmt: skip
         if not all(hasattr(args[i], "data_ptr") for i in pointer_slots):
             pointer_slots = []  # not torch: the values bound above are the pointers of this call
         del views
-        return slots, pointer_slots, grid, block, smem, array
+        return slots, pointer_slots, grid, block, smem, array, map_slots
+
+
+class BoundLaunch:
+    """A launch of one kernel with a fixed argument signature (CudaKernel.bind).
+
+    `launcher(pointers, maps, stream)` writes the arrays' device pointers and the tensor maps'
+    bytes into the argument slots and launches: a few µs of host time, no validation."""
+
+    __slots__ = ("kernel", "slots", "array", "pointers", "maps", "dims", "smem", "address", "launch_fn", "success")
+
+    def __init__(self, kernel: CudaKernel, plan: tuple):
+        slots, _, grid, block, smem, array, map_slots = plan
+        self.kernel, self.slots, self.array, self.smem = kernel, slots, array, smem
+        params = kernel.func.params
+        self.pointers = [slots[i] for i, p in enumerate(params) if not isinstance(p.type, (DataType, TensorMapType))]
+        self.maps = [slots[i] for i in map_slots]
+        self.dims = (*grid, *block)
+        self.address = ctypes.addressof(array)
+        driver = _driver()
+        self.launch_fn, self.success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+
+    def __call__(self, pointers: Sequence[int], maps: Sequence[bytes] = (), stream: int = 0) -> None:
+        for slot, p in zip(self.pointers, pointers):
+            slot.value = p
+        for slot, m in zip(self.maps, maps):
+            slot.load(m)
+        result = self.launch_fn(self.kernel.handle, *self.dims, self.smem, stream, self.address, 0)
+        if result[0] != self.success:
+            check(result, f"launching {self.kernel.func.name}")

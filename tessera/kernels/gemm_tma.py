@@ -1,0 +1,316 @@
+"""Warp-specialised fp16/bf16 GEMM for SM90: TMA loads, an mbarrier ring, wgmma, written in tessera.
+
+C[b] = A[b] @ B[b] with A [batch, M, K] and B [batch, N, K] ("nk", K-major, a linear layer's
+weight) or [batch, K, N] ("kn", torch.matmul's layout, read by wgmma as an MN-major operand
+through the descriptor's transpose bit).  Per thread block (one per SM when persistent):
+
+* warpgroup 0 is the producer: one thread walks the block's tiles and issues TMA loads of
+  BM x 64 and BN x 64 (or 64 x 64 chunks for "kn") boxes into a `stages`-deep ring, each stage
+  guarded by a `full` mbarrier (TMA bytes landed) and an `empty` one (consumers done);
+* warpgroups 1..consumers each own BM / consumers rows of the tile and issue m64nBNk16
+  wgmmas straight from the swizzled stages, keeping one k-tile of wgmmas in flight
+  (`wgmma_wait(1)`) before releasing the stage they no longer read;
+* registers move to the consumers with `setmaxnreg` (two consumer warpgroups);
+* tiles are visited in groups of 8 tile rows (L2 reuse of B), split-k over the tile index;
+* the epilogue (`epilogue=`) stores each element with `C[z, r, c] = value` ("scalar", the
+  form epilogue fusion rewrites), packed column pairs ("pair"), or ("staged") has each
+  consumer warp park its 16 x BN rows in shared memory and write them back as coalesced
+  16-byte row segments: scattered 2-byte stores cost ~12 µs per 128 x 256 tile on the H200,
+  the staged form ~1 µs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import tessera as ts
+from tessera import f32, u64
+from tessera.errors import UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir.dtypes import DataType
+from tessera.ir.mapping import repeat, spatial
+from tessera.ir.types import Swizzle
+
+BLOCK_K = 64  # one 128-byte swizzled row of 16-bit elements
+SWIZZLE_128B = Swizzle(3, 3, 3)
+GROUP_M = 8  # tile rows visited together (the rasterisation's L2 reuse)
+LAYOUTS = ("nk", "kn")
+EPILOGUES = ("scalar", "pair", "staged")
+
+
+@dataclass(frozen=True)
+class TmaConfig:
+    """Block tile, pipeline depth, consumer warpgroups, split-k and epilogue of the TMA GEMM.
+
+    block_m = 64 x consumers x (m64 slabs per consumer, 1 or 2)."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    consumers: int = 2
+    split_k: int = 1
+    persistent: bool = True
+    epilogue: str = "scalar"
+    group_m: int = GROUP_M
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def slabs(self) -> int:
+        return self.block_m // (64 * self.consumers)
+
+    def stage_bytes(self) -> int:
+        return (self.block_m + self.block_n) * BLOCK_K * 2
+
+    def staging_bytes(self) -> int:
+        """Shared memory of the staged epilogue: 16 rows (+ 8 columns of padding) per consumer warp."""
+        if self.epilogue != "staged":
+            return 0
+        return -(-self.consumers * 4 * 16 * (self.block_n + 8) * 2 // 1024) * 1024
+
+    def smem_bytes(self) -> int:
+        # + the two barrier arrays and the (unused) staging stub, 1 KiB aligned each
+        return self.stages * self.stage_bytes() + max(self.staging_bytes(), 1024) + 2048
+
+    def problems(self) -> list[str]:
+        """Why this configuration cannot be built (empty when it can)."""
+        out = []
+        if self.consumers not in (1, 2):
+            out.append("consumers must be 1 or 2 warpgroups")
+        elif self.block_m % (64 * self.consumers) or self.slabs not in (1, 2):
+            out.append(f"block_m must be 64 x consumers x 1 or 2, got {self.block_m}")
+        if self.block_n % 16 or not 16 <= self.block_n <= 256:
+            out.append("block_n must be a multiple of 16 in 16..256 (multiples of 64 for b_layout 'kn')")
+        if self.group_m < 1:
+            out.append("group_m must be >= 1")
+        if self.epilogue not in EPILOGUES:
+            out.append(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.slabs * self.block_n // 2 > 128:
+            out.append("more than 128 accumulator registers per consumer thread")
+        if self.stages < 2:
+            out.append("a pipeline needs at least 2 stages")
+        if self.smem_bytes() > 227 * 1024:
+            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        if self.split_k < 1:
+            out.append("split_k must be >= 1")
+        return out
+
+    def tiles(self, m: int, n: int, batch: int = 1) -> int:
+        """Work items of one launch: output tiles times batch times split-k."""
+        return -(-m // self.block_m) * -(-n // self.block_n) * batch * self.split_k
+
+    def grid(self, m: int, n: int, batch: int = 1, sms: int = 132) -> int:
+        """Thread blocks to launch: one per SM when persistent, else one per work item."""
+        tiles = self.tiles(m, n, batch)
+        return min(tiles, sms) if self.persistent else tiles
+
+    def __str__(self) -> str:
+        flags = ("_p" if self.persistent else "") + {"scalar": "", "pair": "_v", "staged": "_e"}.get(self.epilogue, "?")
+        flags += f"_g{self.group_m}" if self.group_m != GROUP_M else ""
+        return f"tma_{self.block_m}x{self.block_n}x{BLOCK_K}_s{self.stages}_c{self.consumers}_k{self.split_k}{flags}"
+
+
+def tensor_map_boxes(config: TmaConfig, b_layout: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The TMA boxes of A [batch, M, K] and B ([batch, N, K] or [batch, K, N]) for `config`."""
+    a_box = (1, config.block_m, BLOCK_K)
+    b_box = (1, BLOCK_K, 64) if b_layout == "kn" else (1, config.block_n, BLOCK_K)
+    return a_box, b_box
+
+
+def c_pairs(n: int) -> ts.TaskMapping:
+    """The wgmma m64n{n} accumulator as pairs of neighbouring columns: task j of a thread holds
+    registers 2j and 2j + 1 at (row, 2 * column)."""
+    return spatial(4, 1) * repeat(1, n // 8) * repeat(2, 1) * spatial(8, 4)
+
+
+def make_gemm_tma(dtype: DataType, config: TmaConfig, b_layout: str = "nk") -> ts.Kernel:
+    """kernel(A, B, C, tma_a, tma_b, split, ctas): with split == 1 it writes `dtype` results into
+    C [batch, M, N]; otherwise float32 partials into C [batch * split, M, N] (see
+    tessera.kernels.gemm.make_split_k_reduce).  tma_a / tma_b are TensorMaps over A and B with
+    the boxes of `tensor_map_boxes`; ctas is the grid size (`config.grid`)."""
+    # split_k and persistence are run-time arguments: one kernel serves them all.
+    return _make(dtype, replace(config, split_k=1, persistent=False), b_layout, config.split_k > 1)
+
+
+@functools.cache
+def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> ts.Kernel:
+    if dtype not in (dtypes.float16, dtypes.bfloat16):
+        raise UnsupportedError(f"the tensor-core GEMM takes float16 or bfloat16, not {dtype}")
+    if b_layout not in LAYOUTS:
+        raise UnsupportedError(f"b_layout must be one of {LAYOUTS}, got {b_layout!r}")
+    problems = config.problems()
+    if b_layout == "kn" and config.block_n % 64:
+        problems.append("with b_layout 'kn' block_n must be a multiple of 64 (B is read in 64-column chunks)")
+    if problems:
+        raise UnsupportedError(f"GEMM config {config}: {'; '.join(problems)}")
+    T = dtype
+    BM, BN, BK, STAGES = config.block_m, config.block_n, BLOCK_K, config.stages
+    CONSUMERS, SLABS = config.consumers, config.slabs
+    KN = b_layout == "kn"
+    OUT = f32 if partial else T
+    # Split-k partials (float32) are written in pairs when a staged epilogue is asked for.
+    EPI = "pair" if partial and config.epilogue == "staged" else config.epilogue
+    STAGED = EPI == "staged"
+    CST_SHAPE = [CONSUMERS * 4, 16, BN + 8] if STAGED else [1]
+    CPR = BN // 8  # 16-byte chunks per staged row
+    A_BOX, B_BOX = tensor_map_boxes(config, b_layout)
+    TA, TB = ts.tensor_map(T, A_BOX), ts.tensor_map(T, B_BOX)
+    B_SHAPE = ("batch", "K", "N") if KN else ("batch", "N", "K")
+    B_TILE = [STAGES, BN // 64, BK, 64] if KN else [STAGES, BN, BK]
+    STAGE_BYTES = config.stage_bytes()
+    C_FRAG = ts.fragments.wgmma_m64_c(BN)
+    C_PAIRS = c_pairs(BN)
+    # Two consumer warpgroups need more than the 168 registers a 384-thread block starts with.
+    REGS = (40, 232) if CONSUMERS == 2 else (0, 0)
+    GROUP = config.group_m
+    tile = str(config).rsplit("_k", 1)[0]
+    epi = {"scalar": "", "pair": "_v", "staged": "_e"}[EPI]
+    name = f"gemm_{T.short}_{b_layout}_{tile}{epi}{f'_g{GROUP}' if GROUP != GROUP_M else ''}{'_partial' if partial else ''}"
+
+    @ts.kernel(target="cuda", name=name)
+    def gemm(A: T["batch", "M", "K"], B: T[B_SHAPE], C: OUT["zdim", "M", "N"], tma_a: TA, tma_b: TB,
+             split: ts.int32, ctas: ts.int32):  # fmt: skip
+        ts.attrs.grid = ctas
+        ts.attrs.block = 128 * (CONSUMERS + 1)
+        ts.attrs.min_blocks = 1
+        As = ts.shared_tensor(T, [STAGES, BM, BK], swizzle=SWIZZLE_128B)
+        Bs = ts.shared_tensor(T, B_TILE, swizzle=SWIZZLE_128B)
+        full = ts.shared_tensor(u64, [STAGES])
+        empty = ts.shared_tensor(u64, [STAGES])
+        Cs = ts.shared_tensor(T, CST_SHAPE)  # the staged epilogue's rows, per consumer warp
+        tid = ts.thread_idx.x
+        wg = tid // 128
+        if tid == 0:
+            for s in range(STAGES):
+                ts.mbarrier_init(full[s], 1)  # the producer's arrive_expect_tx, then the TMA bytes
+                ts.mbarrier_init(empty[s], CONSUMERS)  # one arrival per consumer warpgroup
+            ts.fence_mbarrier_init()
+        ts.syncthreads()
+        tiles_m = ts.ceil_div(M, BM)
+        tiles_n = ts.ceil_div(N, BN)
+        per_z = tiles_m * tiles_n
+        group_tiles = GROUP * tiles_n
+        total = per_z * batch * split
+        k_tiles = ts.ceil_div(K, BK)
+        per_split = ts.ceil_div(k_tiles, split)
+        stage = 0
+        phase = 0
+        if wg == 0:
+            if REGS[0]:
+                ts.setmaxnreg(REGS[0], False)
+            if tid == 0:
+                for t in range(ts.block_idx.x, total, ts.grid_dim.x):
+                    z = t // per_z
+                    r = t % per_z
+                    first = (r // group_tiles) * GROUP
+                    rows = min(tiles_m - first, GROUP)
+                    m0 = (first + (r % group_tiles) % rows) * BM
+                    n0 = ((r % group_tiles) // rows) * BN
+                    bi = z // split
+                    kt0 = (z % split) * per_split
+                    num_k = max(min(per_split, k_tiles - kt0), 0)
+                    for kk in range(num_k):
+                        ts.mbarrier_wait(empty[stage], phase ^ 1)
+                        ts.mbarrier_arrive_expect_tx(full[stage], STAGE_BYTES)
+                        k0 = (kt0 + kk) * BK
+                        ts.tma_load(As[stage, 0, 0], tma_a, full[stage], bi, m0, k0)
+                        if KN:
+                            for c in range(BN // 64):
+                                ts.tma_load(Bs[stage, c, 0, 0], tma_b, full[stage], bi, k0, n0 + c * 64)
+                        else:
+                            ts.tma_load(Bs[stage, 0, 0], tma_b, full[stage], bi, n0, k0)
+                        stage += 1
+                        if stage == STAGES:
+                            stage = 0
+                            phase ^= 1
+        else:
+            if REGS[1]:
+                ts.setmaxnreg(REGS[1], True)
+            acc = ts.register_tensor(f32, [SLABS, BN // 2])
+            lane = tid % 128
+            row0 = (wg - 1) * SLABS * 64
+            last = 0
+            for t in range(ts.block_idx.x, total, ts.grid_dim.x):
+                z = t // per_z
+                r = t % per_z
+                first = (r // group_tiles) * GROUP
+                rows = min(tiles_m - first, GROUP)
+                m0 = (first + (r % group_tiles) % rows) * BM
+                n0 = ((r % group_tiles) // rows) * BN
+                kt0 = (z % split) * per_split
+                num_k = max(min(per_split, k_tiles - kt0), 0)
+                for sl in ts.unroll(SLABS):
+                    for e in ts.unroll(BN // 2):
+                        acc[sl, e] = 0.0
+                for kk in range(num_k):
+                    ts.mbarrier_wait(full[stage], phase)
+                    ts.wgmma_fence()
+                    for ks in ts.unroll(BK // 16):
+                        for sl in ts.unroll(SLABS):
+                            if KN:
+                                ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16, 0],
+                                         n=BN, trans_b=True)  # fmt: skip
+                            else:
+                                ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16], n=BN)
+                    ts.wgmma_commit()
+                    ts.wgmma_wait(1)  # k-tile kk - 1 is done: release its stage
+                    if kk > 0 and lane == 0:
+                        ts.mbarrier_arrive(empty[last])
+                    last = stage
+                    stage += 1
+                    if stage == STAGES:
+                        stage = 0
+                        phase ^= 1
+                ts.wgmma_wait(0)
+                if num_k > 0 and lane == 0:
+                    ts.mbarrier_arrive(empty[last])
+                for sl in ts.unroll(SLABS):
+                    if STAGED:
+                        # This warp's 16 rows go through shared memory: written as column pairs,
+                        # read back as 16-byte row segments (coalesced global stores).
+                        cw = (wg - 1) * 4 + lane // 32
+                        pair = ts.register_tensor(T, [2])
+                        ts.syncwarp()  # the previous tile's reads of Cs are done
+                        for j, (r2, c2) in enumerate(C_PAIRS.on(lane)):
+                            pair[0] = acc[sl, j * 2]
+                            pair[1] = acc[sl, j * 2 + 1]
+                            ts.copy_vector(Cs[cw, r2 % 16, c2 * 2], pair[0], 4)
+                        ts.syncwarp()
+                        for i in range(lane % 32, 16 * CPR, 32):
+                            r3 = i // CPR
+                            c3 = i % CPR
+                            gm = m0 + row0 + sl * 64 + (lane // 32) * 16 + r3
+                            gn = n0 + c3 * 8
+                            if gm < M:
+                                if N % 8 == 0 and gn + 8 <= N:
+                                    ts.copy_vector(C[z, gm, gn], Cs[cw, r3, c3 * 8], 16)
+                                else:
+                                    for e in ts.unroll(8):
+                                        if gn + e < N:
+                                            C[z, gm, gn + e] = Cs[cw, r3, c3 * 8 + e]
+                    elif EPI == "pair":
+                        pair2 = ts.register_tensor(OUT, [2])
+                        for j, (r2, c2) in enumerate(C_PAIRS.on(lane)):
+                            gm = m0 + row0 + sl * 64 + r2
+                            gn = n0 + c2 * 2
+                            if gm < M:
+                                if N % 2 == 0 and gn + 1 < N:
+                                    pair2[0] = acc[sl, j * 2]
+                                    pair2[1] = acc[sl, j * 2 + 1]
+                                    ts.copy_vector(C[z, gm, gn], pair2[0], 2 * OUT.nbytes)
+                                else:
+                                    if gn < N:
+                                        C[z, gm, gn] = acc[sl, j * 2]
+                                    if gn + 1 < N:
+                                        C[z, gm, gn + 1] = acc[sl, j * 2 + 1]
+                    else:
+                        for e, (r2, c2) in enumerate(C_FRAG.on(lane)):
+                            gm = m0 + row0 + sl * 64 + r2
+                            gn = n0 + c2
+                            if gm < M and gn < N:
+                                C[z, gm, gn] = acc[sl, e]
+
+    return gemm

@@ -1,0 +1,129 @@
+"""TMA tensor maps on the host: `TensorMap.tiled(array, box)` encodes a CUtensorMap with
+cuda-python's `cuTensorMapEncodeTiled`; kernels take it as a `ts.tensor_map(dtype, box)`
+parameter, passed by value (`const __grid_constant__ CUtensorMap`).
+
+The map holds the array's address, so it is only valid while the array lives; the caller
+keeps the array alive (kernels usually take the array as an argument as well).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from tessera.errors import ArgumentError, DeviceError
+from tessera.ir import dtypes
+from tessera.ir.types import TensorMapType
+from tessera.runtime.tensor import as_view
+
+MAP_BYTES = 128  # sizeof(CUtensorMap)
+
+_DATA_TYPES = {
+    "uint8": "UINT8", "int8": "UINT8", "uint16": "UINT16", "int16": "UINT16", "uint32": "UINT32",
+    "int32": "INT32", "uint64": "UINT64", "int64": "INT64", "float16": "FLOAT16", "bfloat16": "BFLOAT16",
+    "float32": "FLOAT32", "float64": "FLOAT64",
+}  # fmt: skip
+
+
+class TensorMapSlot(ctypes.Structure):
+    """The 128 bytes of one tensor map in a launch's argument array (64-byte aligned)."""
+
+    _fields_ = [("words", ctypes.c_uint64 * (MAP_BYTES // 8))]
+
+    def __init__(self, raw: bytes = bytes(MAP_BYTES)) -> None:
+        super().__init__()
+        self.load(raw)
+
+    def load(self, raw: bytes) -> None:
+        ctypes.memmove(ctypes.addressof(self), raw, MAP_BYTES)
+
+
+class TensorMap:
+    """An encoded tensor map: its kernel-side type (dtype, box, swizzle) and its 128 bytes."""
+
+    __slots__ = ("type", "raw", "shape")
+
+    def __init__(self, type: TensorMapType, raw: bytes, shape: tuple[int, ...] = ()):
+        if not isinstance(type, TensorMapType):
+            raise ArgumentError(f"TensorMap needs a TensorMapType, got {type!r}")
+        if len(raw) != MAP_BYTES:
+            raise ArgumentError(f"a tensor map is {MAP_BYTES} bytes, got {len(raw)}")
+        self.type, self.raw, self.shape = type, bytes(raw), tuple(shape)
+
+    @staticmethod
+    def tiled(array: Any, box: tuple[int, ...] | list[int], swizzle: int = 128) -> TensorMap:
+        """Encode a map over a contiguous CUDA array (torch tensor, device array, ...) read in
+        boxes of `box` elements, outermost dimension first; out-of-bounds elements read as zero."""
+        try:
+            view = as_view(array)
+        except TypeError as exc:
+            raise ArgumentError(f"TensorMap.tiled: {exc}") from None
+        if view is None:
+            raise ArgumentError(f"TensorMap.tiled needs a CUDA array, got {type(array).__name__}")
+        if view.device != "cuda":
+            raise ArgumentError("TensorMap.tiled needs an array in GPU memory")
+        if not view.contiguous:
+            raise ArgumentError("TensorMap.tiled needs a contiguous array")
+        return TensorMap.from_pointer(view.ptr, view.dtype, view.shape, box, swizzle)
+
+    @staticmethod
+    def from_pointer(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], box: tuple[int, ...],
+                     swizzle: int = 128) -> TensorMap:  # fmt: skip
+        """Encode a map over the contiguous row-major tensor of `dtype` and `shape` at device
+        address `ptr` (what `tiled` does after reading an array's view)."""
+        from tessera.ir.types import tensor_map
+
+        try:
+            t = tensor_map(dtype, tuple(box), swizzle)
+        except TypeError as exc:
+            raise ArgumentError(str(exc)) from None
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != t.rank:
+            raise ArgumentError(f"a rank-{t.rank} box {list(t.box)} needs a rank-{t.rank} tensor, got shape {list(shape)}")
+        if ptr % 16 or (t.rank > 1 and (shape[-1] * dtype.nbytes) % 16):
+            raise ArgumentError(f"TMA needs a 16-byte aligned base and rows that are a multiple of 16 bytes; "
+                                f"got address {ptr:#x} and rows of {shape[-1] * dtype.nbytes} bytes")  # fmt: skip
+        return TensorMap(t, _encode(ptr, dtype, shape, t), shape)
+
+    def __repr__(self) -> str:
+        return f"TensorMap({self.type}, shape={list(self.shape)})"
+
+
+def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorMapType) -> bytes:
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise DeviceError(f"cuda-python is not installed ({exc}); `pip install cuda-bindings`") from None
+    from tessera.runtime.cuda import check, ensure_current
+
+    ensure_current()
+    if dtype.name not in _DATA_TYPES:
+        raise ArgumentError(f"TMA cannot describe {dtype} tensors")
+    rank = len(shape)
+    dims = [driver.cuuint64_t(d) for d in reversed(shape)]  # innermost first
+    strides, stride = [], dtype.nbytes
+    for d in reversed(shape[1:]):
+        stride *= d
+        strides.append(driver.cuuint64_t(stride))
+    data_type = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DATA_TYPES[dtype.name]}")
+    swizzle = getattr(driver.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + ("NONE" if not t.swizzle else f"{t.swizzle}B"))
+    tmap = check(
+        driver.cuTensorMapEncodeTiled(
+            data_type, rank, ptr, dims, strides, [driver.cuuint32_t(b) for b in reversed(t.box)],
+            [driver.cuuint32_t(1)] * rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled(shape={list(shape)}, box={list(t.box)})",
+    )  # fmt: skip
+    return ctypes.string_at(int(tmap.getPtr()), MAP_BYTES)
+
+
+def check_tensor_map(func_name: str, pname: str, expected: TensorMapType, value: Any) -> TensorMap:
+    """The argument for a tensor-map parameter, checked against the kernel's declared type."""
+    if not isinstance(value, TensorMap):
+        raise ArgumentError(f"{func_name}: argument '{pname}' must be a TensorMap (TensorMap.tiled(array, box)), "
+                            f"got {type(value).__name__}")  # fmt: skip
+    if value.type != expected:
+        raise ArgumentError(f"{func_name}: argument '{pname}' is a {value.type}, but the kernel expects {expected}")
+    return value
