@@ -19,7 +19,10 @@ How a graph is compiled:
    batchnorm folding and QKV merging can use them).  Each call checks that the same
    tensors arrive with the same version counters; after an in-place update or a swap the
    graph is rebuilt, so a changed weight is never silently ignored.
-4. Sizes that dynamo marks dynamic (`dynamic=True` or automatic dynamic shapes) stay
+4. Each segment is compiled by tessera.graph.compiler (kernels for the segment's device; on
+   the GPU, CUDA-graph replay).  Pass `options={"executor": "reference"}` to run the numpy
+   references instead (debugging).
+5. Sizes that dynamo marks dynamic (`dynamic=True` or automatic dynamic shapes) stay
    symbolic in the FlowGraph, so a new batch size reuses the same graph.
 
 Calls that need autograd (grad mode on and an input that requires grad) run the original
@@ -46,7 +49,7 @@ from tessera.graph.symbolic import Sym, contains_sym
 
 log = logging.getLogger("tessera")
 
-stats = {"graphs": 0, "builds": 0, "segments": 0, "eager_nodes": 0}
+stats = {"graphs": 0, "builds": 0, "segments": 0, "eager_nodes": 0, "kernels": 0, "reference_ops": 0}
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
@@ -277,6 +280,9 @@ class CompiledGraph:
             seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.get("cuda_graph", True),
                                          tune=self.options.get("tune", False))  # fmt: skip
             seg.on_device = target == "cuda"
+            summary = seg.executor.summary()
+            stats["kernels"] += summary["kernels"]
+            stats["reference_ops"] += len(summary["reference_ops"])
         seg.sym_inputs = self._sym_placeholders()
 
     def _sym_placeholders(self) -> dict[str, int]:

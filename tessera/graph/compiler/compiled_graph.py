@@ -126,14 +126,14 @@ class CompiledGraph:
         if self.target == "cpu":
             if type(a).__module__.startswith("torch"):
                 a = a.detach().cpu().numpy()
-            a = np.ascontiguousarray(a)
+            a = _contiguous(np.asarray(a))
             if a.dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
             return a
         import torch
 
         if not isinstance(a, torch.Tensor):
-            a = torch.from_numpy(np.ascontiguousarray(a))
+            a = torch.from_numpy(_contiguous(np.asarray(a)))
         if a.device.type != "cuda":
             a = a.cuda()
         if a.dtype != _torch_dtype(t.dtype):
@@ -149,7 +149,7 @@ class CompiledGraph:
 
     def _constant(self, t: Tensor) -> Any:
         if t not in self._constants:
-            data = np.ascontiguousarray(t.data)
+            data = _contiguous(t.data)
             if self.target == "cuda":
                 import torch
 
@@ -157,7 +157,7 @@ class CompiledGraph:
                 if t.dtype.name == "bfloat16":
                     self._constants[t] = self._constants[t].view(torch.bfloat16)
             else:
-                self._constants[t] = data.reshape(data.shape)
+                self._constants[t] = data
         return self._constants[t]
 
     def _make_plan(self, bindings: Mapping[str, int]) -> _Plan:
@@ -278,6 +278,11 @@ class CompiledGraph:
     def __repr__(self) -> str:
         s = self.summary()
         return f"<CompiledGraph {self.graph.name} {self.target}: {s['operators']} ops -> {s['steps']}, {s['kernels']} kernels>"
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of the same shape (np.ascontiguousarray turns 0-d into 1-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 class _Shaped:

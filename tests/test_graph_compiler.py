@@ -1,0 +1,182 @@
+"""The graph compiler: partitioning, post-scheduling fusion decisions, the compiled graph
+(memory plan, dynamic sizes without recompiling, fallbacks), and save/load in a fresh process."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tessera.errors import ArgumentError
+from tessera.graph import GraphBuilder
+from tessera.graph.compiler import compile_graph, load_compiled, partition
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _mlp(rng, hidden=24, out=13):
+    """x -> linear(+bias) -> gelu -> linear -> add residual-like -> layer_norm -> softmax."""
+    b = GraphBuilder("mlp")
+    x = b.input("x", ["batch", 17])
+    h = b.op("linear", x, b.constant(_f32(rng, hidden, 17)), b.constant(_f32(rng, hidden)))
+    h = b.op("gelu", h)
+    y = b.op("linear", h, b.constant(_f32(rng, out, hidden) * 0.2))
+    y = b.op("add", y, b.op("linear", x, b.constant(_f32(rng, out, 17) * 0.2)))
+    y = b.op("layer_norm", y, b.constant(_f32(rng, out)), b.constant(_f32(rng, out)))
+    b.output(b.op("softmax", b.op("mul", y, b.constant(np.float32(0.5)))))
+    return b.build()
+
+
+def test_partition_folds_elementwise_tails_into_anchors(rng):
+    g = _mlp(rng)
+    groups = partition(g, lambda op: None, lambda op: op.kind == "linear")
+    anchors = [grp for grp in groups if grp.kind == "anchor"]
+    assert [grp.anchor.kind for grp in anchors] == ["linear"] * 3
+    assert [op.kind for op in anchors[0].epilogue] == ["gelu"]
+    # The add needs the other linear's result, produced after the second anchor: it joins the
+    # third anchor's epilogue (operand produced before that anchor) or a fused group, never both.
+    placed = [op for grp in groups for op in grp.ops]
+    assert sorted(op.name for op in placed) == sorted(op.name for op in g.operators)
+    fused = [grp for grp in groups if grp.kind == "fused"]
+    assert any("softmax" in [op.kind for op in grp.ops] for grp in fused)
+    # Borders: each group's inputs are produced by earlier groups, graph inputs or constants.
+    produced = set(g.inputs)
+    for grp in groups:
+        for t in grp.inputs:
+            assert t in produced or t.is_constant
+        produced.update(grp.outputs)
+    assert set(g.outputs) <= produced
+
+
+def test_partition_sends_unlowerable_ops_to_reference(rng):
+    g = _mlp(rng)
+    groups = partition(g, lambda op: "not today" if op.kind == "gelu" else None, lambda op: False)
+    ref = [grp for grp in groups if grp.kind == "reference"]
+    assert [grp.ops[0].kind for grp in ref] == ["gelu"] and ref[0].reason == "not today"
+
+
+def test_compiled_mlp_matches_reference_across_batch_sizes(rng, cache_dir, monkeypatch):
+    g = _mlp(rng)
+    expected = {n: None for n in (1, 5, 33)}
+    inputs = {n: _f32(rng, n, 17) for n in expected}
+    for n in expected:
+        expected[n] = g.run(inputs[n])[0]
+    compiled = compile_graph(g, "cpu")
+    assert compiled.summary()["reference_ops"] == []
+    from tessera.backend import build
+
+    calls = []
+    original = build._run
+    monkeypatch.setattr(build, "_run", lambda *a, **k: (calls.append(a), original(*a, **k))[1])
+    for n in expected:
+        out = compiled(inputs[n])[0]
+        assert out.shape == expected[n].shape
+        np.testing.assert_allclose(out, expected[n], rtol=1e-4, atol=1e-6)
+    assert calls == [], "a new batch size must not recompile"
+    # Callers own their results: a second call does not overwrite the first result.
+    first = compiled(inputs[5])[0]
+    keep = first.copy()
+    compiled(inputs[1])
+    np.testing.assert_array_equal(first, keep)
+
+
+def test_memory_plan_reuses_buffers(rng, cache_dir, monkeypatch):
+    import tessera.graph.lowering as lowering
+
+    # Host steps between the fused groups keep every intermediate materialised.
+    original = lowering.lowering_error
+    monkeypatch.setattr(lowering, "lowering_error", lambda op: "host" if op.kind == "mul" else original(op))
+    b = GraphBuilder("chain")
+    x = b.input("x", [64, 64])
+    h = x
+    for i in range(6):
+        h = b.op("softmax", b.op("mul", h, b.constant(np.float32(1.0 + i))))
+        h = b.op("layer_norm", h, b.constant(_f32(rng, 64)), b.constant(_f32(rng, 64)))
+    b.output(h)
+    g = b.build()
+    compiled = compile_graph(g, "cpu")
+    xv = _f32(rng, 64, 64)
+    np.testing.assert_allclose(compiled(xv)[0], g.run(xv)[0], rtol=1e-4, atol=1e-5)
+    plan = next(iter(compiled._plans.values()))
+    intermediates = sum(int(np.prod(plan.shapes[t])) * 4 for s in compiled.steps for t in s.outputs if t not in g.outputs)
+    assert 0 < plan.arena_bytes < intermediates
+
+
+def test_fallback_to_reference_is_logged_and_correct(rng, cache_dir, monkeypatch, caplog):
+    import tessera.graph.lowering as lowering
+
+    original = lowering.lowering_error
+    monkeypatch.setattr(lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "gelu" else original(op))
+    g = _mlp(rng)
+    xv = _f32(rng, 3, 17)
+    expected = g.run(xv)[0]
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        compiled = compile_graph(g, "cpu")
+    assert any("gelu" in r.getMessage() and "pretend unsupported" in r.getMessage() for r in caplog.records)
+    assert compiled.summary()["reference_ops"] == ["gelu: pretend unsupported"]
+    np.testing.assert_allclose(compiled(xv)[0], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_inputs_are_reported(rng, cache_dir):
+    compiled = compile_graph(_mlp(rng), "cpu")
+    with pytest.raises(ArgumentError, match="takes 1 inputs"):
+        compiled()
+    with pytest.raises(ArgumentError, match="must be float32"):
+        compiled(np.ones((2, 17), np.float64))
+    with pytest.raises(Exception, match="17"):
+        compiled(np.ones((2, 16), np.float32))
+    with pytest.raises(ArgumentError, match="target"):
+        compile_graph(_mlp(rng), "tpu")
+
+
+def test_save_and_load_in_a_fresh_process(rng, cache_dir, tmp_path):
+    g = _mlp(rng)
+    xv = _f32(rng, 4, 17)
+    compiled = compile_graph(g, "cpu")
+    expected = compiled(xv)[0]
+    path = tmp_path / "mlp.tsr"
+    compiled.save(path)
+    np.save(tmp_path / "x.npy", xv)
+    np.save(tmp_path / "expected.npy", expected)
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from tessera.graph.compiler import load_compiled
+        from tessera.backend import build
+        calls = []
+        original = build._run
+        build._run = lambda *a, **k: (calls.append(a), original(*a, **k))[1]
+        compiled = load_compiled({str(path)!r})
+        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
+        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
+        assert calls == [], "loading must not recompile"
+        print("ok")
+    """)
+    # A fresh process with an EMPTY cache: the artifacts travel inside the file.
+    env = {**__import__("os").environ, "TESSERA_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+    assert load_compiled(path)(xv)[0].shape == expected.shape
+
+
+def test_corrupt_saved_file_gives_clear_error(tmp_path):
+    path = tmp_path / "bad.tsr"
+    path.write_bytes(b"not a zip at all")
+    with pytest.raises(Exception, match="not a readable compiled-graph file"):
+        load_compiled(path)
+
+
+def test_cli_run_on_a_saved_graph(rng, cache_dir, tmp_path, capsys):
+    from tessera.cli import main
+
+    path = tmp_path / "mlp.tsr"
+    compile_graph(_mlp(rng), "cpu").save(path)
+    assert main(["run", str(path), "--device", "cpu", "--dim", "batch=3", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "shape (3, 13)" in out and "latency" in out
+    assert main(["run", str(tmp_path / "missing.onnx")]) == 1
