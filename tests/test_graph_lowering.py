@@ -431,3 +431,38 @@ def test_float16_cases_on_cuda(rng):
     """A selection built for "cuda" in float16 (one nvcc run), against the numpy references."""
     pytest.importorskip("torch")
     build_and_check(rng, [c for c in CASES if c[0] in GPU_CASES], dtype="float16", rtol=3e-3, target="cuda")
+
+
+BF16_CASES = ["gelu", "silu", "add_bcast", "softmax", "layer_norm", "rms_norm", "reduce_sum", "matmul", "linear",
+              "conv2d", "sdpa_causal_gqa", "cumsum", "take"]  # fmt: skip
+
+
+def check_bfloat16(rng, target):
+    """bfloat16 graphs (numpy has no bfloat16 without ml_dtypes: torch tensors in and out) against the
+    float32 reference on the same, bfloat16-representable, values."""
+    torch = pytest.importorskip("torch")
+    cases = [c for c in CASES if c[0] in BF16_CASES]
+    lowered = [lower_graph(make_graph(kind, specs, attrs, "bfloat16")) for _, kind, specs, attrs in cases]
+    compiled = ops.build_many([(lg.outputs, lg.placeholders) for lg in lowered], target)
+    device = "cuda" if target == "cuda" else "cpu"
+    for (label, kind, specs, attrs), lg, f in zip(cases, lowered, compiled):
+        g32 = make_graph(kind, specs, attrs)
+        arrays = make_arrays(rng, g32, specs, SIZES)
+        arrays = [torch.from_numpy(a).bfloat16().float().numpy() if a.dtype == np.float32 else a for a in arrays]
+        refs = g32.run(*arrays)
+        args = [torch.from_numpy(np.array(a)).to(device) for a in arrays]
+        args = [a.bfloat16() if a.dtype == torch.float32 and t.dtype.name == "bfloat16" else a
+                for a, t in zip(args, lg.tensors)]  # fmt: skip
+        args += [torch.from_numpy(np.array(t.data)).to(device) for t in lg.tensors[len(arrays):]]
+        out = f(*args)
+        assert out.dtype == getattr(torch, lg.graph.outputs[0].dtype.name), label
+        compare(out.float().cpu().numpy() if out.dtype == torch.bfloat16 else out.cpu().numpy(), refs[0], label, 2e-2)
+
+
+def test_bfloat16_cases_cpu(rng):
+    check_bfloat16(rng, "cpu")
+
+
+@pytest.mark.cuda
+def test_bfloat16_cases_on_cuda(rng):
+    check_bfloat16(rng, "cuda")
