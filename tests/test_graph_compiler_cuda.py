@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import models as M  # noqa: E402
 
+import tessera.frontend.torch  # noqa: E402,F401  (registers backend="tessera")
 from tessera.graph import GraphBuilder  # noqa: E402
 from tessera.graph.compiler import compile_graph  # noqa: E402
 

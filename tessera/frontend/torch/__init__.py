@@ -1,10 +1,21 @@
 """The torch front end: `torch.compile(model, backend="tessera")`.
 
-The backend is registered through the `torch_dynamo_backends` entry point (pyproject.toml);
+The backend is registered through the `torch_dynamo_backends` entry point (pyproject.toml),
+and again by name when this module is imported (for checkouts used without `pip install`);
 `backend` can also be passed directly: `torch.compile(model, backend=tessera.frontend.torch.backend)`.
 See `tessera.frontend.torch.backend` for how graphs are translated and partitioned.
 """
 
 from tessera.frontend.torch.backend import CompiledGraph, backend, stats
+
+
+def _register() -> None:
+    from torch._dynamo.backends import registry
+
+    if "tessera" not in registry._BACKENDS:
+        registry.register_backend(compiler_fn=backend, name="tessera")
+
+
+_register()
 
 __all__ = ["CompiledGraph", "backend", "stats"]
