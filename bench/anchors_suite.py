@@ -4,7 +4,8 @@ Cases: linear + bias + GELU at LLM projection sizes, and the convolutions of Res
 (batch 1, BatchNorm folded into a bias) + ReLU.  tessera runs one anchor (GEMM with the
 epilogue in its stores, plus im2col for the convolutions); peers are torch eager (cuBLAS/cuDNN
 then separate elementwise kernels) and, for linear, cuBLAS's own bias epilogue without the
-GELU.  `--tune` also times the tuned configuration of each case (compiles every candidate).
+GELU.  Each is timed as called from Python and as a CUDA-graph replay (what a captured
+model runs: no host launch cost).  `--tune` also times the tuned configuration of each case (compiles every candidate).
 
     python3 bench/anchors_suite.py [--tune] [--only SUBSTRINGS] [--repeats 50] [--out DIR]
 """
@@ -33,6 +34,19 @@ CONVS = [(3, 224, 64, 7, 2, 3), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0), (
          (2048, 7, 512, 1, 1, 0)]  # fmt: skip
 
 
+def graphed(fn):
+    """fn captured in a CUDA graph: the replay times the GPU work without Python's launch cost."""
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
 def _ep(shape: tuple[int, ...], fn) -> Epilogue:
     acc = ops.placeholder(shape, "float16", "acc")
     return Epilogue(acc, fn(acc), [])
@@ -50,7 +64,10 @@ def linear_case(timer: Timer, m: int, n: int, k: int, tune: bool) -> dict:
     kern([x, w, b], out)
     row = {"case": f"op=linear,M={m},N={n},K={k},ep=bias+gelu,fp16", "tessera_us": timer(kern, [x, w, b], out),
            "rel_err": rel_err(out, ref), "config": str(kern.config), "kernels": len(kern.kernels), "prepare_s": prep_s}  # fmt: skip
-    row["peers_us"] = {"torch.eager": timer(lambda: F.gelu(F.linear(x, w, b))), "cublas": timer(lambda: F.linear(x, w, b))}
+    row["tessera_graph_us"] = timer(graphed(lambda: kern([x, w, b], out)))
+    eager = lambda: F.gelu(F.linear(x, w, b))  # noqa: E731
+    row["peers_us"] = {"torch.eager": timer(eager), "torch.eager:cudagraph": timer(graphed(eager)),
+                       "cublas": timer(lambda: F.linear(x, w, b))}  # fmt: skip
     if tune:
         t0 = time.perf_counter()
         tk = prepare_linear((m, k), (n, k), "float16", bias=True, epilogue=_ep((m, n), ops.gelu), tune=True)
@@ -73,7 +90,9 @@ def conv_case(timer: Timer, c: int, h: int, o: int, ks: int, stride: int, pad: i
     row = {"case": f"op=conv2d,C={c},H={h},O={o},k={ks},s={stride},ep=bias+relu,fp16,bs=1",
            "tessera_us": timer(kern, [x, w, b], out), "rel_err": rel_err(out, ref), "config": str(kern.config),
            "kernels": len(kern.kernels), "prepare_s": prep_s}  # fmt: skip
-    row["peers_us"] = {"torch.eager": timer(lambda: F.relu(F.conv2d(x, w, b, stride=stride, padding=pad)))}
+    row["tessera_graph_us"] = timer(graphed(lambda: kern([x, w, b], out)))
+    eager = lambda: F.relu(F.conv2d(x, w, b, stride=stride, padding=pad))  # noqa: E731
+    row["peers_us"] = {"torch.eager": timer(eager), "torch.eager:cudagraph": timer(graphed(eager))}
     if tune:
         t0 = time.perf_counter()
         tk = prepare_conv2d(x.shape, w.shape, "float16", stride=stride, padding=pad, bias=True,
@@ -87,12 +106,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--only", default="", help="comma-separated substrings: run the cases whose name has one")
+    ap.add_argument("--only", default="", help="';'-separated substrings: run the cases whose name has one")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     timer = Timer(repeats=args.repeats)
-    only = [s for s in args.only.split(",") if s]
+    only = [s for s in args.only.split(";") if s]
     cases = [("linear", f"op=linear,M={m},N={n},K={k},", (m, n, k)) for m, n, k in LINEAR]
     cases += [("conv", "op=conv2d,C={},H={},O={},k={},s={},".format(*c[:5]), c) for c in CONVS]
     rows = []
@@ -103,7 +122,9 @@ def main() -> None:
         print(rows[-1], flush=True)
     for r in rows:
         r["vs_torch_eager"] = r["peers_us"]["torch.eager"] / r["tessera_us"]
-    write_results("anchors", rows, [Path(args.out)], ["vs_torch_eager", "config", "tuned_us", "tuned_config"])
+        r["graph_vs_torch_graph"] = r["peers_us"]["torch.eager:cudagraph"] / r["tessera_graph_us"]
+    write_results("anchors", rows, [Path(args.out)], ["tessera_graph_us", "graph_vs_torch_graph", "vs_torch_eager",
+                                                      "config", "tuned_us", "tuned_config"])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -114,6 +114,9 @@ class AnchorKernel:
         self._steps = [(k, list(launch.slots)) for k, launch in zip(kernels, plan.launches)]
         self._num_inputs, self._num_extras = plan.num_inputs, plan.num_extras
         self._aligned = list(plan.aligned_inputs)
+        import torch
+
+        self._current_stream = torch.cuda.current_stream
 
     @property
     def kernels(self) -> list[str]:
@@ -135,8 +138,9 @@ class AnchorKernel:
                 raise ArgumentError(f"{self.plan.name}: input {i} must start on a 16-byte boundary (its data is read "
                                     "with 16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
         sources = (inputs, (out,), extras, self.workspaces)
+        stream = self._current_stream(out.device).cuda_stream  # once, not once per launch
         for kernel, slots in self._steps:
-            kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots])
+            kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots], stream)
 
     def __repr__(self) -> str:
         return f"<AnchorKernel {self.plan.name} -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
