@@ -315,17 +315,17 @@ def compile_kwargs(system: str) -> dict[str, Any]:
 
 
 def ensure_tessera_backend() -> str:
-    """Make `backend="tessera"` resolvable; says whether the entry point or this suite provided it."""
-    from torch._dynamo.backends.registry import lookup_backend, register_backend
+    """Make `backend="tessera"` resolvable; says whether the entry point or the import provided it."""
+    from torch._dynamo.backends.registry import lookup_backend
 
     try:
         lookup_backend("tessera")
         return "entry point"
-    except Exception:  # noqa: BLE001  (not pip-installed: no entry point; register the same callable)
-        from tessera.frontend.torch import backend
+    except Exception:  # noqa: BLE001  (not pip-installed: importing the front end registers the name)
+        import tessera.frontend.torch  # noqa: F401
 
-        register_backend(compiler_fn=backend, name="tessera")
-        return "registered by the suite (no entry point: tessera is not pip-installed)"
+        lookup_backend("tessera")
+        return "registered on import of tessera.frontend.torch (no entry point: tessera is not pip-installed)"
 
 
 def _fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:

@@ -54,7 +54,7 @@ def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
     """Compile and run the demo model; True when tessera matches torch within tolerance."""
     import torch
 
-    from tessera.frontend.torch import backend as tessera_backend
+    from tessera.frontend.torch import stats
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,8 +78,8 @@ def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
     tolerance = 2e-2 if dtype == torch.float16 else 1e-4
     ok = err <= tolerance
     print(f"model {name} on {device} ({str(dtype).removeprefix('torch.')}), input {tuple(x.shape)}")
-    print(f"  compile + first call: {compile_s:.1f} s; graphs {tessera_backend.stats['graphs']}, "
-          f"segments {tessera_backend.stats['segments']}, nodes left to torch {tessera_backend.stats['eager_nodes']}")  # fmt: skip
+    print(f"  compile + first call: {compile_s:.1f} s; graphs {stats['graphs']}, "
+          f"segments {stats['segments']}, nodes left to torch {stats['eager_nodes']}")  # fmt: skip
     print(f"  max relative error vs torch float32: {err:.2e} ({'ok' if ok else 'ABOVE'} tolerance {tolerance:g})")
     print(f"  latency: tessera {tessera_ms:.3f} ms, torch eager {eager_ms:.3f} ms (host-timed medians of 20)")
     return ok

@@ -149,7 +149,7 @@ class CompiledGraph:
 
     def _constant(self, t: Tensor) -> Any:
         if t not in self._constants:
-            data = _contiguous(t.data)
+            data = np.array(t.data, order="C")  # a writable copy: torch refuses read-only arrays
             if self.target == "cuda":
                 import torch
 
