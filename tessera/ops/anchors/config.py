@@ -29,8 +29,9 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 # (block_m, block_n, warp_m, warp_n), largest first: on a tie the larger tile wins.
 MMA_TILES = [(128, 128, 64, 64), (128, 64, 64, 32), (64, 128, 32, 64), (64, 64, 32, 32), (32, 128, 32, 32),
              (16, 128, 16, 32), (16, 64, 16, 16)]  # fmt: skip
-# 128x128 before 128x256: at equal estimates the tuner measured the former faster (H200).
-WGMMA_TILES = [(128, 128), (128, 256), (128, 64), (64, 128), (64, 64)]
+# No 128x256: the model favours it for its lower operand traffic, but on the H200 128x128 ran
+# 1.4x faster at M=2048 (bench/results/2026-11-22-h200-anchors.md); the tuner still tries it.
+WGMMA_TILES = [(128, 128), (128, 64), (64, 128), (64, 64)]
 
 
 def _cdiv(a: int, b: int) -> int:
