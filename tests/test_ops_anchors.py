@@ -29,9 +29,11 @@ from tessera.ops.anchors import (
     EpilogueError,
     compose,
     fuse_epilogue,
+    plan_attention,
     plan_conv2d,
     plan_linear,
     plan_matmul,
+    prepare_attention,
     prepare_conv2d,
     prepare_linear,
     prepare_matmul,
@@ -193,6 +195,19 @@ def test_prepare_rejects_what_it_cannot_run():
         plan_conv2d((1, 8, 8, 8), (8, 4, 3, 3), "float16")
     with pytest.raises(EpilogueError, match="acc has shape"):
         plan_linear((4, 8), (16, 8), "float16", epilogue=gelu_ep((4, 17)))
+
+
+@needs_nvcc
+def test_attention_plan_compiles_with_grouped_heads():
+    plan = plan_attention((2, 8, 13, 64), (2, 2, 13, 64), (2, 2, 13, 32), "float16", causal=True, wgmma=False)
+    assert plan.out_shape == (2, 8, 13, 32) and len(plan.launches) == 3
+    assert plan.workspaces == [((2, 8, 13, 13), dtypes.float32), ((2, 8, 13, 16), dtypes.float16)]
+    assert "select(gn <= gm" in str(plan.launches[0].func)  # the causal mask is the QK^T epilogue
+    assert plan.build("sm_90a").endswith(".cubin")
+    with pytest.raises(ArgumentError, match="not a multiple"):
+        plan_attention((1, 6, 8, 64), (1, 4, 8, 64), (1, 4, 8, 64), "float16")
+    with pytest.raises(UnsupportedError, match=r"\[B, H, S, D\]"):
+        plan_attention((6, 8, 64), (6, 8, 64), (6, 8, 64), "float16")
 
 
 @needs_nvcc
@@ -442,3 +457,26 @@ def test_tuned_anchor_matches(torch):
     kernel = prepare_matmul((16, 64), (64, 64), "float16", b_layout="kn", epilogue=gelu_ep((16, 64)), tune=True)
     y = (x.double() @ w.double()).half().double()
     run_anchor(torch, kernel, [x, w], [], torch.nn.functional.gelu(y), "float16")
+
+
+ATTENTION_CASES = [
+    # q shape, k/v heads, k length, v head size, causal, dtype
+    ((2, 8, 13, 64), 2, 13, 64, True, "float16"),  # grouped heads, odd length
+    ((1, 4, 130, 128), 4, 130, 128, False, "bfloat16"),
+    ((1, 2, 17, 64), 1, 40, 32, True, "float16"),  # Sq != Sk: top-left causal alignment, Dv != D
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("q_shape,hk,sk,dv,causal,dtype", ATTENTION_CASES)
+def test_attention_anchor(torch, q_shape, hk, sk, dv, causal, dtype):
+    b, h, sq, d = q_shape
+    q, k, v = rand(torch, q_shape, dtype), rand(torch, (b, hk, sk, d), dtype), rand(torch, (b, hk, sk, dv), dtype)
+    kernel = prepare_attention(q.shape, k.shape, v.shape, dtype, causal=causal)
+    rep = h // hk
+    k64, v64 = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+    s = q.double() @ k64.transpose(-1, -2) * d**-0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+    ref = torch.softmax(s, -1) @ v64
+    run_anchor(torch, kernel, [q, k, v], [], ref, dtype)

@@ -1,6 +1,6 @@
 """Anchor operators on tuned kernel templates, with post-scheduling epilogue fusion (Hidet).
 
-The graph compiler hands each anchor (matmul, linear, conv2d) and the elementwise tail that
+The graph compiler hands each anchor (matmul, linear, conv2d; attention from GEMMs + softmax) and the elementwise tail that
 follows it to `prepare_*`, which specialises a tensor-core GEMM template to the shapes, folds
 the tail into the template's output stores (`fuse_epilogue`) and compiles everything in one
 nvcc run.  The resulting `AnchorKernel` is called on torch CUDA tensors without allocating::
@@ -14,6 +14,7 @@ nvcc run.  The resulting `AnchorKernel` is called on torch CUDA tensors without 
     k([x, w, b], out)            # out = gelu(x @ w.T + b), one GEMM kernel
 """
 
+from tessera.ops.anchors.attention import plan_attention, prepare_attention
 from tessera.ops.anchors.conv import plan_conv2d, prepare_conv2d
 from tessera.ops.anchors.epilogue import Epilogue, EpilogueError, compose, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import plan_linear, plan_matmul, prepare_linear, prepare_matmul
@@ -21,5 +22,6 @@ from tessera.ops.anchors.kernel import AnchorKernel, AnchorPlan
 
 __all__ = [
     "AnchorKernel", "AnchorPlan", "Epilogue", "EpilogueError", "compose", "fuse_epilogue", "identity_epilogue",
-    "plan_conv2d", "plan_linear", "plan_matmul", "prepare_conv2d", "prepare_linear", "prepare_matmul",
+    "plan_attention", "plan_conv2d", "plan_linear", "plan_matmul", "prepare_attention", "prepare_conv2d",
+    "prepare_linear", "prepare_matmul",
 ]  # fmt: skip

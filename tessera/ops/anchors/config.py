@@ -85,14 +85,14 @@ def candidates(m: int, n: int, k: int, batch: int, wgmma: bool) -> list[Config]:
         if bm > m_cap:
             continue
         big = bm * bn >= 128 * 128
-        bk = 32 if big or k <= 32 else 64
-        k_tiles = _cdiv(k, bk)
-        stages = 4 if big or k_tiles >= 8 else 3
         tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
-        for split in _splits(tiles, k_tiles):
-            cfg = GemmConfig(bm, bn, bk, wm, wn, stages, split)
-            if not cfg.problems():
-                out.append(cfg)
+        for bk in (32, 64) if big or k <= 32 else (64, 32):  # the other depth when a tile's copies do not split
+            k_tiles = _cdiv(k, bk)
+            stages = 4 if big or k_tiles >= 8 else 3
+            fits = [c for c in (GemmConfig(bm, bn, bk, wm, wn, stages, s) for s in _splits(tiles, k_tiles)) if not c.problems()]
+            if fits:
+                out += fits
+                break
     return out
 
 

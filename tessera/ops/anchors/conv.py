@@ -25,8 +25,8 @@ from tessera.ir.dtypes import DataType
 from tessera.ops.anchors.config import Config
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
-from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot
-from tessera.ops.anchors.rewrite import i32, rename, unravel
+from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Slot, ops_launches
+from tessera.ops.anchors.rewrite import i32, unravel
 
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
@@ -54,8 +54,6 @@ def _nchw(pixel: list[E.Expr], channel: E.Expr) -> tuple[E.Expr, ...]:
 def _im2col_launches(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
                      geo: dict[str, int], kp: int) -> tuple[Slot, Slot]:  # fmt: skip
     """Add the im2col (and weight padding) launches; return the col and weight operands' slots."""
-    from tessera.ops import generate
-
     n, c, h, w = x_shape
     o, _, kh, kw = w_shape
     oh, ow, k = geo["oh"], geo["ow"], c * kh * kw
@@ -88,11 +86,7 @@ def _im2col_launches(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[
         slots[wt] = (INPUT, 1)
         w_slot = plan.workspace((o, kp), dt)
         slots[wpad] = w_slot
-    gen = generate(outputs, inputs, "cuda", name="conv2d")
-    for spec, low in zip(gen.kernels, gen.lowered):
-        if spec.scalars:
-            raise UnsupportedError(f"conv2d: im2col kernel {spec.name} has run-time scalars {[v.name for v, _ in spec.scalars]}")
-        plan.launches.append(Launch(rename(spec.func, spec.name), [slots[t] for t in spec.tensors], low))
+    ops_launches(plan, outputs, inputs, slots, "conv2d")
     return col_slot, w_slot
 
 

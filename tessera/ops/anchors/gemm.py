@@ -100,8 +100,9 @@ def _template(p: GemmProblem, cfg: Config):  # -> tessera.Kernel
     return make_kernel(p.dtype, cfg, p.layout, p.vector)
 
 
-def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, ep_slots: list[Slot], prefix: str) -> list[Launch]:
-    """The GEMM's launches with `ep` fused into its final stores (workspaces added to `plan`)."""
+def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, ep_slots: list[Slot], prefix: str,
+                  out_slot: Slot = (OUTPUT, 0)) -> list[Launch]:  # fmt: skip
+    """The GEMM's launches with `ep` fused into its final stores into `out_slot` (workspaces added to `plan`)."""
     f = _template(p, cfg).ir
     split = cfg.split_k
     b_shape = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
@@ -111,13 +112,13 @@ def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, e
     label = str(cfg).replace("-", "_")
     if split == 1:
         f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{prefix}_gemm_{label}")
-        return [Launch(f, [p.a.slot, p.b.slot, (OUTPUT, 0), *ep_slots])]
+        return [Launch(f, [p.a.slot, p.b.slot, out_slot, *ep_slots])]
     ws = plan.workspace((p.batch * split, p.m, p.n), dtypes.float32)
     f = rename(f, f"{prefix}_gemm_{label}")
     red = make_split_k_reduce(p.dtype, split).ir
     red = specialize(red, {"W": (p.batch * split, p.m, p.n), "C": (p.batch, p.m, p.n)})
     red = rename(fuse_epilogue(red, "C", p.out_map, ep), f"{prefix}_split_k_reduce_{split}")
-    return [Launch(f, [p.a.slot, p.b.slot, ws]), Launch(red, [ws, (OUTPUT, 0), *ep_slots])]
+    return [Launch(f, [p.a.slot, p.b.slot, ws]), Launch(red, [ws, out_slot, *ep_slots])]
 
 
 def with_bias(ep: Epilogue | None, out_shape: tuple[int, ...], dtype: DataType, channel_axis: int) -> Epilogue:
@@ -139,6 +140,28 @@ def check_epilogue(ep: Epilogue | None, out_shape: tuple[int, ...], op: str) -> 
         raise EpilogueError(f"{op}: the epilogue's acc has shape {shape} but the anchor's output is {out_shape}")
 
 
+def build_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[Slot], name: str, tune: bool,
+               wgmma: bool | None = None, config: Config | None = None, out_slot: Slot = (OUTPUT, 0)) -> Config:  # fmt: skip
+    """Append the GEMM's launches to `plan` (falling back from a warpgroup configuration the rewrites
+    cannot handle to mma.sync); return the configuration used."""
+    cfg = config or choose_config(p, tune, wgmma)
+    try:
+        launches = gemm_launches(plan, p, cfg, ep, ep_slots, name, out_slot)
+    except TesseraError as exc:
+        if config is not None or not isinstance(cfg, WgmmaConfig):
+            raise
+        # The warpgroup template could not be built or rewritten (e.g. it reads its operands
+        # through TMA descriptors): the mma.sync template always can.
+        warnings.warn(f"tessera: {name}: {cfg} cannot take this epilogue/operand mapping ({exc}); using mma.sync",
+                      stacklevel=3)  # fmt: skip
+        cfg = heuristic_config(p.m, p.n, p.k, p.batch, False)
+        launches = gemm_launches(plan, p, cfg, ep, ep_slots, name, out_slot)
+    plan.launches += launches
+    if p.vector:
+        plan.aligned_inputs += [i for s, i in (p.a.slot, p.b.slot) if s == INPUT and i not in plan.aligned_inputs]
+    return cfg
+
+
 def plan_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inputs: int, epilogue: Epilogue | None,
               bias_slot: Slot | None, channel_axis: int, tune: bool, wgmma: bool | None = None,
               config: Config | None = None, plan: AnchorPlan | None = None) -> AnchorPlan:  # fmt: skip
@@ -157,22 +180,7 @@ def plan_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inputs:
     if plan is None:
         plan = AnchorPlan(name, [], out_shape, dtypes.float16, num_inputs, 0)
     plan.out_dtype, plan.num_extras = ep.output.dtype, len(epilogue.extras) if epilogue else 0
-    cfg = config or choose_config(p, tune, wgmma)
-    try:
-        launches = gemm_launches(plan, p, cfg, ep, ep_slots, name)
-    except TesseraError as exc:
-        if config is not None or not isinstance(cfg, WgmmaConfig):
-            raise
-        # The warpgroup template could not be built or rewritten (e.g. it reads its operands
-        # through TMA descriptors): the mma.sync template always can.
-        warnings.warn(f"tessera: {name}: {cfg} cannot take this epilogue/operand mapping ({exc}); using mma.sync",
-                      stacklevel=3)  # fmt: skip
-        cfg = heuristic_config(p.m, p.n, p.k, p.batch, False)
-        launches = gemm_launches(plan, p, cfg, ep, ep_slots, name)
-    plan.config = cfg
-    plan.launches += launches
-    if p.vector:
-        plan.aligned_inputs = [i for s, i in (p.a.slot, p.b.slot) if s == INPUT]
+    plan.config = build_gemm(plan, p, ep, ep_slots, name, tune, wgmma, config)
     return plan
 
 

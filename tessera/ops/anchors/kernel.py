@@ -96,6 +96,23 @@ class AnchorPlan:
         return AnchorKernel(self, kernels, ws)
 
 
+def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any], slots: dict[Any, Slot], name: str) -> None:
+    """Append the kernels tessera.ops schedules for `outputs` (compute definitions over the
+    placeholders `inputs`) to `plan`.  `slots` says where each input and output lives; any
+    tensor the scheduler materialises in between gets a workspace."""
+    from tessera.ir.evaluate import evaluate
+    from tessera.ops import generate
+    from tessera.ops.anchors.rewrite import rename
+
+    gen = generate(list(outputs), list(inputs), "cuda", name=name)
+    for spec, low in zip(gen.kernels, gen.lowered):
+        for t in spec.tensors:
+            if t not in slots:
+                slots[t] = plan.workspace(tuple(int(evaluate(d, {})) for d in t.shape) or (1,), t.dtype)
+        args = [slots[t] for t in spec.tensors] + [(LITERAL, int(evaluate(e, {}))) for _, e in spec.scalars]
+        plan.launches.append(Launch(rename(spec.func, spec.name), args, low))
+
+
 class AnchorKernel:
     """A prepared anchor operator: call `kernel(inputs, out, extras)` on torch CUDA tensors.
 

@@ -1,0 +1,104 @@
+"""Scaled-dot-product attention anchor from the GEMM template and a row softmax (not fused flash-style).
+
+For q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H a multiple of Hk (query head h
+reads key/value head h // (H / Hk)):
+
+1. scores = q @ k^T * scale (an "nk" GEMM over B*H batches; k's head is picked by the operand
+   index map, so grouped heads are never repeated in memory), with the causal mask (top-left
+   aligned, like torch: key j <= query i) in its epilogue, stored as float32;
+2. probs = softmax(scores) in `dtype` (a tessera.ops row kernel), rows padded with zeros to a
+   multiple of 8 columns so the next GEMM reads them with 16-byte copies;
+3. out = probs @ v (a "kn" GEMM; v's rows past Sk are clamped to its last row, whose weight is 0).
+
+Both score workspaces are allocated once at prepare: B*H*Sq*Sk*(4 + 2) bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir.compute import Placeholder, compute
+from tessera.ir.dtypes import DataType
+from tessera.ops.anchors.epilogue import Epilogue, identity_epilogue
+from tessera.ops.anchors.gemm import GemmProblem, Operand, build_gemm, check_dtype, check_shape
+from tessera.ops.anchors.kernel import INPUT, AnchorKernel, AnchorPlan, ops_launches
+from tessera.ops.anchors.rewrite import i32, unravel
+
+
+def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
+                   causal: bool = False, scale: float | None = None, tune: bool = False,
+                   wgmma: bool | None = None) -> AnchorPlan:  # fmt: skip
+    """The uncompiled plan of prepare_attention."""
+    from tessera import ops
+
+    dt = check_dtype(dtype, "attention")
+    q_shape, k_shape, v_shape = (check_shape(s, w, "attention") for s, w in ((q_shape, "q"), (k_shape, "k"), (v_shape, "v")))
+    if not len(q_shape) == len(k_shape) == len(v_shape) == 4:
+        raise UnsupportedError(f"attention: the template takes [B, H, S, D] q, k and v, got {q_shape}, {k_shape}, {v_shape}")
+    b, h, sq, d = q_shape
+    bk, hk, sk, dk = k_shape
+    if bk != b or v_shape[0] != b or dk != d or v_shape[1] != hk or v_shape[2] != sk:
+        raise ArgumentError(f"attention: shapes do not match: q {q_shape}, k {k_shape}, v {v_shape}")
+    if h % hk:
+        raise ArgumentError(f"attention: {h} query heads are not a multiple of {hk} key/value heads")
+    dv, rep = v_shape[3], h // hk
+    scale = d**-0.5 if scale is None else float(scale)
+    skp = -(-sk // 8) * 8
+    plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3, 0)
+
+    def heads(bi: E.Expr) -> list[E.Expr]:
+        return unravel(bi, (b, h))
+
+    def kv_head(bi: E.Expr) -> list[E.Expr]:  # (batch, key/value head) of query batch-head bi
+        bh = heads(bi)
+        return [bh[0], bh[1] if rep == 1 else bh[1] // i32(rep)]
+
+    # 1. masked, scaled scores in float32
+    scores_slot = plan.workspace((b, h, sq, sk), dtypes.float32)
+    acc = Placeholder("acc", (b, h, sq, sk), dtypes.float32)
+    minus_inf = E.Const(float("-inf"), dtypes.float32)
+
+    def scaled(*i: E.Expr) -> E.Expr:
+        v = acc[i] * E.Const(scale, dtypes.float32)
+        return E.Select(E.Binary("<=", i[3], i[2]), v, minus_inf) if causal else v
+
+    qk = GemmProblem(dt, "nk", b * h, sq, sk, d,
+                     Operand((INPUT, 0), q_shape, lambda bi, r, c: (*heads(bi), r, c)),
+                     Operand((INPUT, 1), k_shape, lambda bi, r, c: (*kv_head(bi), r, c)),
+                     lambda z, r, c: (*heads(z), r, c), d % 8 == 0)  # fmt: skip
+    ep = Epilogue(acc, compute(acc.shape, scaled, "scores", dtypes.float32), [])
+    cfg_qk = build_gemm(plan, qk, ep, [], "attention_qk", tune, wgmma, out_slot=scores_slot)
+
+    # 2. softmax rows, zero-padded to skp columns
+    probs_slot = plan.workspace((b, h, sq, skp), dt)
+    sc = Placeholder("scores", (b, h, sq, sk), dtypes.float32)
+    sm = ops.softmax(sc, -1)
+    if skp == sk:
+        probs = ops.cast(sm, dt)
+    else:
+        probs = compute((b, h, sq, skp), lambda *i: E.Select(i[3] < i32(sk), sm[(*i[:3], i[3])], E.Const(0, dtypes.float32)),
+                        "probs", dt)  # fmt: skip
+    ops_launches(plan, [probs], [sc], {sc: scores_slot, probs: probs_slot}, "attention_softmax")
+
+    # 3. probs @ v
+    last = i32(sk - 1)
+    pv = GemmProblem(dt, "kn", b * h, sq, dv, skp,
+                     Operand(probs_slot, (b, h, sq, skp), lambda bi, r, c: (*heads(bi), r, c)),
+                     Operand((INPUT, 2), v_shape, lambda bi, r, c: (*kv_head(bi), r if skp == sk else E.Select(r < i32(sk), r, last), c)),
+                     lambda z, r, c: (*heads(z), r, c), dv % 8 == 0)  # fmt: skip
+    cfg_pv = build_gemm(plan, pv, identity_epilogue((b, h, sq, dv), dt), [], "attention_pv", tune, wgmma)
+    plan.config = (cfg_qk, cfg_pv)
+    return plan
+
+
+def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
+                      causal: bool = False, scale: float | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
+    """softmax(q @ k^T * scale [causal]) @ v for [B, H, S, D] q and [B, Hk, S, D] k, v (grouped heads).
+
+    Inputs at call time: ``[q, k, v]``; the output is [B, H, Sq, Dv] in `dtype`; `scale`
+    defaults to D ** -0.5; `causal` keeps key j <= query i (top-left aligned, as torch does).
+    """
+    return plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, tune=tune).load()
