@@ -397,3 +397,28 @@ def _embedding(cv, args, kwargs):
         raise UnsupportedError("embedding with max_norm (it renormalizes the weight in place)")
     return cv.op("take", a["weight"], a["input"], axis=0)
 
+
+
+# ---- in-place arithmetic on intermediates (torchvision's `out += identity`) ----------------
+def _inplace(kind: str):
+    """`a op= b` as a functional op, when nothing can observe the mutation of `a`: it is an
+    intermediate (not a graph input or module state) and no later node reads it."""
+    functional = _binary(kind)
+
+    def rule(cv: Converter, args: list, kwargs: dict) -> Tensor:
+        node = cv.node
+        target = node.args[0]
+        if not isinstance(target, torch.fx.Node) or target.op != "call_function" and target.op != "call_method":
+            raise UnsupportedError("in-place update of a graph input or module state")
+        order = {n: i for i, n in enumerate(node.graph.nodes)}
+        if any(order[u] > order[node] for u in target.users if u is not node):
+            raise UnsupportedError("in-place update of a tensor that later nodes read")
+        return functional(cv, args, kwargs)
+
+    return rule
+
+
+for _k, _kind in {"iadd": "add", "isub": "sub", "imul": "mul", "itruediv": "div"}.items():
+    handles(f"op.{_k}")(_inplace(_kind))
+for _k, _kind in {"add_": "add", "sub_": "sub", "mul_": "mul", "div_": "div"}.items():
+    handles(f"method.{_k}")(_inplace(_kind))

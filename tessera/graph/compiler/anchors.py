@@ -1,5 +1,6 @@
 """Anchor operators on the GPU: which graph operators run on kernel templates
-(tessera.ops.anchors: the tuned GEMM, convolution as implicit GEMM) and how a group's
+(tessera.ops.anchors: the tuned GEMM, convolution as im2col + GEMM, attention as two GEMMs
+around a row softmax) and how a group's
 elementwise tail becomes the template's epilogue (post-scheduling fusion)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 
-ANCHOR_KINDS = ("matmul", "linear", "conv2d")
+ANCHOR_KINDS = ("matmul", "linear", "conv2d", "scaled_dot_product_attention")
 _TEMPLATE_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
@@ -25,7 +26,14 @@ def is_anchor(op: Operator) -> bool:
         return False
     if op.kind == "conv2d":
         return op.attrs.get("groups", 1) == 1
+    if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D], no mask operand
+        return len(op.inputs) == 3 and all(t.ndim == 4 for t in op.inputs)
     return op.inputs[0].ndim >= 2 and op.inputs[1].ndim >= 2 if op.kind == "matmul" else True
+
+
+def takes_epilogue(op: Operator) -> bool:
+    """Whether op's template folds an elementwise tail into its store (the GEMMs do)."""
+    return op.kind != "scaled_dot_product_attention"
 
 
 def _epilogue(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> tuple[Any, list[Tensor]]:
@@ -71,6 +79,11 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=tuple(a["stride"]),
                                         padding=_pads(a["padding"]), dilation=tuple(a["dilation"]),
                                         groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune)  # fmt: skip
+    elif op.kind == "scaled_dot_product_attention":
+        if epilogue is not None:
+            raise UnsupportedError("the attention template takes no epilogue")
+        kernel = anchors.prepare_attention(*in_shapes, dtype, causal=bool(op.attrs.get("causal", False)),
+                                           scale=op.attrs.get("scale"), tune=tune)  # fmt: skip
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tessera.errors import ArgumentError, TesseraError, UnsupportedError
-from tessera.graph.compiler.anchors import is_anchor, prepare_anchor
+from tessera.graph.compiler.anchors import is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
 from tessera.graph.compiler.partition import Group, partition
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
@@ -39,7 +39,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     if optimize:
         run_passes(graph)
     options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize}
-    groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op))
+    groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op), takes_epilogue)
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
     fused = [g for g in groups if g.kind == "fused"]

@@ -47,11 +47,13 @@ class Group:
 
 
 def partition(graph: FlowGraph, lowering_error: Callable[[Operator], str | None],
-              is_anchor: Callable[[Operator], bool]) -> list[Group]:  # fmt: skip
+              is_anchor: Callable[[Operator], bool],
+              takes_epilogue: Callable[[Operator], bool] = lambda op: True) -> list[Group]:  # fmt: skip
     """Groups of `graph` in execution order.
 
     `lowering_error(op)` says why op cannot be compiled (None when it can); `is_anchor(op)`
-    whether a kernel template takes it."""
+    whether a kernel template takes it; `takes_epilogue(op)` whether that template can fold
+    an elementwise tail into its store."""
     ops = graph.operators
     position = {op: i for i, op in enumerate(ops)}
     consumers = graph.consumers()
@@ -74,7 +76,7 @@ def partition(graph: FlowGraph, lowering_error: Callable[[Operator], str | None]
             groups.append(Group("reference", [op], reason=reason))
         elif is_anchor(op):
             close_run()
-            chain = _epilogue_chain(op, position, consumers, outputs, lowering_error)
+            chain = _epilogue_chain(op, position, consumers, outputs, lowering_error) if takes_epilogue(op) else []
             absorbed.update(chain)
             groups.append(Group("anchor", [op, *chain]))
         else:
