@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
+    import models_suite as suite
     import torch
 
-    import models_suite as suite
     import tessera.frontend.torch  # noqa: F401
     from tessera.frontend.torch import backend as tb
 

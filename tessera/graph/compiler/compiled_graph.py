@@ -269,7 +269,8 @@ class CompiledGraph:
         for _ in range(repeat):
             for i, (step, temps) in enumerate(zip(self.steps, plan.temps)):
                 ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
-                samples[i].append(self._time(lambda: step.run(ins, [env[t] for t in step.outputs], temps, bindings)))
+                outs_i = [env[t] for t in step.outputs]
+                samples[i].append(self._time(lambda s=step, a=ins, o=outs_i, tm=temps: s.run(a, o, tm, bindings)))
         names = [f"{s.kind}:{'+'.join(op.kind for op in s.group.ops)}" for s in self.steps]
         return [(n, sorted(v)[len(v) // 2]) for n, v in zip(names, samples)]
 
