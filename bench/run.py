@@ -84,7 +84,7 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
             row = {"case": f"op={op},R={R},C={C},{dname}", "tessera_us": t_us, "peers_us": peers, "rel_err": err,
                    "mbytes": nbytes / 1e6, "gbs": gbs, "frac_copy_bw": gbs / copy_gbs,
                    "vs_eager": peers["torch.eager"] / t_us, "schedule": _schedule(op, x),
-                   "l2": "flushed by a 256 MB read before each repeat"}  # fmt: skip
+                   "l2": "flushed by a 1 GB read before each repeat"}  # fmt: skip
             rows.append(row)
             print(f"{row['case']:<36} tessera {t_us:8.1f} us  eager {peers['torch.eager']:8.1f}  "
                   f"compile {peers['torch.compile:default']:8.1f}  {gbs:7.0f} GB/s ({gbs / copy_gbs:.0%})  "
