@@ -22,7 +22,8 @@ def main() -> None:
     import torch
 
     import tessera.frontend.torch  # noqa: F401
-    from tessera.frontend.torch import backend as tb
+
+    tb = sys.modules["tessera.frontend.torch.backend"]  # the module (the package exports a function of that name)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="bert,gpt2")
