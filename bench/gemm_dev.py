@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tessera as ts  # noqa: E402
 from tessera import f16, u64  # noqa: E402
@@ -157,7 +158,9 @@ def profile() -> None:
 # ---- TMA GEMM correctness -------------------------------------------------------------------
 CHECK_CFGS = [TmaConfig(128, 256, 4), TmaConfig(256, 128, 3), TmaConfig(128, 128, 5, split_k=3),
               TmaConfig(64, 128, 6, 1, split_k=2), TmaConfig(128, 64, 6, epilogue="pair"), TmaConfig(128, 256, 3, epilogue="staged"), TmaConfig(64, 48, 8, 1, epilogue="staged"),
-              TmaConfig(128, 128, 4, persistent=False)]  # fmt: skip
+              TmaConfig(128, 128, 4, persistent=False),
+              TmaConfig(64, 128, 6, 1, split_k=4, persistent=False, split_reduce="cluster", epilogue="staged"),
+              TmaConfig(64, 64, 8, 1, split_k=3, persistent=False, split_reduce="cluster")]  # fmt: skip
 CHECK_SHAPES = [(1, 72, 64), (17, 136, 264), (130, 264, 520), (256, 512, 4104), (300, 1000, 2000)]
 
 
@@ -184,7 +187,8 @@ def check() -> None:
             a = torch.randn(3, 40, 96, device="cuda", dtype=dt)
             b = torch.randn(*((3, 96, 72) if layout == "kn" else (3, 72, 96)), device="cuda", dtype=dt)
             ref = a.double() @ (b.double() if layout == "kn" else b.double().transpose(1, 2))
-            for cfg in (TmaConfig(128, 128, 4), TmaConfig(64, 64, 6, 1, split_k=2)):
+            for cfg in (TmaConfig(128, 128, 4), TmaConfig(64, 64, 6, 1, split_k=2),
+                        TmaConfig(64, 64, 6, 1, split_k=2, persistent=False, split_reduce="cluster")):  # fmt: skip
                 try:
                     e = rel(matmul(a, b, b_layout=layout, config=cfg), ref)
                     ok = e < 1.2e-2
@@ -303,8 +307,10 @@ def small() -> None:
                          for cfg in tma_space(m, n, k, 1, layout))  # fmt: skip
             best = res[0][2]
             t = timed(lambda: matmul(a, b, b_layout=layout, config=best))
+            cl = [x for x in res if x[2].cluster][:1] or [(float("nan"), "-", None)]
+            la = [x for x in res if not x[2].cluster][:1]
             log("small", case=f"{m}x{n}x{k}", layout=layout, best=str(best), tessera_us=t, cublas_us=cub,
-                vs_cublas=cub / t, second=f"{res[1][1]}:{res[1][0]:.1f}", third=f"{res[2][1]}:{res[2][0]:.1f}")  # fmt: skip
+                vs_cublas=cub / t, best_cluster=f"{cl[0][1]}:{cl[0][0]:.1f}", best_other=f"{la[0][1]}:{la[0][0]:.1f}")  # fmt: skip
 
 
 def one() -> None:
@@ -317,14 +323,16 @@ def one() -> None:
 
 
 def prebuild(sections: list[str]) -> None:
-    """Compile the kernels the sections use, in parallel (nvcc is a subprocess)."""
+    """Compile the kernels the sections use, in parallel (nvcc is a subprocess); "suite" builds
+    those of the gemm benchmark suite and bench/sanitize.py (run with TESSERA_PREBUILD_ONLY=1)."""
     from tessera.kernels.matmul import tma_space
 
     cfgs = set()
     if "check" in sections:
         for layout in ("nk", "kn"):
             for dt in (ts.f16, ts.bf16):
-                for cfg in CHECK_CFGS + [TmaConfig(128, 128, 4), TmaConfig(64, 64, 6, 1, split_k=2)]:
+                for cfg in CHECK_CFGS + [TmaConfig(128, 128, 4), TmaConfig(64, 64, 6, 1, split_k=2),
+                                         TmaConfig(64, 64, 6, 1, split_k=2, persistent=False, split_reduce="cluster")]:
                     if not (layout == "kn" and cfg.block_n % 64):
                         cfgs.add((dt, cfg, layout))
     if "time" in sections:
@@ -344,7 +352,18 @@ def prebuild(sections: list[str]) -> None:
     if "profile" in sections:
         cfgs.update((ts.f16, c, "nk") for c in OLD + [TmaConfig(64, 128, 8, 1, 4), TmaConfig(64, 64, 8, 1, 4),
                                                        TmaConfig(64, 128, 8, 1, 1)])  # fmt: skip
+    if "suite" in sections:  # bench/run.py --suite gemm and bench/sanitize.py
+        from gemm_suite import workloads
+
+        for m, n, k in workloads():
+            for layout in ("nk", "kn"):
+                cfgs.update((ts.f16, c, layout) for c in tma_space(m, n, k, 1, layout))
+        for c in (TmaConfig(128, 256, 3), TmaConfig(128, 64, 4, epilogue="staged"),
+                  TmaConfig(64, 64, 4, 1, split_k=2, persistent=False),
+                  TmaConfig(64, 64, 4, 1, split_k=2, persistent=False, split_reduce="cluster")):  # fmt: skip
+            cfgs.update((ts.f16, c, layout) for layout in ("nk", "kn"))
     kernels = {make_kernel(dt, c, lay, True) for dt, c, lay in cfgs}
+    kernels |= {make_split_k_reduce(ts.f16, s) for s in (2, 3, 4, 6, 8, 12, 16)}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(os.cpu_count() or 4) as pool:
         list(pool.map(lambda k: k.build(), kernels))

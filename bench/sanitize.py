@@ -71,6 +71,7 @@ def row_kernels() -> None:
 def gemm_kernels() -> None:
     from tessera.kernels.gemm import GemmConfig
     from tessera.kernels.gemm_sm90 import WgmmaConfig
+    from tessera.kernels.gemm_tma import TmaConfig
     from tessera.kernels.matmul import matmul
 
     a = torch.randn(70, 136, device="cuda", dtype=torch.float16)
@@ -83,6 +84,14 @@ def gemm_kernels() -> None:
     if torch.cuda.get_device_capability() == (9, 0):
         bt = b.t().contiguous()
         check("gemm wgmma", matmul(a, bt, b_layout="nk", config=WgmmaConfig(64, 128, 3)), ref, 3e-3)
+        a8, b8 = a[:, :128].contiguous(), b[:128, :88].contiguous()  # TMA: rows of a multiple of 16 bytes
+        ref8 = a8.double() @ b8.double()
+        tma = [("tma", TmaConfig(128, 256, 3)), ("tma staged", TmaConfig(128, 64, 4, epilogue="staged")),
+               ("tma split-k", TmaConfig(64, 64, 4, 1, split_k=2, persistent=False)),
+               ("tma split-k cluster", TmaConfig(64, 64, 4, 1, split_k=2, persistent=False, split_reduce="cluster"))]
+        for name, cfg in tma:
+            check(f"gemm {name} nk", matmul(a8, b8.t().contiguous(), b_layout="nk", config=cfg), ref8, 3e-3)
+            check(f"gemm {name} kn", matmul(a8, b8, config=cfg), ref8, 3e-3)
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from tessera.lang.builtins import (
     cast,
     ceil,
     ceil_div,
+    cluster_sync,
     copy_async,
     copy_async_commit,
     copy_async_wait,
@@ -50,6 +51,7 @@ from tessera.lang.builtins import (
     grid,
     grid_dim,
     ldmatrix,
+    load_cluster,
     log,
     log2,
     max_,
@@ -96,7 +98,7 @@ __all__ = [
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-    "tma_load", "setmaxnreg", "syncwarp",
+    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster",
 ]  # fmt: skip
 
 

@@ -306,3 +306,112 @@ def test_launch_plans_follow_the_arguments():
         k(a.float(), b, c, 1)
     with pytest.raises(ArgumentError, match="contiguous"):
         k(a.transpose(1, 2), b, c, 1)
+
+
+# ---- warp-specialised TMA GEMM ---------------------------------------------------------------
+def _tma_configs():
+    from tessera.kernels.gemm_tma import TmaConfig
+
+    return [
+        TmaConfig(128, 256, 3, epilogue="staged"),
+        TmaConfig(256, 128, 3),
+        TmaConfig(128, 128, 4, split_k=3, epilogue="pair"),
+        TmaConfig(64, 128, 6, 1, split_k=2, persistent=False),
+        TmaConfig(64, 128, 6, 1, split_k=4, persistent=False, split_reduce="cluster", epilogue="staged"),
+        TmaConfig(128, 64, 6, persistent=False, epilogue="staged"),
+    ]
+
+
+def test_tma_config_problems_and_space():
+    from tessera.kernels.gemm_tma import TmaConfig
+
+    assert all(not c.problems() for c in _tma_configs())
+    assert any("shared memory" in p for p in TmaConfig(128, 256, 5).problems())
+    assert any("128 accumulator" in p for p in TmaConfig(256, 256, 2).problems())
+    assert any("cluster" in p for p in TmaConfig(128, 128, 4, split_k=2, split_reduce="cluster").problems())
+    assert any("epilogue" in p for p in TmaConfig(128, 128, 4, epilogue="fast").problems())
+    cfg = TmaConfig(128, 256, 3)
+    assert cfg.tiles(4096, 4096) == 512 and cfg.grid(4096, 4096) == 132
+    assert TmaConfig(64, 64, 4, 1, persistent=False).grid(100, 100) == 4
+    for m, n, k in ((1, 4096, 4096), (16, 6144, 4096), (128, 28672, 4096), (4096, 4096, 14336), (37, 33, 40)):
+        for layout in ("nk", "kn"):
+            space = schedule_space(m, n, k, 1, layout, tma=True)
+            assert space and all(not c.problems() for c in space)
+            assert len({str(c) for c in space}) == len(space)
+            if layout == "kn":
+                assert all(c.block_n % 64 == 0 for c in space)
+
+
+def test_tma_gemm_kernels_keep_the_element_store_form():
+    """epilogue="scalar" (the default) writes C element by element: the store epilogue fusion rewrites."""
+    from tessera.ir.functor import IRVisitor
+    from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma
+
+    class Stores(IRVisitor):
+        def __init__(self):
+            self.names = []
+
+        def visit_Store(self, s):
+            self.names.append(s.buffer.name)
+
+    for cfg in (TmaConfig(128, 256, 3), TmaConfig(64, 64, 6, 1, split_k=2, persistent=False, split_reduce="cluster")):
+        found = Stores()
+        found.visit(make_gemm_tma(f16, cfg, "nk").ir.body)
+        assert "C" in found.names
+    with pytest.raises(UnsupportedError, match="multiple of 64"):
+        make_gemm_tma(f16, TmaConfig(64, 48, 4, 1), "kn")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_tma_gemm_cuda_compiles(layout):
+    from tessera.kernels.gemm_tma import make_gemm_tma
+
+    for cfg in _tma_configs()[:5]:
+        k = make_gemm_tma(ts.bf16 if cfg.consumers == 1 else f16, cfg, layout)
+        assert "cp.async.bulk.tensor.3d" in k.source and "setmaxnreg" in k.source or cfg.consumers == 1
+        k.build()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_tma_gemm_matches_torch(layout, dtype_name):
+    """Every configuration kind (tiles, split-k launch/cluster, epilogues) at odd shapes: edge
+    tiles, K tails (TMA zero fill), one row, a split whose last part is short."""
+    torch = _torch()
+    from tessera.kernels.matmul import matmul
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("TMA/wgmma need an SM90 GPU")
+    dt = getattr(torch, dtype_name)
+    for m, n, k in [(1, 72, 64), (17, 136, 264), (130, 264, 520), (256, 512, 4104), (300, 1000, 2000)]:
+        a = torch.randn(m, k, device="cuda", dtype=dt)
+        b = torch.randn(*((k, n) if layout == "kn" else (n, k)), device="cuda", dtype=dt)
+        for cfg in _tma_configs():
+            _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, dtype_name)
+
+
+@pytest.mark.cuda
+def test_tma_gemm_batched_repeated_and_tuned():
+    """Batched operands; repeated planned calls on fresh data (tensor-map cache); the tuned default."""
+    torch = _torch()
+    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.kernels.matmul import choose_config, matmul
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("TMA/wgmma need an SM90 GPU")
+    for layout in ("nk", "kn"):
+        for cfg in (TmaConfig(128, 128, 4), TmaConfig(64, 64, 6, 1, split_k=2, persistent=False, split_reduce="cluster")):
+            for _ in range(3):
+                a = torch.randn(3, 40, 96, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(*((3, 96, 72) if layout == "kn" else (3, 72, 96)), device="cuda", dtype=torch.bfloat16)
+                _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, "bfloat16")
+    a = torch.randn(64, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    cfg = choose_config(a, b)
+    assert isinstance(cfg, TmaConfig)
+    _check(matmul(a, b), a, b, "kn", "float16")
+    with pytest.raises(UnsupportedError, match="16-byte aligned"):  # K % 8 != 0: TMA cannot read it
+        matmul(a[:, :250], b[:250], config=cfg)
+    _check(matmul(a[:, :250], b[:250], config=CONFIGS[1]), a[:, :250], b[:250], "kn", "float16")

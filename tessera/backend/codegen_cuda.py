@@ -88,6 +88,23 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc_mn(const void* p, uint32_t chu
   uint64_t addr = ts_smem(p);
   return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((chunk >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
+// Every thread of every block of the cluster meets here; memory written before (global and
+// shared) is visible to the cluster's threads after it.
+__device__ __forceinline__ void ts_cluster_sync() {
+  asm volatile("fence.acq_rel.gpu;\nbarrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Distributed shared memory: N bytes at the same offset in block `rank` of the cluster.
+template <int N> __device__ __forceinline__ void ts_load_cluster(void* dst, const void* src, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ts_smem(src)), "r"(rank));
+  uint32_t* r = reinterpret_cast<uint32_t*>(dst);
+  if (N == 16)
+    asm volatile("ld.shared::cluster.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(remote) : "memory");
+  else if (N == 8)
+    asm volatile("ld.shared::cluster.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(remote) : "memory");
+  else
+    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(r[0]) : "r"(remote) : "memory");
+}
 // mbarriers (64-bit words in shared memory) and TMA loads that complete on them.
 __device__ __forceinline__ void ts_mbarrier_init(void* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(ts_smem(bar)), "r"(count) : "memory");
@@ -237,6 +254,10 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
         elif s.name == "syncwarp":
             self.emit("__syncwarp();")
+        elif s.name == "cluster_sync":
+            self.emit("ts_cluster_sync();")
+        elif s.name == "load_cluster":
+            self.emit(f"ts_load_cluster<{a['bytes']}>({ops[0]}, {ops[1]}, {ops[2]});")
         elif s.name == "setmaxnreg":
             self.emit(f'asm volatile("setmaxnreg.{"inc" if a["increase"] else "dec"}.sync.aligned.u32 {a["regs"]};\\n");')
         elif s.name == "wgmma_wait":
@@ -291,6 +312,9 @@ class CudaCodegen(CLikeCodegen):
             threads = prod(int(b.value) for b in block)
             mb = f", {func.launch.min_blocks}" if func.launch.min_blocks else ""
             bounds = f"__launch_bounds__({threads}{mb}) "
+        if func.launch.cluster:
+            dims = (*func.launch.cluster, 1, 1)[:3]
+            bounds += f"__cluster_dims__({dims[0]}, {dims[1]}, {dims[2]}) "
         self.emit(f'extern "C" __global__ void {bounds}{symbol_name(func)}({params}) {{')
         self.depth += 1
         self.pool_offsets: dict = {}

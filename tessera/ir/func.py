@@ -22,6 +22,9 @@ class LaunchConfig:
     min_blocks: int = 0
     # Bytes of shared tensors placed in dynamic shared memory (set by plan_shared_memory).
     shared_pool: int = 0
+    # Thread-block cluster shape (SM90 __cluster_dims__); () for no clusters.  The grid must
+    # be a multiple of it.
+    cluster: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)

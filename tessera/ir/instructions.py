@@ -163,6 +163,17 @@ def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_load_cluster(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src, _rank = ops
+    if attrs["bytes"] not in (4, 8, 16):
+        return f"load_cluster moves 4, 8 or 16 bytes, not {attrs['bytes']!r}"
+    if dst.scope != REGISTER or src.scope != SHARED:
+        return f"load_cluster reads another block's shared memory into registers, got {src.scope} -> {dst.scope}"
+    if dst.type.dtype != src.type.dtype:
+        return f"load_cluster needs the same element type on both sides, got {dst.type.dtype} and {src.type.dtype}"
+    return None
+
+
 def _check_setmaxnreg(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     regs, inc = attrs["regs"], attrs["increase"]
     if not isinstance(regs, int) or isinstance(regs, bool) or not 24 <= regs <= 256 or regs % 8:
@@ -208,6 +219,12 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("tma_load", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load,
                         "cp.async.bulk.tensor (TMA) global->shared of one box at the given coordinates (outermost "
                         "first, zero-filled past the edges), completing `box_bytes` on the mbarrier"),
+        InstructionSpec("cluster_sync", (), (), True, _ok,
+                        "barrier.cluster arrive (release) + wait (acquire): every thread of the thread-block "
+                        "cluster (attrs.cluster) meets; earlier global and shared writes become visible"),
+        InstructionSpec("load_cluster", ("addr", "addr", "int"), ("bytes",), True, _check_load_cluster,
+                        "ld.shared::cluster: `bytes` from the same shared-memory offset in block `rank` of this "
+                        "thread-block cluster (distributed shared memory) into registers"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
         InstructionSpec("setmaxnreg", (), ("regs", "increase"), True, _check_setmaxnreg,

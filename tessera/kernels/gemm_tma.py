@@ -12,6 +12,10 @@ through the descriptor's transpose bit).  Per thread block (one per SM when pers
   (`wgmma_wait(1)`) before releasing the stage they no longer read;
 * registers move to the consumers with `setmaxnreg` (two consumer warpgroups);
 * tiles are visited in groups of 8 tile rows (L2 reuse of B), split-k over the tile index;
+* split-k either writes float32 partials for a second kernel to add (split_reduce="launch"),
+  or (split_reduce="cluster") makes the split_k blocks of a tile one thread-block cluster
+  that adds the partials through distributed shared memory and writes C itself: one launch,
+  no workspace, which matters at decode sizes where a launch is a tenth of the time;
 * the epilogue (`epilogue=`) stores each element with `C[z, r, c] = value` ("scalar", the
   form epilogue fusion rewrites), packed column pairs ("pair"), or ("staged") has each
   consumer warp park its 16 x BN rows in shared memory and write them back as coalesced
@@ -37,6 +41,7 @@ SWIZZLE_128B = Swizzle(3, 3, 3)
 GROUP_M = 8  # tile rows visited together (the rasterisation's L2 reuse)
 LAYOUTS = ("nk", "kn")
 EPILOGUES = ("scalar", "pair", "staged")
+SPLIT_REDUCES = ("launch", "cluster")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,12 @@ class TmaConfig:
     persistent: bool = True
     epilogue: str = "scalar"
     group_m: int = GROUP_M
+    split_reduce: str = "launch"
+
+    @property
+    def cluster(self) -> bool:
+        """Split-k partials added inside the kernel by a cluster of the tile's split_k blocks."""
+        return self.split_reduce == "cluster" and self.split_k > 1
 
     @property
     def threads(self) -> int:
@@ -67,13 +78,14 @@ class TmaConfig:
 
     def staging_bytes(self) -> int:
         """Shared memory of the staged epilogue: 16 rows (+ 8 columns of padding) per consumer warp."""
-        if self.epilogue != "staged":
+        if self.epilogue != "staged" or self.cluster:
             return 0
         return -(-self.consumers * 4 * 16 * (self.block_n + 8) * 2 // 1024) * 1024
 
     def smem_bytes(self) -> int:
-        # + the two barrier arrays and the (unused) staging stub, 1 KiB aligned each
-        return self.stages * self.stage_bytes() + max(self.staging_bytes(), 1024) + 2048
+        # + the two barrier arrays and the stubs of unused buffers, 1 KiB aligned each
+        partials = self.block_m * self.block_n * 4 if self.cluster else 1024
+        return self.stages * self.stage_bytes() + max(self.staging_bytes(), 1024) + partials + 2048
 
     def problems(self) -> list[str]:
         """Why this configuration cannot be built (empty when it can)."""
@@ -96,6 +108,10 @@ class TmaConfig:
             out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
         if self.split_k < 1:
             out.append("split_k must be >= 1")
+        if self.split_reduce not in SPLIT_REDUCES:
+            out.append(f"split_reduce must be one of {SPLIT_REDUCES}, got {self.split_reduce!r}")
+        elif self.cluster and (self.consumers != 1 or self.persistent or self.split_k > 8):
+            out.append("split_reduce='cluster' needs one consumer warpgroup, persistent=False and split_k <= 8")
         return out
 
     def tiles(self, m: int, n: int, batch: int = 1) -> int:
@@ -110,6 +126,7 @@ class TmaConfig:
     def __str__(self) -> str:
         flags = ("_p" if self.persistent else "") + {"scalar": "", "pair": "_v", "staged": "_e"}.get(self.epilogue, "?")
         flags += f"_g{self.group_m}" if self.group_m != GROUP_M else ""
+        flags += "_cl" if self.split_reduce == "cluster" else ""
         return f"tma_{self.block_m}x{self.block_n}x{BLOCK_K}_s{self.stages}_c{self.consumers}_k{self.split_k}{flags}"
 
 
@@ -127,12 +144,16 @@ def c_pairs(n: int) -> ts.TaskMapping:
 
 
 def make_gemm_tma(dtype: DataType, config: TmaConfig, b_layout: str = "nk") -> ts.Kernel:
-    """kernel(A, B, C, tma_a, tma_b, split, ctas): with split == 1 it writes `dtype` results into
-    C [batch, M, N]; otherwise float32 partials into C [batch * split, M, N] (see
-    tessera.kernels.gemm.make_split_k_reduce).  tma_a / tma_b are TensorMaps over A and B with
-    the boxes of `tensor_map_boxes`; ctas is the grid size (`config.grid`)."""
+    """kernel(A, B, C, tma_a, tma_b, split, ctas): with split == 1, or split-k reduced in a cluster,
+    it writes `dtype` results into C [batch, M, N]; otherwise float32 partials into
+    C [batch * split, M, N] (see tessera.kernels.gemm.make_split_k_reduce).  tma_a / tma_b are
+    TensorMaps over A and B with the boxes of `tensor_map_boxes`; ctas is the grid size
+    (`config.grid`)."""
+    if config.cluster:  # the cluster shape is compiled in
+        return _make(dtype, replace(config, persistent=False), b_layout, True)
     # split_k and persistence are run-time arguments: one kernel serves them all.
-    return _make(dtype, replace(config, split_k=1, persistent=False), b_layout, config.split_k > 1)
+    return _make(dtype, replace(config, split_k=1, persistent=False, split_reduce="launch"), b_layout,
+                 config.split_k > 1)  # fmt: skip
 
 
 @functools.cache
@@ -150,9 +171,15 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
     BM, BN, BK, STAGES = config.block_m, config.block_n, BLOCK_K, config.stages
     CONSUMERS, SLABS = config.consumers, config.slabs
     KN = b_layout == "kn"
-    OUT = f32 if partial else T
+    CLUSTER, SPLIT = config.cluster, config.split_k
+    if CLUSTER and (config.problems() or SPLIT < 2):
+        raise UnsupportedError(f"GEMM config {config}: {'; '.join(config.problems())}")
+    OUT = f32 if partial and not CLUSTER else T
+    P_SHAPE = [BM, BN] if CLUSTER else [1]  # this block's float32 partial tile (cluster split-k)
+    THREADS = 128 * (CONSUMERS + 1)
     # Split-k partials (float32) are written in pairs when a staged epilogue is asked for.
     EPI = "pair" if partial and config.epilogue == "staged" else config.epilogue
+    EPI = "scalar" if CLUSTER else EPI  # (the cluster's reduction writes C)
     STAGED = EPI == "staged"
     CST_SHAPE = [CONSUMERS * 4, 16, BN + 8] if STAGED else [1]
     CPR = BN // 8  # 16-byte chunks per staged row
@@ -168,7 +195,8 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
     GROUP = config.group_m
     tile = str(config).rsplit("_k", 1)[0]
     epi = {"scalar": "", "pair": "_v", "staged": "_e"}[EPI]
-    name = f"gemm_{T.short}_{b_layout}_{tile}{epi}{f'_g{GROUP}' if GROUP != GROUP_M else ''}{'_partial' if partial else ''}"
+    name = f"gemm_{T.short}_{b_layout}_{tile}{epi}{f'_g{GROUP}' if GROUP != GROUP_M else ''}"
+    name += f"_cluster{SPLIT}" if CLUSTER else "_partial" if partial else ""
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: T["batch", "M", "K"], B: T[B_SHAPE], C: OUT["zdim", "M", "N"], tma_a: TA, tma_b: TB,
@@ -176,11 +204,14 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
         ts.attrs.grid = ctas
         ts.attrs.block = 128 * (CONSUMERS + 1)
         ts.attrs.min_blocks = 1
+        if CLUSTER:
+            ts.attrs.cluster = (SPLIT, 1, 1)
         As = ts.shared_tensor(T, [STAGES, BM, BK], swizzle=SWIZZLE_128B)
         Bs = ts.shared_tensor(T, B_TILE, swizzle=SWIZZLE_128B)
         full = ts.shared_tensor(u64, [STAGES])
         empty = ts.shared_tensor(u64, [STAGES])
         Cs = ts.shared_tensor(T, CST_SHAPE)  # the staged epilogue's rows, per consumer warp
+        Ps = ts.shared_tensor(f32, P_SHAPE)
         tid = ts.thread_idx.x
         wg = tid // 128
         if tid == 0:
@@ -203,14 +234,14 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
                 ts.setmaxnreg(REGS[0], False)
             if tid == 0:
                 for t in range(ts.block_idx.x, total, ts.grid_dim.x):
-                    z = t // per_z
-                    r = t % per_z
+                    q = t // split  # the split index varies fastest: a cluster's blocks share a tile
+                    bi = q // per_z
+                    r = q % per_z
                     first = (r // group_tiles) * GROUP
                     rows = min(tiles_m - first, GROUP)
                     m0 = (first + (r % group_tiles) % rows) * BM
                     n0 = ((r % group_tiles) // rows) * BN
-                    bi = z // split
-                    kt0 = (z % split) * per_split
+                    kt0 = (t % split) * per_split
                     num_k = max(min(per_split, k_tiles - kt0), 0)
                     for kk in range(num_k):
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
@@ -234,13 +265,14 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
             row0 = (wg - 1) * SLABS * 64
             last = 0
             for t in range(ts.block_idx.x, total, ts.grid_dim.x):
-                z = t // per_z
-                r = t % per_z
+                q = t // split
+                z = q // per_z * split + t % split  # the output (or partials) slab
+                r = q % per_z
                 first = (r // group_tiles) * GROUP
                 rows = min(tiles_m - first, GROUP)
                 m0 = (first + (r % group_tiles) % rows) * BM
                 n0 = ((r % group_tiles) // rows) * BN
-                kt0 = (z % split) * per_split
+                kt0 = (t % split) * per_split
                 num_k = max(min(per_split, k_tiles - kt0), 0)
                 for sl in ts.unroll(SLABS):
                     for e in ts.unroll(BN // 2):
@@ -268,7 +300,10 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
                 if num_k > 0 and lane == 0:
                     ts.mbarrier_arrive(empty[last])
                 for sl in ts.unroll(SLABS):
-                    if STAGED:
+                    if CLUSTER:
+                        for e, (r2, c2) in enumerate(C_FRAG.on(lane)):
+                            Ps[sl * 64 + r2, c2] = acc[sl, e]
+                    elif STAGED:
                         # This warp's 16 rows go through shared memory: written as column pairs,
                         # read back as 16-byte row segments (coalesced global stores).
                         cw = (wg - 1) * 4 + lane // 32
@@ -312,5 +347,33 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
                             gn = n0 + c2
                             if gm < M and gn < N:
                                 C[z, gm, gn] = acc[sl, e]
+        if CLUSTER:
+            # The cluster's split_k blocks hold the partial tiles of one output tile: block s adds
+            # every block's partials for its share of the tile and writes C.
+            ts.cluster_sync()
+            t2 = ts.block_idx.x
+            q2 = t2 // SPLIT
+            b2 = q2 // per_z
+            r4 = q2 % per_z
+            first2 = (r4 // group_tiles) * GROUP
+            rows2 = min(tiles_m - first2, GROUP)
+            m2 = (first2 + (r4 % group_tiles) % rows2) * BM
+            n2 = ((r4 % group_tiles) // rows2) * BN
+            part = ts.register_tensor(f32, [4])
+            tot = ts.register_tensor(f32, [4])
+            for i in range((t2 % SPLIT) * THREADS + tid, BM * BN // 4, THREADS * SPLIT):
+                rr = i // (BN // 4)
+                cc = i % (BN // 4) * 4
+                if m2 + rr < M:
+                    for e in ts.unroll(4):
+                        tot[e] = 0.0
+                    for s2 in ts.unroll(SPLIT):
+                        ts.load_cluster(part[0], Ps[rr, cc], s2, 16)
+                        for e in ts.unroll(4):
+                            tot[e] += part[e]
+                    for e in ts.unroll(4):
+                        if n2 + cc + e < N:
+                            C[b2, m2 + rr, n2 + cc + e] = tot[e]
+            ts.cluster_sync()  # no block leaves while the others read its partials
 
     return gemm

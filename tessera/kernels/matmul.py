@@ -10,6 +10,7 @@ the winner is cached per (dtype, layout, shape, GPU) by tessera.tune.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
@@ -65,6 +66,9 @@ def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk") -> l
                 cfg = TmaConfig(bm, bn, stages, cw, split, persistent=tiles * split > SMS, epilogue="staged")
                 if not cfg.problems():
                     out.append(cfg)
+                clustered = replace(cfg, persistent=False, split_reduce="cluster")
+                if split > 1 and not clustered.problems():
+                    out.append(clustered)
     return out
 
 
@@ -220,7 +224,8 @@ class _CallPlan:
         self.out_shape = (batch, m, n) if rank3 else (m, n)
         self.a_shape, self.b_shape = tuple(a3.shape), tuple(b3.shape)
         self.device = c3.device
-        self.work_numel = batch * cfg.split_k * m * n if cfg.split_k > 1 else 0
+        in_kernel = getattr(cfg, "cluster", False)  # split-k added up inside the kernel
+        self.work_numel = batch * cfg.split_k * m * n if cfg.split_k > 1 and not in_kernel else 0
         work = self._work(torch, _stream(torch, c3)).view(batch * cfg.split_k, m, n) if self.work_numel else c3
         kernel = make_kernel(dtype, cfg, layout, vector).compile()
         self.tma = isinstance(cfg, TmaConfig)

@@ -76,6 +76,8 @@ mbarrier_wait = Builtin("mbarrier_wait", "instruction")
 tma_load = Builtin("tma_load", "instruction")
 setmaxnreg = Builtin("setmaxnreg", "instruction")
 syncwarp = Builtin("syncwarp", "instruction")
+cluster_sync = Builtin("cluster_sync", "instruction")
+load_cluster = Builtin("load_cluster", "instruction")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))

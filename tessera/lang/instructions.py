@@ -69,6 +69,10 @@ def _tma_load(dst: Any, tensor_map: Any, bar: Any, *coords: Any) -> tuple[tuple,
     return (dst, tensor_map, bar, *coords), {}
 
 
+def _load_cluster(dst: Any, src: Any, rank: Any, bytes: int = 16) -> tuple[tuple, dict]:
+    return (dst, src, rank), {"bytes": bytes}
+
+
 def _setmaxnreg(regs: int, increase: bool) -> tuple[tuple, dict]:
     return (), {"regs": regs, "increase": increase}
 
@@ -85,6 +89,7 @@ SIGNATURES = {
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
+    "cluster_sync": _no_operands, "load_cluster": _load_cluster,
 }  # fmt: skip
 
 

@@ -324,12 +324,16 @@ class KernelParser(ExpressionParser):
             setattr(self.launch, target.attr, dims)
         elif target.attr == "dynamic_smem":
             self.launch.dynamic_smem = self.to_ir(value)
+        elif target.attr == "cluster":
+            if not 1 <= len(values) <= 3 or not all(isinstance(v, int) and v > 0 for v in values):
+                raise ParseError("attrs.cluster takes 1 to 3 compile-time positive integers (the cluster shape)")
+            self.launch.cluster = tuple(values)
         elif target.attr == "min_blocks":
             if not isinstance(value, int):
                 raise ParseError("attrs.min_blocks must be a compile-time integer")
             self.launch.min_blocks = value
         else:
-            raise ParseError(f"unknown launch attribute '{target.attr}'; use grid, block, dynamic_smem or min_blocks")
+            raise ParseError(f"unknown launch attribute '{target.attr}'; use grid, block, dynamic_smem, min_blocks or cluster")
         return None
 
     def stmt_AugAssign(self, node: ast.AugAssign) -> S.Stmt:

@@ -1,0 +1,236 @@
+"""Hopper instructions: mbarriers, TMA tensor maps and loads, setmaxnreg, syncwarp, thread-block
+clusters (cluster_sync, load_cluster) and wgmma with an MN-major B.  Front-end rules and
+generated CUDA in the CPU tier (nvcc builds where nvcc is installed); results on the GPU."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import tessera as ts
+from tessera import f16, f32, u64
+from tessera.errors import ArgumentError, KernelSyntaxError
+from tessera.ir.types import TensorMapType, tensor_map
+from tessera.runtime.tensor_map import MAP_BYTES, TensorMap, TensorMapSlot, check_tensor_map
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+SW = ts.Swizzle(3, 3, 3)
+
+
+def make_tma_copy():
+    """Each block loads its 64 x 64 box `rounds` times through one mbarrier, then copies it out."""
+
+    @ts.kernel(target="cuda")
+    def tma_copy(X: f16["R", "C"], Y: f16["R", "C"], tx: ts.tensor_map(f16, (64, 64)), rounds: ts.int32):
+        ts.attrs.grid = (ts.ceil_div(C, 64), ts.ceil_div(R, 64))
+        ts.attrs.block = 128
+        tile = ts.shared_tensor(f16, [64, 64], swizzle=SW)
+        bar = ts.shared_tensor(u64, [1])
+        tid = ts.thread_idx.x
+        if tid == 0:
+            ts.mbarrier_init(bar[0], 1)
+            ts.fence_mbarrier_init()
+        ts.syncthreads()
+        for k in range(rounds):
+            if tid == 0:
+                ts.mbarrier_arrive_expect_tx(bar[0], 64 * 64 * 2)
+                ts.tma_load(tile[0, 0], tx, bar[0], ts.block_idx.y * 64, ts.block_idx.x * 64)
+            ts.mbarrier_wait(bar[0], k % 2)
+            ts.syncthreads()
+        for i in range(tid, 64 * 64, 128):
+            r = ts.block_idx.y * 64 + i // 64
+            c = ts.block_idx.x * 64 + i % 64
+            if r < R and c < C:
+                Y[r, c] = tile[i // 64, i % 64]
+
+    return tma_copy
+
+
+def make_cluster_exchange():
+    """Blocks of a 4-block cluster publish their index in shared memory; each reads its
+    neighbour's through distributed shared memory."""
+
+    @ts.kernel(target="cuda")
+    def exchange(Y: f32["G", 4]):
+        ts.attrs.grid = G
+        ts.attrs.block = 32
+        ts.attrs.cluster = (4, 1, 1)
+        mine = ts.shared_tensor(f32, [4])
+        got = ts.register_tensor(f32, [4])
+        b = ts.block_idx.x
+        if ts.thread_idx.x < 4:
+            mine[ts.thread_idx.x] = ts.cast(b * 10 + ts.thread_idx.x, f32)
+        ts.cluster_sync()
+        if ts.thread_idx.x == 0:
+            ts.load_cluster(got[0], mine[0], (b + 1) % 4, 16)
+            for e in range(4):
+                Y[b, e] = got[e]
+        ts.cluster_sync()
+
+    return exchange
+
+
+# ---- front end -------------------------------------------------------------------------------
+def test_tensor_map_annotations_are_validated():
+    t = tensor_map(f16, (1, 128, 64))
+    assert isinstance(t, TensorMapType) and t.rank == 3 and t.box_bytes == 128 * 64 * 2
+    with pytest.raises(TypeError, match="swizzle span"):
+        tensor_map(f16, (128, 128))  # 256 bytes per row > 128-byte swizzle
+    with pytest.raises(TypeError, match="1 to 5 dimensions"):
+        tensor_map(f16, (1, 512, 64))
+    with pytest.raises(TypeError, match="multiple of 16 bytes"):
+        tensor_map(f16, (64, 4), swizzle=0)
+    with pytest.raises(KernelSyntaxError, match="CUDA kernels"):
+
+        @ts.kernel
+        def on_cpu(x: f16[8], tx: ts.tensor_map(f16, (64, 64))):
+            x[0] = x[1]
+
+
+def test_hopper_instructions_are_checked_at_the_users_line():
+    with pytest.raises(KernelSyntaxError, match="mbarriers are uint64"):
+
+        @ts.kernel(target="cuda")
+        def k1(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            bars = ts.shared_tensor(f32, [2])
+            ts.mbarrier_init(bars[0], 1)
+
+    with pytest.raises(KernelSyntaxError, match="takes 2 coordinates"):
+
+        @ts.kernel(target="cuda")
+        def k2(a: f16[64], tx: ts.tensor_map(f16, (64, 64))):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f16, [64, 64])
+            bar = ts.shared_tensor(u64, [1])
+            ts.tma_load(s[0, 0], tx, bar[0], 0, 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="describes float16"):
+
+        @ts.kernel(target="cuda")
+        def k3(a: f16[64], tx: ts.tensor_map(f16, (64, 64))):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f32, [64, 64])
+            bar = ts.shared_tensor(u64, [1])
+            ts.tma_load(s[0, 0], tx, bar[0], 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="register count"):
+
+        @ts.kernel(target="cuda")
+        def k4(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 128
+            ts.setmaxnreg(100, True)
+
+    with pytest.raises(KernelSyntaxError, match="tensor-map parameter"):
+
+        @ts.kernel(target="cuda")
+        def k5(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f16, [64, 64])
+            bar = ts.shared_tensor(u64, [1])
+            ts.tma_load(s[0, 0], a, bar[0], 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="another block's shared memory"):
+
+        @ts.kernel(target="cuda")
+        def k6(a: f32[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            r = ts.register_tensor(f32, [4])
+            ts.load_cluster(r[0], a[0], 0, 16)
+
+    with pytest.raises(KernelSyntaxError, match="attrs.cluster"):
+
+        @ts.kernel(target="cuda")
+        def k7(a: f32[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            ts.attrs.cluster = (0, 1)
+
+    with pytest.raises(KernelSyntaxError, match="trans_b=True reads B"):
+
+        @ts.kernel(target="cuda")
+        def k8(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 128
+            As = ts.shared_tensor(f16, [64, 64], swizzle=SW)
+            Bs = ts.shared_tensor(f16, [64, 64], swizzle=SW)
+            acc = ts.register_tensor(f32, [32])
+            ts.wgmma(acc[0], As[0, 0], Bs[0, 0], n=64, trans_b=True)
+
+
+def test_generated_cuda_for_the_async_pipeline():
+    src = make_tma_copy().source
+    assert "const __grid_constant__ CUtensorMap tx" in src
+    # coordinates go innermost first: (column, row)
+    assert "ts_tma_load_2d((&tile[0]), &tx, (&bar[0]), ((int32_t)blockIdx.x) * 64, ((int32_t)blockIdx.y) * 64);" in src
+    assert "mbarrier.try_wait.parity.shared::cta.b64" in src and "ts_mbarrier_arrive_expect_tx((&bar[0]), 8192);" in src
+    ex = make_cluster_exchange().source
+    assert "__cluster_dims__(4, 1, 1)" in ex and "barrier.cluster.arrive.release" in ex and "mapa.shared::cluster" in ex
+
+
+def test_wgmma_with_an_mn_major_b_sets_the_transpose_bit():
+    @ts.kernel(target="cuda")
+    def mn(a: f32[64]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 128
+        As = ts.shared_tensor(f16, [64, 64], swizzle=SW)
+        Bs = ts.shared_tensor(f16, [2, 64, 64], swizzle=SW)  # B [k = 64, n = 128] as two 64-column chunks
+        acc = ts.register_tensor(f32, [64])
+        ts.wgmma(acc[0], As[0, 0], Bs[0, 16, 0], n=128, trans_b=True)
+
+    src = mn.source
+    assert "ts_wgmma_desc_mn(b, 8192u)" in src and "p, 1, 1, 0, 1;" in src
+
+
+def test_tensor_map_arguments_are_checked():
+    t = tensor_map(f16, (64, 64))
+    raw = bytes(range(MAP_BYTES))
+    tm = TensorMap(t, raw)
+    assert check_tensor_map("k", "tx", t, tm) is tm
+    with pytest.raises(ArgumentError, match="expects tensor_map"):
+        check_tensor_map("k", "tx", tensor_map(f16, (32, 64)), tm)
+    with pytest.raises(ArgumentError, match="must be a TensorMap"):
+        check_tensor_map("k", "tx", t, raw)
+    with pytest.raises(ArgumentError, match="128 bytes"):
+        TensorMap(t, b"\0" * 64)
+    slot = TensorMapSlot(raw)
+    assert bytes(slot) == raw
+    with pytest.raises(ArgumentError):
+        TensorMap.from_pointer(0x1008, f16, (64, 64), (64, 64))  # not 16-byte aligned
+
+
+@needs_nvcc
+def test_hopper_kernels_build_with_nvcc():
+    make_tma_copy().build()
+    make_cluster_exchange().build()
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("r,c", [(200, 136), (64, 64), (1, 520), (129, 8)])
+def test_tma_load_and_mbarrier_phases(r, c):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(r, c, device="cuda", dtype=torch.float16)
+    y = torch.full_like(x, float("nan"))
+    make_tma_copy()(x, y, TensorMap.tiled(x, (64, 64)), 3)
+    torch.cuda.synchronize()
+    assert torch.equal(x, y)
+    with pytest.raises(ArgumentError, match="contiguous"):
+        TensorMap.tiled(x.t(), (64, 64))
+
+
+@pytest.mark.cuda
+def test_cluster_blocks_read_each_others_shared_memory():
+    torch = pytest.importorskip("torch")
+    y = torch.full((8, 4), float("nan"), device="cuda")
+    make_cluster_exchange()(y)
+    b = torch.arange(8, device="cuda")
+    ref = ((b // 4) * 4 + (b + 1) % 4)[:, None] * 10.0 + torch.arange(4, device="cuda")[None, :]
+    torch.testing.assert_close(y, ref.float())
