@@ -39,6 +39,7 @@ from tessera.ops.anchors import (
     prepare_matmul,
 )
 from tessera.ops.anchors.config import candidates, estimate_us, heuristic_config
+from tessera.ops.anchors.kernel import INPUT
 from tessera.ops.anchors.rewrite import accesses, remap_operand, specialize
 from tessera.runtime.cpu import CpuKernel
 from tessera.transforms.pipeline import lower
@@ -208,6 +209,32 @@ def test_attention_plan_compiles_with_grouped_heads():
         plan_attention((1, 6, 8, 64), (1, 4, 8, 64), (1, 4, 8, 64), "float16")
     with pytest.raises(UnsupportedError, match=r"\[B, H, S, D\]"):
         plan_attention((6, 8, 64), (6, 8, 64), (6, 8, 64), "float16")
+
+
+@needs_nvcc
+def test_attention_mask_is_an_epilogue_operand():
+    for mask_shape, mask_dtype, causal in (((2, 1, 1, 37), "float16", False), ((37, 37), "bool", True),
+                                           ((1, 8, 37, 37), "float32", True)):  # fmt: skip
+        plan = plan_attention((2, 8, 37, 64), (2, 2, 37, 64), (2, 2, 37, 64), "float16", causal=causal,
+                              mask_shape=mask_shape, mask_dtype=mask_dtype, wgmma=False)  # fmt: skip
+        qk = plan.launches[0]
+        assert plan.num_inputs == 4 and len(plan.launches) == 3 and qk.slots[-1] == (INPUT, 3)
+        mask = qk.func.params[-1]
+        assert mask.name == "ep0_mask" and mask.type.dtype == dtypes.dtype(mask_dtype)
+        assert [int(d.value) for d in mask.type.shape] == list(mask_shape)  # read in place, never expanded
+        assert "ep0_mask[" in plan.source and plan.build("sm_90a").endswith(".cubin")
+    args = ((1, 4, 16, 64), (1, 2, 16, 64), (1, 2, 16, 64), "float16")
+    assert plan_attention(*args).num_inputs == 3
+    with pytest.raises(ArgumentError, match="does not broadcast"):
+        plan_attention(*args, mask_shape=(1, 3, 16, 16), mask_dtype="bool")
+    with pytest.raises(ArgumentError, match="does not broadcast"):
+        plan_attention(*args, mask_shape=(1, 1, 1, 16, 16), mask_dtype="bool")
+    with pytest.raises(ArgumentError, match="bool"):
+        plan_attention(*args, mask_shape=(16, 16), mask_dtype="int32")
+    with pytest.raises(ArgumentError, match="both mask_shape and mask_dtype"):
+        plan_attention(*args, mask_shape=(16, 16))
+    with pytest.raises(UnsupportedError, match="0-d"):
+        plan_attention(*args, mask_shape=(), mask_dtype="float16")
 
 
 @needs_nvcc
@@ -480,3 +507,87 @@ def test_attention_anchor(torch, q_shape, hk, sk, dv, causal, dtype):
         s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(), float("-inf"))
     ref = torch.softmax(s, -1) @ v64
     run_anchor(torch, kernel, [q, k, v], [], ref, dtype)
+
+
+MASKED_ATTENTION_CASES = [
+    # q shape, k/v heads, k length, mask shape, mask dtype, causal, dtype
+    ((2, 4, 37, 64), 4, 37, (2, 1, 1, 37), "float16", False, "float16"),  # BERT: additive key-padding mask
+    ((2, 4, 37, 64), 2, 37, (2, 1, 37, 37), "bool", True, "float16"),  # GPT-2/Llama: bool mask and causal, GQA
+    ((2, 8, 128, 64), 2, 128, (2, 1, 128, 128), "float16", True, "float16"),
+    ((1, 8, 128, 64), 2, 128, (1, 1, 128, 128), "float32", True, "float16"),
+    ((2, 2, 128, 64), 1, 128, (128, 128), "bool", False, "bfloat16"),
+    ((2, 4, 37, 64), 2, 37, (37, 37), "float32", False, "float16"),
+    ((2, 4, 128, 64), 4, 128, (2, 1, 1, 128), "bool", False, "bfloat16"),
+    ((1, 4, 17, 64), 2, 40, (1, 4, 17, 40), "bool", True, "float16"),  # Sq != Sk, a mask per head
+]
+
+
+def attention_mask(torch, shape, dtype, gen):
+    """A random mask that leaves key 0 of every row unmasked (torch and the reference differ on empty rows)."""
+    if dtype == "bool":
+        m = torch.rand(shape, generator=gen, device="cuda") > 0.3
+        m[..., 0] = True
+        return m
+    t = getattr(torch, dtype)
+    m = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float64) * 2
+    # masked keys: -inf, or the dtype's lowest value as HuggingFace uses
+    low = torch.finfo(t).min if dtype == "float16" else float("-inf")
+    m = m.masked_fill(torch.rand(shape, generator=gen, device="cuda") < 0.25, low)
+    m[..., 0] = 0.5
+    return m.to(t)
+
+
+def sdpa_reference(torch, q, k, v, mask, causal, scale=None):
+    """torch's scaled_dot_product_attention in float32, causal folded into the mask (torch takes one or the other)."""
+    rep = q.shape[1] // k.shape[1]
+    k32, v32 = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    m = mask if mask is None or mask.dtype == torch.bool else mask.float()
+    if causal:
+        tril = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device="cuda").tril()
+        m = tril if m is None else (m & tril if m.dtype == torch.bool else m.masked_fill(~tril, float("-inf")))
+    F = torch.nn.functional
+    return F.scaled_dot_product_attention(q.float(), k32, v32, attn_mask=m, scale=scale).double()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("q_shape,hk,sk,mask_shape,mask_dtype,causal,dtype", MASKED_ATTENTION_CASES)
+def test_masked_attention_anchor(torch, q_shape, hk, sk, mask_shape, mask_dtype, causal, dtype):
+    b, h, sq, d = q_shape
+    gen = torch.Generator("cuda").manual_seed(sq * 1000 + sk + len(mask_shape))
+    q, k, v = rand(torch, q_shape, dtype), rand(torch, (b, hk, sk, d), dtype), rand(torch, (b, hk, sk, d), dtype)
+    mask = attention_mask(torch, mask_shape, mask_dtype, gen)
+    scale = 0.3 if mask_dtype == "float32" else None
+    kernel = prepare_attention(q.shape, k.shape, v.shape, dtype, causal=causal, scale=scale, mask_shape=mask.shape,
+                               mask_dtype=mask_dtype)  # fmt: skip
+    out = run_anchor(torch, kernel, [q, k, v, mask], [], sdpa_reference(torch, q, k, v, mask, causal, scale), dtype)
+    assert torch.isfinite(out).all()
+    with pytest.raises(ArgumentError, match="takes 4 inputs"):
+        kernel([q, k, v], out)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mask_dtype", ["bool", "float32"])
+def test_attention_fully_masked_rows_match_the_reference(torch, mask_dtype):
+    """A row with every key masked is 0/0 in the graph op's reference (NaN); the other rows are unaffected."""
+    from tessera.graph.opdefs.linalg import _sdpa_ref
+
+    b, h, hk, sq, sk, d = 2, 4, 2, 37, 37, 64
+    gen = torch.Generator("cuda").manual_seed(7)
+    q = rand(torch, (b, h, sq, d), "float16")
+    k, v = rand(torch, (b, hk, sk, d), "float16"), rand(torch, (b, hk, sk, d), "float16")
+    mask = attention_mask(torch, (b, 1, sq, sk), mask_dtype, gen)
+    off = False if mask_dtype == "bool" else float("-inf")
+    mask[0, :, 5] = off  # query 5 of batch 0 sees no key
+    mask[1, :, 3, :4] = off  # query 3 of batch 1: the mask keeps keys > 3 only, causal keys <= 3 only
+    kernel = prepare_attention(q.shape, k.shape, v.shape, "float16", causal=True, mask_shape=mask.shape,
+                               mask_dtype=mask_dtype)  # fmt: skip
+    out = torch.empty(kernel.out_shape, dtype=torch.float16, device="cuda")
+    kernel([q, k, v, mask], out)
+    torch.cuda.synchronize()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        (ref,) = _sdpa_ref([t.cpu().numpy() for t in (q, k, v, mask)], {"causal": True, "scale": None})
+    ref = torch.from_numpy(ref).cuda().double()
+    empty = torch.isnan(ref)
+    assert empty[0, :, 5].all() and empty[1, :, 3].all() and not empty[1, :, 2].any()
+    assert torch.equal(torch.isnan(out), empty)
+    check(torch.where(empty, 0, out.double()), torch.where(empty, 0, ref), "float16")

@@ -22,12 +22,15 @@ def is_anchor(op: Operator) -> bool:
     """Whether a kernel template runs op (fp16/bf16 GEMMs and group-1 convolutions)."""
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
+    if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D] q, k, v, optional mask
+        qkv, mask = op.inputs[:3], op.inputs[3:]  # infer checked that the mask broadcasts to [B, H, Sq, Sk]
+        mask_dtypes = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+        return (len(op.inputs) in (3, 4) and all(t.ndim == 4 and t.dtype == op.outputs[0].dtype for t in qkv)
+                and all(1 <= t.ndim <= 4 and t.dtype in mask_dtypes for t in mask))  # fmt: skip
     if any(t.dtype != op.outputs[0].dtype for t in op.inputs):
         return False
     if op.kind == "conv2d":
         return op.attrs.get("groups", 1) == 1
-    if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D], no mask operand
-        return len(op.inputs) == 3 and all(t.ndim == 4 for t in op.inputs)
     return op.inputs[0].ndim >= 2 and op.inputs[1].ndim >= 2 if op.kind == "matmul" else True
 
 
@@ -82,8 +85,10 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     elif op.kind == "scaled_dot_product_attention":
         if epilogue is not None:
             raise UnsupportedError("the attention template takes no epilogue")
-        kernel = anchors.prepare_attention(*in_shapes, dtype, causal=bool(op.attrs.get("causal", False)),
-                                           scale=op.attrs.get("scale"), tune=tune)  # fmt: skip
+        masked = len(op.inputs) == 4
+        kernel = anchors.prepare_attention(*in_shapes[:3], dtype, causal=bool(op.attrs.get("causal", False)),
+                                           scale=op.attrs.get("scale"), mask_shape=in_shapes[3] if masked else None,
+                                           mask_dtype=op.inputs[3].dtype if masked else None, tune=tune)  # fmt: skip
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 

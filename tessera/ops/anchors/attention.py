@@ -4,13 +4,19 @@ For q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H a multiple of Hk
 reads key/value head h // (H / Hk)):
 
 1. scores = q @ k^T * scale (an "nk" GEMM over B*H batches; k's head is picked by the operand
-   index map, so grouped heads are never repeated in memory), with the causal mask (top-left
-   aligned, like torch: key j <= query i) in its epilogue, stored as float32;
+   index map, so grouped heads are never repeated in memory), with the optional mask operand
+   and the causal mask (top-left aligned, like torch: key j <= query i) in its epilogue, stored
+   as float32.  The mask broadcasts to [B, H, Sq, Sk] through the epilogue's index map (read
+   in place, never expanded): a bool mask keeps True entries (False -> -inf), a float mask is
+   added to the scaled scores, as the graph op's reference does;
 2. probs = softmax(scores) in `dtype` (a tessera.ops row kernel), rows padded with zeros to a
    multiple of 8 columns so the next GEMM reads them with 16-byte copies;
 3. out = probs @ v (a "kn" GEMM; v's rows past Sk are clamped to its last row, whose weight is 0).
 
 Both score workspaces are allocated once at prepare: B*H*Sq*Sk*(4 + 2) bytes.
+
+A fully masked row has all scores -inf; its softmax is 0/0 = NaN, as in the reference
+(`scaled_dot_product_attention`'s numpy definition), so such rows come out NaN.
 """
 
 from __future__ import annotations
@@ -27,9 +33,33 @@ from tessera.ops.anchors.gemm import GemmProblem, Operand, build_gemm, check_dty
 from tessera.ops.anchors.kernel import INPUT, AnchorKernel, AnchorPlan, ops_launches
 from tessera.ops.anchors.rewrite import i32, unravel
 
+_MASK_DTYPES = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+
+
+def _mask_operand(mask_shape: Sequence[int] | None, mask_dtype: DataType | str | None,
+                  full: tuple[int, int, int, int]) -> Placeholder | None:  # fmt: skip
+    """The mask as an epilogue placeholder, after checking that it broadcasts to `full`."""
+    if mask_shape is None and mask_dtype is None:
+        return None
+    if mask_shape is None or mask_dtype is None:
+        raise ArgumentError("attention: give both mask_shape and mask_dtype for a mask operand (or neither)")
+    shape = check_shape(mask_shape, "mask", "attention")
+    if not shape:  # a 0-d tensor argument has no rank-1 parameter to bind to
+        raise UnsupportedError("attention: a scalar (0-d) mask is not supported; pass it with shape [1]")
+    try:
+        mdt = dtypes.dtype(mask_dtype)
+    except ValueError:
+        raise ArgumentError(f"attention: unknown mask dtype {mask_dtype!r}") from None
+    if mdt not in _MASK_DTYPES:
+        raise ArgumentError(f"attention: the mask must be bool (keep True) or floating point (added), not {mdt}")
+    if len(shape) > 4 or any(m not in (1, f) for m, f in zip(reversed(shape), reversed(full))):
+        raise ArgumentError(f"attention: mask shape {shape} does not broadcast to [B, H, Sq, Sk] = {list(full)}")
+    return Placeholder("mask", shape, mdt)
+
 
 def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
-                   causal: bool = False, scale: float | None = None, tune: bool = False,
+                   causal: bool = False, scale: float | None = None, mask_shape: Sequence[int] | None = None,
+                   mask_dtype: DataType | str | None = None, tune: bool = False,
                    wgmma: bool | None = None) -> AnchorPlan:  # fmt: skip
     """The uncompiled plan of prepare_attention."""
     from tessera import ops
@@ -47,7 +77,8 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     dv, rep = v_shape[3], h // hk
     scale = d**-0.5 if scale is None else float(scale)
     skp = -(-sk // 8) * 8
-    plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3, 0)
+    mask = _mask_operand(mask_shape, mask_dtype, (b, h, sq, sk))
+    plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3 if mask is None else 4, 0)
 
     def heads(bi: E.Expr) -> list[E.Expr]:
         return unravel(bi, (b, h))
@@ -61,16 +92,22 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     acc = Placeholder("acc", (b, h, sq, sk), dtypes.float32)
     minus_inf = E.Const(float("-inf"), dtypes.float32)
 
-    def scaled(*i: E.Expr) -> E.Expr:
+    def scaled(*i: E.Expr) -> E.Expr:  # the reference's order: scale, causal, then the mask
         v = acc[i] * E.Const(scale, dtypes.float32)
-        return E.Select(E.Binary("<=", i[3], i[2]), v, minus_inf) if causal else v
+        if causal:
+            v = E.Select(E.Binary("<=", i[3], i[2]), v, minus_inf)
+        if mask is not None:
+            m = mask[tuple(i32(0) if d.value == 1 else x for d, x in zip(mask.shape, i[4 - mask.rank:]))]
+            v = E.Select(m, v, minus_inf) if mask.dtype.is_bool else v + E.Cast(m, dtypes.float32)
+        return v
 
     qk = GemmProblem(dt, "nk", b * h, sq, sk, d,
                      Operand((INPUT, 0), q_shape, lambda bi, r, c: (*heads(bi), r, c)),
                      Operand((INPUT, 1), k_shape, lambda bi, r, c: (*kv_head(bi), r, c)),
                      lambda z, r, c: (*heads(z), r, c), d % 8 == 0)  # fmt: skip
-    ep = Epilogue(acc, compute(acc.shape, scaled, "scores", dtypes.float32), [])
-    cfg_qk = build_gemm(plan, qk, ep, [], "attention_qk", tune, wgmma, out_slot=scores_slot)
+    ep = Epilogue(acc, compute(acc.shape, scaled, "scores", dtypes.float32), [] if mask is None else [mask])
+    ep_slots = [] if mask is None else [(INPUT, 3)]
+    cfg_qk = build_gemm(plan, qk, ep, ep_slots, "attention_qk", tune, wgmma, out_slot=scores_slot)
 
     # 2. softmax rows, zero-padded to skp columns
     probs_slot = plan.workspace((b, h, sq, skp), dt)
@@ -95,10 +132,16 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
 
 
 def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
-                      causal: bool = False, scale: float | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
-    """softmax(q @ k^T * scale [causal]) @ v for [B, H, S, D] q and [B, Hk, S, D] k, v (grouped heads).
+                      causal: bool = False, scale: float | None = None, mask_shape: Sequence[int] | None = None,
+                      mask_dtype: DataType | str | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
+    """softmax(q @ k^T * scale [causal] [mask]) @ v for [B, H, S, D] q and [B, Hk, S, D] k, v (grouped heads).
 
-    Inputs at call time: ``[q, k, v]``; the output is [B, H, Sq, Dv] in `dtype`; `scale`
-    defaults to D ** -0.5; `causal` keeps key j <= query i (top-left aligned, as torch does).
+    Inputs at call time: ``[q, k, v]``, or ``[q, k, v, mask]`` when `mask_shape` and
+    `mask_dtype` are given; the output is [B, H, Sq, Dv] in `dtype`; `scale` defaults to
+    D ** -0.5; `causal` keeps key j <= query i (top-left aligned, as torch does).  The mask
+    broadcasts to [B, H, Sq, Sk] (e.g. [B, 1, 1, Sk], [B, 1, Sq, Sk], [Sq, Sk]): a bool mask
+    keeps True entries, a float mask (any float dtype) is added to the scaled scores; it
+    combines with `causal`.  Fully masked rows give NaN, as the graph op's reference does.
     """
-    return plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, tune=tune).load()
+    return plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, mask_shape=mask_shape,
+                          mask_dtype=mask_dtype, tune=tune).load()  # fmt: skip
