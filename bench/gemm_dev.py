@@ -304,7 +304,7 @@ def small() -> None:
             peer = torch.matmul if layout == "kn" else torch.nn.functional.linear
             cub = timed(lambda: peer(a, b))
             res = sorted((timed(lambda cfg=cfg: matmul(a, b, b_layout=layout, config=cfg), reps=10), str(cfg), cfg)
-                         for cfg in tma_space(m, n, k, 1, layout))  # fmt: skip
+                         for cfg in tma_space(m, n, k, 1, layout, cluster=True))  # fmt: skip
             best = res[0][2]
             t = timed(lambda: matmul(a, b, b_layout=layout, config=best))
             cl = [x for x in res if x[2].cluster][:1] or [(float("nan"), "-", None)]
@@ -348,7 +348,7 @@ def prebuild(sections: list[str]) -> None:
     if "small" in sections:
         for m, n, k in SMALL_SHAPES:
             for layout in ("nk", "kn"):
-                cfgs.update((ts.f16, c, layout) for c in tma_space(m, n, k, 1, layout))
+                cfgs.update((ts.f16, c, layout) for c in tma_space(m, n, k, 1, layout, cluster=True))
     if "profile" in sections:
         cfgs.update((ts.f16, c, "nk") for c in OLD + [TmaConfig(64, 128, 8, 1, 4), TmaConfig(64, 64, 8, 1, 4),
                                                        TmaConfig(64, 128, 8, 1, 1)])  # fmt: skip

@@ -45,10 +45,14 @@ def _splits(tiles: int, k_tiles: int) -> list[int]:
     return [s for s in SPLITS if s == 1 or (tiles * s <= 4 * SMS and k_tiles >= 2 * s and tiles < SMS)]
 
 
-def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk") -> list[TmaConfig]:
+def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", cluster: bool = False) -> list[TmaConfig]:
     """TMA GEMM candidates: the deepest two pipelines that fit each tile, persistent when
     there is more than one wave of tiles, split-k when there are too few tiles; for M <= 64
-    and B [N, K] also the narrowest tiles that cover N in one wave."""
+    and B [N, K] also the narrowest tiles that cover N in one wave.
+
+    `cluster` adds split-k reduced inside a thread-block cluster (split_reduce="cluster").  It
+    is off by default: that variant has not run on a GPU yet (tests/test_kernels_gemm.py and
+    bench/gemm_dev.py check it), and the tuner must not meet an untried kernel."""
     out: list[TmaConfig] = []
     tiles = list(TMA_TILES)
     if m <= 64 and b_layout == "nk":
@@ -67,7 +71,7 @@ def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk") -> l
                 if not cfg.problems():
                     out.append(cfg)
                 clustered = replace(cfg, persistent=False, split_reduce="cluster")
-                if split > 1 and not clustered.problems():
+                if cluster and split > 1 and not clustered.problems():
                     out.append(clustered)
     return out
 
@@ -78,10 +82,21 @@ def schedule_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "kn",
 
     With `wgmma` (an SM90 GPU, 16-byte aligned rows and b_layout "nk") the warpgroup GEMM's
     tiles join the mma.sync ones; with `tma` (an SM90 GPU, 16-byte aligned rows, either
-    layout) the warp-specialised TMA GEMM's replace them: it is the fastest at every shape
-    measured on the H200, and a short list keeps tuning cheap."""
+    layout) the warp-specialised TMA GEMM's replace them (within 0.87-1.05x of cuBLAS from
+    M = 128 up on the H200), except the 16-row mma.sync tiles at M <= 16, which time as well
+    there; a short list keeps tuning cheap."""
     if tma:
-        return tma_space(m, n, k, batch, b_layout)
+        out = list(tma_space(m, n, k, batch, b_layout))
+        if m <= 16:  # at decode sizes the 16-row mma.sync tiles time as well (H200, 2026-11-22)
+            for bm, bn, wm, wn in TILES:
+                if bm == 16:
+                    tiles = -(-n // bn) * batch
+                    for stages in (3, 4):
+                        for split in _splits(tiles, -(-k // 64)):
+                            cfg = GemmConfig(bm, bn, 64, wm, wn, stages, split)
+                            if not cfg.problems():
+                                out.append(cfg)
+        return out
     out: list[Any] = []
     if wgmma and b_layout == "nk":
         for bm, bn in WGMMA_TILES:
