@@ -415,3 +415,67 @@ def test_tma_gemm_batched_repeated_and_tuned():
     with pytest.raises(UnsupportedError, match="16-byte aligned"):  # K % 8 != 0: TMA cannot read it
         matmul(a[:, :250], b[:250], config=cfg)
     _check(matmul(a[:, :250], b[:250], config=CONFIGS[1]), a[:, :250], b[:250], "kn", "float16")
+
+
+def _tile_loops(body):
+    """The kernel's top-level scalar declarations and its two `for t in ...` tile loops."""
+    from tessera.ir import stmt as S
+    from tessera.ir.functor import IRVisitor
+
+    top = [s for s in body.stmts if isinstance(s, S.DeclareVar)]
+
+    class Loops(IRVisitor):
+        def __init__(self):
+            self.found = []
+
+        def visit_For(self, s):
+            if s.var.name == "t":
+                self.found.append(s)
+            self.visit(s.body)
+
+    loops = Loops()
+    loops.visit(body)
+    return top, loops.found
+
+
+@pytest.mark.parametrize("split", [1, 2, 3])
+@pytest.mark.parametrize("m,n,k,batch", [(300, 1000, 2000, 1), (40, 72, 96, 3), (2048, 4096, 4104, 1)])
+def test_tma_gemm_producer_and_consumers_walk_the_same_tiles(m, n, k, batch, split):
+    """Evaluate the kernel's own tile arithmetic (its IR) for every work item: the producer and
+    the consumers agree on the tile, every (batch, tile, split part) is visited once, the K
+    ranges of a tile's parts tile K, and the consumers' output slab is batch * split + part."""
+    from tessera.ir import stmt as S
+    from tessera.ir.evaluate import EvaluationError, evaluate
+    from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma
+
+    cfg = TmaConfig(128, 128, 4, split_k=split, group_m=4)
+    body = make_gemm_tma(f16, cfg, "nk").ir.body
+    top, (producer, consumer) = _tile_loops(body)
+    env = {"M": m, "N": n, "K": k, "batch": batch, "split": split}
+    for s in top:
+        try:
+            env[s.var.name] = evaluate(s.init, env)
+        except EvaluationError:  # thread indices: not part of the tile arithmetic
+            pass
+    seen, ranges = set(), {}
+    for t in range(env["total"]):
+        views = []
+        for loop in (producer, consumer):
+            local = dict(env, t=t)
+            for s in loop.body.stmts:
+                if isinstance(s, S.DeclareVar) and s.init is not None:
+                    local[s.var.name] = evaluate(s.init, local)
+            views.append(local)
+        p, c = views
+        assert (p["m0"], p["n0"], p["kt0"], p["num_k"]) == (c["m0"], c["n0"], c["kt0"], c["num_k"])
+        part = t % split
+        assert c["z"] == p["bi"] * split + part
+        key = (p["bi"], p["m0"], p["n0"])
+        assert (key, part) not in seen
+        seen.add((key, part))
+        ranges.setdefault(key, []).append((p["kt0"], p["kt0"] + p["num_k"]))
+    assert len(ranges) == batch * -(-m // 128) * -(-n // 128)
+    for parts in ranges.values():
+        covered = sorted(r for r in parts if r[1] > r[0])
+        assert covered[0][0] == 0 and covered[-1][1] == -(-k // 64)
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
