@@ -241,7 +241,8 @@ def test_batched_gemm_and_tuned_choice():
     a2 = torch.randn(64, 128, device="cuda", dtype=torch.float16)
     b2 = torch.randn(128, 64, device="cuda", dtype=torch.float16)
     cfg = choose_config(a2, b2)
-    assert cfg in schedule_space(64, 64, 128)
+    # choose_config searches the TMA candidates too (Hopper); the winner is one of them all.
+    assert cfg in schedule_space(64, 64, 128, tma=True)
     assert choose_config(a2, b2) == cfg  # cached
     _check(matmul(a2, b2), a2, b2, "kn", "float16")
 
