@@ -42,15 +42,13 @@ def load_model(path: str | Path, target: str) -> Any:
 def make_inputs(graph: Any, npy: Sequence[str], dims: dict[str, int], int_high: int, seed: int = 0) -> list[np.ndarray]:
     """The graph's inputs: from .npy files in order, else random of the declared type."""
     rng = np.random.default_rng(seed)
+    sizes = {n: 1 for t in graph.inputs for d in t.shape if not isinstance(d, int) for n in d.names} | dict(dims)
     arrays = []
     for i, t in enumerate(graph.inputs):
         if i < len(npy):
             arrays.append(np.load(npy[i], allow_pickle=False))
             continue
-        shape = tuple(evaluate(d, dims) for d in t.shape)
-        if not all(isinstance(d, int) for d in shape):
-            missing = sorted({n for d in t.shape if not isinstance(d, int) for n in d.names} - set(dims))
-            shape = tuple(evaluate(d, {**{n: 1 for n in missing}, **dims}) for d in t.shape)
+        shape = tuple(evaluate(d, sizes) for d in t.shape)
         dt = numpy_dtype(t.dtype)
         if np.issubdtype(dt, np.floating):
             arrays.append(rng.standard_normal(shape).astype(dt))

@@ -82,14 +82,37 @@ def get_or_build(key: str, source_name: str, source: str, artifact_name: str,
         build(src, tmp / artifact_name)
         meta = {"sha256": _sha256_file(tmp / artifact_name), "key": key}
         (tmp / "meta.json").write_text(json.dumps(meta))
-        final = parent / key
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process published the same entry first
-            if lookup(key, artifact_name) is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final / artifact_name
+        return _publish(tmp, key, artifact_name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish(tmp: Path, key: str, artifact_name: str) -> Path:
+    """Rename a complete entry folder into place (atomic; a concurrent twin wins harmlessly)."""
+    final = cache_root() / key[:2] / key
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another process published the same entry first
+        if lookup(key, artifact_name) is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / artifact_name
+
+
+def install(key: str, artifact_name: str, files: dict[str, bytes]) -> Path:
+    """Put a saved entry (artifact and meta.json, e.g. from a compiled-graph file) into the
+    cache unless an intact copy is there; a corrupt one fails `lookup` later as usual."""
+    found = lookup(key, artifact_name)
+    if found is not None:
+        return found
+    parent = cache_root() / key[:2]
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        return _publish(tmp, key, artifact_name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -130,6 +130,11 @@ class Executor:
 
 
 def _collect(graph: FlowGraph, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+    return [np.asarray(a) for a in collect_inputs(graph, args, kwargs)]
+
+
+def collect_inputs(graph: FlowGraph, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """The graph's inputs in order, given positionally, by name, or as one dict."""
     if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
         kwargs, args = args[0], ()
     if args and kwargs:
@@ -142,4 +147,4 @@ def _collect(graph: FlowGraph, args: Sequence[Any], kwargs: Mapping[str, Any]) -
         args = [kwargs[t.name] for t in graph.inputs]
     if len(args) != len(graph.inputs):
         raise ArgumentError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(args)}")
-    return [np.asarray(a) for a in args]
+    return list(args)

@@ -143,13 +143,11 @@ def build_many(graphs: Sequence[tuple[TensorNode | Sequence[TensorNode], Sequenc
     return [CompiledOp(g, _load(g, path), path) for g in gens]
 
 
-_TORCH_NAMES = {"bool": "bool"}
-
-
-def _torch_dtype(dt: DataType) -> Any:
+def torch_dtype(dt: DataType) -> Any:
+    """The torch dtype of a tessera DataType (same names: float16, bfloat16, int64, bool...)."""
     import torch
 
-    return getattr(torch, _TORCH_NAMES.get(dt.name, dt.name))
+    return getattr(torch, dt.name)
 
 
 def _empty(shape: tuple[int, ...], dt: DataType, like: Any, target: str) -> Any:
@@ -157,12 +155,12 @@ def _empty(shape: tuple[int, ...], dt: DataType, like: Any, target: str) -> Any:
     if like is not None and type(like).__module__.startswith("torch"):
         import torch
 
-        return torch.empty(shape, dtype=_torch_dtype(dt), device=like.device)
+        return torch.empty(shape, dtype=torch_dtype(dt), device=like.device)
     if target == "cuda":
         if like is None or type(like).__module__.startswith("torch"):
             import torch
 
-            return torch.empty(shape, dtype=_torch_dtype(dt), device="cuda")
+            return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
         from tessera.runtime.cuda import DeviceArray
 
         return DeviceArray(shape, dt)

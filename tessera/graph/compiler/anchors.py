@@ -94,8 +94,8 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         kernel = anchors.prepare_matmul(in_shapes[0], in_shapes[1], dtype, b_layout="kn", epilogue=epilogue, tune=tune)
     elif op.kind == "conv2d":
         a = op.attrs
-        kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=tuple(a["stride"]),
-                                        padding=_pads(a["padding"]), dilation=tuple(a["dilation"]),
+        kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=a["stride"],
+                                        padding=a["padding"], dilation=a["dilation"],
                                         groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune)  # fmt: skip
     elif op.kind == "scaled_dot_product_attention":
         if epilogue is not None:
@@ -113,11 +113,3 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     run.kernel = kernel  # type: ignore[attr-defined]
     return run
 
-
-def _pads(padding: Any) -> tuple[int, int, int, int]:
-    p = [int(padding)] if isinstance(padding, int) else [int(v) for v in padding]
-    if len(p) == 1:
-        return (p[0],) * 4
-    if len(p) == 2:
-        return (p[0], p[1], p[0], p[1])
-    return tuple(p)  # type: ignore[return-value]

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
+from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.memory_plan import place_buffers
 from tessera.graph.symbolic import bind_shape, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 from tessera.ir.dtypes import DataType
+from tessera.ops.compiled import torch_dtype
 
 log = logging.getLogger("tessera")
 
@@ -65,11 +67,8 @@ class CompiledGraph:
         self._constants: dict[Tensor, Any] = {}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
         # The index of the last step reading each tensor, for liveness.
-        self._produced_at: dict[Tensor, int] = {}
         self._last_use: dict[Tensor, int] = {}
         for i, s in enumerate(steps):
-            for t in s.outputs:
-                self._produced_at[t] = i
             for t in s.inputs:
                 self._last_use[t] = i
         for t in graph.outputs:
@@ -77,13 +76,13 @@ class CompiledGraph:
 
     # ---- calling ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return self.execute(self._collect(args, kwargs))
+        return self.execute(collect_inputs(self.graph, args, kwargs))
 
     def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[Any]:
         """Run on the inputs in graph order; `symbols` adds sizes no input shape carries."""
-        arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
         if len(arrays) != len(self.graph.inputs):
             raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
+        arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
         bindings = dict(symbols or {})
         for t, a in zip(self.graph.inputs, arrays):
             bind_shape(bindings, t.shape, tuple(a.shape), f"input {t.name!r}")
@@ -106,22 +105,6 @@ class CompiledGraph:
             return [o.clone() for o in plan.static_outputs]
         return self._run_eager(plan, arrays, bindings)
 
-    def _collect(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
-        inputs = self.graph.inputs
-        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
-            kwargs, args = args[0], ()
-        if args and kwargs:
-            raise ArgumentError("pass the inputs either positionally or by name, not both")
-        if kwargs:
-            missing = [t.name for t in inputs if t.name not in kwargs]
-            extra = set(kwargs) - {t.name for t in inputs}
-            if missing or extra:
-                raise ArgumentError(f"missing inputs {missing}, unknown inputs {sorted(extra)}")
-            args = [kwargs[t.name] for t in inputs]
-        if len(args) != len(inputs):
-            raise ArgumentError(f"graph {self.graph.name} takes {len(inputs)} inputs, got {len(args)}")
-        return list(args)
-
     def _check_input(self, t: Tensor, a: Any) -> Any:
         if self.target == "cpu":
             if type(a).__module__.startswith("torch"):
@@ -136,7 +119,7 @@ class CompiledGraph:
             a = torch.from_numpy(_contiguous(np.asarray(a)))
         if a.device.type != "cuda":
             a = a.cuda()
-        if a.dtype != _torch_dtype(t.dtype):
+        if a.dtype != torch_dtype(t.dtype):
             raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
         return a.contiguous()
 
@@ -207,14 +190,14 @@ class CompiledGraph:
         count = int(np.prod(shape, dtype=np.int64))
         if self.target == "cpu":
             return np.frombuffer(arena, numpy_dtype(dt), count, offset).reshape(shape)
-        return arena[offset: offset + count * dt.nbytes].view(_torch_dtype(dt)).view(shape)
+        return arena[offset: offset + count * dt.nbytes].view(torch_dtype(dt)).view(shape)
 
     def _empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
         if self.target == "cpu":
             return np.empty(shape, numpy_dtype(dt))
         import torch
 
-        return torch.empty(shape, dtype=_torch_dtype(dt), device="cuda")
+        return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
 
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list[Any]:
@@ -252,44 +235,6 @@ class CompiledGraph:
         plan.static_outputs = [self._result(t, plan.static_inputs, outs) if t not in outs else outs[t] for t in self.graph.outputs]
         plan.cuda_graph = graph
 
-    def profile(self, *args: Any, repeat: int = 20) -> list[tuple[str, float]]:
-        """Median time of every step (µs; CUDA events per step on the GPU, wall time on the
-        CPU), run eagerly on these inputs: where a compiled model spends its time."""
-        arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, self._collect(args, {}))]
-        bindings: dict[str, int] = {}
-        for t, a in zip(self.graph.inputs, arrays):
-            bind_shape(bindings, t.shape, tuple(a.shape), f"input {t.name!r}")
-        self.execute(arrays)
-        plan = self._plans[tuple(sorted(bindings.items()))]
-        outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
-        env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
-        env.update(plan.buffers)
-        env.update(outs)
-        samples: list[list[float]] = [[] for _ in self.steps]
-        for _ in range(repeat):
-            for i, (step, temps) in enumerate(zip(self.steps, plan.temps)):
-                ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
-                outs_i = [env[t] for t in step.outputs]
-                samples[i].append(self._time(lambda s=step, a=ins, o=outs_i, tm=temps: s.run(a, o, tm, bindings)))
-        names = [f"{s.kind}:{'+'.join(op.kind for op in s.group.ops)}" for s in self.steps]
-        return [(n, sorted(v)[len(v) // 2]) for n, v in zip(names, samples)]
-
-    def _time(self, fn: Any) -> float:
-        if self.target == "cpu":
-            import time
-
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-
     def save(self, path: Any) -> None:
         """Write the compiled graph to one file; `tessera.graph.compiler.load_compiled` reads it."""
         from tessera.graph.compiler.saved import save_compiled
@@ -310,7 +255,7 @@ class CompiledGraph:
             "reference_ops": sorted({f"{s.op.kind}: {s.group.reason}" for s in self.steps if s.kind == "reference"}),
             "fused_ops": sum(len(s.group.ops) - 1 for s in self.steps if s.kind == "anchor"),
             "cuda_graph": self.use_cuda_graph,
-            "arena_bytes": {k[0][1] if k else "static": p.arena_bytes for k, p in self._plans.items()} if self._plans else {},
+            "arena_bytes": {str(dict(k)): p.arena_bytes for k, p in self._plans.items()},
         }
 
     def __repr__(self) -> str:
@@ -334,11 +279,3 @@ class _Shaped:
 
         return ArrayView(0, tuple(self.shape), self.dtype_, "cpu", True, None)
 
-
-_TORCH_NAMES = {"bool": "bool"}
-
-
-def _torch_dtype(dt: DataType) -> Any:
-    import torch
-
-    return getattr(torch, _TORCH_NAMES.get(dt.name, dt.name))

@@ -12,9 +12,6 @@ and come from the cache as well.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -62,20 +59,7 @@ def load_compiled(path: str | Path) -> CompiledGraph:
 
 
 def _install(z: zipfile.ZipFile, key: str, name: str) -> None:
-    """Publish one saved artifact into the cache (atomically) unless an intact copy is there."""
-    if cache.lookup(key, name) is not None:
-        return
-    parent = cache.cache_root() / key[:2]
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=parent))
-    try:
-        for member in z.namelist():
-            if member.startswith(f"artifacts/{key}/"):
-                (tmp / Path(member).name).write_bytes(z.read(member))
-        try:
-            os.rename(tmp, parent / key)
-        except OSError:  # published meanwhile by another process
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """Publish one saved artifact into the cache unless an intact copy is there."""
+    prefix = f"artifacts/{key}/"
+    files = {m[len(prefix):]: z.read(m) for m in z.namelist() if m.startswith(prefix)}
+    cache.install(key, name, files)

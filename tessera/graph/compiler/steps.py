@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from tessera.graph.compiler.partition import Group
+from tessera.graph.executor import NumpyBackend
 from tessera.graph.operator import Operator
-from tessera.graph.registry import get_op
-from tessera.graph.symbolic import contains_sym, evaluate
-from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.graph.tensor import Tensor
 from tessera.ir.compute import Placeholder, TensorNode
 
 
@@ -118,18 +117,15 @@ class ReferenceStep:
         self.group = group
         self.op: Operator = group.ops[0]
         self.inputs, self.outputs = group.inputs, group.outputs
-        self.opdef = get_op(self.op.kind)
-        self.attrs = self.opdef.normalize_attrs(self.op.attrs)
+        self.kernel = NumpyBackend().prepare(self.op)
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
         return []
 
     def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
-        attrs = {k: evaluate(v, symbols) for k, v in self.attrs.items()} if contains_sym(list(self.attrs.values())) else self.attrs
-        host = [_to_numpy(a) for a in arrays]
-        results = self.opdef.reference(host, attrs)
-        for t, r, out in zip(self.op.outputs, results, outs):
-            _copy_into(out, np.asarray(r).astype(numpy_dtype(t.dtype), copy=False))
+        results = self.kernel([_to_numpy(a) for a in arrays], symbols)
+        for r, out in zip(results, outs):
+            _copy_into(out, r)
 
     @property
     def num_kernels(self) -> int:
