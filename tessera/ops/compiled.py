@@ -150,6 +150,27 @@ def torch_dtype(dt: DataType) -> Any:
     return getattr(torch, dt.name)
 
 
+def torch_to_numpy(t: Any) -> np.ndarray:
+    """A host numpy array with t's values (a view where torch allows one).  bfloat16, which numpy
+    lacks, travels as its bit pattern into ml_dtypes.bfloat16."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(numpy_dtype(dtypes.bfloat16))
+    return t.numpy()
+
+
+def numpy_to_torch(a: np.ndarray) -> Any:
+    """A CPU torch tensor sharing a's memory; bfloat16 (ml_dtypes) through its bit pattern."""
+    import torch
+
+    a = np.ascontiguousarray(a) if a.ndim else a
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _empty(shape: tuple[int, ...], dt: DataType, like: Any, target: str) -> Any:
     """An uninitialised array of the same family (numpy, torch, device array) as `like`."""
     if like is not None and type(like).__module__.startswith("torch"):

@@ -46,6 +46,7 @@ from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
 from tessera.graph.compiler import compile_graph
 from tessera.graph.passes import optimize
 from tessera.graph.symbolic import Sym, contains_sym
+from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
 
 log = logging.getLogger("tessera")
 
@@ -71,8 +72,17 @@ def _is_module_state(node: torch.fx.Node, value: Any) -> bool:
     return any(s in source for s in ("ParamBuffer", "NNModule", "_parameters", "_buffers"))
 
 
+SMALL_STATE = 16  # module state up to this many elements is compared by value on each call
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter (bumped by every in-place update); None for inference tensors,
+    which torch does not version."""
+    return None if t.is_inference() else t._version
+
+
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().contiguous().numpy()
+    return np.ascontiguousarray(torch_to_numpy(t))
 
 
 def _leaves(value: Any) -> list:
@@ -109,10 +119,19 @@ class CompiledGraph:
     # ---- building ---------------------------------------------------------------------------
     def _build(self, example_inputs: list[Any]) -> None:
         stats["builds"] += 1
-        # index -> (tensor, version, copy of its value if tiny); see __call__.
-        self.static = {i: (v, v._version, v.detach().clone() if v.numel() <= 16 else None)
+        # index -> (tensor, version, copy of its value if tiny); see __call__.  Module state
+        # becomes constants of the graph, so each call must be able to tell that it did not
+        # change: by version counter, or for tiny tensors by value.  Inference tensors (made
+        # under torch.inference_mode) have no version counter, so large ones stay graph inputs.
+        self.static = {i: (v, _version(v), v.detach().clone() if v.numel() <= SMALL_STATE else None)
                        for i, (n, v) in enumerate(zip(self.placeholders, example_inputs))
-                       if isinstance(v, torch.Tensor) and _is_module_state(n, v)}  # fmt: skip
+                       if isinstance(v, torch.Tensor) and _is_module_state(n, v)
+                       and (_version(v) is not None or v.numel() <= SMALL_STATE)}  # fmt: skip
+        unversioned = [n.name for n, v in zip(self.placeholders, example_inputs) if isinstance(v, torch.Tensor)
+                       and _is_module_state(n, v) and v.numel() > SMALL_STATE and _version(v) is None]  # fmt: skip
+        if unversioned:
+            log.info("tessera: module state %s are inference tensors (no version counter to guard them): they are "
+                     "read as graph inputs on every call, not folded as constants", unversioned)  # fmt: skip
         self.fallback_reason: str | None = None
         try:
             self.steps = self._plan(example_inputs)
@@ -127,8 +146,6 @@ class CompiledGraph:
             meta = _meta(n)
             if isinstance(v, torch.Tensor):
                 if i in self.static:
-                    if v.dtype == torch.bfloat16:
-                        raise UnsupportedError("bfloat16 constants need the compiled executor")
                     cv.env[n] = Tensor.constant(_to_numpy(v), name=n.name)
                 elif only is None or n in only:
                     cv.env[n] = cv.add_input(n, meta if is_tensor_meta(meta) else v)
@@ -302,11 +319,11 @@ class CompiledGraph:
             return self.gm(*args)
         for i, (t, version, value) in self.static.items():
             a = args[i]
-            if a is t and a._version == version:
+            if a is t and version is not None and _version(a) == version:
                 continue
             # Python numbers held by modules (eps, momentum) arrive as fresh 0-d tensors each call.
             if value is not None and a.shape == value.shape and a.dtype == value.dtype and torch.equal(a, value):
-                self.static[i] = (a, a._version, value)
+                self.static[i] = (a, _version(a), value)
                 continue
             log.info("tessera: module state %s changed; rebuilding the graph", self.placeholders[i].name)
             self._build(list(args))
@@ -335,7 +352,7 @@ class CompiledGraph:
         if seg.on_device:
             tensors = list(results)
         else:
-            tensors = [torch.from_numpy(r).to(d) for r, d in zip(results, seg.devices)]
+            tensors = [numpy_to_torch(r).to(d) for r, d in zip(results, seg.devices)]
 
         def rebuild(s: Any) -> Any:
             if isinstance(s, list):

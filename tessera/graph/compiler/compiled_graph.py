@@ -11,9 +11,10 @@ and hand back copies of the static outputs (callers own what they get).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from tessera.graph.memory_plan import place_buffers
 from tessera.graph.symbolic import bind_shape, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 from tessera.ir.dtypes import DataType
-from tessera.ops.compiled import torch_dtype
+from tessera.ops.compiled import numpy_to_torch, torch_dtype, torch_to_numpy
 
 log = logging.getLogger("tessera")
 
@@ -47,7 +48,7 @@ class _Plan:
         self.arena: Any = None
         self.arena_bytes = 0
         self.static_inputs: list[Any] | None = None
-        self.static_outputs: list[Any] | None = None
+        self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
 
 
@@ -89,26 +90,25 @@ class CompiledGraph:
         key = tuple(sorted(bindings.items()))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._make_plan(bindings)
+            with _plan_owned(self.target):
+                plan = self._make_plan(bindings)
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
                 self._plans.popitem(last=False)
             outs = self._run_eager(plan, arrays, bindings)
             if self.use_cuda_graph:
-                self._capture(plan, arrays, bindings)
+                with _plan_owned(self.target):
+                    self._capture(plan, arrays, bindings)
             return outs
         self._plans.move_to_end(key)
         if plan.cuda_graph is not None:
-            for static, a in zip(plan.static_inputs, arrays):
-                static.copy_(a)
-            plan.cuda_graph.replay()
-            return [o.clone() for o in plan.static_outputs]
+            return self._replay(plan, arrays)
         return self._run_eager(plan, arrays, bindings)
 
     def _check_input(self, t: Tensor, a: Any) -> Any:
         if self.target == "cpu":
             if type(a).__module__.startswith("torch"):
-                a = a.detach().cpu().numpy()
+                a = torch_to_numpy(a)
             a = _contiguous(np.asarray(a))
             if a.dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
@@ -116,7 +116,7 @@ class CompiledGraph:
         import torch
 
         if not isinstance(a, torch.Tensor):
-            a = torch.from_numpy(_contiguous(np.asarray(a)))
+            a = numpy_to_torch(_contiguous(np.asarray(a)))
         if a.device.type != "cuda":
             a = a.cuda()
         if a.dtype != torch_dtype(t.dtype):
@@ -134,11 +134,8 @@ class CompiledGraph:
         if t not in self._constants:
             data = np.array(t.data, order="C")  # a writable copy: torch refuses read-only arrays
             if self.target == "cuda":
-                import torch
-
-                self._constants[t] = torch.from_numpy(data.view(np.uint16) if t.dtype.name == "bfloat16" else data).cuda()
-                if t.dtype.name == "bfloat16":
-                    self._constants[t] = self._constants[t].view(torch.bfloat16)
+                with _plan_owned(self.target):
+                    self._constants[t] = numpy_to_torch(data).cuda()
             else:
                 self._constants[t] = data
         return self._constants[t]
@@ -213,9 +210,11 @@ class CompiledGraph:
             ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
             step.run(ins, [env[t] for t in step.outputs], temps, bindings)
 
-    def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> Any:
+    def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
+        """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
+        constant it passes through -- taken from `arrays`, the inputs of THIS call."""
         if t in outs:
-            return outs[t]
+            return outs[t].clone() if copy else outs[t]
         source = arrays[self.graph.inputs.index(t)] if t in self.graph.inputs else self._constant(t)
         return source.copy() if self.target == "cpu" else source.clone()
 
@@ -232,8 +231,17 @@ class CompiledGraph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._run_steps(plan, plan.static_inputs, outs, bindings)
-        plan.static_outputs = [self._result(t, plan.static_inputs, outs) if t not in outs else outs[t] for t in self.graph.outputs]
+        plan.static_outputs = outs
         plan.cuda_graph = graph
+
+    def _replay(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
+        """Copy this call's inputs in, replay, and hand back copies of what the replay wrote.
+        Outputs no step writes (an input or constant passed through) come from this call's
+        inputs, never from the capture: the replay does not produce them."""
+        for static, a in zip(plan.static_inputs, arrays):
+            static.copy_(a)
+        plan.cuda_graph.replay()
+        return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
 
     def save(self, path: Any) -> None:
         """Write the compiled graph to one file; `tessera.graph.compiler.load_compiled` reads it."""
@@ -261,6 +269,20 @@ class CompiledGraph:
     def __repr__(self) -> str:
         s = self.summary()
         return f"<CompiledGraph {self.graph.name} {self.target}: {s['operators']} ops -> {s['steps']}, {s['kernels']} kernels>"
+
+
+@contextlib.contextmanager
+def _plan_owned(target: str) -> Iterator[None]:
+    """Allocate a plan's long-lived GPU buffers as normal tensors even under
+    torch.inference_mode(): later calls outside it copy into them, which torch refuses for
+    inference tensors."""
+    if target != "cuda":
+        yield
+        return
+    import torch
+
+    with torch.inference_mode(False):
+        yield
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

@@ -135,13 +135,15 @@ class ReferenceStep:
 def _to_numpy(a: Any) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
-    return a.detach().cpu().numpy()
+    from tessera.ops.compiled import torch_to_numpy
+
+    return torch_to_numpy(a)
 
 
 def _copy_into(out: Any, value: np.ndarray) -> None:
     if isinstance(out, np.ndarray):
         out[...] = value.reshape(out.shape)
     else:
-        import torch
+        from tessera.ops.compiled import numpy_to_torch
 
-        out.copy_(torch.from_numpy(np.ascontiguousarray(value)).reshape(out.shape))
+        out.copy_(numpy_to_torch(np.ascontiguousarray(value)).reshape(out.shape))
