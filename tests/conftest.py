@@ -22,23 +22,26 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-def _cuda_available() -> bool:
+def _cuda_unavailable_reason() -> str | None:
+    """None when a CUDA GPU is usable, else why not."""
     try:
         from tessera.runtime import is_available
-    except Exception:  # noqa: BLE001  (cuda-python missing or broken)
-        return False
-    try:
-        return bool(is_available())
-    except Exception:  # noqa: BLE001
-        return False
+
+        return None if is_available() else "tessera.runtime.is_available() is False"
+    except Exception as exc:  # noqa: BLE001  (cuda-python missing or broken)
+        return f"{type(exc).__name__}: {exc}"
 
 
 def pytest_collection_modifyitems(config, items):
     if not any(item.get_closest_marker("cuda") for item in items):
         return
-    if _cuda_available():
+    reason = _cuda_unavailable_reason()
+    if reason is None:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (tessera.runtime.is_available() is False)")
+    if "cuda" in (config.getoption("markexpr") or "") and "not cuda" not in config.getoption("markexpr"):
+        # The GPU tier was asked for by name: skipping it all would report success without a GPU.
+        raise pytest.UsageError(f"-m cuda selects the GPU tier, but no CUDA GPU is usable ({reason})")
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU ({reason})")
     for item in items:
         if item.get_closest_marker("cuda"):
             item.add_marker(skip)
