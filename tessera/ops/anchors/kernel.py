@@ -154,6 +154,8 @@ class AnchorKernel:
             if ptr % 16:
                 raise ArgumentError(f"{self.plan.name}: input {i} must start on a 16-byte boundary (its data is read "
                                     "with 16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
+        # A rank-0 extra (a scalar operand of the epilogue) is a one-element parameter.
+        extras = [e.reshape(1) if getattr(e, "ndim", 1) == 0 else e for e in extras]
         sources = (inputs, (out,), extras, self.workspaces)
         stream = self._current_stream(out.device).cuda_stream  # once, not once per launch
         for kernel, slots in self._steps:
