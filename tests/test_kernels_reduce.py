@@ -240,8 +240,15 @@ def _reference(torch, op: str, x, w, b):
     return F.rms_norm(x64, (x.shape[-1],), w.double(), EPS)
 
 
-def _tol(op: str, dtype_name: str) -> float:
-    return TOL[dtype_name] * (10 if op in ("sum", "mean") else 2 if op in ("layernorm", "rmsnorm") else 1)
+def _tol(op: str, dtype_name: str, C: int = 1, lanes: int = 1 << 30) -> float:
+    """The bound for one schedule.  A lane adds C / lanes float32 terms in sequence; rounding
+    errors of such a sum grow like sqrt(n) * u with high probability (Higham and Mary, 2019), so
+    float32 rows summed by few lanes (4 lanes over 40000 elements: 10000 terms each) get
+    4 * sqrt(n) * u, which exceeds the flat 1e-5 only there."""
+    base = TOL[dtype_name]
+    if dtype_name == "float32":
+        base = max(base, 4 * (C / lanes) ** 0.5 * 2.0**-24)
+    return base * (10 if op in ("sum", "mean") else 2 if op in ("layernorm", "rmsnorm") else 1)
 
 
 @pytest.mark.cuda
@@ -258,7 +265,7 @@ def test_every_variant_matches_float64(prebuilt, shape, dtype_name, op):
         args = {"layernorm": (x, w, b, y, EPS), "rmsnorm": (x, w, y, EPS)}.get(op, (x, y))
         k(*args)
         err = _rel(y, ref)
-        if not err < _tol(op, dtype_name):  # also catches NaN
+        if not err < _tol(op, dtype_name, shape[-1], s.lanes):  # also catches NaN
             failures.append(f"{s}: rel err {err:.2e}")
     assert not failures, failures
 
