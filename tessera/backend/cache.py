@@ -36,6 +36,7 @@ ENV_VAR = "TESSERA_CACHE_DIR"
 _KEY = re.compile(r"[0-9a-f]{40}\Z")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 META = "meta.json"
+ENTRY_FORMAT = "entry-v2"  # meta.json records the Identity
 
 
 def cache_root() -> Path:
@@ -83,8 +84,9 @@ class Identity:
     machine: str
 
     def key(self, source: str) -> str:
-        """The cache key: a hash of source, compiler identity, flags and machine."""
-        return cache_key(self.kind, source, self.compiler, self.flags, self.machine)
+        """The cache key: a hash of source, compiler identity, flags and machine (and the
+        entry format, so entries of older tessera versions, without an identity, never match)."""
+        return cache_key(ENTRY_FORMAT, self.kind, source, self.compiler, self.flags, self.machine)
 
     def source_key(self, source: str) -> str:
         """The index key: the same without the compiler (see the module docstring)."""

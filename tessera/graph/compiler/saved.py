@@ -97,10 +97,14 @@ def save_compiled(compiled: CompiledGraph, path: str | Path, sizes: Sequence[Map
 
 def _entry_meta(artifact: Path) -> dict:
     """The cache entry's meta.json, checked against the files (a damaged entry is not saved)."""
-    meta = cache.describe(artifact)
-    identity = cache.identity_of(meta)
-    source = (artifact.parent / artifact_files(identity.kind)[0]).read_text()
-    if cache.sha256_bytes(artifact.read_bytes()) != meta["sha256"] or identity.key(source) != meta["key"]:
+    try:
+        meta = cache.describe(artifact)
+        identity = cache.identity_of(meta)
+        source = (artifact.parent / artifact_files(identity.kind)[0]).read_text()
+        intact = cache.sha256_bytes(artifact.read_bytes()) == meta["sha256"] and identity.key(source) == meta["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        intact = False
+    if not intact:
         raise FileFormatError(f"the cache entry {artifact.parent} is damaged; clear it (tessera.backend.cache.clear) "
                               "and compile the model again before saving")  # fmt: skip
     return meta
