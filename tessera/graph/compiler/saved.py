@@ -69,6 +69,8 @@ def save_compiled(compiled: CompiledGraph, path: str | Path, sizes: Sequence[Map
     uses) to `path`.  `sizes`: values of the graph's symbolic sizes whose anchors (GPU
     templates, specialised per shape) should be prepared and saved besides those already run."""
     path = Path(path)
+    if not path.parent.is_dir():
+        raise ArgumentError(f"cannot save to {path}: the folder {path.parent} does not exist")
     runs = [dict(s) for s in sizes] + ([{}] if not compiled.graph.symbols() else [])
     for symbols in runs:
         compiled.prepare(symbols)
@@ -118,7 +120,7 @@ def load_compiled(path: str | Path) -> CompiledGraph:
     code: load only files you trust."""
     path = Path(path)
     if not path.is_file():
-        raise ArgumentError(f"{path}: no such file")
+        raise ArgumentError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
     try:
         with zipfile.ZipFile(path) as z:
             doc, artifacts, tuning = _read_verified(z, path)
