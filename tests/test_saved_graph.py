@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tessera.backend import cache
-from tessera.errors import FileFormatError
+from tessera.errors import ArgumentError, FileFormatError
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph, load_compiled
 from tessera.tune import tuner
@@ -188,6 +188,16 @@ def test_unreadable_files_are_refused(tmp_path, data):
     path.write_bytes(data)
     with pytest.raises(FileFormatError, match="not a readable compiled-graph file"):
         load_compiled(path)
+
+
+def test_bad_paths_are_named(rng, tmp_path):
+    compiled = compile_graph(_model(rng), "cpu")
+    with pytest.raises(ArgumentError, match="folder .*missing does not exist"):
+        compiled.save(tmp_path / "missing" / "m.tsr")
+    with pytest.raises(ArgumentError, match="not a file"):
+        load_compiled(tmp_path)
+    with pytest.raises(ArgumentError, match="no such file"):
+        load_compiled(tmp_path / "absent.tsr")
 
 
 def test_the_cache_refuses_keys_and_names_that_are_not_its_own(tmp_path):
