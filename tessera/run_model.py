@@ -133,9 +133,12 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
         raise ArgumentError(f"--save {save}: the folder {Path(save).resolve().parent} does not exist")
     start = time.perf_counter()
     compiled = load_model(path, target)
+    if compiled.target != target:  # a saved compiled graph keeps the target it was compiled for
+        if device != "auto":
+            raise ArgumentError(f"{path} was compiled for {compiled.target}; --device {device} cannot apply to it "
+                                f"(compile the original model for {device})")  # fmt: skip
+        target = compiled.target
     arrays = make_inputs(compiled.graph, npy, bindings, int_high)
-    if len(npy) < len(arrays):
-        print(f"  random inputs: {', '.join(t.name for t in compiled.graph.inputs[len(npy):])}")
     outs = compiled(*arrays)
     first_s = time.perf_counter() - start
     times = []
@@ -150,6 +153,8 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
     summary = compiled.summary()
     print(f"{Path(path).name}: {summary['operators']} operators -> {summary['kernels']} kernels on {target} "
           f"(steps {summary['steps']}), compile + first run {first_s:.2f} s")  # fmt: skip
+    if len(npy) < len(arrays):
+        print(f"  random inputs: {', '.join(t.name for t in compiled.graph.inputs[len(npy):])}")
     for ref in summary["reference_ops"]:
         print(f"  runs in numpy: {ref}")
     results = []

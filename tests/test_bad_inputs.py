@@ -103,6 +103,10 @@ def test_run_refuses_inputs_it_would_ignore(files, capsys, args, expected):
     _run_fails(capsys, [str(files["good"]), "--device", "cpu", *[a.format(**paths) for a in args]], expected)
 
 
+def test_run_refuses_a_device_the_saved_graph_was_not_compiled_for(files, capsys):
+    _run_fails(capsys, [str(files["tsr"]), "--device", "cuda"], "was compiled for cpu; --device cuda cannot apply")
+
+
 def test_run_takes_sizes_from_the_files(files, capsys):
     assert main(["run", str(files["good"]), "--device", "cpu", "--repeat", "1", "--input", str(files["dir"] / "x3.npy"),
                  "--dim", "batch=3"]) == 0  # fmt: skip
