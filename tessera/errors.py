@@ -22,17 +22,32 @@ class KernelSyntaxError(TesseraError):
 class CompilationError(TesseraError):
     """gcc or nvcc rejected generated code; carries the compiler log and the source path."""
 
-    def __init__(self, compiler: str, command: list[str], log: str, source_path: str):
+    def __init__(self, compiler: str, command: list[str], log: str, source_path: str,
+                 problem: str = "failed to compile generated code"):  # fmt: skip
         self.compiler, self.command, self.log, self.source_path = compiler, command, log, source_path
         super().__init__(
-            f"{compiler} failed to compile generated code.\n"
+            f"{compiler} {problem}.\n"
             f"  generated source: {source_path}\n  command: {' '.join(command)}\n"
             f"--- compiler log ---\n{log.strip()}\n--- end of log ---"
         )
 
 
+class BrokenCompilerError(CompilationError):
+    """The compiler could not be run, or exited successfully without writing its output: a
+    problem with the compiler (e.g. $TESSERA_CC naming something that is not gcc), not with
+    the generated code, so retrying with other code cannot help."""
+
+
 class CompilerNotFoundError(TesseraError):
     """gcc or nvcc is not installed or not on PATH."""
+
+
+class FileFormatError(TesseraError):
+    """A model or compiled-graph file is unreadable, malformed or fails verification."""
+
+
+class TuningError(TesseraError):
+    """Every candidate of a tuning run failed to build, faulted or computed a wrong result."""
 
 
 class UnsupportedError(TesseraError):

@@ -1,7 +1,8 @@
 """`tessera run`: compile a model file (ONNX, or a saved compiled graph) and run it once.
 
-Inputs are random (fixed seed; integer inputs in [0, --int-high)) or `.npy` files; symbolic
-sizes take values from `--dim name=value` (default 1).  Prints each output's shape, dtype
+Inputs are `.npy` files (in input order, at most one per input) or random (fixed seed;
+integer inputs in [0, --int-high)); symbolic sizes take values from the files' shapes and
+`--dim name=value` (default 1), which must name a size of the model and agree with the files.  Prints each output's shape, dtype
 and statistics, and the median latency over `--repeat` timed calls after a warm-up.
 """
 
@@ -9,28 +10,35 @@ from __future__ import annotations
 
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tessera.errors import ArgumentError
-from tessera.graph.symbolic import evaluate
+from tessera.errors import ArgumentError, FileFormatError
+from tessera.graph.symbolic import bind_shape, evaluate, format_shape
 from tessera.graph.tensor import numpy_dtype
 
 
 def load_model(path: str | Path, target: str) -> Any:
-    """A CompiledGraph from an .onnx file or a file written by CompiledGraph.save."""
+    """A CompiledGraph from an .onnx file or a file written by CompiledGraph.save (or
+    tessera.graph.save).  A file that is neither raises FileFormatError naming the problem."""
     from tessera.graph.compiler import compile_graph, load_compiled
 
     path = Path(path)
     if not path.exists():
         raise ArgumentError(f"{path}: no such file")
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            if "compiled.json" in z.namelist():
-                return load_compiled(path)
+    if not path.is_file():
+        raise ArgumentError(f"{path}: not a file")
+    if zipfile.is_zipfile(path) or path.suffix == ".tsr":
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise FileFormatError(f"{path}: not a readable compiled-graph (.tsr) or graph file ({exc})") from None
+        if "compiled.json" in names or path.suffix == ".tsr":
+            return load_compiled(path)
         from tessera.graph import load
 
         return compile_graph(load(path), target)
@@ -39,15 +47,66 @@ def load_model(path: str | Path, target: str) -> Any:
     return compile_graph(tessera_onnx.load(str(path)), target)
 
 
-def make_inputs(graph: Any, npy: Sequence[str], dims: dict[str, int], int_high: int, seed: int = 0) -> list[np.ndarray]:
-    """The graph's inputs: from .npy files in order, else random of the declared type."""
+def parse_dims(dims: Sequence[str]) -> dict[str, int]:
+    """--dim name=value arguments as a dict; malformed or repeated ones raise ArgumentError."""
+    out: dict[str, int] = {}
+    for d in dims:
+        name, _, value = d.partition("=")
+        name = name.strip()
+        if not name or not value.strip().isdigit() or int(value) < 1:
+            raise ArgumentError(f"--dim takes name=positive integer, got {d!r}")
+        if name in out:
+            raise ArgumentError(f"--dim {name} is given twice")
+        out[name] = int(value)
+    return out
+
+
+def _load_npy(file: str, t: Any) -> np.ndarray:
+    try:
+        a = np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        why = "it is not an .npy array, or one of Python objects (not loaded: unsafe)" if "pickle" in str(exc) else exc
+        raise ArgumentError(f"--input {file}: not a readable .npy file ({why})") from None
+    if not isinstance(a, np.ndarray):
+        raise ArgumentError(f"--input {file}: holds several arrays (an .npz); give one .npy per input")
+    if a.dtype != numpy_dtype(t.dtype):
+        raise ArgumentError(f"--input {file}: {a.dtype} data, but input {t.name!r} is {t.dtype.name}; "
+                            f"convert it (e.g. with .astype(np.{numpy_dtype(t.dtype)}))")  # fmt: skip
+    return a
+
+
+def make_inputs(graph: Any, npy: Sequence[str], dims: Mapping[str, int], int_high: int, seed: int = 0) -> list[np.ndarray]:
+    """The graph's inputs: from .npy files in order, the rest random of the declared type.
+
+    Every --dim must name a symbolic size of the graph and agree with the sizes the .npy files
+    carry; there may be no more files than inputs.  Unset sizes default to 1."""
+    symbols = graph.symbols()
+    names = ", ".join(t.name for t in graph.inputs)
+    for name in dims:
+        if name not in symbols:
+            known = ", ".join(symbols) if symbols else "none: all its input shapes are static"
+            raise ArgumentError(f"--dim {name}: the model has no symbolic size {name!r} (its sizes: {known})")
+    if len(npy) > len(graph.inputs):
+        raise ArgumentError(f"{len(npy)} --input files given, but the model takes {len(graph.inputs)} input(s): {names}")
+    loaded = [_load_npy(f, t) for f, t in zip(npy, graph.inputs)]
+    sizes = dict(dims)
+    source: dict[str, str] = {name: f"--dim {name}={v}" for name, v in dims.items()}
+    for f, t, a in zip(npy, graph.inputs, loaded):
+        found: dict[str, int] = {}
+        bind_shape(found, t.shape, a.shape, f"--input {f} (input {t.name!r} of shape {format_shape(t.shape)})")
+        for name, v in found.items():
+            if sizes.setdefault(name, v) != v:
+                raise ArgumentError(f"{source[name]} contradicts --input {f}: its shape {a.shape} gives {name}={v}")
+            source.setdefault(name, f"--input {f} (shape {a.shape})")
+    sizes = {n: 1 for n in symbols} | sizes
+    for f, t, a in zip(npy, graph.inputs, loaded):  # compound sizes (2*batch) too
+        expected = tuple(evaluate(d, sizes) for d in t.shape)
+        if expected != a.shape:
+            raise ArgumentError(f"--input {f}: shape {a.shape}, but input {t.name!r} must be {format_shape(t.shape)} "
+                                f"= {expected} for {sizes}")  # fmt: skip
     rng = np.random.default_rng(seed)
-    sizes = {n: 1 for t in graph.inputs for d in t.shape if not isinstance(d, int) for n in d.names} | dict(dims)
-    arrays = []
-    for i, t in enumerate(graph.inputs):
-        if i < len(npy):
-            arrays.append(np.load(npy[i], allow_pickle=False))
-            continue
+    arrays = list(loaded)
+    for t in graph.inputs[len(loaded):]:
         shape = tuple(evaluate(d, sizes) for d in t.shape)
         dt = numpy_dtype(t.dtype)
         if np.issubdtype(dt, np.floating):
@@ -65,19 +124,25 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
     from tessera.runtime import cuda
 
     target = ("cuda" if cuda.is_available() else "cpu") if device == "auto" else device
-    bindings = {}
-    for d in dims:
-        name, _, value = d.partition("=")
-        if not value.isdigit():
-            raise ArgumentError(f"--dim takes name=integer, got {d!r}")
-        bindings[name] = int(value)
+    bindings = parse_dims(dims)
+    if repeat < 1:
+        raise ArgumentError(f"--repeat must be at least 1, got {repeat}")
+    if int_high < 1:
+        raise ArgumentError(f"--int-high must be at least 1, got {int_high}")
+    if save and not Path(save).resolve().parent.is_dir():
+        raise ArgumentError(f"--save {save}: the folder {Path(save).resolve().parent} does not exist")
     start = time.perf_counter()
     compiled = load_model(path, target)
+    if compiled.target != target:  # a saved compiled graph keeps the target it was compiled for
+        if device != "auto":
+            raise ArgumentError(f"{path} was compiled for {compiled.target}; --device {device} cannot apply to it "
+                                f"(compile the original model for {device})")  # fmt: skip
+        target = compiled.target
     arrays = make_inputs(compiled.graph, npy, bindings, int_high)
     outs = compiled(*arrays)
     first_s = time.perf_counter() - start
     times = []
-    for _ in range(max(1, repeat)):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         outs = compiled(*arrays)
         if target == "cuda":
@@ -88,6 +153,8 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
     summary = compiled.summary()
     print(f"{Path(path).name}: {summary['operators']} operators -> {summary['kernels']} kernels on {target} "
           f"(steps {summary['steps']}), compile + first run {first_s:.2f} s")  # fmt: skip
+    if len(npy) < len(arrays):
+        print(f"  random inputs: {', '.join(t.name for t in compiled.graph.inputs[len(npy):])}")
     for ref in summary["reference_ops"]:
         print(f"  runs in numpy: {ref}")
     results = []
@@ -101,7 +168,10 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
     median_ms = sorted(times)[len(times) // 2] * 1e3
     print(f"  latency: median {median_ms:.3f} ms over {len(times)} calls (host-timed, after a warm-up)")
     if save:
-        compiled.save(save)
+        try:
+            compiled.save(save)
+        except OSError as exc:
+            raise ArgumentError(f"--save {save}: cannot write the file ({exc})") from None
         print(f"  saved the compiled graph to {save}")
     if not all(r["finite"] for r in results):
         print("  warning: an output holds NaN or Inf")

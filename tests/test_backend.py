@@ -37,7 +37,7 @@ def check_scale_add(kernel: ts.Kernel, seed: int = 0) -> None:
 
 def entries(cache_dir: Path) -> list[Path]:
     """Everything in the cache's two-level layout (published entries and any leftovers)."""
-    return sorted(p for d in cache_dir.iterdir() if d.is_dir() and d.name != "failed" for p in d.iterdir())
+    return sorted(p for d in cache_dir.iterdir() if d.is_dir() and d.name not in ("failed", "by-source") for p in d.iterdir())
 
 
 class CountingRun:
@@ -134,17 +134,18 @@ def test_corrupt_entry_is_detected_and_rebuilt(cache_dir, counting_run, damage):
 
 def test_losing_a_publish_race_uses_the_winners_entry(cache_dir):
     """Simulate another process publishing the same entry while this one is building."""
-    key = cache.cache_key("race-test")
+    identity = cache.Identity("c", "race-test", "", "")
+    key = identity.key("source")
     built = []
 
     def winner(src: Path, out: Path) -> None:
         out.write_bytes(b"winner")
 
     def loser(src: Path, out: Path) -> None:
-        built.append(cache.get_or_build(key, "s.txt", "source", "artifact.bin", winner))
+        built.append(cache.get_or_build(identity, "s.txt", "source", "artifact.bin", winner))
         out.write_bytes(b"loser")
 
-    result = cache.get_or_build(key, "s.txt", "source", "artifact.bin", loser)
+    result = cache.get_or_build(identity, "s.txt", "source", "artifact.bin", loser)
     assert result == built[0]
     assert result.read_bytes() == b"winner"
     assert [p.name for p in entries(cache_dir)] == [key]

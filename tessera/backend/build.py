@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tessera.backend import cache
-from tessera.errors import CompilationError, CompilerNotFoundError
+from tessera.errors import BrokenCompilerError, CompilationError, CompilerNotFoundError
 
 C_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall",
            "-Wno-unused-variable", "-Wno-unused-function"]  # fmt: skip
@@ -34,7 +34,12 @@ def find_compiler(name: str, env_var: str) -> str:
 
 @functools.cache
 def compiler_version(path: str) -> str:
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    """The compiler's identity for cache keys: its `--version` text."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    except OSError as exc:  # not runnable: wrong format, no permission...
+        raise BrokenCompilerError(path, [path, "--version"], str(exc), "(not written yet)",
+                                  "could not be run to ask its version") from None  # fmt: skip
     return out.stdout.strip()
 
 
@@ -49,23 +54,53 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _run(cmd: list[str], compiler: str, key: str, source_name: str, source: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], name: str, key: str, source_name: str, source: str, out: Path) -> None:
+    """Run the compiler; raise CompilationError unless it succeeded AND wrote `out`."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        kept = cache.keep_failed_source(key, source_name, source)
+        raise BrokenCompilerError(name, cmd, str(exc), str(kept), f"({cmd[0]}) could not be run") from None
     if proc.returncode != 0:
         kept = cache.keep_failed_source(key, source_name, source)
-        raise CompilationError(compiler, cmd, proc.stdout + proc.stderr, str(kept))
+        raise CompilationError(name, cmd, proc.stdout + proc.stderr, str(kept))
+    if not out.is_file() or out.stat().st_size == 0:
+        kept = cache.keep_failed_source(key, source_name, source)
+        raise BrokenCompilerError(name, cmd, proc.stdout + proc.stderr, str(kept),
+                                  f"({cmd[0]}) exited successfully but produced no output (expected {out.name}); "
+                                  f"is it really {name}? Check ${_ENV_VARS[name]} and PATH")  # fmt: skip
+
+
+_ENV_VARS = {"gcc": "TESSERA_CC", "nvcc": "TESSERA_NVCC"}
+_FILES = {"c": ("kernel.c", "kernel.so"), "cuda": ("kernel.cu", "kernel.cubin")}
+
+
+def _prebuilt(kind: str, source: str, flags: str, machine: str, missing: CompilerNotFoundError) -> Path:
+    """Without a compiler: an artifact of this exact source, flags and machine already in the
+    cache (built earlier, or installed from a compiled-graph file); else `missing`, explained."""
+    found = cache.lookup_source(kind, source, flags, machine, _FILES[kind][1])
+    if found is None:
+        raise CompilerNotFoundError(f"{missing}; and the artifact cache holds no prebuilt {_FILES[kind][1]} of this "
+                                    "kernel for these flags and this machine (a compiled-graph file brings them "
+                                    "for the machine type it was saved on)") from None  # fmt: skip
+    return found
 
 
 def build_c(source: str) -> Path:
     """Compile C source into a shared library; returns its path in the cache."""
-    gcc = find_compiler("gcc", "TESSERA_CC")
     flags = list(C_FLAGS)
-    key = cache.cache_key("c", source, compiler_version(gcc), " ".join(flags), _cpu_model())
+    machine = _cpu_model()
+    try:
+        gcc = find_compiler("gcc", "TESSERA_CC")
+    except CompilerNotFoundError as exc:
+        return _prebuilt("c", source, " ".join(flags), machine, exc)
+    identity = cache.Identity("c", compiler_version(gcc), " ".join(flags), machine)
+    key = identity.key(source)
 
     def build(src: Path, out: Path) -> None:
-        _run([gcc, *flags, str(src), "-o", str(out), "-lm"], "gcc", key, src.name, source)
+        _run([gcc, *flags, str(src), "-o", str(out), "-lm"], "gcc", key, src.name, source, out)
 
-    return cache.get_or_build(key, "kernel.c", source, "kernel.so", build)
+    return cache.get_or_build(identity, _FILES["c"][0], source, _FILES["c"][1], build)
 
 
 def arch_flags(arch: str) -> list[str]:
@@ -76,14 +111,25 @@ def arch_flags(arch: str) -> list[str]:
 
 def build_cuda(source: str, arch: str = DEFAULT_CUDA_ARCH) -> Path:
     """Compile CUDA source into a cubin for `arch`; returns its path in the cache."""
-    nvcc = find_compiler("nvcc", "TESSERA_NVCC")
     flags = CUDA_FLAGS + arch_flags(arch)
-    key = cache.cache_key("cuda", source, compiler_version(nvcc), " ".join(flags))
+    try:
+        nvcc = find_compiler("nvcc", "TESSERA_NVCC")
+    except CompilerNotFoundError as exc:
+        return _prebuilt("cuda", source, " ".join(flags), "", exc)
+    identity = cache.Identity("cuda", compiler_version(nvcc), " ".join(flags), "")  # the flags name the target
+    key = identity.key(source)
 
     def build(src: Path, out: Path) -> None:
-        _run([nvcc, "-cubin", *flags, str(src), "-o", str(out)], "nvcc", key, src.name, source)
+        _run([nvcc, "-cubin", *flags, str(src), "-o", str(out)], "nvcc", key, src.name, source, out)
 
-    return cache.get_or_build(key, "kernel.cu", source, "kernel.cubin", build)
+    return cache.get_or_build(identity, _FILES["cuda"][0], source, _FILES["cuda"][1], build)
+
+
+def artifact_files(kind: str) -> tuple[str, str]:
+    """(source file name, artifact file name) of a cache entry of kind "c" or "cuda"."""
+    if kind not in _FILES:
+        raise ValueError(f"artifact kind must be one of {sorted(_FILES)}, got {kind!r}")
+    return _FILES[kind]
 
 
 def detect_cuda_arch() -> str:

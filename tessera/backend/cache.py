@@ -1,10 +1,21 @@
-"""On-disk artifact cache: built libraries keyed by source, compiler version and flags.
+"""On-disk artifact cache: built libraries keyed by source, compiler identity, flags and machine.
 
 Layout: <root>/<key[:2]>/<key>/{source file, artifact, meta.json}.  An entry is built in a
 private temporary directory and published with one atomic rename, so concurrent processes
 never see half-written entries; the loser of a race discards its copy.  meta.json records
-the artifact's SHA-256, which is checked on every lookup: a corrupt entry is removed and
-rebuilt rather than loaded.
+the artifact's SHA-256 and the entry's `Identity` (what the key is a hash of, besides the
+source), so an entry describes itself; the SHA-256 is checked on every lookup: a corrupt
+entry is removed and rebuilt rather than loaded.
+
+Besides the key (which includes the compiler's version), every entry is indexed by its
+*source identity* -- kind, source, flags and machine, no compiler --
+under <root>/by-source/.  That index is used only when no compiler is available: a machine
+without gcc or nvcc can still run kernels whose artifacts it holds (e.g. installed from a
+compiled-graph file), while a machine with a compiler never reuses an artifact built by
+another compiler version.
+
+Keys and file names are validated before they become paths (`check_key`, `check_name`):
+keys may come from files (tessera.graph.compiler.saved) and must never leave the cache.
 """
 
 from __future__ import annotations
@@ -12,14 +23,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ENV_VAR = "TESSERA_CACHE_DIR"
+_KEY = re.compile(r"[0-9a-f]{40}\Z")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
+META = "meta.json"
+ENTRY_FORMAT = "entry-v2"  # meta.json records the Identity
 
 
 def cache_root() -> Path:
@@ -29,6 +46,7 @@ def cache_root() -> Path:
 
 
 def cache_key(*parts: str) -> str:
+    """The hash of `parts` in the cache's key format (40 lowercase hex digits)."""
     h = hashlib.sha256()
     for p in parts:
         h.update(p.encode())
@@ -36,8 +54,59 @@ def cache_key(*parts: str) -> str:
     return h.hexdigest()[:40]
 
 
+def is_key(key: object) -> bool:
+    return isinstance(key, str) and _KEY.match(key) is not None
+
+
+def check_key(key: object) -> str:
+    """`key` if it has the cache's key format, else ValueError (it would become a path)."""
+    if not is_key(key):
+        raise ValueError(f"not an artifact cache key (40 lowercase hex digits): {key!r}")
+    return key  # type: ignore[return-value]
+
+
+def check_name(name: object) -> str:
+    """`name` if it is a plain file name an entry may hold (no separators, no leading dot)."""
+    if not isinstance(name, str) or _NAME.match(name) is None or name == META:
+        raise ValueError(f"not a valid artifact file name: {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Everything an artifact is built from besides its source: the kind ("c" or "cuda"), the
+    compiler's identity (its `--version` text), the flags and the machine ("" where the flags
+    name the target, as CUDA's -gencode does; the CPU model for gcc's -march=native)."""
+
+    kind: str
+    compiler: str
+    flags: str
+    machine: str
+
+    def key(self, source: str) -> str:
+        """The cache key: a hash of source, compiler identity, flags and machine (and the
+        entry format, so entries of older tessera versions, without an identity, never match)."""
+        return cache_key(ENTRY_FORMAT, self.kind, source, self.compiler, self.flags, self.machine)
+
+    def source_key(self, source: str) -> str:
+        """The index key: the same without the compiler (see the module docstring)."""
+        return source_key(self.kind, source, self.flags, self.machine)
+
+
+def source_key(kind: str, source: str, flags: str, machine: str) -> str:
+    return cache_key("by-source", kind, source, flags, machine)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_bytes(path.read_bytes())
+
+
+def _entry(key: str) -> Path:
+    return cache_root() / check_key(key)[:2] / key
 
 
 def _remove_entry(path: Path) -> None:
@@ -51,8 +120,8 @@ def _remove_entry(path: Path) -> None:
 
 def lookup(key: str, artifact_name: str) -> Path | None:
     """The artifact for `key` if present and intact; a corrupt entry is removed."""
-    entry = cache_root() / key[:2] / key
-    artifact, meta = entry / artifact_name, entry / "meta.json"
+    entry = _entry(key)
+    artifact, meta = entry / check_name(artifact_name), entry / META
     if not entry.is_dir():
         return None
     try:
@@ -60,71 +129,125 @@ def lookup(key: str, artifact_name: str) -> Path | None:
         if _sha256_file(artifact) == recorded:
             return artifact
         reason = "checksum mismatch"
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = f"{type(exc).__name__}: {exc}"
     warnings.warn(f"tessera: removing corrupt cache entry {entry} ({reason}); it will be rebuilt", stacklevel=3)
     _remove_entry(entry)
     return None
 
 
-def get_or_build(key: str, source_name: str, source: str, artifact_name: str,
+def describe(artifact: Path) -> dict:
+    """The meta.json of the entry holding `artifact` (sha256, key, identity, file names)."""
+    return json.loads((Path(artifact).parent / META).read_text())
+
+
+def get_or_build(identity: Identity, source_name: str, source: str, artifact_name: str,
                  build: Callable[[Path, Path], None]) -> Path:  # fmt: skip
-    """Return the cached artifact for `key`, building it with build(source_path, artifact_path)."""
+    """Return the cached artifact of `source` built for `identity`, building it with
+    build(source_path, artifact_path) when the cache lacks it."""
+    key = identity.key(source)
     found = lookup(key, artifact_name)
     if found is not None:
         return found
-    parent = cache_root() / key[:2]
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=parent))
+    tmp = _private_dir(key)
     try:
-        src = tmp / source_name
+        src = tmp / check_name(source_name)
         src.write_text(source)
-        build(src, tmp / artifact_name)
-        meta = {"sha256": _sha256_file(tmp / artifact_name), "key": key}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        return _publish(tmp, key, artifact_name)
+        build(src, tmp / check_name(artifact_name))
+        _write_meta(tmp, key, identity, source_name, artifact_name)
+        return _publish(tmp, key, artifact_name, identity.source_key(source))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _publish(tmp: Path, key: str, artifact_name: str) -> Path:
+def install(identity: Identity, source_name: str, source: str, artifact_name: str, artifact: bytes) -> Path:
+    """Put a prebuilt artifact of `source` (e.g. from a compiled-graph file) into the cache
+    under the key `identity` gives it, unless an intact copy is there.  The caller vouches for
+    the bytes: nothing here can tell whether they are what the compiler makes of `source`."""
+    key = identity.key(source)
+    found = lookup(key, artifact_name)
+    if found is not None:
+        _index(identity.source_key(source), key, artifact_name)
+        return found
+    tmp = _private_dir(key)
+    try:
+        (tmp / check_name(source_name)).write_text(source)
+        (tmp / check_name(artifact_name)).write_bytes(artifact)
+        _write_meta(tmp, key, identity, source_name, artifact_name)
+        return _publish(tmp, key, artifact_name, identity.source_key(source))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def lookup_source(kind: str, source: str, flags: str, machine: str, artifact_name: str) -> Path | None:
+    """An intact artifact of `source` built with these flags for this machine by any compiler
+    (the fallback when no compiler is available), or None."""
+    path = _index_path(source_key(kind, source, flags, machine))
+    try:
+        doc = json.loads(path.read_text())
+        key, name = doc["key"], doc["artifact"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not is_key(key) or name != artifact_name:
+        return None
+    return lookup(key, artifact_name)
+
+
+def _private_dir(key: str) -> Path:
+    parent = _entry(key).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=parent))
+
+
+def _write_meta(entry: Path, key: str, identity: Identity, source_name: str, artifact_name: str) -> None:
+    meta = {"key": key, "sha256": _sha256_file(entry / artifact_name), "source": source_name,
+            "artifact": artifact_name, **asdict(identity)}  # fmt: skip
+    (entry / META).write_text(json.dumps(meta, indent=1))
+
+
+def _publish(tmp: Path, key: str, artifact_name: str, by_source: str) -> Path:
     """Rename a complete entry folder into place (atomic; a concurrent twin wins harmlessly)."""
-    final = cache_root() / key[:2] / key
+    final = _entry(key)
     try:
         os.rename(tmp, final)
     except OSError:  # another process published the same entry first
         if lookup(key, artifact_name) is None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+    _index(by_source, key, artifact_name)
     return final / artifact_name
 
 
-def install(key: str, artifact_name: str, files: dict[str, bytes]) -> Path:
-    """Put a saved entry (artifact and meta.json, e.g. from a compiled-graph file) into the
-    cache unless an intact copy is there; a corrupt one fails `lookup` later as usual."""
-    found = lookup(key, artifact_name)
-    if found is not None:
-        return found
-    parent = cache_root() / key[:2]
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=parent))
-    try:
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        return _publish(tmp, key, artifact_name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def _index_path(by_source: str) -> Path:
+    return cache_root() / "by-source" / check_key(by_source)[:2] / by_source
+
+
+def _index(by_source: str, key: str, artifact_name: str) -> None:
+    """Point the source index at `key` (atomically: readers see the old or the new entry)."""
+    path = _index_path(by_source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump({"key": check_key(key), "artifact": check_name(artifact_name)}, f)
+    os.replace(f.name, path)
 
 
 def keep_failed_source(key: str, source_name: str, source: str) -> Path:
     """Save the source of a failed build where the user can inspect it."""
-    d = cache_root() / "failed" / key
+    d = cache_root() / "failed" / check_key(key)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / source_name
+    path = d / check_name(source_name)
     path.write_text(source)
     return path
+
+
+def identity_of(meta: Mapping) -> Identity:
+    """The Identity recorded in an entry's meta.json (KeyError/TypeError when it has none)."""
+    fields = {f: meta[f] for f in ("kind", "compiler", "flags", "machine")}
+    if not all(isinstance(v, str) for v in fields.values()):
+        raise TypeError(f"identity fields must be strings: {fields}")
+    return Identity(**fields)
 
 
 def clear() -> None:

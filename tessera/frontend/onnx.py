@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.errors import UnsupportedError
+from tessera.errors import ArgumentError, FileFormatError, UnsupportedError
 from tessera.graph import FlowGraph, Operator, Tensor
 from tessera.graph.symbolic import Dim, Sym, fresh_dim
 
@@ -131,19 +131,29 @@ class Importer:
             if fn is None:
                 raise UnsupportedError(f"ONNX op {node.op_type} (node {node.name!r}) is not supported by tessera")
             attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
-            args = [self.values[i] for i in node.input]
+            args = [self._value(i, f"node {node.name!r} ({node.op_type})") for i in node.input]
             try:
                 result = fn(self, node, args, attrs)
             except UnsupportedError as e:
                 raise UnsupportedError(f"ONNX op {node.op_type} (node {node.name!r}): {e}") from None
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a malformed node
+                raise FileFormatError(f"ONNX op {node.op_type} (node {node.name!r}) is malformed or of an unsupported "
+                                      f"form: {type(e).__name__}: {e}") from None  # fmt: skip
             results = list(result) if isinstance(result, (list, tuple)) else [result]
             for name, value in zip(node.output, results):
                 if name:
                     if isinstance(value, Tensor) and value.producer is not None and value.name.startswith("t"):
                         value.name = _clean(name)
                     self.values[name] = value
-        outputs = [self.tensor(self.values[o.name]) for o in g.output]
+        outputs = [self.tensor(self._value(o.name, "a graph output")) for o in g.output]
         return FlowGraph(self.inputs, outputs, self.operators, _clean(g.name or "onnx_graph")).verify()
+
+
+    def _value(self, name: str, reader: str) -> Any:
+        if name not in self.values:
+            raise FileFormatError(f"malformed ONNX model: {reader} needs {name!r}, which no graph input, initializer "
+                                  "or earlier node defines")  # fmt: skip
+        return self.values[name]
 
 
 def _clean(name: str) -> str:
@@ -156,14 +166,34 @@ def _sym_name(text: str) -> Dim:
 
 
 def load(model: str | Path | Any) -> FlowGraph:
-    """Import an ONNX model (a path, bytes, or an onnx.ModelProto) as a verified FlowGraph."""
-    import onnx
+    """Import an ONNX model (a path, bytes, or an onnx.ModelProto) as a verified FlowGraph.
 
-    if isinstance(model, (str, Path)):
-        model = onnx.load(str(model))
-    elif isinstance(model, (bytes, bytearray)):
-        model = onnx.load_from_string(bytes(model))
-    return Importer(model).run()
+    A missing file raises ArgumentError; a file or bytes that are not an ONNX model (not
+    protobuf, truncated, no graph, external data missing) raise FileFormatError."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    where = "the ONNX bytes"
+    try:
+        if isinstance(model, (str, Path)):
+            where = str(model)
+            if not Path(model).is_file():
+                raise ArgumentError(f"{model}: {'is a directory' if Path(model).is_dir() else 'no such file'}")
+            model = onnx.load(str(model))
+        elif isinstance(model, (bytes, bytearray)):
+            model = onnx.load_from_string(bytes(model))
+        elif not isinstance(model, onnx.ModelProto):
+            raise ArgumentError(f"onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
+    except DecodeError as exc:
+        raise FileFormatError(f"{where}: not an ONNX model (truncated or another format: {exc})") from None
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # external data missing or misplaced
+        raise FileFormatError(f"{where}: cannot read the ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph") or model.ir_version == 0:
+        raise FileFormatError(f"{where}: not an ONNX model (it has no graph or no IR version; empty or another format?)")
+    try:
+        return Importer(model).run()
+    except FileFormatError as exc:
+        raise FileFormatError(f"{where}: {exc}") from None
 
 
 # The rules live in a sibling module to keep this file short; importing it registers them.

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.errors import TesseraError
+from tessera.errors import FileFormatError, TesseraError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, parse_dim
@@ -64,7 +64,7 @@ def _dec(v: Any) -> Any:
             return dtypes.dtype(v["dtype"])
         if "float" in v:
             return float(v["float"])
-        raise TesseraError(f"unknown tagged attribute {v}")
+        raise FileFormatError(f"unknown tagged attribute {v}")
     if isinstance(v, list):
         return [_dec(x) for x in v]
     return v
@@ -110,24 +110,50 @@ def save(graph: FlowGraph, path: str | Path) -> None:
 
 
 def load(path: str | Path) -> FlowGraph:
-    """Read a graph written by `save`; verifies it before returning."""
-    with zipfile.ZipFile(path) as z:
-        doc = json.loads(z.read("graph.json"))
-        npz = np.load(io.BytesIO(z.read("constants.npz")), allow_pickle=False)
-        arrays = {k: npz[k] for k in npz.files}
-    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise TesseraError(f"{path}: not a {FORMAT} v{VERSION} file")
+    """Read a graph written by `save`; verifies it before returning.  A file that is not
+    such a graph (unreadable, malformed, inconsistent) raises FileFormatError."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            for member in ("graph.json", "constants.npz"):
+                if member not in z.namelist():
+                    raise FileFormatError(f"{path}: missing member {member}; not a tessera graph file")
+            doc = json.loads(z.read("graph.json"))
+            npz = np.load(io.BytesIO(z.read("constants.npz")), allow_pickle=False)
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, ValueError, UnicodeDecodeError, OSError, EOFError, RecursionError) as exc:
+        raise FileFormatError(f"{path}: not a readable tessera graph file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise FileFormatError(f"{path}: not a {FORMAT} v{VERSION} file")
+    try:
+        return _decode(doc, arrays)
+    except FileFormatError as exc:
+        raise FileFormatError(f"{path}: {exc}") from None
+    except TesseraError as exc:  # the operators do not verify (shapes, dtypes, attributes)
+        raise FileFormatError(f"{path}: the graph in the file is invalid: {exc}") from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise FileFormatError(f"{path}: malformed graph.json ({type(exc).__name__}: {exc})") from None
+
+
+def _decode(doc: dict, arrays: dict[str, np.ndarray]) -> FlowGraph:
     tensors = []
     for i, spec in enumerate(doc["tensors"]):
         t = Tensor(spec["shape"], spec["dtype"], spec["device"], spec["name"])
-        if spec["constant"]:
+        if spec["constant"] is True:
+            if f"c{i}" not in arrays:
+                raise FileFormatError(f"constants.npz lacks the data of constant {spec['name']!r} (c{i})")
             data = arrays[f"c{i}"]
-            t.set_data(data.view(numpy_dtype(t.dtype)) if t.dtype == dtypes.bfloat16 else data)
+            t.set_data(data.view(numpy_dtype(t.dtype)) if t.dtype == dtypes.bfloat16 and data.dtype == np.uint16 else data)
         tensors.append(t)
+
+    def at(i: Any) -> Tensor:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(tensors):
+            raise FileFormatError(f"tensor index {i!r} out of range")
+        return tensors[i]
+
     ops = []
     for spec in doc["operators"]:
         attrs = {k: _dec(v) for k, v in spec["attrs"].items()}
-        ops.append(Operator(spec["kind"], [tensors[i] for i in spec["inputs"]],
-                            [tensors[i] for i in spec["outputs"]], attrs, spec["name"]))  # fmt: skip
-    graph = FlowGraph([tensors[i] for i in doc["inputs"]], [tensors[i] for i in doc["outputs"]], ops, doc["name"])
+        ops.append(Operator(spec["kind"], [at(i) for i in spec["inputs"]], [at(i) for i in spec["outputs"]], attrs,
+                            spec["name"]))  # fmt: skip
+    graph = FlowGraph([at(i) for i in doc["inputs"]], [at(i) for i in doc["outputs"]], ops, doc["name"])
     return graph.verify()

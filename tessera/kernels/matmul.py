@@ -3,14 +3,16 @@
 The schedule space is hardware-centric (Hidet): a fixed list of block/warp tiles, k-depths,
 pipeline stages and split-k factors that suit an SM90 GPU, pruned only where a shape makes a
 candidate pointless (a 256-row tile for M = 16, split-k when there are already several waves
-of tiles).  Every surviving candidate is compiled in parallel, timed once on the device, and
-the winner is cached per (dtype, layout, shape, GPU) by tessera.tune.
+of tiles).  Every surviving candidate is compiled in parallel, checked once against torch.matmul, timed
+on the device, and the winner is cached per (dtype, layout, shape, GPU, template source) by
+tessera.tune.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
@@ -175,20 +177,29 @@ def make_kernel(dtype: Any, cfg: Any, layout: str, vector: bool) -> Any:
 _WORK: dict[tuple, Any] = {}  # split-k float32 partials per (device, stream, size)
 
 
-_FLUSH: list[Any] = []  # a buffer larger than L2, allocated on first tuning
+_FLUSH: list[Any] = []  # [a buffer 4x the size of L2, a scalar sink], allocated on first tuning
+FLUSH_BYTES = 256 << 20
+
+
+def _flush_l2(torch: Any) -> None:
+    """Evict L2 by reading FLUSH_BYTES (writing one scalar).  Not by writing a buffer: that
+    leaves L2 full of dirty lines which the timed kernel pays to write back as its reads evict
+    them, a cost that falls hardest on read-mostly kernels (bench/harness.py measured it)."""
+    if not _FLUSH:
+        _FLUSH.append(torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda"))
+        _FLUSH.append(torch.empty((), dtype=torch.float32, device="cuda"))
+    torch.sum(_FLUSH[0], dim=0, out=_FLUSH[1])
 
 
 def _bench(run: Any) -> float:
-    """Median of 5 timed runs, each after flushing L2 as the benchmark protocol does."""
+    """Median of 5 timed runs, each after flushing L2 (by reading) as the benchmark protocol does."""
     torch = _torch()
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     run()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(5):
-        _FLUSH[0].zero_()
+        _flush_l2(torch)
         start.record()
         run()
         end.record()
@@ -197,31 +208,71 @@ def _bench(run: Any) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def choose_config(a: Any, b: Any, b_layout: str = "kn") -> Any:
-    """The tuned configuration for these operands' shape (tunes on first use, then cached)."""
-    dtype, batch, m, n, k = _check(a, b, b_layout)
-    return _tuned(a, b, b_layout, dtype, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tma=True)
+@functools.cache
+def template_source() -> str:
+    """The source the GEMM candidates are generated and launched from: its hash is part of
+    every GEMM tuning record's key, so an edited template is re-tuned, never given a stale winner."""
+    import sys
+
+    from tessera.kernels import gemm, gemm_sm90, gemm_tma
+
+    modules = (gemm, gemm_sm90, gemm_tma, sys.modules[__name__])
+    parts = [Path(m.__file__).read_text(errors="replace") for m in modules if m.__file__]
+    return "\n".join(parts)
+
+
+def check_result(out: Any, ref: Any) -> str | None:
+    """None when `out` matches the float32 reference `ref` elementwise (within fp16/bf16
+    rounding and float32 accumulation-order error), else what is wrong."""
+    torch = _torch()
+    out, ref = out.float(), ref.float()
+    if out.shape != ref.shape:
+        return f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    err = (out - ref).abs()
+    bad = ~(err <= 1e-2 * ref.abs() + 1e-3 * scale)  # NaN counts as bad
+    if bool(bad.any()):
+        worst = float(torch.nan_to_num(err, nan=float("inf")).max())
+        return f"{int(bad.sum())} of {out.numel()} elements differ from torch.matmul in float32 (max error {worst:.3g})"
+    return None
 
 
 def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool,
            tma: bool = False) -> Any:  # fmt: skip
     """The tuned configuration; `tma` adds the TMA GEMM's candidates (matmul does; callers that
-    rewrite kernels opt in once they handle its tensor-map parameters)."""
+    rewrite kernels opt in once they handle its tensor-map parameters).
+
+    Candidates run on fresh random operands of a's and b's shapes (the caller's data may hold
+    inf or NaN); each is checked once against torch.matmul in float32 before it is timed."""
     torch = _torch()
     gpu = torch.cuda.get_device_name(a.device)
     sm90 = vector and torch.cuda.get_device_capability(a.device) == (9, 0)
     tma = tma and sm90
     key = f"gemm|{dtype}|{layout}|{'vec' if vector else 'scalar'}|b{batch}|m{m}|n{n}|k{k}|{gpu}{'|tma' if tma else ''}"
-    a3, b3 = a.reshape(batch, *a.shape[-2:]), b.reshape(batch, *b.shape[-2:])
+    gen = torch.Generator(device=a.device).manual_seed(0)
+    a3 = torch.randn((batch, m, k), generator=gen, device=a.device).to(a.dtype)
+    b3 = torch.randn((batch, *b.shape[-2:]), generator=gen, device=a.device).to(a.dtype)
     c3 = torch.empty((batch, m, n), dtype=a.dtype, device=a.device)
+    ref: list[Any] = []  # computed on the first check: a recorded winner needs none
     wgmma = sm90 and layout == "nk" and not tma
     candidates = schedule_space(m, n, k, batch, layout, wgmma, tma)
 
-    def bench(cfg: Any, _: Any) -> float:
-        plan = _CallPlan(cfg, dtype, layout, vector, a3, b3, c3, True)
-        return _bench(lambda: plan(a3, b3))
+    def plan(cfg: Any) -> _CallPlan:
+        return _CallPlan(cfg, dtype, layout, vector, a3, b3, c3, True)
 
-    record = tune(key, candidates, build=lambda cfg: make_kernel(dtype, cfg, layout, vector).compile(), bench=bench)
+    def check(cfg: Any, _: Any) -> str | None:
+        if not ref:
+            ref.append(torch.matmul(a3.float(), b3.float() if layout == "kn" else b3.float().transpose(1, 2)))
+        out = plan(cfg)(a3, b3)
+        torch.cuda.synchronize()
+        return check_result(out, ref[0])
+
+    def bench(cfg: Any, _: Any) -> float:
+        p = plan(cfg)
+        return _bench(lambda: p(a3, b3))
+
+    record = tune(key, candidates, build=lambda cfg: make_kernel(dtype, cfg, layout, vector).compile(), bench=bench,
+                  check=check, template=template_source())  # fmt: skip
     return record.best
 
 

@@ -3,7 +3,8 @@
 All fused groups of a graph are built with ONE compiler run (`ops.build_many`), after
 identical groups (same operators, attributes and input types) are merged.  A group that
 fails to lower or compile is not fatal: its operators fall back to their numpy references,
-and the user is told why on the "tessera" logger.
+and the user is told why on the "tessera" logger.  A missing or broken compiler, and target
+"cuda" without a usable GPU, are fatal: no group could build or run.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tessera.errors import ArgumentError, TesseraError, UnsupportedError
+from tessera.errors import (
+    ArgumentError,
+    BrokenCompilerError,
+    CompilerNotFoundError,
+    DeviceError,
+    TesseraError,
+    UnsupportedError,
+)
 from tessera.graph.compiler.anchors import is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
 from tessera.graph.compiler.partition import Group, partition
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.tensor import Tensor
+from tessera.tune.tuner import recording
 
 log = logging.getLogger("tessera")
 
@@ -36,6 +45,8 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
 
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
+    if target == "cuda":
+        _require_gpu()
     if optimize:
         run_passes(graph)
     options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize}
@@ -58,6 +69,26 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     return CompiledGraph(graph, target, steps, options)
 
 
+def _require_gpu() -> None:
+    """Refuse target "cuda" at once on a machine that cannot run it (rather than falling back
+    group by group and failing at the first call)."""
+    from tessera.runtime import cuda
+
+    try:
+        cuda.context()
+    except DeviceError as exc:
+        raise DeviceError(f"compile_graph(..., 'cuda') needs a CUDA GPU and driver: {exc}") from None
+    try:
+        import torch
+    except ImportError:
+        raise DeviceError("compile_graph(..., 'cuda') needs torch with CUDA (compiled graphs run on torch CUDA "
+                          "tensors); install torch, or compile for target='cpu'") from None  # fmt: skip
+    if not torch.cuda.is_available():
+        raise DeviceError(f"compile_graph(..., 'cuda'): torch {torch.__version__} cannot use the GPU "
+                          "(torch.cuda.is_available() is False; a CPU-only build?); install a CUDA build of torch, "
+                          "or compile for target='cpu'")  # fmt: skip
+
+
 def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch: str | None) -> dict[int, Any]:
     """CompiledOps of the fused groups (None where a group fails), one compiler run overall."""
     from tessera import ops
@@ -76,12 +107,16 @@ def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch
         return result
     try:
         compiled = ops.build_many([lw for _, lw in lowered], target, name="g", arch=arch)
+    except (CompilerNotFoundError, BrokenCompilerError):
+        raise  # the compiler, not the code: every group would fail the same way
     except TesseraError as exc:
         log.warning("tessera: building the fused groups together failed (%s); building them one by one", exc)
         compiled = []
         for members, lw in lowered:
             try:
                 compiled.append(ops.build(*lw, target=target, name="g", arch=arch))
+            except (CompilerNotFoundError, BrokenCompilerError):
+                raise
             except TesseraError as inner:
                 log.warning("tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner)
                 compiled.append(None)
@@ -97,15 +132,34 @@ def _single(op: Any) -> Group:
 
 
 def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[str, Any]) -> Any:
-    def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
-        try:
-            return prepare_anchor(group, shapes, tune=tune)
-        except UnsupportedError as exc:
-            log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
-        from tessera import ops
+    """prepare(group, shapes) -> kernel(arrays, outputs) for an AnchorStep; the kernel carries
+    `.artifacts` (its built cubins) and `.tuning` (the tuning records that chose its schedule),
+    which a saved compiled graph ships."""
 
-        outs, ins = lower_group(group, symbols, concrete={t: shapes[t] for t in group.inputs})
-        compiled = ops.build(outs, ins, target=target, name="a", arch=arch)
-        return lambda arrays, outputs: compiled.run(arrays, outputs)
+    def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
+        with recording() as tuning:
+            try:
+                kernel = prepare_anchor(group, shapes, tune=tune)
+                kernel.artifacts = [kernel.kernel.artifact]
+            except UnsupportedError as exc:
+                log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
+                kernel = _generic_anchor(group, shapes, target, arch, symbols)
+        kernel.tuning = list(tuning)
+        return kernel
 
     return prepare
+
+
+def _generic_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], target: str, arch: str | None,
+                    symbols: dict[str, Any]) -> Any:  # fmt: skip
+    """The anchor group through the ops auto-scheduler, for shapes no template takes."""
+    from tessera import ops
+
+    outs, ins = lower_group(group, symbols, concrete={t: shapes[t] for t in group.inputs})
+    compiled = ops.build(outs, ins, target=target, name="a", arch=arch)
+
+    def run(arrays: Any, outputs: Any) -> None:
+        compiled.run(arrays, outputs)
+
+    run.artifacts = [compiled.artifact]  # type: ignore[attr-defined]
+    return run

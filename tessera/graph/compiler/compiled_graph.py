@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -243,11 +244,34 @@ class CompiledGraph:
         plan.cuda_graph.replay()
         return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
 
-    def save(self, path: Any) -> None:
-        """Write the compiled graph to one file; `tessera.graph.compiler.load_compiled` reads it."""
+    def prepare(self, symbols: Mapping[str, int]) -> None:
+        """Prepare (compile and load) the anchors for these values of the symbolic sizes
+        without running anything; the first call with such inputs would do it otherwise."""
+        for step in self.steps:
+            if step.kind == "anchor":
+                step.bind({t: self._shape(t, symbols) for t in [*step.inputs, *step.outputs]})
+
+    def artifacts(self) -> tuple[list[Path], list[tuple[str, str]]]:
+        """The built artifacts (cache paths) of every kernel compiled or prepared so far, and
+        the tuning records (key, winner) that chose the prepared anchors' schedules."""
+        paths: dict[Path, None] = {}
+        tuning: dict[tuple[str, str], None] = {}
+        for step in self.steps:
+            if step.kind == "fused" and step.compiled.artifact is not None:
+                paths[Path(step.compiled.artifact)] = None
+            elif step.kind == "anchor":
+                for kernel in step.prepared():
+                    paths.update(dict.fromkeys(Path(a) for a in kernel.artifacts))
+                    tuning.update(dict.fromkeys(kernel.tuning))
+        return list(paths), list(tuning)
+
+    def save(self, path: Any, sizes: Sequence[Mapping[str, int]] = ()) -> None:
+        """Write the compiled graph with every kernel it has built to one file;
+        `tessera.graph.compiler.load_compiled` reads it.  `sizes`: values of the symbolic
+        sizes whose GPU anchors to prepare and save besides those already run."""
         from tessera.graph.compiler.saved import save_compiled
 
-        save_compiled(self, path)
+        save_compiled(self, path, sizes)
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

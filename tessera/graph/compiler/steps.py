@@ -86,7 +86,7 @@ class AnchorStep:
         self.group = group
         self.anchor = group.anchor
         self.inputs, self.outputs = group.inputs, group.outputs
-        self._prepare = prepare  # (group, shapes) -> kernel(arrays, outs)
+        self._prepare = prepare  # (group, shapes) -> kernel(arrays, outs) with .artifacts and .tuning
         self._kernels: dict[tuple, Any] = {}
 
     def bind(self, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
@@ -94,6 +94,10 @@ class AnchorStep:
         if key not in self._kernels:
             self._kernels[key] = self._prepare(self.group, shapes)
         return self._kernels[key]
+
+    def prepared(self) -> list[Any]:
+        """The kernels prepared so far, one per distinct input shape."""
+        return list(self._kernels.values())
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
         return []

@@ -4,8 +4,9 @@
 tensor-core time vs operand traffic for the blocks one SM runs (wave quantisation included),
 the DRAM floor of the whole problem, block start-up latency and, for split-k, the extra
 reduce kernel.  It needs no GPU, so a plan can be made (and its source compiled) anywhere.
-`tuned_config` defers to tessera.kernels.matmul's tuner (compile all candidates, time each
-once with L2 flushed, cache the winner), timing the plain GEMM as a proxy for the fused one.
+`tuned_config` defers to tessera.kernels.matmul's tuner (compile all candidates, check each
+once against torch.matmul, time the correct ones with L2 flushed, cache the winner), timing
+the plain GEMM as a proxy for the fused one.
 """
 
 from __future__ import annotations

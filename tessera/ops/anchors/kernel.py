@@ -93,7 +93,7 @@ class AnchorPlan:
                    for launch, low in zip(self.launches, self.lowered)]  # fmt: skip
         device = torch.device("cuda", torch.cuda.current_device())
         ws = [torch.empty(shape, dtype=getattr(torch, dt.name), device=device) for shape, dt in self.workspaces]
-        return AnchorKernel(self, kernels, ws)
+        return AnchorKernel(self, kernels, ws, path)
 
 
 def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any], slots: dict[Any, Slot], name: str) -> None:
@@ -122,8 +122,9 @@ class AnchorKernel:
     `out_dtype`; inputs and extras must be contiguous, with the shapes given at prepare time.
     """
 
-    def __init__(self, plan: AnchorPlan, kernels: list[Any], workspaces: list[Any]):
+    def __init__(self, plan: AnchorPlan, kernels: list[Any], workspaces: list[Any], artifact: Any = None):
         self.plan = plan
+        self.artifact = artifact  # the cubin in the artifact cache (a saved compiled graph ships it)
         self.out_shape: tuple[int, ...] = plan.out_shape
         self.out_dtype: DataType = plan.out_dtype
         self.config = plan.config
