@@ -237,6 +237,12 @@ def check_result(out: Any, ref: Any) -> str | None:
     return None
 
 
+def choose_config(a: Any, b: Any, b_layout: str = "kn") -> Any:
+    """The tuned configuration for these operands' shape (tunes on first use, then cached)."""
+    dtype, batch, m, n, k = _check(a, b, b_layout)
+    return _tuned(a, b, b_layout, dtype, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tma=True)
+
+
 def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool,
            tma: bool = False) -> Any:  # fmt: skip
     """The tuned configuration; `tma` adds the TMA GEMM's candidates (matmul does; callers that
