@@ -40,38 +40,34 @@ SHARED_HELPERS = """
 {q} float ts_fmod_floorf(float a, float b) {{ float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
 {q} double ts_fmod_floor(double a, double b) {{ double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
 """
-# Identifiers that generated code must not use for its variables and functions: C and C++
-# keywords, the types, macros and library functions the preludes include (math.h in C,
-# CUDA's math and half-precision headers) and the preludes' own helpers (ts_*).
-_MATH_BASE = """acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ilogb
-    ldexp log log10 log1p log2 logb modf scalbn scalbln cbrt fabs hypot pow sqrt rsqrt erf erfc erfinv lgamma tgamma
-    ceil floor nearbyint rint lrint llrint round lround llround trunc fmod remainder remquo copysign nan nextafter
-    nexttoward fdim fmax fmin fma sincos""".split()
-C_RESERVED = frozenset(
-    """auto break case char const continue default do double else enum extern float for goto if inline int long
-    register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
-    alignas alignof asm bool catch class constexpr const_cast decltype delete dynamic_cast explicit export false
-    friend mutable namespace new noexcept nullptr operator private protected public reinterpret_cast static_assert
-    static_cast template this thread_local throw true try typeid typename using virtual wchar_t
-    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t intptr_t uintptr_t ptrdiff_t NULL
-    NAN INFINITY HUGE_VAL fpclassify isfinite isinf isnan isnormal signbit memcpy memset memmove memcmp strlen
-    abs labs llabs min max main half half2 nv_bfloat16 nv_bfloat162 threadIdx blockIdx blockDim gridDim warpSize
-    """.split()
-    + [m + suffix for m in _MATH_BASE for suffix in ("", "f", "l")]
-)
+# Generated code names every user identifier (kernels, parameters, locals, buffers) through
+# `c_identifier` / `symbol_name`, never verbatim: a fixed scheme cannot clash with C or C++
+# keywords, macros (INT32_MAX), the functions of math.h, CUDA or OpenMP (isgreater, normcdf,
+# omp_get_thread_num) or the preludes' own `ts_` helpers, whatever the headers declare.
+# Variables end in `_` (no keyword, macro or library function of those headers does);
+# kernels are exported as `ts_kernel_<name>`, since an exported symbol also competes with
+# every library loaded in the process (a kernel named omp_get_thread_num would replace
+# libgomp's); the generated code's own names start with `ts_`, which no mangled name does.
+KERNEL_PREFIX = "ts_kernel_"
+
+
+def _sanitized(name: str) -> str:
+    """`name` with non-identifier characters replaced; never empty, never in the reserved
+    namespaces of C (leading `__` or `_` + capital) or of the generated code (`ts_`)."""
+    name = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+    if name[0].isdigit() or name.startswith(("ts_", "_")):
+        name = "v" + name
+    return name
 
 
 def c_identifier(name: str) -> str:
-    """`name` as a C identifier that cannot clash with C, C++, CUDA or the preludes."""
-    name = re.sub(r"\W", "_", name) or "v"
-    if name[0].isdigit() or name.startswith(("ts_", "__")) or re.match(r"_[A-Z]", name):
-        name = "v" + name
-    return name + "_" if name in C_RESERVED else name
+    """The C name of a variable called `name` in the kernel (a parameter, local or buffer)."""
+    return _sanitized(name) + "_"
 
 
 def symbol_name(func: Function) -> str:
     """The name of the generated C/CUDA function for `func` (what the runtime looks up)."""
-    return c_identifier(func.name)
+    return KERNEL_PREFIX + _sanitized(func.name)
 
 
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -179,11 +175,10 @@ class CLikeCodegen(IRVisitor):
     # ---- names -------------------------------------------------------------------------------
     def name_of(self, v: E.Var) -> str:
         if v not in self.names:
-            base = c_identifier(v.name)
-            name, k = base, 0
-            while name in self.used_names:
+            name, k = c_identifier(v.name), 0
+            while name in self.used_names:  # two variables of one name (e.g. two loops' `i`)
                 k += 1
-                name = f"{base}_{k}"
+                name = c_identifier(f"{v.name}_{k}")
             self.used_names.add(name)
             self.names[v] = name
         return self.names[v]
