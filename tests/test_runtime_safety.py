@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import i32, i64, u32, u64
+from tessera import f32, i32, i64, u32, u64
 from tessera.runtime.tensor import numpy_dtype
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -165,3 +165,219 @@ def test_cuda_ops_division_by_zero_gives_zero():
     f = ops.build([ops.floor_divide(a, b), ops.remainder(a, b)], [a, b], "cuda")
     q, r = f(torch.tensor([7, -7, 3, 4], device="cuda"), torch.tensor([2, 0, 0, -3], device="cuda"))
     assert q.tolist() == [3, 0, 0, -2] and r.tolist() == [1, 0, 0, -2]
+
+
+# ---- arguments that must be refused -----------------------------------------------------------------------------
+
+
+@ts.kernel
+def _add_one(a: f32["n"], b: f32["n"]):
+    for i in range(a.shape[0]):
+        b[i] = a[i] + 1.0
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_non_native_byte_order_is_refused(which):
+    big = np.arange(4, dtype=">f4")
+    native = np.zeros(4, np.float32)
+    args = (big, native) if which == "input" else (native, big)
+    with pytest.raises(ts.ArgumentError, match=r"argument '[ab]': dtype >f4 is not in the machine's byte order.*astype"):
+        _add_one(*args)
+    out = np.zeros(4, np.float32)
+    _add_one(big.astype(big.dtype.newbyteorder("=")), out)  # the suggested conversion
+    np.testing.assert_array_equal(out, np.arange(4) + 1)
+
+
+def test_non_native_cuda_array_interface_is_refused():
+    from tessera.runtime.tensor import as_view
+
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": ">f4", "data": (4096, False), "version": 3}
+
+    with pytest.raises(ts.ArgumentError, match="byte order"):
+        as_view(Fake())
+
+
+def test_read_only_output_is_refused_and_not_written():
+    data = bytes(16)
+    ro = np.frombuffer(data, dtype=np.float32)
+    with pytest.raises(ts.ArgumentError, match="argument 'b' is read-only but the kernel writes it"):
+        _add_one(np.ones(4, np.float32), ro)
+    assert data == bytes(16)
+    frozen = np.zeros(4, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ts.ArgumentError, match="read-only"):
+        _add_one(np.ones(4, np.float32), frozen)
+
+
+def test_read_only_input_is_fine():
+    src = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    out = np.zeros(4, np.float32)
+    _add_one(src, out)
+    np.testing.assert_array_equal(out, np.arange(4) + 1)
+
+
+def test_writes_through_pointers_and_instructions_count():
+    @ts.kernel
+    def via_ptr(a: f32["n"], p: ts.ptr(f32)):
+        for i in range(a.shape[0]):
+            if i >= 0:
+                p[i] = a[i]
+
+    @ts.kernel
+    def via_copy(a: f32[4], b: f32[4]):
+        ts.copy_vector(b[0], a[0], 16)
+
+    for k in (via_ptr, via_copy):
+        ro = np.frombuffer(bytes(16), dtype=np.float32)
+        with pytest.raises(ts.ArgumentError, match="read-only"):
+            k(np.ones(4, np.float32), ro)
+        out = np.zeros(4, np.float32)
+        k(ro, out)  # read-only where it is only read
+
+
+def test_read_only_cuda_array_interface_view():
+    from tessera.runtime.tensor import as_view
+
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (4096, True), "version": 3}
+
+    assert as_view(Fake()).writable is False
+
+
+def test_ops_refuse_a_read_only_output():
+    from tessera import ops
+
+    x = ops.placeholder((4,), "float32", "x")
+    f = ops.build(ops.add(x, 1.0), [x])
+    ro_in = np.frombuffer(np.ones(4, np.float32).tobytes(), dtype=np.float32)
+    np.testing.assert_array_equal(f(ro_in), 2)
+    with pytest.raises(ts.ArgumentError, match="read-only"):
+        f.run([ro_in], [np.frombuffer(bytes(16), dtype=np.float32)])
+
+
+def test_misaligned_array_is_refused():
+    buf = np.zeros(20, np.uint8)
+    odd = buf[1:17].view(np.float32)  # 4-byte elements at an odd address
+    assert not odd.flags.aligned
+    with pytest.raises(ts.ArgumentError, match="not aligned to its 4-byte elements"):
+        _add_one(np.ones(4, np.float32), odd)
+
+
+def test_float_scalar_parameter_that_would_overflow_is_refused():
+    @ts.kernel
+    def scale(a: f32["n"], s: f32):
+        for i in range(a.shape[0]):
+            a[i] = a[i] * s
+
+    a = np.ones(3, np.float32)
+    with pytest.raises(ts.ArgumentError, match="'s' = 1e\\+300 does not fit in float32"):
+        scale(a, 1e300)
+    scale(a, float("inf"))  # infinity is a float32 value
+    assert np.isinf(a).all()
+
+
+# ---- compile-time constants are never silently truncated --------------------------------------------------------
+
+BIG = 2**40
+
+
+def test_big_constant_into_int64_is_exact():
+    @ts.kernel
+    def fill(out: i64["n"]):
+        for i in range(out.shape[0]):
+            out[i] = BIG + i
+
+    out = np.zeros(3, np.int64)
+    fill(out)
+    np.testing.assert_array_equal(out, BIG + np.arange(3))
+
+
+def _parse(body: str):
+    src = f"def k(out: i32['n'], h: ts.f16['n'], d: ts.f64['n']):\n    for i in range(out.shape[0]):\n        {body}\n"
+    ns = {"ts": ts, "i32": i32, "BIG": BIG}
+    import linecache
+
+    name = f"<constant-test-{abs(hash(src))}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), ns)
+    return ts.Kernel(ns["k"], "cpu")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("out[i] = BIG", r"constant 1099511627776 does not fit in int32 \(an element of 'out'\)"),
+    ("x: ts.int32 = BIG", r"does not fit in int32 \(variable 'x'\)"),
+    ("x = 0\n        x = BIG", r"does not fit in int32 \(variable 'x'\)"),
+    ("out[i] = ts.cast(BIG, i32)", "constant 1099511627776 does not fit in int32"),
+    ("out[i] = i32(BIG)", "does not fit in int32"),
+    ("out[i] = ts.cast(1e10, i32)", "constant 10000000000.0 does not fit in int32"),
+    ("out[i] = ts.cast(float('nan'), i32)", "nan does not fit in int32"),
+    ("h[i] = 1e6", r"1000000.0 does not fit in float16 \(an element of 'h'\)"),
+    ("h[i] = 70000", "70000 does not fit in float16"),
+    ("h[i] = ts.f16(1e6)", "does not fit in float16"),
+    ("d[i] = 2**80", "the constant 1208925819614629174706176 does not fit in int64"),
+])  # fmt: skip
+def test_constant_that_does_not_fit_is_refused(body, message):
+    with pytest.raises(ts.KernelSyntaxError, match=message):
+        _parse(body)
+
+
+def test_constants_the_other_operand_cannot_hold_widen_the_operation():
+    k = _parse("h[i] = h[i] * 1e6 * 1e-6 + (h[i] + 100000) * 0.0\n        d[i] = 1e300 / 1e290 + out[i] * 0\n"
+               "        out[i] = ts.cast(-3.7, i32)")  # fmt: skip
+    h = np.array([1.5, -2.25, 3], np.float16)
+    out, d = np.zeros(3, np.int32), np.zeros(3)
+    k(out, h, d)
+    np.testing.assert_array_equal(h, [1.5, -2.25, 3])  # not inf * 0 = nan: computed in float32
+    np.testing.assert_allclose(d, 1e10)  # 1e300 is a float64 literal, not float32 inf
+    np.testing.assert_array_equal(out, -3)
+
+
+@pytest.mark.parametrize("shape", ["[2**40]", "[0]", "[-3]"])
+def test_static_dimension_must_be_a_positive_int32(shape):
+    src = f"def k(a: ts.f32{shape}):\n    a[0] = 1.0\n"
+    ns = {"ts": ts}
+    import linecache
+
+    name = f"<dim-test-{shape}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), ns)
+    with pytest.raises(ts.KernelSyntaxError, match="tensor dimension must be positive and below 2\\*\\*31"):
+        ts.Kernel(ns["k"], "cpu")
+
+
+# ---- the runtime's shape binding is exact --------------------------------------------------------------------------
+
+
+def test_compound_dimensions_are_checked_exactly():
+    from tessera.ir import expr as E
+    from tessera.ir import stmt as S
+    from tessera.ir.func import Function
+    from tessera.ir.types import TensorType
+    from tessera.runtime.args import bind
+
+    n = E.Var("n", ts.int32)
+    m = E.Var("m", ts.int32)
+    x = E.Var("x", TensorType(ts.f32, (E.Binary("*", E.Const(2, ts.int32), n), m)))  # [2*n, m], before n is bound
+    y = E.Var("y", TensorType(ts.f32, (n, E.Binary("+", m, E.Const(1, ts.int32)))))  # [n, m + 1]
+    func = Function("compound", [x, y], S.Seq([]), shape_params=[n, m])
+    _, symbols, _ = bind(func, [np.zeros((6, 4), np.float32), np.zeros((3, 5), np.float32)], "cpu")
+    assert symbols == {"m": 4, "n": 3}
+    with pytest.raises(ts.ArgumentError, match=r"argument 'x' has shape \(7, 4\); dimension 0 should be '2 \* n' = 6"):
+        bind(func, [np.zeros((7, 4), np.float32), np.zeros((3, 5), np.float32)], "cpu")
+    with pytest.raises(ts.ArgumentError, match=r"argument 'y' has shape \(3, 4\); dimension 1 should be 'm \+ 1' = 5"):
+        bind(func, [np.zeros((6, 4), np.float32), np.zeros((3, 4), np.float32)], "cpu")
+    lone = Function("lone", [x], S.Seq([]), shape_params=[n, m])
+    with pytest.raises(ts.ArgumentError, match="cannot be evaluated from the arguments"):
+        bind(lone, [np.zeros((6, 4), np.float32)], "cpu")
+
+
+def test_integer_parameter_dimension_is_checked():
+    @ts.kernel
+    def rows(a: f32["n", "k"], k: i32):
+        for i in range(a.shape[0]):
+            a[i, 0] = 1.0
+
+    rows(np.zeros((2, 3), np.float32), 3)
+    with pytest.raises(ts.ArgumentError, match="dimension 1 should be 'k' = 4"):
+        rows(np.zeros((2, 3), np.float32), 4)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tessera.errors import DivisionByZeroError
 from tessera.ir.func import Function
+from tessera.ir.functor import written_buffers
 from tessera.runtime.args import bind, ctype_of
 
 
@@ -30,9 +31,10 @@ class CpuKernel:
         self.fn = getattr(_load(str(library)), name or func.name)
         self.fn.restype = None
         self.fn.argtypes = [ctype_of(p.type) for p in func.all_params] + [ctypes.POINTER(ctypes.c_int32)]
+        self.written = written_buffers(func)
 
     def __call__(self, args: Sequence[Any]) -> None:
-        values, _, views = bind(self.func, args, "cpu")
+        values, _, views = bind(self.func, args, "cpu", self.written)
         status = ctypes.c_int32(0)
         self.fn(*values, ctypes.byref(status))
         del views
