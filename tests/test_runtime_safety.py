@@ -323,14 +323,37 @@ def test_constant_that_does_not_fit_is_refused(body, message):
 
 
 def test_constants_the_other_operand_cannot_hold_widen_the_operation():
-    k = _parse("h[i] = h[i] * 1e6 * 1e-6 + (h[i] + 100000) * 0.0\n        d[i] = 1e300 / 1e290 + out[i] * 0\n"
+    k = _parse("h[i] = h[i] * 1e6 * 1e-6 + (h[i] + 100000) * 0.0\n        big = 1e300\n        d[i] = big / 1e290\n"
                "        out[i] = ts.cast(-3.7, i32)")  # fmt: skip
     h = np.array([1.5, -2.25, 3], np.float16)
     out, d = np.zeros(3, np.int32), np.zeros(3)
     k(out, h, d)
     np.testing.assert_array_equal(h, [1.5, -2.25, 3])  # not inf * 0 = nan: computed in float32
-    np.testing.assert_allclose(d, 1e10)  # 1e300 is a float64 literal, not float32 inf
+    np.testing.assert_allclose(d, 1e10)  # `big` is a float64 variable, not float32 inf
     np.testing.assert_array_equal(out, -3)
+
+
+def _cuda_widen(h: ts.f16["n"]):
+    ts.attrs.grid = 1
+    ts.attrs.block = 32
+    i = ts.thread_idx.x
+    if i < h.shape[0]:
+        h[i] = h[i] * 1e6 * 1e-6 + (h[i] + 100000) * 0.0
+
+
+@needs_nvcc
+def test_cuda_literal_a_half_cannot_hold_is_not_half_inf():
+    k = ts.Kernel(_cuda_widen, "cuda", arch="sm_90")
+    assert "half(1000000.0f)" not in k.source and "half(100000.0f)" not in k.source
+    assert k.build().endswith(".cubin")
+
+
+@pytest.mark.cuda
+def test_cuda_literal_a_half_cannot_hold_widens_the_operation():
+    torch = pytest.importorskip("torch")
+    h = torch.tensor([1.5, -2.25, 3.0], dtype=torch.float16, device="cuda")
+    ts.Kernel(_cuda_widen, "cuda")(h)
+    assert h.tolist() == [1.5, -2.25, 3.0]
 
 
 @pytest.mark.parametrize("shape", ["[2**40]", "[0]", "[-3]"])
