@@ -110,7 +110,7 @@ def _array(func: Function, p: Var, a: Any, device: str, written: bool) -> ArrayV
         raise ArgumentError(f"{func.name}: argument '{p.name}' has dtype {view.dtype}, expected {p.type.dtype}")
     if not view.contiguous:
         raise ArgumentError(f"{func.name}: argument '{p.name}' is not contiguous; pass a contiguous copy (e.g. .contiguous() / np.ascontiguousarray)")
-    if view.ptr % view.dtype.nbytes:
+    if view.ptr % (view.dtype.nbits >> 3 or 1):
         raise ArgumentError(f"{func.name}: argument '{p.name}' is not aligned to its {view.dtype.nbytes}-byte elements "
                             f"(address {view.ptr:#x}); pass an aligned copy (e.g. np.array(x) / x.clone())")  # fmt: skip
     if written and not view.writable:
@@ -135,27 +135,31 @@ def _bind_shapes(func: Function, tensors: list[tuple[Var, ArrayView]], scalars: 
         if prod(view.shape) >= 2**31:  # generated index arithmetic is 32-bit
             raise ArgumentError(f"{func.name}: argument '{p.name}' has {prod(view.shape)} elements; tensors of 2**31 or more elements are not supported yet")
         for axis, (dim, actual) in enumerate(zip(t.shape, view.shape)):
-            if isinstance(dim, Var) and dim.name not in scalars and dim.name not in symbols:
-                symbols[dim.name] = actual
-            elif not isinstance(dim, (Const, Var)):
-                compound.append((p, view, axis, dim))
+            if isinstance(dim, Const):
+                expected = dim.value
+            elif isinstance(dim, Var):
+                expected = scalars.get(dim.name)
+                if expected is None:
+                    expected = symbols.setdefault(dim.name, actual)
             else:
-                expected = dim.value if isinstance(dim, Const) else scalars.get(dim.name, symbols.get(dim.name))
-                _check_dim(func, p, view, axis, dim, expected)
+                compound.append((p, view, axis, dim))
+                continue
+            if actual != expected:
+                _mismatch(func, p, view, axis, dim, expected)
     for p, view, axis, dim in compound:
         try:
             expected = int(evaluate(dim, {**scalars, **symbols}))
         except EvaluationError as exc:
             raise ArgumentError(f"{func.name}: dimension {axis} of '{p.name}' is {dim}, which cannot be evaluated "
                                 f"from the arguments ({exc})") from None  # fmt: skip
-        _check_dim(func, p, view, axis, dim, expected)
+        if view.shape[axis] != expected:
+            _mismatch(func, p, view, axis, dim, expected)
     return symbols
 
 
-def _check_dim(func: Function, p: Var, view: ArrayView, axis: int, dim: Any, expected: int) -> None:
-    if view.shape[axis] != expected:
-        what = str(expected) if isinstance(dim, Const) else f"'{dim}' = {expected}"
-        raise ArgumentError(f"{func.name}: argument '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
+def _mismatch(func: Function, p: Var, view: ArrayView, axis: int, dim: Any, expected: int) -> None:
+    what = str(expected) if isinstance(dim, Const) else f"'{dim}' = {expected}"
+    raise ArgumentError(f"{func.name}: argument '{p.name}' has shape {view.shape}; dimension {axis} should be {what}")
 
 
 def scalar_env(func: Function, values: list[Any]) -> dict[Var, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +80,10 @@ def as_view(obj: Any) -> ArrayView | None:
     return None
 
 
+@functools.cache
 def _dtype_of(dt: np.dtype) -> DataType:
-    """The DataType of a numpy dtype in native byte order (the only order kernels read)."""
+    """The DataType of a numpy dtype in native byte order (the only order kernels read).
+    Cached: numpy computes `dtype.name` in Python, which would dominate a small call."""
     if not dt.isnative:
         raise ArgumentError(f"dtype {dt.str} is not in the machine's byte order, which kernels would misread; "
                             "convert it first: x.astype(x.dtype.newbyteorder('='))")  # fmt: skip
