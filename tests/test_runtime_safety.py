@@ -256,6 +256,15 @@ def test_ops_refuse_a_read_only_output():
         f.run([ro_in], [np.frombuffer(bytes(16), dtype=np.float32)])
 
 
+def test_ops_refuse_a_non_native_input():
+    from tessera import ops
+
+    x = ops.placeholder((4,), "float32", "x")
+    f = ops.build(ops.add(x, 1.0), [x])
+    with pytest.raises(ts.ArgumentError, match="input 'x': dtype >f4 is not in the machine's byte order"):
+        f(np.ones(4, ">f4"))
+
+
 def test_misaligned_array_is_refused():
     buf = np.zeros(20, np.uint8)
     odd = buf[1:17].view(np.float32)  # 4-byte elements at an odd address
