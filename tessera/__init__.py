@@ -16,6 +16,7 @@ from tessera.errors import (
     CompilationError,
     CompilerNotFoundError,
     DeviceError,
+    DivisionByZeroError,
     KernelSyntaxError,
     TesseraError,
     UnsupportedError,
@@ -90,8 +91,8 @@ from tessera.lang.builtins import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "CompilationError", "CompilerNotFoundError", "DeviceError", "KernelSyntaxError", "TesseraError",
-    "UnsupportedError", "DataType", "dtype", "TaskMapping", "repeat", "spatial", "Kernel", "kernel",
+    "ArgumentError", "CompilationError", "CompilerNotFoundError", "DeviceError", "DivisionByZeroError", "KernelSyntaxError",
+    "TesseraError", "UnsupportedError", "DataType", "dtype", "TaskMapping", "repeat", "spatial", "Kernel", "kernel",
     "abs_", "attrs", "block_dim", "block_reduce", "shfl_down", "shfl_idx", "shfl_xor", "warp_reduce", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "floor",
     "fma", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",

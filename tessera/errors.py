@@ -60,3 +60,10 @@ class ArgumentError(TesseraError, TypeError):
 
 class DeviceError(TesseraError):
     """No usable CUDA driver or GPU, or a CUDA call failed."""
+
+
+class DivisionByZeroError(TesseraError, ZeroDivisionError, RuntimeError):
+    """A CPU kernel divided an integer by zero (`//` or `%`).
+
+    A ZeroDivisionError like Python's, and a RuntimeError like torch's on the CPU.  The
+    kernel ran to the end with 0 for each such quotient; its outputs are not meaningful."""

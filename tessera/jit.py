@@ -97,8 +97,11 @@ def kernel(fn: Callable | None = None, *, target: str = "cpu", name: str | None 
     Use as ``@kernel`` (CPU) or ``@kernel(target="cuda")``.  The function body is parsed at
     decoration time, so unsupported constructs are reported immediately with the line.
     """
+    # The names visible where the kernel is defined: this call's caller in both forms
+    # (`@kernel` calls kernel(f) there, `@kernel(...)` calls kernel(...) there), never wrap's.
+    scope = dict(sys._getframe(1).f_locals)
+
     def wrap(f: Callable) -> Kernel:
-        caller = sys._getframe(1)  # where the decorated function is defined
-        return Kernel(f, target, name, arch, dict(caller.f_locals))
+        return Kernel(f, target, name, arch, scope)
 
     return wrap(fn) if fn is not None else wrap

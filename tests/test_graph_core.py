@@ -110,3 +110,46 @@ def test_save_load_round_trip_in_fresh_process(tmp_path, rng):
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["saved", "4"]
     assert str(load(path)) == str(g)
+
+
+def test_bind_shapes_checks_compound_dimensions():
+    from tessera.graph.symbolic import as_shape, bind_shapes
+
+    def bind(*items, bindings=None):
+        b = dict(bindings or {})
+        bind_shapes(b, [(as_shape(s), a, f"input {k}") for k, (s, a) in enumerate(items)])
+        return b
+
+    # a compound dimension before the bare one that binds its name
+    assert bind((["2*n", 4], (8, 4)), (["n"], (4,))) == {"n": 4}
+    with pytest.raises(ShapeError, match=r"input 0: dimension 0 is 2\*n = 8 for these sizes, but the array has 7"):
+        bind((["2*n", 4], (7, 4)), (["n"], (4,)))
+    with pytest.raises(ShapeError, match="n\\*seq = 12"):
+        bind((["n", "seq"], (3, 4)), (["n*seq"], (13,)))
+    # one unbound name is solved exactly, or refused
+    assert bind((["4*n"], (12,))) == {"n": 3} and bind((["n^2"], (49,))) == {"n": 7}
+    assert bind((["n*m"], (12,)), bindings={"m": 4}) == {"m": 4, "n": 3}
+    with pytest.raises(ShapeError, match="cannot be 10 for any integer 'n'"):
+        bind((["4*n"], (10,)))
+    # two unbound names cannot be checked: refused, unless given
+    with pytest.raises(ShapeError, match=r"the sizes \['m', 'n'\] are bound by no input's shape"):
+        bind((["m*n"], (12,)))
+    assert bind((["m*n"], (12,)), bindings={"m": 3, "n": 4}) == {"m": 3, "n": 4}
+    with pytest.raises(ShapeError, match="m\\*n = 12"):
+        bind((["m*n"], (10,)), bindings={"m": 3, "n": 4})
+
+
+def test_graph_refuses_an_input_whose_compound_dimension_is_wrong():
+    from tessera.graph.compiler import compile_graph
+
+    b = GraphBuilder()
+    x = b.input("x", ["n", 4])
+    y = b.input("y", ["2*n", 4])
+    b.output(b.op("relu", x), b.op("relu", y))
+    g = b.build()
+    ok = [np.ones((3, 4), np.float32), np.ones((6, 4), np.float32)]
+    bad = [np.ones((3, 4), np.float32), np.ones((7, 4), np.float32)]
+    for run in (g.run, compile_graph(g, "cpu")):
+        assert [o.shape for o in run(*ok)] == [(3, 4), (6, 4)]
+        with pytest.raises(ShapeError, match=r"input 'y': dimension 0 is 2\*n = 6"):
+            run(*bad)

@@ -167,10 +167,10 @@ def test_hopper_instructions_are_checked_at_the_users_line():
 
 def test_generated_cuda_for_the_async_pipeline():
     src = make_tma_copy().source
-    assert "const __grid_constant__ CUtensorMap tx" in src
+    assert "const __grid_constant__ CUtensorMap tx_" in src
     # coordinates go innermost first: (column, row)
-    assert "ts_tma_load_2d((&tile[0]), &tx, (&bar[0]), ((int32_t)blockIdx.x) * 64, ((int32_t)blockIdx.y) * 64);" in src
-    assert "mbarrier.try_wait.parity.shared::cta.b64" in src and "ts_mbarrier_arrive_expect_tx((&bar[0]), 8192);" in src
+    assert "ts_tma_load_2d((&tile_[0]), &tx_, (&bar_[0]), ((int32_t)blockIdx.x) * 64, ((int32_t)blockIdx.y) * 64);" in src
+    assert "mbarrier.try_wait.parity.shared::cta.b64" in src and "ts_mbarrier_arrive_expect_tx((&bar_[0]), 8192);" in src
     ex = make_cluster_exchange().source
     assert "__cluster_dims__(4, 1, 1)" in ex and "barrier.cluster.arrive.release" in ex and "mapa.shared::cluster" in ex
 

@@ -222,7 +222,7 @@ def test_attention_mask_is_an_epilogue_operand():
         mask = qk.func.params[-1]
         assert mask.name == "ep0_mask" and mask.type.dtype == dtypes.dtype(mask_dtype)
         assert [int(d.value) for d in mask.type.shape] == list(mask_shape)  # read in place, never expanded
-        assert "ep0_mask[" in plan.source and plan.build("sm_90a").endswith(".cubin")
+        assert "ep0_mask_[" in plan.source and plan.build("sm_90a").endswith(".cubin")
     args = ((1, 4, 16, 64), (1, 2, 16, 64), (1, 2, 16, 64), "float16")
     assert plan_attention(*args).num_inputs == 3
     with pytest.raises(ArgumentError, match="does not broadcast"):

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+import tessera as ts
 from tessera import ops
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
@@ -167,18 +168,34 @@ def test_integer_arithmetic_and_promotion(rng):
     assert ops.mul(a, 0.5).dtype == dtypes.float32 and ops.add(ops.gt(a, 0), 1).dtype == dtypes.int64
     av = rng.integers(-50, 50, (5, 6)).astype(np.int32)
     bv = rng.integers(-7, 8, 6).astype(np.int64)
-    bv[2] = 0  # integer division by zero gives 0, like numpy (not a trap)
+    bv[bv == 0] = 3
     cv = rng.integers(0, 255, (5, 6)).astype(np.uint8)
     dv = rng.integers(-128, 127, (5, 6)).astype(np.int8)
-    r = ops.build([add, fdiv, mod, tdiv, mix, ipow], [a, b, c, d])(av, bv, cv, dv)
+    f = ops.build([add, fdiv, mod, tdiv, mix, ipow], [a, b, c, d])
+    r = f(av, bv, cv, dv)
     np.testing.assert_array_equal(r[0], av + bv)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.testing.assert_array_equal(r[1], np.floor_divide(av.astype(np.int64), bv))
-        np.testing.assert_array_equal(r[2], np.remainder(av.astype(np.int64), bv))
-    nz = bv != 0
-    check(r[3][:, nz], av[:, nz] / bv[nz], "float32")
+    np.testing.assert_array_equal(r[1], np.floor_divide(av.astype(np.int64), bv))
+    np.testing.assert_array_equal(r[2], np.remainder(av.astype(np.int64), bv))
+    check(r[3], av / bv, "float32")
     np.testing.assert_array_equal(r[4], cv.astype(np.int16) + dv)
     np.testing.assert_array_equal(r[5], av.astype(np.int32) ** 3)
+
+
+@pytest.mark.parametrize("op", [ops.floor_divide, ops.remainder])
+def test_integer_division_by_zero_raises_on_the_cpu(op):
+    """Like torch on the CPU (numpy would give 0); the kernel must not trap (SIGFPE)."""
+    a = ops.placeholder((4,), "int32", "a")
+    b = ops.placeholder((4,), "int32", "b")
+    f = ops.build(op(a, b), [a, b])
+    av = np.array([7, -7, 0, -(2**31)], np.int32)
+    with pytest.raises(ts.DivisionByZeroError, match="division or modulo by zero"):
+        f(av, np.array([2, 0, 1, -1], np.int32))
+    with pytest.raises(ZeroDivisionError):
+        f(av, np.zeros(4, np.int32))
+    # INT_MIN // -1 wraps to INT_MIN (two's complement, like numpy and torch); % -1 is 0
+    bv = np.array([2, -2, 1, -1], np.int32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(f(av, bv), (np.floor_divide if op is ops.floor_divide else np.remainder)(av, bv))
 
 
 def test_comparisons_logic_where(rng):

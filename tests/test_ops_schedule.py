@@ -28,7 +28,7 @@ def test_fused_chain_is_one_kernel(rng):
     for target in ("cpu", "cuda"):
         assert len(ops.generate([y], [x, b], target).kernels) == 1
     f = ops.build([y], [x, b])
-    assert f.num_kernels == 1 and f.source.count("void op_") == 1
+    assert f.num_kernels == 1 and f.source.count("void ts_kernel_op_") == 1
     xv, bv = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
     from math import erf
 

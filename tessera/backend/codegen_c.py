@@ -1,12 +1,16 @@
 """C code generation for CPU kernels (built with gcc; parallel() loops use OpenMP).
 
+Every kernel takes one parameter after its own: `int32_t* ts_status`, which it sets to 1 when
+an integer division by zero happened (see SHARED_HELPERS); runtime.cpu passes a fresh word per
+call and raises DivisionByZeroError when it is set.
+
 float16 and bfloat16 live in memory as 16-bit patterns and are computed in float: each
 load widens, each store and each cast to them rounds to nearest even.
 """
 
 from __future__ import annotations
 
-from tessera.backend.codegen_c_like import SHARED_HELPERS, CLikeCodegen, symbol_name
+from tessera.backend.codegen_c_like import STATUS, CLikeCodegen, shared_helpers, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
@@ -73,6 +77,9 @@ class CCodegen(CLikeCodegen):
             raise UnsupportedError(f"{t.scope} tensors are not available on the CPU")
         self.emit(f"{self.storage_type(t.dtype)} {self.name_of(var)}[{self.expr(t.shape[0])}];")
 
+    def status_argument(self) -> str:
+        return f", {STATUS}"
+
     def loop_pragma(self, kind: str) -> str | None:
         return "#pragma omp parallel for schedule(static)" if kind == S.PARALLEL else None
 
@@ -80,7 +87,7 @@ class CCodegen(CLikeCodegen):
         if func.kind != CPU_KERNEL:
             raise UnsupportedError(f"the C backend compiles CPU kernels, not {func.kind}")
         self.prepare(func)
-        params = ", ".join(self.params(func)) or "void"
+        params = ", ".join([*self.params(func), f"int32_t* {STATUS}"])
         self.emit(f"void {symbol_name(func)}({params}) {{")
         self.depth += 1
         self.visit(func.body)
@@ -91,7 +98,7 @@ class CCodegen(CLikeCodegen):
 
 def generate_c(funcs: list[Function]) -> str:
     """C source for a list of lowered CPU kernels."""
-    parts = [C_PRELUDE.strip().replace("{helpers}", SHARED_HELPERS.format(q="static inline").strip())]
+    parts = [C_PRELUDE.strip().replace("{helpers}", shared_helpers("static inline", status=True))]
     for f in funcs:
         parts.append(CCodegen().function(f))
     return "\n\n".join(parts) + "\n"

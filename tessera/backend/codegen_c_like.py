@@ -28,6 +28,14 @@ _C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "
 # Helpers both preludes need, with the target's function qualifier as {q}.  ts_max/ts_min
 # propagate NaN like numpy and torch (fmax/fmin would drop it); the floor helpers give integer
 # // and % and float % Python's semantics.
+#
+# Integer division semantics (C's `/` and `%` trap on x86 for a zero divisor and for
+# INT_MIN / -1, which would kill the process): a `//` or `%` whose divisor is not provably
+# safe (a positive size, a constant other than 0 and -1) goes through a checked helper.
+# x // -1 and x % -1 wrap like two's complement (INT_MIN // -1 == INT_MIN, as numpy and torch).
+# A zero divisor gives 0 (numpy's result) and, on the CPU, sets the kernel's status word
+# (ts_status), from which the runtime raises DivisionByZeroError after the call, as torch does
+# on the CPU; CUDA kernels have no status word and keep the 0.
 SHARED_HELPERS = """
 {q} float ts_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
 {q} float ts_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
@@ -39,39 +47,52 @@ SHARED_HELPERS = """
 {q} int64_t ts_floormod64(int64_t a, int64_t b) {{ int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
 {q} float ts_fmod_floorf(float a, float b) {{ float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
 {q} double ts_fmod_floor(double a, double b) {{ double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}
+{q} int32_t ts_floordiv_chk(int32_t a, int32_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return b == -1 ? (int32_t)(0u - (uint32_t)a) : ts_floordiv(a, b); }}
+{q} int32_t ts_floormod_chk(int32_t a, int32_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return b == -1 ? 0 : ts_floormod(a, b); }}
+{q} int64_t ts_floordiv64_chk(int64_t a, int64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return b == -1 ? (int64_t)(0ull - (uint64_t)a) : ts_floordiv64(a, b); }}
+{q} int64_t ts_floormod64_chk(int64_t a, int64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return b == -1 ? 0 : ts_floormod64(a, b); }}
+{q} uint32_t ts_udiv_chk(uint32_t a, uint32_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a / b; }}
+{q} uint32_t ts_umod_chk(uint32_t a, uint32_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
+{q} uint64_t ts_udiv64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a / b; }}
+{q} uint64_t ts_umod64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
 """
-# Identifiers that generated code must not use for its variables and functions: C and C++
-# keywords, the types, macros and library functions the preludes include (math.h in C,
-# CUDA's math and half-precision headers) and the preludes' own helpers (ts_*).
-_MATH_BASE = """acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ilogb
-    ldexp log log10 log1p log2 logb modf scalbn scalbln cbrt fabs hypot pow sqrt rsqrt erf erfc erfinv lgamma tgamma
-    ceil floor nearbyint rint lrint llrint round lround llround trunc fmod remainder remquo copysign nan nextafter
-    nexttoward fdim fmax fmin fma sincos""".split()
-C_RESERVED = frozenset(
-    """auto break case char const continue default do double else enum extern float for goto if inline int long
-    register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
-    alignas alignof asm bool catch class constexpr const_cast decltype delete dynamic_cast explicit export false
-    friend mutable namespace new noexcept nullptr operator private protected public reinterpret_cast static_assert
-    static_cast template this thread_local throw true try typeid typename using virtual wchar_t
-    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t intptr_t uintptr_t ptrdiff_t NULL
-    NAN INFINITY HUGE_VAL fpclassify isfinite isinf isnan isnormal signbit memcpy memset memmove memcmp strlen
-    abs labs llabs min max main half half2 nv_bfloat16 nv_bfloat162 threadIdx blockIdx blockDim gridDim warpSize
-    """.split()
-    + [m + suffix for m in _MATH_BASE for suffix in ("", "f", "l")]
-)
+STATUS = "ts_status"  # the CPU kernels' last parameter: int32_t*, set to 1 on a division by zero
+
+
+def shared_helpers(qualifier: str, status: bool) -> str:
+    """SHARED_HELPERS for a target; with `status` the checked divisions report to ts_status."""
+    sp, flag = (f", int32_t* {STATUS}", f"__atomic_store_n({STATUS}, 1, __ATOMIC_RELAXED); ") if status else ("", "")
+    return SHARED_HELPERS.format(q=qualifier, sp=sp, flag=flag).strip()
+
+
+# Generated code names every user identifier (kernels, parameters, locals, buffers) through
+# `c_identifier` / `symbol_name`, never verbatim: a fixed scheme cannot clash with C or C++
+# keywords, macros (INT32_MAX), the functions of math.h, CUDA or OpenMP (isgreater, normcdf,
+# omp_get_thread_num) or the preludes' own `ts_` helpers, whatever the headers declare.
+# Variables end in `_` (no keyword, macro or library function of those headers does);
+# kernels are exported as `ts_kernel_<name>`, since an exported symbol also competes with
+# every library loaded in the process (a kernel named omp_get_thread_num would replace
+# libgomp's); the generated code's own names start with `ts_`, which no mangled name does.
+KERNEL_PREFIX = "ts_kernel_"
+
+
+def _sanitized(name: str) -> str:
+    """`name` with non-identifier characters replaced; never empty, never in the reserved
+    namespaces of C (leading `__` or `_` + capital) or of the generated code (`ts_`)."""
+    name = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+    if name[0].isdigit() or name.startswith(("ts_", "_")):
+        name = "v" + name
+    return name
 
 
 def c_identifier(name: str) -> str:
-    """`name` as a C identifier that cannot clash with C, C++, CUDA or the preludes."""
-    name = re.sub(r"\W", "_", name) or "v"
-    if name[0].isdigit() or name.startswith(("ts_", "__")) or re.match(r"_[A-Z]", name):
-        name = "v" + name
-    return name + "_" if name in C_RESERVED else name
+    """The C name of a variable called `name` in the kernel (a parameter, local or buffer)."""
+    return _sanitized(name) + "_"
 
 
 def symbol_name(func: Function) -> str:
     """The name of the generated C/CUDA function for `func` (what the runtime looks up)."""
-    return c_identifier(func.name)
+    return KERNEL_PREFIX + _sanitized(func.name)
 
 
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
@@ -100,6 +121,7 @@ class CLikeCodegen(IRVisitor):
         self.names: dict[E.Var, str] = {}
         self.used_names: set[str] = set()
         self.nonneg: set[E.Var] = set()
+        self.positive: set[E.Var] = set()
         self.assigned: set[E.Var] = set()
 
     # ---- hooks for subclasses -----------------------------------------------------------
@@ -179,11 +201,10 @@ class CLikeCodegen(IRVisitor):
     # ---- names -------------------------------------------------------------------------------
     def name_of(self, v: E.Var) -> str:
         if v not in self.names:
-            base = c_identifier(v.name)
-            name, k = base, 0
-            while name in self.used_names:
+            name, k = c_identifier(v.name), 0
+            while name in self.used_names:  # two variables of one name (e.g. two loops' `i`)
                 k += 1
-                name = f"{base}_{k}"
+                name = c_identifier(f"{v.name}_{k}")
             self.used_names.add(name)
             self.names[v] = name
         return self.names[v]
@@ -217,6 +238,47 @@ class CLikeCodegen(IRVisitor):
             return e.type.is_integer and isinstance(e.value.type, DataType) and e.value.type.is_integer and self.is_nonneg(e.value)
         return False
 
+    def is_positive(self, e: E.Expr) -> bool:
+        """True when the integer `e` is at least 1 whenever it is evaluated."""
+        if isinstance(e, E.Const):
+            return e.value > 0
+        if isinstance(e, E.HardwareIndex):
+            return e.name.startswith(("blockDim", "gridDim"))
+        if isinstance(e, E.Var):
+            return e in self.positive
+        if isinstance(e, E.Binary) and e.op == "*":
+            return self.is_positive(e.a) and self.is_positive(e.b)
+        if isinstance(e, E.Binary) and e.op == "+":
+            return (self.is_positive(e.a) and self.is_nonneg(e.b)) or (self.is_nonneg(e.a) and self.is_positive(e.b))
+        if isinstance(e, E.Call) and e.func == "max":
+            return any(self.is_positive(a) for a in e.args)
+        if isinstance(e, E.Cast):  # a widening integer conversion keeps the value
+            src = e.value.type
+            return (isinstance(src, DataType) and src.is_integer and e.type.is_integer and e.type.nbits >= src.nbits
+                    and self.is_positive(e.value))  # fmt: skip
+        return False
+
+    def safe_divisor(self, b: E.Expr, a: E.Expr) -> bool:
+        """Whether `a // b` and `a % b` cannot trap: b is never 0, and never -1 with a possibly INT_MIN."""
+        if self.is_positive(b):
+            return True
+        if isinstance(b, E.Const):
+            return b.value not in (0, -1) or (b.value == -1 and self.is_nonneg(a))
+        return False
+
+    def checked_division(self, op: str, a: E.Expr, b: E.Expr, t: DataType) -> str:
+        """`a op b` through the helper that defines a zero divisor and INT_MIN // -1 (SHARED_HELPERS)."""
+        if t.kind == "uint" and t.nbits >= 32:
+            fn = ("ts_udiv" if op == "//" else "ts_umod") + ("64" if t.nbits == 64 else "")
+        else:  # narrower types compute in int32, as C promotes them
+            fn = ("ts_floordiv" if op == "//" else "ts_floormod") + ("64" if t.nbits == 64 else "")
+            t = t if t.nbits == 64 else dtypes.int32
+        return f"{fn}_chk({self.operand(a, t, 0)}, {self.operand(b, t, 0)}{self.status_argument()})"
+
+    def status_argument(self) -> str:
+        """What the checked division helpers take after the operands (the CPU's status word)."""
+        return ""
+
     # ---- expressions -------------------------------------------------------------------------
     def expr(self, e: E.Expr, parent: int = 0) -> str:
         if isinstance(e, E.Binary):
@@ -241,6 +303,8 @@ class CLikeCodegen(IRVisitor):
             t = e.type
         if op == "/" and t.is_integer:  # cannot happen: int / int is typed float
             raise UnsupportedError("integer '/' reached codegen")
+        if op in ("//", "%") and (t.is_integer or t.is_bool) and not self.safe_divisor(e.b, e.a):
+            return self.checked_division(op, e.a, e.b, t)
         if op in ("//", "%") and t.is_integer and not (self.is_nonneg(e.a) and self.is_nonneg(e.b)):
             fn = "ts_floordiv" if op == "//" else "ts_floormod"
             suffix = "64" if t.nbits == 64 else ""
@@ -305,6 +369,8 @@ class CLikeCodegen(IRVisitor):
         t = s.var.type
         if s.init is not None and s.var not in self.assigned and self.is_nonneg(s.init) and t.is_integer:
             self.nonneg.add(s.var)
+            if self.is_positive(s.init):
+                self.positive.add(s.var)
         init = "" if s.init is None else f" = {self.operand(s.init, t, 0)}"
         self.emit(f"{self.scalar_type(t)} {self.name_of(s.var)}{init};")
 
@@ -320,8 +386,10 @@ class CLikeCodegen(IRVisitor):
         self.emit_declare_buffer(s.var, s.var.type)
 
     def visit_For(self, s: S.For) -> None:
-        if self.is_nonneg(s.start):
+        if self.is_nonneg(s.start):  # loops count up (steps are positive)
             self.nonneg.add(s.var)
+        if self.is_positive(s.start):
+            self.positive.add(s.var)
         v = self.name_of(s.var)
         t = self.scalar_type(s.var.type)
         pragma = self.loop_pragma(s.kind)
@@ -377,6 +445,8 @@ class CLikeCodegen(IRVisitor):
                 raise UnsupportedError(f"parameter '{p.name}' of type {p.type} reached codegen unflattened")
         for p in func.shape_params:
             self.nonneg.add(p)
+        self.nonneg |= func.size_params
+        self.positive |= func.size_params
         return out
 
     def prepare(self, func: Function) -> None:

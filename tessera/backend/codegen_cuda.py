@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from tessera.backend.codegen_c_like import SHARED_HELPERS, CLikeCodegen, symbol_name
+from tessera.backend.codegen_c_like import CLikeCodegen, shared_helpers, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import stmt as S
@@ -330,7 +330,7 @@ class CudaCodegen(CLikeCodegen):
 
 def generate_cuda(funcs: list[Function]) -> str:
     """CUDA source for a list of lowered CUDA kernels."""
-    parts = [CUDA_PRELUDE.strip().replace("{helpers}", SHARED_HELPERS.format(q="__device__ __forceinline__").strip())]
+    parts = [CUDA_PRELUDE.strip().replace("{helpers}", shared_helpers("__device__ __forceinline__", status=False))]
     helpers: set[str] = set()
     bodies = []
     for f in funcs:

@@ -17,7 +17,7 @@ from tessera.errors import ArgumentError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
-from tessera.graph.symbolic import bind_shape, contains_sym, evaluate
+from tessera.graph.symbolic import bind_shapes, contains_sym, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 
 
@@ -85,11 +85,10 @@ class Executor:
             if t not in keep and not t.is_constant:
                 self.release[i].append(t)
 
-    def bind(self, arrays: Sequence[Any]) -> dict[str, int]:
-        """Symbol values from the actual input shapes (an error on any mismatch)."""
-        bindings: dict[str, int] = {}
-        for t, a in zip(self.graph.inputs, arrays):
-            bind_shape(bindings, t.shape, tuple(a.shape), f"input {t.name!r}")
+    def bind(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Symbol values from `symbols` and the actual input shapes (an error on any mismatch)."""
+        bindings = dict(symbols or {})
+        bind_shapes(bindings, [(t.shape, tuple(a.shape), f"input {t.name!r}") for t, a in zip(self.graph.inputs, arrays)])
         return bindings
 
     def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
@@ -103,8 +102,7 @@ class Executor:
         for t, a in zip(self.graph.inputs, arrays):
             if np.asarray(a).dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype}, got {np.asarray(a).dtype}")
-        bindings = dict(symbols or {})
-        bindings.update(self.bind(arrays))
+        bindings = self.bind(arrays, symbols)
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         for t in self.graph.constants:
             env[t] = t.data

@@ -207,16 +207,59 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> Shape:
 
 
 def bind_shape(bindings: dict[str, int], shape: Sequence[Dim], actual: Sequence[int], what: str) -> None:
-    """Record the values of bare symbols in shape from an actual shape; check everything else."""
-    if len(shape) != len(actual):
-        raise ShapeError(f"{what}: expected rank {len(shape)} {format_shape(shape)}, got shape {tuple(actual)}")
-    for d, a in zip(shape, actual):
-        if isinstance(d, Sym) and d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
-            name = d.factors[0][0]
-            if bindings.setdefault(name, int(a)) != int(a):
-                raise ShapeError(f"{what}: size {name!r} is {bindings[name]} elsewhere but {a} here")
-        elif isinstance(d, int) and d != a:
-            raise ShapeError(f"{what}: expected shape {format_shape(shape)}, got {tuple(actual)}")
+    """bind_shapes for one shape."""
+    bind_shapes(bindings, [(shape, actual, what)])
+
+
+def bind_shapes(bindings: dict[str, int], items: Iterable[tuple[Sequence[Dim], Sequence[int], str]]) -> None:
+    """Bind the named sizes of (shape, actual shape, what) items and check every dimension exactly.
+
+    Bare names (`batch`) are bound by their first occurrence in any item; then every compound
+    dimension (`2*batch`, `batch*seq`) must equal its value.  A compound dimension with one
+    unbound name binds it when the division is exact (`2*n` = 8 gives n = 4); one with more
+    unbound names cannot be checked and is an error: pass those sizes in `bindings`."""
+    items = [(tuple(shape), tuple(int(a) for a in actual), what) for shape, actual, what in items]
+    pending: list[tuple[Sym, int, int, str]] = []
+    for shape, actual, what in items:
+        if len(shape) != len(actual):
+            raise ShapeError(f"{what}: expected rank {len(shape)} {format_shape(shape)}, got shape {actual}")
+        for axis, (d, a) in enumerate(zip(shape, actual)):
+            if isinstance(d, Sym) and d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
+                name = d.factors[0][0]
+                if bindings.setdefault(name, a) != a:
+                    raise ShapeError(f"{what}: size {name!r} is {bindings[name]} elsewhere but {a} here (shape {actual})")
+            elif isinstance(d, Sym):
+                pending.append((d, a, axis, what))
+            elif d != a:
+                raise ShapeError(f"{what}: expected shape {format_shape(shape)}, got {actual}")
+    while pending:
+        solved = [p for p in pending if sum(n not in bindings for n in p[0].names) <= 1]
+        if not solved:
+            d, _, axis, what = pending[0]
+            unbound = [n for n in d.names if n not in bindings]
+            raise ShapeError(f"{what}: dimension {axis} is {d}, but the sizes {unbound} are bound by no input's shape; "
+                             "pass their values")  # fmt: skip
+        for item in solved:
+            pending.remove(item)
+            _check_compound(bindings, *item)
+
+
+def _check_compound(bindings: dict[str, int], d: Sym, actual: int, axis: int, what: str) -> None:
+    """Check `d` == actual, first binding its one unbound name (if any) from the equation."""
+    unbound = [(n, p) for n, p in d.factors if n not in bindings]
+    if unbound:
+        (name, power), known = unbound[0], d.coeff
+        for n, p in d.factors:
+            if n != name:
+                known *= bindings[n] ** p
+        root = round(abs(actual / known) ** (1 / power)) if known else 0
+        value = next((r for r in (root - 1, root, root + 1) if r >= 0 and known * r**power == actual), None)
+        if value is None:
+            raise ShapeError(f"{what}: dimension {axis} is {d}, which cannot be {actual} for any integer {name!r}")
+        bindings[name] = value
+    expected = d.evaluate(bindings)
+    if expected != actual:
+        raise ShapeError(f"{what}: dimension {axis} is {d} = {expected} for these sizes, but the array has {actual}")
 
 
 def format_shape(shape: Sequence[Dim]) -> str:

@@ -7,6 +7,7 @@ the type system now; backends that cannot yet lower them raise a clear error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,20 @@ class DataType:
         if self.kind == "int":
             return (1 << (self.nbits - 1)) - 1
         return _FLOAT_MAX.get(self.name) or _ieee_max(self.exponent_bits, self.mantissa_bits)
+
+    def holds(self, value: int | float | bool) -> bool:
+        """Whether the Python number `value` converts to this type without overflowing.
+
+        Integers must be in range (a float is truncated towards zero first, as C converts,
+        and must be finite); floats must not exceed the largest finite value (inf and nan
+        convert to themselves).  Rounding to the nearest representable value is fine."""
+        if self.is_bool:
+            return True
+        if isinstance(value, float) and not self.is_float:
+            return math.isfinite(value) and self.min_value <= math.trunc(value) <= self.max_value
+        if self.is_float:
+            return not math.isfinite(value) or abs(value) <= self.max_value
+        return self.min_value <= value <= self.max_value
 
     # ---- annotation sugar: float32["M", "N"] is a tensor type --------------------------
     def __getitem__(self, shape: Any) -> Any:

@@ -113,6 +113,8 @@ class Const(Expr):
             self.value = bool(self.value)
         else:
             self.value = int(self.value)
+            if not self.type.holds(self.value):  # generated code would silently truncate it
+                raise IRTypeError(f"the constant {self.value} does not fit in {self.type}")
 
     def __repr__(self) -> str:
         return f"Const({self.value}, {self.type})"
@@ -253,7 +255,9 @@ def as_expr(value: Any, dtype: DataType | None = None) -> Expr:
             dtype = dtypes.int32 if -(2**31) <= value < 2**31 else dtypes.int64
         return Const(value, dtype)
     if isinstance(value, float):
-        return Const(value, dtype or dtypes.float32)
+        if dtype is None:  # like ints: a value float32 cannot hold keeps Python's float64
+            dtype = dtypes.float32 if dtypes.float32.holds(value) else dtypes.float64
+        return Const(value, dtype)
     raise IRTypeError(f"cannot use {value!r} ({type(value).__name__}) as an IR expression")
 
 

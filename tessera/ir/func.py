@@ -44,6 +44,10 @@ class Function:
     shape_params: list[Var] = field(default_factory=list)
     source_file: str = "<unknown>"
     source_line: int = 0
+    # Integer scalar parameters that size a tensor parameter, so at least 1 at run time (the
+    # runtime refuses empty arrays).  Set by flatten_buffers, which drops the tensor shapes;
+    # code generation needs no guard for a division by them.
+    size_params: frozenset[Var] = frozenset()
 
     @property
     def all_params(self) -> list[Var]:
@@ -51,9 +55,8 @@ class Function:
         return self.params + self.shape_params
 
     def with_body(self, body: Stmt) -> Function:
-        return Function(
-            self.name, self.params, body, self.kind, self.launch, self.shape_params, self.source_file, self.source_line
-        )
+        return Function(self.name, self.params, body, self.kind, self.launch, self.shape_params, self.source_file,
+                        self.source_line, self.size_params)  # fmt: skip
 
     def __str__(self) -> str:
         from tessera.ir.printer import function_to_str

@@ -262,3 +262,26 @@ class Substitute(IRMutator):
 
 def substitute(node: Any, mapping: dict[E.Var, E.Expr]) -> Any:
     return Substitute(mapping).visit(node)
+
+
+class _Written(IRVisitor):
+    def __init__(self) -> None:
+        self.buffers: set[E.Var] = set()
+
+    def visit_Store(self, s: S.Store) -> None:
+        self.buffers.add(s.buffer)
+        super().visit_Store(s)
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        # An instruction's first memory operand is the one it writes (tessera.ir.instructions).
+        dst = next((x for x in s.operands if isinstance(x, E.Address)), None)
+        if dst is not None:
+            self.buffers.add(dst.buffer)
+        super().visit_Instruction(s)
+
+
+def written_buffers(func: Function) -> frozenset[E.Var]:
+    """The tensors and pointers `func` may write: stores and instruction destinations."""
+    finder = _Written()
+    finder.visit_function(func)
+    return frozenset(finder.buffers)

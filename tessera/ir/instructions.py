@@ -23,6 +23,8 @@ class InstructionSpec:
     name: str
     # One entry per operand: "addr" (an Address), "bool"/"int" (a scalar expression) or
     # "tmap" (a tensor-map parameter); a last entry "int*" takes zero or more integers.
+    # The first "addr" operand is the one the instruction writes; any other it writes is in
+    # shared memory (tma_load's mbarrier), never a parameter (functor.written_buffers).
     operands: tuple[str, ...]
     attrs: tuple[str, ...]
     gpu_only: bool

@@ -73,8 +73,8 @@ class TensorType:
         for d in shape:
             if not isinstance(d, (int, str)) or isinstance(d, bool):
                 raise TypeError(f"tensor dimension must be an int or a symbol name, got {d!r}")
-            if isinstance(d, int) and d <= 0:
-                raise TypeError(f"tensor dimension must be positive, got {d}")
+            if isinstance(d, int) and not 0 < d < 2**31:  # index arithmetic is int32
+                raise TypeError(f"tensor dimension must be positive and below 2**31, got {d}")
         return TensorType(dtype, tuple(shape), GLOBAL)
 
     @property

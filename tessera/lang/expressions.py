@@ -108,17 +108,27 @@ class ExpressionParser:
             raise ParseError(f"string constant {value!r} is not supported in kernels")
         raise ParseError(f"{value!r} is not a value a kernel can compute with")
 
-    def convert(self, value: E.Expr, dtype: DataType, name: str = "") -> E.Expr:
-        """Implicit conversion on assignment: widening and int->float; float->int must be explicit."""
+    def convert(self, value: E.Expr, dtype: DataType, what: str = "the target") -> E.Expr:
+        """Implicit conversion on assignment to `what`: widening and int->float; float->int must
+        be explicit; a constant must fit."""
         src = value.dtype
         if src == dtype:
             return value
         if src.is_float and (dtype.is_integer or dtype.is_bool):
-            what = f"variable '{name}'" if name else "the target"
             raise ParseError(f"{what} has type {dtype} but the value is {src}; convert explicitly with cast(x, {dtype})")
         if isinstance(value, E.Const):
+            if not dtype.holds(value.value):
+                raise ParseError(f"the constant {value.value!r} does not fit in {dtype} ({what}); give the target a "
+                                 "wider type, or compute the intended value in Python")  # fmt: skip
             return E.Const(value.value, dtype)
         return E.Cast(value, dtype)
+
+    def cast(self, value: Any, dtype: DataType) -> E.Expr:
+        """An explicit conversion; a compile-time constant must fit the type (C would truncate it)."""
+        x = self.to_ir(value)
+        if isinstance(x, E.Const) and not dtype.holds(x.value):
+            raise ParseError(f"the constant {x.value!r} does not fit in {dtype}; compute the intended value in Python")
+        return E.Cast(x, dtype)
 
     def as_condition(self, value: E.Expr) -> E.Expr:
         if value.dtype.is_bool:
@@ -198,9 +208,12 @@ class ExpressionParser:
         if isinstance(c, E.Const) and not isinstance(other, E.Const):
             t = other.dtype
             if (c.type.is_float and t.is_float) or (c.type.is_integer and (t.is_integer or t.is_float)):
-                if t.is_integer and not t.min_value <= c.value <= t.max_value:
-                    return c  # a literal that does not fit keeps its own (wider) type: a_i32 + 2**40 is int64
-                return E.Const(c.value, t)
+                if t.holds(c.value):
+                    return E.Const(c.value, t)
+                # A literal the other operand's type cannot hold keeps a type that holds it, and
+                # the operation is done in that wider type: a_i32 + 2**40 is int64, h_f16 * 1e6 float32.
+                if c.type.is_integer and t.is_float:
+                    return E.as_expr(float(c.value))
         return c
 
     def expr_UnaryOp(self, node: ast.UnaryOp) -> Any:
@@ -262,7 +275,7 @@ class ExpressionParser:
         if isinstance(func, DataType):  # f16(x): conversion
             if len(args) != 1 or kwargs:
                 raise ParseError(f"{func}(x) takes one argument")
-            return E.Cast(self.to_ir(args[0]), func)
+            return self.cast(args[0], func)
         if func in (py_builtins.int, py_builtins.float, py_builtins.bool) and any(isinstance(a, E.Expr) for a in args):
             target = {py_builtins.int: dtypes.int32, py_builtins.float: dtypes.float32, py_builtins.bool: dtypes.boolean}[func]
             return E.Cast(self.to_ir(args[0]), target)
@@ -311,7 +324,7 @@ class ExpressionParser:
         if kind == "cast":
             if len(args) != 2 or not isinstance(args[1], DataType):
                 raise ParseError("cast(x, dtype) takes a value and a dtype")
-            return E.Cast(self.to_ir(args[0]), args[1])
+            return self.cast(args[0], args[1])
         if kind == "ceil_div":
             if len(args) != 2:
                 raise ParseError("ceil_div(a, b) takes two arguments")

@@ -237,7 +237,8 @@ class KernelParser(ExpressionParser):
         if node.target.id in self.scopes[-1]:
             raise ParseError(f"variable '{node.target.id}' is already defined")
         var = E.Var(node.target.id, t)
-        init = None if node.value is None else self.convert(self.to_ir(self.expr(node.value)), t)
+        what = f"variable '{node.target.id}'"
+        init = None if node.value is None else self.convert(self.to_ir(self.expr(node.value)), t, what)
         self.define(var.name, var)
         return S.DeclareVar(var, init)
 
@@ -270,7 +271,7 @@ class KernelParser(ExpressionParser):
             return self.assign_attr(target, value)
         if isinstance(target, ast.Subscript):
             buf, indices = self.subscript_target(target)
-            return S.Store(buf, indices, self.convert(self.to_ir(value), buf.type.dtype))
+            return S.Store(buf, indices, self.convert(self.to_ir(value), buf.type.dtype, f"an element of '{buf.name}'"))
         if not isinstance(target, ast.Name):
             raise ParseError(f"cannot assign to `{ast.unparse(target)}`")
         name = target.id
@@ -287,7 +288,7 @@ class KernelParser(ExpressionParser):
             if not isinstance(existing.type, DataType):
                 raise ParseError(f"cannot rebind tensor or pointer '{name}'; assign to its elements instead")
             self.check_assignable(existing)
-            return S.Assign(existing, self.convert(self.to_ir(value), existing.type, name))
+            return S.Assign(existing, self.convert(self.to_ir(value), existing.type, f"variable '{name}'"))
         if not isinstance(value, E.Expr) and not is_py_scalar(value):
             self.define(name, value)  # compile-time value (mapping, dtype, ...)
             return None
@@ -344,13 +345,13 @@ class KernelParser(ExpressionParser):
         if isinstance(node.target, ast.Subscript):
             buf, indices = self.subscript_target(node.target)
             value = E.Binary(op, E.Load(buf, indices), rhs)
-            return S.Store(buf, indices, self.convert(value, buf.type.dtype))
+            return S.Store(buf, indices, self.convert(value, buf.type.dtype, f"an element of '{buf.name}'"))
         if isinstance(node.target, ast.Name):
             var = self.lookup_local(node.target.id)
             if not isinstance(var, E.Var) or not isinstance(var.type, DataType):
                 raise ParseError(f"'{node.target.id}' is not a scalar variable defined in this kernel")
             self.check_assignable(var)
-            return S.Assign(var, self.convert(E.Binary(op, var, rhs), var.type, var.name))
+            return S.Assign(var, self.convert(E.Binary(op, var, rhs), var.type, f"variable '{var.name}'"))
         raise ParseError(f"cannot assign to `{ast.unparse(node.target)}`")
 
     def stmt_If(self, node: ast.If) -> S.Stmt | None:

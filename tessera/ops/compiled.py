@@ -225,7 +225,10 @@ class CompiledOp:
             env.update((v, int(symbols[v.name])) for p in self.inputs for d in p.shape for v in _vars_of(d) if v.name in symbols)
         shapes = []
         for p, a in zip(self.inputs, arrays):
-            view = as_view(a)
+            try:
+                view = as_view(a)
+            except ArgumentError as exc:
+                raise ArgumentError(f"input '{p.name}': {exc}") from None
             if view is None:
                 raise ArgumentError(f"input '{p.name}' must be an array (numpy, torch, device array), got {type(a).__name__}")
             if view.dtype != p.dtype:

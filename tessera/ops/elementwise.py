@@ -325,26 +325,20 @@ def div(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
     return elementwise("div", [a, b], out, compute_type(out), fdiv)
 
 
-def _int_guarded(x: E.Expr, y: E.Expr, op: str) -> E.Expr:
-    """Integer // or % with numpy's result 0 for a zero divisor (C would trap)."""
-    zero = const(0, y.dtype)
-    return E.Select(E.Binary("==", y, zero), const(0, x.dtype), E.Binary(op, x, y))
-
-
 def floor_divide(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
-    """Division rounded towards minus infinity; integer division by zero gives 0 (numpy)."""
+    """Division rounded towards minus infinity.  An integer division by zero raises
+    DivisionByZeroError on the CPU and gives 0 on CUDA, like the kernels' `//` (and torch)."""
     _no_bool("floor_divide", a, b)
     t = result_type([a, b], "floor_divide")
-    fn = (lambda x, y: _call("floor", fdiv(x, y))) if t.is_float else (lambda x, y: _int_guarded(x, y, "//"))
+    fn = (lambda x, y: _call("floor", fdiv(x, y))) if t.is_float else (lambda x, y: E.Binary("//", x, y))
     return _binary("floor_divide", a, b, fn)
 
 
 def remainder(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
-    """Python's modulo (the sign of the divisor); integer modulo by zero gives 0 (numpy)."""
+    """Python's modulo (the sign of the divisor).  An integer modulo by zero raises
+    DivisionByZeroError on the CPU and gives 0 on CUDA, like the kernels' `%` (and torch)."""
     _no_bool("remainder", a, b)
-    t = result_type([a, b], "remainder")
-    fn = (lambda x, y: E.Binary("%", x, y)) if t.is_float else (lambda x, y: _int_guarded(x, y, "%"))
-    return _binary("remainder", a, b, fn)
+    return _binary("remainder", a, b, lambda x, y: E.Binary("%", x, y))
 
 
 def pow(a: TensorOrScalar, b: TensorOrScalar) -> Compute:  # noqa: A001

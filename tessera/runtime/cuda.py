@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Sequence
 from math import prod
 from pathlib import Path
@@ -18,8 +19,10 @@ import numpy as np
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function, LaunchConfig
+from tessera.ir.functor import written_buffers
 from tessera.ir.types import TensorMapType
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
+from tessera.runtime.lru import LRUCache
 from tessera.runtime.tensor import ArrayView, numpy_dtype
 from tessera.runtime.tensor_map import TensorMap
 
@@ -147,8 +150,42 @@ def plan_stream(args: Sequence[Any]) -> int:
     return 0
 
 
+# Launch plans kept per kernel (distinct argument signatures); least recently used go first.
+PLAN_CACHE_SIZE = 256
+
+
+class _Plan:
+    """A checked launch of one argument signature: geometry and the arguments' C values.
+
+    The argument slots that cuLaunchKernel reads are per thread (`local.slots`): the driver
+    copies the values during the call, so one set per thread lets threads launch concurrently."""
+
+    __slots__ = ("types", "values", "pointer_slots", "map_slots", "grid", "block", "smem", "local")
+
+    def __init__(self, types: list[type], values: list[Any], pointer_slots: list[int], map_slots: list[int],
+                 grid: tuple[int, int, int], block: tuple[int, int, int], smem: int):  # fmt: skip
+        self.types, self.values, self.pointer_slots, self.map_slots = types, values, pointer_slots, map_slots
+        self.grid, self.block, self.smem = grid, block, smem
+        self.local = threading.local()
+
+    def slots(self) -> tuple[list[Any], list[Any], int]:
+        """This thread's (pointer slots, tensor-map slots, address of the argument array), the
+        slots initialised to the checked values.  Hot callers read `local.slots` themselves."""
+        try:
+            return self.local.slots
+        except AttributeError:
+            slots = [ct(v) for ct, v in zip(self.types, self.values)]
+            array = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
+            self.local.keep = (slots, array)  # the array holds only addresses: keep both alive
+            self.local.slots = ([slots[i] for i in self.pointer_slots], [slots[i] for i in self.map_slots],
+                                ctypes.addressof(array))  # fmt: skip
+            return self.local.slots
+
+
 class CudaKernel:
-    """A kernel loaded from a cubin; call it with device arrays or torch CUDA tensors."""
+    """A kernel loaded from a cubin; call it with device arrays or torch CUDA tensors.
+
+    Launches may come from several threads at once (see _Plan)."""
 
     def __init__(self, func: Function, cubin: Path, name: str | None = None, launch: LaunchConfig | None = None):
         driver = _driver()
@@ -159,8 +196,10 @@ class CudaKernel:
         self.module = check(driver.cuModuleLoadData(cubin.read_bytes()), f"loading {cubin}")
         self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
+        self.written = written_buffers(func)
         self.smem_limit_set = 0
-        self.plans: dict[tuple, tuple] = {}
+        self._smem_lock = threading.Lock()
+        self.plans: LRUCache[_Plan] = LRUCache(PLAN_CACHE_SIZE)
 
     def launch(self, args: Sequence[Any], stream: int | None = None) -> None:
         """Validate, then launch on `stream` (default: torch's current stream, else stream 0).
@@ -172,19 +211,20 @@ class CudaKernel:
         plan = self.plans.get(key) if key is not None else None
         if plan is None:
             plan = self._plan(args)
-            if key is not None and len(self.plans) < 256:
-                self.plans[key] = plan
-        slots, pointer_slots, grid, block, smem, array = plan[:6]
-        for i in pointer_slots:
-            slots[i].value = args[i].data_ptr()
-        for i in plan[6]:
-            slots[i].load(args[i].raw)
+            if key is not None:
+                self.plans.put(key, plan)
+        pointer_slots, map_slots, address = plan.slots()
+        if key is not None:  # a cached plan: this call's pointers and tensor maps
+            for slot, i in zip(pointer_slots, plan.pointer_slots):
+                slot.value = args[i].data_ptr()
+            for slot, i in zip(map_slots, plan.map_slots):
+                slot.load(args[i].raw)
         if stream is None:
             stream = plan_stream(args) if key is not None else 0
         ensure_current()
         check(
-            _driver().cuLaunchKernel(self.handle, *grid, *block, smem, stream, ctypes.addressof(array), 0),
-            f"launching {self.func.name} grid={grid} block={block}",
+            _driver().cuLaunchKernel(self.handle, *plan.grid, *plan.block, plan.smem, stream, address, 0),
+            f"launching {self.func.name} grid={plan.grid} block={plan.block}",
         )
 
     def bind(self, args: Sequence[Any]) -> BoundLaunch:
@@ -193,10 +233,10 @@ class CudaKernel:
         tensor maps (bytes), in parameter order, and skips all checking."""
         return BoundLaunch(self, self._plan(args))
 
-    def _plan(self, args: Sequence[Any]) -> tuple:
+    def _plan(self, args: Sequence[Any]) -> _Plan:
         """Full validation and launch geometry for one argument signature."""
         driver = _driver()
-        values, _, views = bind(self.func, args, "cuda")
+        values, _, views = bind(self.func, args, "cuda", self.written)
         launch = self.launch_config
         env = scalar_env(self.func, values)
         grid = eval_launch_dims(self.func, env, launch.grid)
@@ -204,45 +244,42 @@ class CudaKernel:
         smem = eval_dynamic_smem(self.func, env, launch)
         if max(grid[1], grid[2]) > 65535 or grid[0] >= 2**31:
             raise ArgumentError(f"{self.func.name}: grid {grid} exceeds CUDA limits")
-        if smem > 48 * 1024 and smem > self.smem_limit_set:
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(driver.cuFuncSetAttribute(self.handle, attr, smem), "raising the dynamic shared memory limit")
-            self.smem_limit_set = smem
-        slots = [ct(v) for ct, v in zip(self.ctypes, values)]
-        array = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(v) for v in slots])
+        if smem > 48 * 1024:
+            with self._smem_lock:  # the attribute only grows, whatever order threads set it in
+                if smem > self.smem_limit_set:
+                    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    check(driver.cuFuncSetAttribute(self.handle, attr, smem), "raising the dynamic shared memory limit")
+                    self.smem_limit_set = smem
         map_slots = [i for i, p in enumerate(self.func.params) if isinstance(p.type, TensorMapType)]
         pointer_slots = [i for i, p in enumerate(self.func.params)
                          if not isinstance(p.type, (DataType, TensorMapType))]  # fmt: skip
-        if not all(hasattr(args[i], "data_ptr") for i in pointer_slots):
-            pointer_slots = []  # not torch: the values bound above are the pointers of this call
         del views
-        return slots, pointer_slots, grid, block, smem, array, map_slots
+        return _Plan(self.ctypes, values, pointer_slots, map_slots, grid, block, smem)
 
 
 class BoundLaunch:
     """A launch of one kernel with a fixed argument signature (CudaKernel.bind).
 
     `launcher(pointers, maps, stream)` writes the arrays' device pointers and the tensor maps'
-    bytes into the argument slots and launches: a few µs of host time, no validation."""
+    bytes into this thread's argument slots and launches: a few µs of host time, no validation."""
 
-    __slots__ = ("kernel", "slots", "array", "pointers", "maps", "dims", "smem", "address", "launch_fn", "success")
+    __slots__ = ("kernel", "plan", "local", "dims", "smem", "launch_fn", "success")
 
-    def __init__(self, kernel: CudaKernel, plan: tuple):
-        slots, _, grid, block, smem, array, map_slots = plan
-        self.kernel, self.slots, self.array, self.smem = kernel, slots, array, smem
-        params = kernel.func.params
-        self.pointers = [slots[i] for i, p in enumerate(params) if not isinstance(p.type, (DataType, TensorMapType))]
-        self.maps = [slots[i] for i in map_slots]
-        self.dims = (*grid, *block)
-        self.address = ctypes.addressof(array)
+    def __init__(self, kernel: CudaKernel, plan: _Plan):
+        self.kernel, self.plan, self.local, self.smem = kernel, plan, plan.local, plan.smem
+        self.dims = (*plan.grid, *plan.block)
         driver = _driver()
         self.launch_fn, self.success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
 
     def __call__(self, pointers: Sequence[int], maps: Sequence[bytes] = (), stream: int = 0) -> None:
-        for slot, p in zip(self.pointers, pointers):
+        try:
+            pointer_slots, map_slots, address = self.local.slots
+        except AttributeError:  # this thread's first launch
+            pointer_slots, map_slots, address = self.plan.slots()
+        for slot, p in zip(pointer_slots, pointers):
             slot.value = p
-        for slot, m in zip(self.maps, maps):
+        for slot, m in zip(map_slots, maps):
             slot.load(m)
-        result = self.launch_fn(self.kernel.handle, *self.dims, self.smem, stream, self.address, 0)
+        result = self.launch_fn(self.kernel.handle, *self.dims, self.smem, stream, address, 0)
         if result[0] != self.success:
             check(result, f"launching {self.kernel.func.name}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 
@@ -27,6 +29,7 @@ class ArrayView:
     device: str  # "cpu" or "cuda"
     contiguous: bool
     owner: Any  # keeps the memory alive during the call
+    writable: bool = True  # False for read-only numpy arrays and CUDA-array-interface views
 
 
 def numpy_dtype(dt: DataType) -> np.dtype:
@@ -52,31 +55,42 @@ def _torch_dtype(t: Any) -> DataType | None:
 def as_view(obj: Any) -> ArrayView | None:
     """An ArrayView of `obj`, or None when it is not an array."""
     if isinstance(obj, np.ndarray):
-        dt = _NUMPY_TO_DTYPE.get(obj.dtype.name)
-        if dt is None:
-            raise TypeError(f"numpy dtype {obj.dtype} is not supported")
-        return ArrayView(obj.ctypes.data, tuple(obj.shape), dt, "cpu", bool(obj.flags.c_contiguous), obj)
+        dt = _dtype_of(obj.dtype)
+        return ArrayView(obj.ctypes.data, tuple(obj.shape), dt, "cpu", bool(obj.flags.c_contiguous), obj,
+                         bool(obj.flags.writeable))  # fmt: skip
     mod = type(obj).__module__
     if mod.startswith("torch") and hasattr(obj, "data_ptr"):
         dt = _torch_dtype(obj.dtype)
         if dt is None:
-            raise TypeError(f"torch dtype {obj.dtype} is not supported")
+            raise ArgumentError(f"torch dtype {obj.dtype} is not supported")
         device = "cuda" if obj.is_cuda else "cpu" if obj.device.type == "cpu" else obj.device.type
         return ArrayView(obj.data_ptr(), tuple(obj.shape), dt, device, obj.is_contiguous(), obj)
     if hasattr(obj, "__tessera_view__"):
         return obj.__tessera_view__()
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        dt = _NUMPY_TO_DTYPE.get(np.dtype(cai["typestr"]).name)
-        if dt is None:
-            raise TypeError(f"array dtype {cai['typestr']} is not supported")
+        dt = _dtype_of(np.dtype(cai["typestr"]))
         shape = tuple(cai["shape"])
         strides = cai.get("strides")
         contiguous = strides is None or tuple(strides) == _c_strides(shape, np.dtype(cai["typestr"]).itemsize)
-        return ArrayView(int(cai["data"][0]), shape, dt, "cuda", contiguous, obj)
+        ptr, readonly = cai["data"]
+        return ArrayView(int(ptr), shape, dt, "cuda", contiguous, obj, not readonly)
     if hasattr(obj, "__dlpack__"):
         return as_view(np.from_dlpack(obj))
     return None
+
+
+@functools.cache
+def _dtype_of(dt: np.dtype) -> DataType:
+    """The DataType of a numpy dtype in native byte order (the only order kernels read).
+    Cached: numpy computes `dtype.name` in Python, which would dominate a small call."""
+    if not dt.isnative:
+        raise ArgumentError(f"dtype {dt.str} is not in the machine's byte order, which kernels would misread; "
+                            "convert it first: x.astype(x.dtype.newbyteorder('='))")  # fmt: skip
+    out = _NUMPY_TO_DTYPE.get(dt.name)
+    if out is None:
+        raise ArgumentError(f"array dtype {dt} is not supported")
+    return out
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

@@ -95,6 +95,9 @@ def flatten_buffers(func: Function) -> Function:
     pass_ = FlattenBuffers()
     body = pass_.visit(func.body)
     params = [pass_.flat_var(p) for p in func.params]
+    sizes = {d for p in func.params if isinstance(p.type, TensorType) and p.type.scope == GLOBAL
+             for d in p.type.shape if isinstance(d, E.Var)}  # fmt: skip
     out = func.with_body(body)
     out.params = params
+    out.size_params = func.size_params | sizes
     return out

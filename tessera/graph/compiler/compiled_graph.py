@@ -24,7 +24,7 @@ from tessera.errors import ArgumentError
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.memory_plan import place_buffers
-from tessera.graph.symbolic import bind_shape, evaluate
+from tessera.graph.symbolic import bind_shapes, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 from tessera.ir.dtypes import DataType
 from tessera.ops.compiled import numpy_to_torch, torch_dtype, torch_to_numpy
@@ -86,8 +86,7 @@ class CompiledGraph:
             raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
         arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
         bindings = dict(symbols or {})
-        for t, a in zip(self.graph.inputs, arrays):
-            bind_shape(bindings, t.shape, tuple(a.shape), f"input {t.name!r}")
+        bind_shapes(bindings, [(t.shape, tuple(a.shape), f"input {t.name!r}") for t, a in zip(self.graph.inputs, arrays)])
         key = tuple(sorted(bindings.items()))
         plan = self._plans.get(key)
         if plan is None:

@@ -139,11 +139,10 @@ def _trunc_div(x: E.Expr, y: E.Expr) -> E.Expr:
     if x.dtype.is_float:
         q = E.Binary("/", x, y)
         return E.Select(q < E.Const(0, q.dtype), E.Call("ceil", (q,), q.dtype), E.Call("floor", (q,), q.dtype))
-    zero = E.Const(0, y.dtype)
-    safe = E.Select(E.Binary("==", y, zero), E.Const(1, y.dtype), y)
-    q = E.Binary("//", x, safe)  # floor division; the reference then rounds negative inexact quotients up
-    fixed = E.Select(E.Binary("&&", q < E.Const(0, q.dtype), E.Binary("!=", q * safe, x)), q + E.Const(1, q.dtype), q)
-    return E.Select(E.Binary("==", y, zero), E.Const(0, q.dtype), fixed)
+    # Floor division, then negative inexact quotients rounded up.  A zero divisor follows the
+    # kernels' integer division (DivisionByZeroError on the CPU, 0 on CUDA), like torch.
+    q = E.Binary("//", x, y)
+    return E.Select(E.Binary("&&", q < E.Const(0, q.dtype), E.Binary("!=", q * y, x)), q + E.Const(1, q.dtype), q)
 
 
 def div(ctx: Ctx) -> list[TensorNode]:
