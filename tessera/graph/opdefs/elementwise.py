@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from tessera.errors import DivisionByZeroError
 from tessera.graph.opdefs._common import float_result, upcast
 from tessera.graph.registry import register
 from tessera.graph.symbolic import broadcast_shapes
@@ -123,7 +124,7 @@ def _binary_ref(fn):
 
 _ARITH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
-    "pow": np.power, "remainder": np.mod, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "pow": np.power, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
 }  # fmt: skip
 _COMPARE = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
@@ -134,6 +135,22 @@ for _k, _f in _ARITH.items():
     register(_k, infer=_infer_arith, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
 for _k, _f in _COMPARE.items():
     register(_k, infer=_infer_compare, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
+
+
+def _integer_divisor(x: np.ndarray, y: np.ndarray, what: str) -> None:
+    """Integer division semantics on the host, as the CPU kernels (and torch on the CPU) have
+    them: a zero divisor raises instead of numpy's silent 0."""
+    if np.issubdtype(np.result_type(x, y), np.integer) and not np.all(y):
+        raise DivisionByZeroError(f"{what}: integer division or modulo by zero")
+
+
+def _remainder_ref(xs, a):
+    x, y = upcast(xs[0]), upcast(xs[1])
+    _integer_divisor(x, y, "remainder")
+    return [np.mod(x, y)]
+
+
+register("remainder", infer=_infer_arith, reference=_remainder_ref, category="elementwise", num_inputs=2)
 
 
 def _infer_div(inputs, attrs):
@@ -147,6 +164,7 @@ def _div_ref(xs, a):
     x, y = upcast(xs[0]), upcast(xs[1])
     if a["rounding"] is None:
         return [np.true_divide(x, y)]
+    _integer_divisor(x, y, "div")
     if a["rounding"] == "floor":
         return [np.floor_divide(x, y)]
     if np.issubdtype(np.result_type(x, y), np.integer):
