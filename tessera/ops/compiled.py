@@ -24,7 +24,7 @@ from tessera.ir.compute import Compute, Placeholder, TensorNode, topological_ord
 from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ops.schedule import KernelSpec, schedule
-from tessera.runtime.tensor import as_view, numpy_dtype
+from tessera.runtime.tensor import as_view, numpy_dtype, view_of
 from tessera.transforms.pipeline import lower
 
 
@@ -225,12 +225,7 @@ class CompiledOp:
             env.update((v, int(symbols[v.name])) for p in self.inputs for d in p.shape for v in _vars_of(d) if v.name in symbols)
         shapes = []
         for p, a in zip(self.inputs, arrays):
-            try:
-                view = as_view(a)
-            except ArgumentError as exc:
-                raise ArgumentError(f"input '{p.name}': {exc}") from None
-            if view is None:
-                raise ArgumentError(f"input '{p.name}' must be an array (numpy, torch, device array), got {type(a).__name__}")
+            view = view_of(a, f"input '{p.name}'")
             if view.dtype != p.dtype:
                 raise ArgumentError(f"input '{p.name}' has dtype {view.dtype}, expected {p.dtype}")
             if len(view.shape) != p.rank:

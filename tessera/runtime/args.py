@@ -16,7 +16,7 @@ from tessera.ir.expr import Const, Var
 from tessera.ir.func import Function, LaunchConfig
 from tessera.ir.functor import written_buffers
 from tessera.ir.types import PointerType, TensorMapType, TensorType
-from tessera.runtime.tensor import ArrayView, as_view
+from tessera.runtime.tensor import ArrayView, view_of
 from tessera.runtime.tensor_map import TensorMapSlot, check_tensor_map
 
 CTYPES = {
@@ -98,12 +98,7 @@ def bind(func: Function, args: Sequence[Any], device: str,
 
 
 def _array(func: Function, p: Var, a: Any, device: str, written: bool) -> ArrayView:
-    try:
-        view = as_view(a)
-    except TypeError as exc:
-        raise ArgumentError(f"{func.name}: argument '{p.name}': {exc}") from None
-    if view is None:
-        raise ArgumentError(f"{func.name}: argument '{p.name}' must be an array (numpy, torch, device array), got {type(a).__name__}")
+    view = view_of(a, f"{func.name}: argument '{p.name}'")
     if view.device != device:
         raise ArgumentError(f"{func.name}: argument '{p.name}' is on {view.device} but the kernel runs on {device}; move it first")
     if view.dtype != p.type.dtype:

@@ -80,6 +80,18 @@ def as_view(obj: Any) -> ArrayView | None:
     return None
 
 
+def view_of(obj: Any, what: str) -> ArrayView:
+    """as_view for an argument that must be an array: any refusal names `what` (e.g.
+    "kernel f: argument 'x'")."""
+    try:
+        view = as_view(obj)
+    except (ArgumentError, TypeError) as exc:
+        raise ArgumentError(f"{what}: {exc}") from None
+    if view is None:
+        raise ArgumentError(f"{what} must be an array (numpy, torch, device array), got {type(obj).__name__}")
+    return view
+
+
 @functools.cache
 def _dtype_of(dt: np.dtype) -> DataType:
     """The DataType of a numpy dtype in native byte order (the only order kernels read).

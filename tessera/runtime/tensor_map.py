@@ -14,7 +14,7 @@ from typing import Any
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir import dtypes
 from tessera.ir.types import TensorMapType
-from tessera.runtime.tensor import as_view
+from tessera.runtime.tensor import view_of
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
 
@@ -54,12 +54,7 @@ class TensorMap:
     def tiled(array: Any, box: tuple[int, ...] | list[int], swizzle: int = 128) -> TensorMap:
         """Encode a map over a contiguous CUDA array (torch tensor, device array, ...) read in
         boxes of `box` elements, outermost dimension first; out-of-bounds elements read as zero."""
-        try:
-            view = as_view(array)
-        except TypeError as exc:
-            raise ArgumentError(f"TensorMap.tiled: {exc}") from None
-        if view is None:
-            raise ArgumentError(f"TensorMap.tiled needs a CUDA array, got {type(array).__name__}")
+        view = view_of(array, "TensorMap.tiled: the array")
         if view.device != "cuda":
             raise ArgumentError("TensorMap.tiled needs an array in GPU memory")
         if not view.contiguous:
