@@ -92,21 +92,9 @@ def test_bfloat16_module_compiles_to_kernels(name):
     assert stats["reference_ops"] == before["reference_ops"]
 
 
-class PassThrough(torch.nn.Module):
-    """Outputs that are (after dropout in eval mode, clone, contiguous) the input itself."""
-
-    def __init__(self):
-        super().__init__()
-        self.dropout = torch.nn.Dropout(0.1)
-        self.linear = torch.nn.Linear(64, 32)
-
-    def forward(self, x):
-        return self.dropout(x), self.linear(x).relu(), x.clone().contiguous()
-
-
 def test_pass_through_outputs_follow_each_call():
     torch.manual_seed(0)
-    model = PassThrough().eval()
+    model = M.PassThrough().eval()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tessera")
     with torch.no_grad():

@@ -130,20 +130,10 @@ def test_onnx_identity_output_follows_each_replay():
     assert next(iter(compiled._plans.values())).cuda_graph is not None
 
 
-class PassThrough(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.dropout = torch.nn.Dropout(0.1)
-        self.linear = torch.nn.Linear(64, 32)
-
-    def forward(self, x):
-        return self.dropout(x), self.linear(x).relu(), x.detach().clone()
-
-
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_torch_pass_through_outputs_follow_each_replay(mode):
     torch.manual_seed(0)
-    model = PassThrough().eval().half().cuda()
+    model = M.PassThrough().eval().half().cuda()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tessera")
     context = torch.no_grad if mode == "no_grad" else torch.inference_mode

@@ -230,3 +230,16 @@ class TinyLlama(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+class PassThrough(nn.Module):
+    """Outputs that are the input itself after eval-mode dropout, clone and contiguous (no kernel
+    writes them), next to a computed one: replayed plans must still follow every call."""
+
+    def __init__(self, features: int = 64, out_features: int = 32):
+        super().__init__()
+        self.dropout = nn.Dropout(0.1)
+        self.linear = nn.Linear(features, out_features)
+
+    def forward(self, x):
+        return self.dropout(x), self.linear(x).relu(), x.detach().clone().contiguous()
