@@ -17,6 +17,7 @@ from tessera.errors import ArgumentError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
+from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shape, contains_sym, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 
@@ -105,6 +106,7 @@ class Executor:
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype}, got {np.asarray(a).dtype}")
         bindings = dict(symbols or {})
         bindings.update(self.bind(arrays))
+        propagate_shapes(self.graph, [np.shape(a) for a in arrays], bindings)  # the graph's assumptions hold
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         for t in self.graph.constants:
             env[t] = t.data
