@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.operator import Operator
 from tessera.graph.symbolic import BoundDim, ShapeError, Sym, contains_sym, evaluate, format_shape
 from tessera.graph.tensor import Tensor
 from tessera.ir.dtypes import DataType
@@ -68,6 +69,17 @@ def _match(t: Tensor, actual: tuple[int, ...], bindings: dict[str, int]) -> bool
     return True
 
 
+def infer_run_time(op: Operator, shapes: Sequence[tuple[int, ...]], bindings: Mapping[str, int]) -> list[tuple[int, ...]]:
+    """op's output shapes by its own inference on its inputs' run-time `shapes` (and its
+    symbolic attributes evaluated on `bindings`); raises ShapeError where the inputs break an
+    assumption (symbolic sizes enter as BoundDims, which never stretch in a broadcast)."""
+    attrs: dict[str, Any] = op.opdef.normalize_attrs(op.attrs)
+    if contains_sym(list(attrs.values())):
+        attrs = {k: evaluate(v, bindings) for k, v in attrs.items()}
+    inferred = op.opdef.infer([_stand_in(t, s) for t, s in zip(op.inputs, shapes)], attrs)
+    return [tuple(int(v) for v in shape) for shape, _ in inferred]
+
+
 def propagate_shapes(graph: FlowGraph, input_shapes: Sequence[tuple[int, ...]],
                      bindings: dict[str, int]) -> dict[Tensor, tuple[int, ...]]:  # fmt: skip
     """The run-time shape of every tensor of `graph`, given its inputs' shapes.
@@ -82,17 +94,13 @@ def propagate_shapes(graph: FlowGraph, input_shapes: Sequence[tuple[int, ...]],
     for t in graph.constants:
         shapes[t] = tuple(t.data.shape)  # type: ignore[union-attr]
     for op in graph.operators:
-        attrs: dict[str, Any] = op.opdef.normalize_attrs(op.attrs)
         try:
-            if contains_sym(list(attrs.values())):
-                attrs = {k: evaluate(v, bindings) for k, v in attrs.items()}
-            inferred = op.opdef.infer([_stand_in(t, shapes[t]) for t in op.inputs], attrs)
+            inferred = infer_run_time(op, [shapes[t] for t in op.inputs], bindings)
         except ShapeError as e:
             ins = ", ".join(f"{t.name}{list(shapes[t])}" for t in op.inputs)
             raise ShapeError(f"graph {graph.name}: operator {op.name} ({op.kind}) cannot run on {ins} "
                              f"({_bindings_text(bindings)}): {e}") from None  # fmt: skip
-        for t, (shape, _) in zip(op.outputs, inferred):
-            actual = tuple(int(v) for v in shape)
+        for t, actual in zip(op.outputs, inferred):
             if not _match(t, actual, bindings):
                 raise ShapeError(
                     f"graph {graph.name}: with {_bindings_text(bindings)}, operator {op.name} ({op.kind}) gives "

@@ -30,17 +30,13 @@ UNARY: dict[str, Callable[[TensorNode], TensorNode]] = {
     "neg": ops.neg, "abs": ops.abs, "relu": ops.relu, "sign": ops.sign, "floor": ops.floor, "ceil": ops.ceil,
     "round": ops.round, "logical_not": ops.logical_not, "isnan": ops.isnan, "identity": copy,
 }  # fmt: skip
-_NO_BOOL = ("neg", "abs", "relu", "sign")
+_BOOL_IDENTITY = ("abs", "relu", "sign")  # of bools (numpy's and torch's semantics); neg of a bool does not infer
 
 
 def unary(ctx: Ctx) -> list[TensorNode]:
+    if ctx.kind in _BOOL_IDENTITY and ctx.x().dtype.is_bool:
+        return ctx.finish([copy(ctx.x())])
     return ctx.finish([UNARY[ctx.kind](ctx.x())])
-
-
-def check_unary(op: Operator) -> str | None:
-    if op.kind in _NO_BOOL and op.inputs[0].dtype.is_bool:
-        return f"{op.kind} of a bool tensor is not lowered"
-    return None
 
 
 def gelu(ctx: Ctx) -> list[TensorNode]:

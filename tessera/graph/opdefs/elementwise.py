@@ -9,7 +9,7 @@ import numpy as np
 
 from tessera.graph.opdefs._common import float_result, upcast
 from tessera.graph.registry import register
-from tessera.graph.symbolic import broadcast_shapes
+from tessera.graph.symbolic import ShapeError, broadcast_shapes
 from tessera.ir import dtypes
 from tessera.ir.dtypes import promote
 
@@ -45,7 +45,7 @@ _UNARY_FLOAT = {
     "hardsigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1), "hardswish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
 }  # fmt: skip
 _UNARY_SAME = {
-    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": np.sign,
+    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": lambda x: x if x.dtype == np.bool_ else np.sign(x),
     "floor": np.floor, "ceil": np.ceil, "round": np.round,
 }  # fmt: skip
 
@@ -58,14 +58,30 @@ def _infer_same(inputs, attrs):
     return [(inputs[0].shape, inputs[0].dtype)]
 
 
+def _infer_neg(inputs, attrs):
+    if inputs[0].dtype.is_bool:  # numpy and torch refuse it too
+        raise ShapeError("neg of a bool tensor is not defined; use logical_not, or cast to a number first")
+    return _infer_same(inputs, attrs)
+
+
 def _unary_ref(fn):
     return lambda xs, attrs: [fn(upcast(xs[0]))]
 
 
+def _float_ref(fn):
+    # Integer and bool inputs compute in float32, the result dtype: numpy would pick float16
+    # for bool and int8 (np.exp(True) is float16) and lose precision the graph promises.
+    def ref(xs, attrs):
+        x = upcast(xs[0])
+        return [fn(x if x.dtype.kind == "f" else x.astype(np.float32))]
+
+    return ref
+
+
 for _k, _f in _UNARY_FLOAT.items():
-    register(_k, infer=_infer_float, reference=_unary_ref(_f), category="elementwise")
+    register(_k, infer=_infer_float, reference=_float_ref(_f), category="elementwise")
 for _k, _f in _UNARY_SAME.items():
-    register(_k, infer=_infer_same, reference=_unary_ref(_f), category="elementwise")
+    register(_k, infer=_infer_neg if _k == "neg" else _infer_same, reference=_unary_ref(_f), category="elementwise")
 
 register("gelu", infer=_infer_float, category="elementwise", attrs={"approximate": "none"},
          reference=lambda xs, a: [_gelu(upcast(xs[0]), a["approximate"])],
