@@ -1,0 +1,15 @@
+"""A graph fuzzer: random FlowGraphs (hypothesis strategies), compiled on the CPU and checked
+against the graph's numpy reference.
+
+- `spec.py`: a fuzzed graph as plain data (`GraphSpec`): inputs with value domains, operators,
+  outputs with tolerances, and the symbol values of each run; builds it into a GraphBuilder,
+  makes its inputs, writes it as JSON and as a standalone Python reproducer.
+- `generate.py`: the hypothesis strategy `graph_specs()`, which tracks every tensor's run-time
+  shapes, value interval and error bound, so that generated graphs stay finite, in range and
+  comparable with justified tolerances.
+- `check.py`: packs many specs into one FlowGraph (disjoint components; compile cost is the
+  bottleneck), compiles it, calls it on fresh inputs per run, attributes every mismatch, crash
+  and refusal to its component, and minimizes failing specs.
+- `run.py`: the command-line driver (10,000 graphs by default), outside CI;
+  `tests/test_graph_fuzz.py` runs a few hundred with a fixed seed in CI.
+"""
