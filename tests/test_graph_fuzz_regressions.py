@@ -87,3 +87,47 @@ def test_bool_unary_semantics(rng, caplog):
         assert a.dtype == e.dtype == np.bool_
         np.testing.assert_array_equal(a, xv)
         np.testing.assert_array_equal(e, xv)
+
+
+def _guarded(shape, pad=64):
+    """A float32 array of `shape` inside a larger one filled with a canary, and the check."""
+    n = int(np.prod(shape))
+    raw = np.full(n + 2 * pad, -7.0, np.float32)
+    return raw[pad: pad + n].reshape(shape), lambda: bool((raw[:pad] == -7).all() and (raw[pad + n:] == -7).all())
+
+
+def test_reduction_is_not_fused_into_a_larger_consumer(rng):
+    """cumsum [2,4,2] (also an output) read by a concat [2,7,2] along axis 1: the scheduler fused the
+    reduction into the concat's kernel, which computed it (reading x out of bounds) and stored it
+    for all 7 rows, writing past the cumsum output."""
+    from tessera import ops
+    from tessera.ir import dtypes
+
+    x = ops.placeholder([2, 4, 2], dtypes.float32, "x")
+    y = ops.placeholder([2, 3, 2], dtypes.float32, "y")
+    c = ops.cumsum(x, 2, True, True)
+    s = ops.reduce_axes("sum", x, [2], True)
+    op = ops.build([c, ops.concat([c, y], 1), ops.concat([s, ops.reduce_axes("sum", y, [2], True)], 1)], [x, y], "cpu")
+    xv, yv = rng.standard_normal((2, 4, 2)).astype(np.float32), rng.standard_normal((2, 3, 2)).astype(np.float32)
+    outs = [_guarded(shape) for shape in [(2, 4, 2), (2, 7, 2), (2, 7, 1)]]
+    op.run([xv, yv], [o for o, _ in outs])
+    assert all(ok() for _, ok in outs), "a kernel wrote out of bounds"
+    cum = np.flip(np.cumsum(np.flip(xv, 2), 2), 2) - xv
+    np.testing.assert_allclose(outs[0][0], cum, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outs[1][0], np.concatenate([cum, yv], 1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outs[2][0], np.concatenate([xv.sum(2, keepdims=True), yv.sum(2, keepdims=True)], 1),
+                               rtol=1e-6, atol=1e-6)  # fmt: skip
+
+
+def test_reduction_output_read_by_a_smaller_consumer(rng):
+    """A reduction that is an output and is read by a slice r[0:4] of it: fused into the slice's
+    kernel, it was computed and stored only where the slice reads it (r[4:] left garbage)."""
+    b = GraphBuilder("g")
+    x = b.input("x", [6, 5])
+    r = b.op("reduce_sum", x, axes=[1])
+    b.output(r, b.op("slice", r, axes=[0], starts=[0], ends=[4]))
+    g = b.build()
+    xv = rng.standard_normal((6, 5)).astype(np.float32)
+    got, want, _ = _compiled_and_reference(g, xv)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)

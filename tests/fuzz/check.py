@@ -155,6 +155,7 @@ def _run_packed(specs: list[GraphSpec], refs: dict[int, list[list[np.ndarray]]],
         return f"compile_graph raised {_exc_text(exc)}"
     finally:
         logger.removeHandler(records)
+    guards = _Guards(compiled)
     result = Result(graphs=len(specs), compiles=1)
     refused: set[int] = set()
     for msg in records.messages:
@@ -168,10 +169,16 @@ def _run_packed(specs: list[GraphSpec], refs: dict[int, list[list[np.ndarray]]],
     bad: dict[int, str] = {}
     for r in range(max(len(s.runs) for s in specs)):
         arrays = [a for s in specs for a in s.run_inputs(r, salt)]
+        originals = [a.copy() for a in arrays]
         try:
             got = compiled(*arrays)
         except Exception as exc:  # noqa: BLE001
             return f"run {r} raised {_exc_text(exc)}"
+        broken = guards.broken()
+        if broken:
+            return f"run {r} wrote out of bounds: {broken}"
+        if any(not np.array_equal(a, o) for a, o in zip(arrays, originals)):
+            return f"run {r} wrote into its inputs"
         for spec, j, pos in outputs:
             if id(spec) in bad:
                 continue
@@ -182,6 +189,38 @@ def _run_packed(specs: list[GraphSpec], refs: dict[int, list[list[np.ndarray]]],
         if id(spec) in bad:
             result.failures.append(Failure("mismatch", spec, bad[id(spec)]))
     return result
+
+
+class _Guards:
+    """Every buffer the compiled graph allocates (outputs, the arena of intermediates and
+    temporaries) gets canary bytes on both sides, checked after each call: a kernel writing out
+    of bounds is reported at once instead of corrupting the heap for a later crash."""
+
+    PAD = 256
+
+    def __init__(self, compiled: Any):
+        self.raw: list[tuple[np.ndarray, str]] = []
+        compiled._empty = self._empty
+        compiled._alloc_arena = lambda nbytes: self._guarded(max(nbytes, 1), np.uint8, (max(nbytes, 1),), "the arena")
+
+    def _empty(self, shape: tuple[int, ...], dt: Any) -> np.ndarray:
+        from tessera.graph.tensor import numpy_dtype
+
+        npdt = numpy_dtype(dt)
+        return self._guarded(int(np.prod(shape, dtype=np.int64)) * npdt.itemsize, npdt, shape, f"an output {dt.name}{list(shape)}")
+
+    def _guarded(self, nbytes: int, npdt: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+        raw = np.full(nbytes + 2 * self.PAD, 0xA5, np.uint8)
+        self.raw.append((raw, what))
+        return raw[self.PAD: self.PAD + nbytes].view(npdt).reshape(shape)
+
+    def broken(self) -> str | None:
+        for raw, what in self.raw:
+            if (raw[: self.PAD] != 0xA5).any():
+                return f"before {what}"
+            if (raw[-self.PAD:] != 0xA5).any():
+                return f"after {what}"
+        return None
 
 
 def _exc_text(exc: BaseException) -> str:

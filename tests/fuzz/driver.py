@@ -24,18 +24,22 @@ BATCH_TIMEOUT_S = 600
 
 
 def generate(n: int, seed_value: int, max_ops: int = 8) -> list[GraphSpec]:
-    """n specs from the hypothesis strategy, deterministic for a seed."""
-    specs: list[GraphSpec] = []
+    """n distinct specs from the hypothesis strategy, deterministic for a seed."""
+    specs: dict[str, GraphSpec] = {}
+    round_ = 0
+    while len(specs) < n:
 
-    @seed(seed_value)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(graph_specs(max_ops=max_ops))
-    def collect(spec: GraphSpec) -> None:
-        specs.append(spec)
+        @seed(seed_value * 1000 + round_)
+        @settings(max_examples=n - len(specs), database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(graph_specs(max_ops=max_ops))
+        def collect(spec: GraphSpec) -> None:
+            if len(specs) < n:
+                specs.setdefault(spec.key(), spec)
 
-    collect()
-    return specs
+        collect()
+        round_ += 1
+    return list(specs.values())
 
 
 def _child(conn: Any, specs: list[GraphSpec], salt: int) -> None:
