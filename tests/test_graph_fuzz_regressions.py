@@ -131,3 +131,18 @@ def test_reduction_output_read_by_a_smaller_consumer(rng):
     got, want, _ = _compiled_and_reference(g, xv)
     for a, e in zip(got, want):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_reductions_of_bool_compile(rng, caplog):
+    """reduce_prod of a bool tensor ran in its reference ("not lowered"); it is the int64 product."""
+    b = GraphBuilder("g")
+    x = b.input("x", [3, 4], "bool")
+    b.output(*(b.op(k, x, axes=[1]) for k in ("reduce_prod", "reduce_sum", "reduce_max", "reduce_mean")))
+    g = b.build()
+    xv = rng.random((3, 4)) < 0.7
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        got, want, _ = _compiled_and_reference(g, xv)
+    _no_fallback(caplog)
+    for a, e in zip(got, want):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e)

@@ -533,9 +533,13 @@ def source(g: Gen) -> None:
 
 ACTIONS = {
     "unary_float": unary_float, "unary_same": unary_same, "clamp": clamp, "cast": cast, "arith": arith,
-    "arith2": arith, "compare": compare, "where": where, "reduce": reduce, "arg_reduce": arg_reduce,
+    "compare": compare, "where": where, "reduce": reduce, "arg_reduce": arg_reduce,
     "cumsum": cumsum, "softmax": softmax, "norm": norm, "reshape": reshape, "flatten": flatten,
     "permute": permute, "squeeze_unsqueeze": squeeze_unsqueeze, "expand": expand, "tile_flip_tri": tile_flip_tri,
     "slice": slice_, "concat": concat, "split": split, "pad": pad, "gather": gather, "matmul": matmul,
     "source": source,
 }  # fmt: skip
+
+# How often each family is drawn: binary arithmetic (where broadcasting happens) most.
+_WEIGHTS = {"arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2}
+ACTION_CHOICES = [name for name in ACTIONS for _ in range(_WEIGHTS.get(name, 1))]

@@ -30,7 +30,8 @@ def generate(n: int, seed_value: int, max_ops: int = 8) -> list[GraphSpec]:
     while len(specs) < n:
 
         @seed(seed_value * 1000 + round_)
-        @settings(max_examples=n - len(specs), database=None, deadline=None, phases=[Phase.generate],
+        # Hypothesis starts every run with its simplest examples: ask for a margin of extra ones.
+        @settings(max_examples=100 + (n - len(specs)) * 5 // 4, database=None, deadline=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))  # fmt: skip
         @given(graph_specs(max_ops=max_ops))
         def collect(spec: GraphSpec) -> None:

@@ -1,0 +1,26 @@
+"""The graph fuzzer in CI (issue 9, item 14): a few hundred random graphs from a fixed seed,
+packed into a few compiled graphs, each called three times on fresh inputs and checked against
+its reference (tests/fuzz explains the generator, the tolerances and the packing; run
+`python3 tests/fuzz/run.py` for the 10,000-graph run)."""
+
+from __future__ import annotations
+
+import re
+
+from fuzz.driver import generate, now, report, run_many
+
+# Operators the compiler may decline (they run in their numpy reference, logged with the
+# reason); anything else that falls back is a failure.  None are expected today.
+LEGITIMATE_REFUSALS: list[re.Pattern] = []
+
+
+def test_fuzzed_graphs_match_the_reference(cache_dir):
+    start = now()
+    specs = generate(600, seed_value=2024)
+    assert len(specs) == 600
+    result = run_many(specs, batch=50, jobs=2)
+    text = report(result, now() - start)
+    assert result.graphs == len(specs), text
+    assert not result.failures, text
+    unexpected = [r for r in result.refusals if not any(p.search(r) for p in LEGITIMATE_REFUSALS)]
+    assert not unexpected, text
