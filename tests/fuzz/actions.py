@@ -84,8 +84,11 @@ def clamp(g: Gen) -> None:
     a = g.operand(_numeric)
     if a is None:
         return
-    lo = g.pick([None, -1, 0.5, -0.25] if a.is_float else [None, -3, 2])
-    hi = g.pick([None, 1.5, 0.75] if a.is_float else [None, 4, 7])
+    big = a.dtype == "int64"  # bounds out of the dtype's range are another matter (not fuzzed)
+    lo = g.pick([None, -1, 0.5, -0.25, 0.1] if a.is_float else [None, -3, 2] + [-(2**35)] * big)
+    hi = g.pick([None, 1.5, 0.75, 1 / 3] if a.is_float else [None, 4, 7] + [2**36] * big)
+    if a.dtype == "uint8":
+        lo, hi = (None if lo is None else abs(lo)), (None if hi is None else abs(hi))
     attrs = {"min": lo, "max": hi}
 
     def values(o: TInfo):
@@ -134,9 +137,9 @@ def arith(g: Gen) -> None:
     dtype = a.dtype if g.chance(75) else g.input_dtype("f" if a.is_float else "fi")
     domain = None
     if kind in ("div", "remainder"):
-        domain = ("positive" if g.chance(50) else "signed") if dtype in EPS else ("int_positive" if g.chance(50) else "int")
-        if kind == "div" and rounding is None and dtype not in EPS and a.dtype not in EPS:
-            domain = g.pick(["int", "int_positive"])
+        domain = g.domain(dtype, g.pick(["any", "positive"]))
+        if domain == "int_large":
+            domain = "int"
     elif kind == "pow":
         dtype, domain = "float32" if a.dtype == "float32" else a.dtype, "signed"
     elif kind.startswith("bitwise"):
@@ -448,7 +451,7 @@ def pad(g: Gen) -> None:
     for d in a.tensor.shape:
         lo_crop = -1 if isinstance(d, int) and d >= 3 else 0
         pads += [g.int(lo_crop, 2), g.int(lo_crop, 2)]
-    value = g.pick([0.0, 1.5, -1.0]) if a.is_float else g.pick([0, 3])
+    value = g.pick([0.0, 1.5, -1.0, 0.1]) if a.is_float else g.pick([0, 3] + [2**33] * (a.dtype == "int64"))
     g.apply("pad", [a], {"pads": pads, "value": value},
             lambda o: (min(a.lo, value), max(a.hi, value), 0.0, a.err))  # fmt: skip
 
@@ -518,6 +521,31 @@ def matmul(g: Gen) -> None:
     g.apply(kind, operands, {}, values)
 
 
+def projections(g: Gen) -> None:
+    """Two or three linear (or matmul) layers of one input with constant weights: the
+    merge_qkv pass turns them into one wide GEMM and a split."""
+    a = g.operand(lambda t: t.is_float and t.tensor.ndim >= 2 and isinstance(t.tensor.shape[-1], int))
+    if a is None:
+        return
+    k = a.tensor.shape[-1]
+    kind = g.pick(["linear", "matmul"])
+    bias = kind == "linear" and g.chance(50)
+    for _ in range(g.int(2, 3)):
+        n = g.pick([2, 3, 4])
+        w = g.new_input([n, k] if kind == "linear" else [k, n], a.dtype, "signed", constant=True)
+        b = g.new_input([n], a.dtype, "signed", constant=True) if bias else None
+        if w is None:
+            return
+        operands = [a, w] + ([b] if b is not None else [])
+
+        def values(o: TInfo, w: TInfo = w, b: TInfo | None = b):
+            m = k * a.mag * w.mag + (b.mag if b is not None else 0.0)
+            err = k * w.mag * a.err + 2 * k * k * EPS["float32"] * a.mag * w.mag + _round(o.dtype, m, 2)
+            return -m, m, 0.0, err
+
+        g.apply(kind, operands, {}, values)
+
+
 def source(g: Gen) -> None:
     if g.chance(50):
         n = g.pick([3, 5, *g.bound_symbols])
@@ -527,7 +555,7 @@ def source(g: Gen) -> None:
     else:
         shape = [g.pick([2, 3, 1]) for _ in range(g.int(0, 2))]
         dtype = g.input_dtype()
-        value = {"bool": True, "int32": 3, "int64": -2}.get(dtype, 1.25)
+        value = {"bool": True, "int64": g.pick([-2, 2**40])}.get(dtype, 3 if dtype not in EPS else g.pick([1.25, 0.1]))
         g.apply("full", [], {"shape": shape, "value": value, "dtype": dtype}, lambda o: (value, value, abs(value), 0))
 
 
@@ -537,7 +565,7 @@ ACTIONS = {
     "cumsum": cumsum, "softmax": softmax, "norm": norm, "reshape": reshape, "flatten": flatten,
     "permute": permute, "squeeze_unsqueeze": squeeze_unsqueeze, "expand": expand, "tile_flip_tri": tile_flip_tri,
     "slice": slice_, "concat": concat, "split": split, "pad": pad, "gather": gather, "matmul": matmul,
-    "source": source,
+    "projections": projections, "source": source,
 }  # fmt: skip
 
 # How often each family is drawn: binary arithmetic (where broadcasting happens) most.

@@ -23,7 +23,7 @@ from .spec import GraphSpec, python_source
 BATCH_TIMEOUT_S = 600
 
 
-def generate(n: int, seed_value: int, max_ops: int = 8) -> list[GraphSpec]:
+def generate(n: int, seed_value: int, max_ops: int = 10) -> list[GraphSpec]:
     """n distinct specs from the hypothesis strategy, deterministic for a seed."""
     specs: dict[str, GraphSpec] = {}
     round_ = 0

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=40, help="graphs packed into one compiled graph")
     p.add_argument("--jobs", type=int, default=min(2, cpu_count()), help="batches checked at a time")
-    p.add_argument("--max-ops", type=int, default=8)
+    p.add_argument("--max-ops", type=int, default=10)
     p.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="where reproducers go")
     p.add_argument("--no-minimize", action="store_true")
     args = p.parse_args(argv)

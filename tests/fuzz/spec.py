@@ -18,9 +18,6 @@ import numpy as np
 from tessera.graph import GraphBuilder, Sym, Tensor
 from tessera.graph.symbolic import parse_dim
 
-FLOAT_DTYPES = ("float32", "float16")
-INT_DTYPES = ("int32", "int64")
-
 # Value domains of inputs: (low, high, smallest magnitude) of the values drawn.  Never 0: a zero
 # input hides indexing bugs (a wrong element is as likely to be 0) and divides by zero.
 DOMAINS = {
@@ -28,6 +25,7 @@ DOMAINS = {
     "positive": (0.5, 2.0, 0.5),
     "int": (-9, 9, 1),
     "int_positive": (1, 9, 1),
+    "int_large": (-(2**40), 2**40, 2**33),  # int64 values no int32 holds
     "bool": (0, 1, 0),
 }
 # Float inputs sometimes take exactly these values (rounding ties, integers) instead of random ones.
