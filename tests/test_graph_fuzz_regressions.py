@@ -146,3 +146,22 @@ def test_reductions_of_bool_compile(rng, caplog):
     for a, e in zip(got, want):
         assert a.dtype == e.dtype
         np.testing.assert_allclose(a, e)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_exclusive_cumsum_of_nan_and_inf(reverse):
+    """The reference computed an exclusive cumsum as cumsum(x) - x: NaN (or inf) where the sum of
+    no elements is 0, and cancellation elsewhere; the compiled kernel was right."""
+    b = GraphBuilder("g")
+    x = b.input("x", [2, 4])
+    b.output(b.op("cumsum", x, axis=1, exclusive=True, reverse=reverse))
+    g = b.build()
+    xv = np.array([[np.nan, 1, 2, 3], [np.inf, 1, 2, 3]], np.float32)
+    if reverse:
+        xv = xv[:, ::-1].copy()
+    expected = np.array([[0, np.nan, np.nan, np.nan], [0, np.inf, np.inf, np.inf]], np.float32)
+    if reverse:
+        expected = expected[:, ::-1]
+    (got,), (want,), _ = _compiled_and_reference(g, xv)
+    np.testing.assert_array_equal(want, expected)
+    np.testing.assert_array_equal(got, expected)

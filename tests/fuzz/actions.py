@@ -57,8 +57,8 @@ def unary_float(g: Gen) -> None:
 
 
 def unary_same(g: Gen) -> None:
-    kind = g.pick(["neg", "abs", "relu", "sign", "floor", "ceil", "round", "identity", "logical_not"])
-    a = g.operand(lambda t: t.exact if kind in ("sign", "floor", "ceil", "round", "logical_not") else True)
+    kind = g.pick(["neg", "abs", "relu", "sign", "floor", "ceil", "round", "identity", "logical_not", "isnan"])
+    a = g.operand(lambda t: t.exact if kind in ("sign", "floor", "ceil", "round", "logical_not", "isnan") else True)
     if a is None or (a.dtype == "bool" and kind in ("neg", "abs", "relu", "sign") and not g.chance(10)):
         return
 
@@ -73,7 +73,7 @@ def unary_same(g: Gen) -> None:
             return -1, 1, (1 if a.small > 0 else 0), 0
         if kind in ("floor", "ceil", "round"):
             return math.floor(a.lo) - 1, math.ceil(a.hi) + 1, 0, 0
-        if kind == "logical_not":
+        if kind in ("logical_not", "isnan"):
             return 0, 1, 0, 0
         return a.lo, a.hi, a.small, a.err
 
@@ -108,8 +108,8 @@ def cast(g: Gen) -> None:
     if dst == a.dtype:
         return
     to_exact = dst not in EPS
-    if to_exact and a.is_float and not a.exact:
-        return  # a value near an integer (or near 0 for bool) could convert differently
+    if to_exact and a.is_float and (not a.exact or (a.nan and dst != "bool")):
+        return  # a value near an integer (or 0) could convert differently; NaN to an integer is undefined
 
     def values(o: TInfo):
         if dst == "bool":

@@ -87,6 +87,7 @@ class TInfo:
     hi: float
     small: float  # lower bound of |value| (0: may be 0)
     err: float  # bound of |compiled - reference|; 0: bit-exact
+    nan: bool = False  # may hold NaNs (the interval is that of the other values)
 
     @property
     def dtype(self) -> str:
@@ -196,7 +197,7 @@ class Gen:
             lo, hi, small = DOMAINS[domain]
             if dtype == "bool":
                 lo, hi, small = 0, 1, 0
-        info = TInfo(name, t, shapes, float(lo), float(hi), float(small), 0.0)
+        info = TInfo(name, t, shapes, float(lo), float(hi), float(small), 0.0, domain == "signed_nan")
         self.pool.append(info)
         return info
 
@@ -221,7 +222,7 @@ class Gen:
         if dtype == "bool":
             return "bool"
         if dtype in EPS:
-            return "positive" if sign == "positive" else "signed"
+            return "positive" if sign == "positive" else "signed_nan" if self.chance(10) else "signed"
         if dtype in _UNSIGNED or sign == "positive":
             return "int_positive"
         return "int_large" if dtype == "int64" and self.chance(15) else "int"
@@ -257,6 +258,7 @@ class Gen:
             if v is None:
                 return None
             o.lo, o.hi, o.small, o.err = (float(x) for x in v)
+            o.nan = o.is_float and any(t.nan for t in inputs)
             if not _in_range(o.dtype, o.lo, o.hi) or not math.isfinite(o.err):
                 return None
             if not o.is_float and o.err:
@@ -298,7 +300,7 @@ class Gen:
 
 def _fits(t: TInfo, domain: str) -> bool:
     lo, hi, small = DOMAINS[domain]
-    return t.lo >= lo and t.hi <= hi and t.small >= small and t.exact
+    return t.lo >= lo and t.hi <= hi and t.small >= small and t.exact and (domain == "signed_nan" or not t.nan)
 
 
 # ---- value rules ---------------------------------------------------------------------------------------------------------

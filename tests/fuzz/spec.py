@@ -27,6 +27,7 @@ DOMAINS = {
     "int_positive": (1, 9, 1),
     "int_large": (-(2**40), 2**40, 2**33),  # int64 values no int32 holds
     "bool": (0, 1, 0),
+    "signed_nan": (-2.0, 2.0, 0.5),  # "signed" with some NaNs
 }
 # Float inputs sometimes take exactly these values (rounding ties, integers) instead of random ones.
 _SPECIAL = np.array([0.5, 1.0, 1.5, 2.0, 2.5 / 2, 0.75])
@@ -137,6 +138,8 @@ def draw_values(rng: np.random.Generator, i: InputSpec, shape: tuple[int, ...], 
     mag = np.where(special, rng.choice(_SPECIAL, shape), mag)
     if lo < 0:
         mag = mag * rng.choice([-1.0, 1.0], shape)
+    if i.domain == "signed_nan":
+        mag = np.where(rng.random(shape) < 0.15, np.nan, mag)
     return mag.astype(dt)
 
 
@@ -184,6 +187,7 @@ def python_source(spec: GraphSpec, failing_run: int | None = None) -> str:
         "from tessera.graph.compiler import compile_graph",
         "from tessera.graph.symbolic import parse_dim",
         "",
+        "nan, inf = float('nan'), float('inf')",
         "b = GraphBuilder('repro')",
     ]
     for i in spec.inputs:
