@@ -165,3 +165,25 @@ def test_exclusive_cumsum_of_nan_and_inf(reverse):
     (got,), (want,), _ = _compiled_and_reference(g, xv)
     np.testing.assert_array_equal(want, expected)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_mixed_dtype_arithmetic_computes_in_the_promoted_dtype():
+    """int64 % float16 and int32 + float16 are float16 operations (the graph's result dtype, and
+    torch's), and comparisons compare in it: the reference computed in float64 (numpy's
+    promotion), where 2**40 is finite, 2049 + 0.5 rounds to 2050 and 2049 != 2048."""
+    b = GraphBuilder("g")
+    i64, i32, h = b.input("i64", [2], "int64"), b.input("i32", [2], "int32"), b.input("h", [2], "float16")
+    b.output(b.op("remainder", i64, h), b.op("add", i32, h), b.op("eq", i32, h), b.op("lt", h, i64))
+    g = b.build()
+    args = (np.array([2**40, 7], np.int64), np.array([2049, 2049], np.int32), np.array([0.5, 2048.0], np.float16))
+    with np.errstate(all="ignore"):
+        got, want, _ = _compiled_and_reference(g, *args)
+    expected = [
+        np.array([np.nan, 7.0], np.float16),  # 2**40 is inf in float16, and inf % 0.5 is NaN
+        np.array([2048.0, 4096.0], np.float16),  # 2049 is 2048 in float16; 2048.5 rounds to 2048
+        np.array([False, True]),  # 2049 == 2048 in float16
+        np.array([True, False]),  # 0.5 < inf
+    ]
+    for a, e, x in zip(got, want, expected):
+        np.testing.assert_array_equal(e, x)
+        np.testing.assert_array_equal(a, x)

@@ -121,12 +121,14 @@ register("cast", infer=lambda xs, a: [(xs[0].shape, dtypes.dtype(a["dtype"]))], 
 
 
 # ---- binary ------------------------------------------------------------------------------
-def _arith_type(a, b):
+def arith_type(a, b):
+    """The dtype both operands of an arithmetic operator or comparison are converted to (C-like
+    promotion; two bools stay bool).  Lowering uses it too: one rule for both sides."""
     return promote(a, b) if not (a.is_bool and b.is_bool) else dtypes.boolean
 
 
 def _infer_arith(inputs, attrs):
-    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), _arith_type(inputs[0].dtype, inputs[1].dtype))]
+    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), arith_type(inputs[0].dtype, inputs[1].dtype))]
 
 
 def _infer_compare(inputs, attrs):
@@ -137,18 +139,34 @@ def _binary_ref(fn):
     return lambda xs, attrs: [fn(upcast(xs[0]), upcast(xs[1]))]
 
 
+def _promoted_ref(fn):
+    # Operands converted to the promoted dtype first, as the graph's result dtype says (and as
+    # torch does): numpy would compute int64 % float16 in float64, where 2**40 is finite.
+    def ref(xs, attrs):
+        from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
+
+        dt = numpy_dtype(arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype)))
+        return [fn(upcast(xs[0].astype(dt, copy=False)), upcast(xs[1].astype(dt, copy=False)))]
+
+    return ref
+
+
 _ARITH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "pow": np.power, "remainder": np.mod, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
 }  # fmt: skip
 _COMPARE = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
+    "ge": np.greater_equal,
 }  # fmt: skip
+_LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
 for _k, _f in _ARITH.items():
-    register(_k, infer=_infer_arith, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
+    register(_k, infer=_infer_arith, reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
+             doc="operands are converted to the promoted dtype (the result's), then combined")  # fmt: skip
 for _k, _f in _COMPARE.items():
+    register(_k, infer=_infer_compare, reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
+             doc="compares in the promoted dtype of the operands")  # fmt: skip
+for _k, _f in _LOGICAL.items():  # each operand's truth value (nonzero), no promotion
     register(_k, infer=_infer_compare, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
 
 
@@ -160,7 +178,12 @@ def _infer_div(inputs, attrs):
 
 
 def _div_ref(xs, a):
-    x, y = upcast(xs[0]), upcast(xs[1])
+    from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
+
+    dt = arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype))
+    if a["rounding"] is None and not dt.is_float:
+        dt = dtypes.float32  # true division of integers is float32 division, as torch does it
+    x, y = (upcast(v.astype(numpy_dtype(dt), copy=False)) for v in xs)
     if a["rounding"] is None:
         return [np.true_divide(x, y)]
     if a["rounding"] == "floor":
@@ -177,7 +200,7 @@ register("div", infer=_infer_div, reference=_div_ref, category="elementwise", nu
 
 def _infer_where(inputs, attrs):
     shape = broadcast_shapes(inputs[0].shape, inputs[1].shape, inputs[2].shape)
-    return [(shape, _arith_type(inputs[1].dtype, inputs[2].dtype))]
+    return [(shape, arith_type(inputs[1].dtype, inputs[2].dtype))]
 
 
 register("where", infer=_infer_where, category="elementwise", num_inputs=3,
