@@ -546,6 +546,102 @@ def projections(g: Gen) -> None:
         g.apply(kind, operands, {}, values)
 
 
+def _image(g: Gen) -> TInfo | None:
+    """A float NCHW tensor from the pool, or a fresh one."""
+    a = g.operand(lambda t: t.is_float and t.tensor.ndim == 4 and all(isinstance(d, int) for d in t.tensor.shape[1:]))
+    if a is not None and g.chance(70):
+        return a
+    n = g.pick([1, 2, *g.symbols])
+    return g.fresh([n, g.pick([1, 2, 3, 4]), g.pick([4, 5, 6, 7]), g.pick([4, 5, 6, 7])], g.pick(["float32", "float16"]))
+
+
+def conv_pool(g: Gen) -> None:
+    """conv2d, the poolings and batch_norm over NCHW tensors."""
+    x = _image(g)
+    if x is None:
+        return
+    _, c, h, w = x.tensor.shape
+    kind = g.pick(["conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm"])
+    k = (g.int(1, min(3, h)), g.int(1, min(3, w)))
+    if kind == "conv2d":
+        groups = g.pick([1] + [d for d in (2, c) if d > 1 and c % d == 0])
+        o = groups * g.pick([1, 2])
+        weight = g.fresh([o, c // groups, *k], x.dtype)
+        bias = g.fresh([o], x.dtype) if weight is not None and g.chance(50) else None
+        if weight is None:
+            return
+        attrs = {"stride": [g.int(1, 2), g.int(1, 2)], "dilation": [g.int(1, 2), 1], "groups": groups,
+                 "padding": [g.int(0, 1) for _ in range(4)]}  # fmt: skip
+        operands = [x, weight] + ([bias] if bias is not None else [])
+        kk = (c // groups) * k[0] * k[1]
+
+        def conv_values(o: TInfo):
+            m = kk * x.mag * weight.mag + (bias.mag if bias is not None else 0.0)
+            ex = _convert_err(x.err, x.mag, x.dtype, o.dtype)
+            err = kk * weight.mag * ex + 2 * kk * kk * EPS["float32"] * x.mag * weight.mag + _round(o.dtype, m, 2)
+            return -m, m, 0.0, err
+
+        g.apply("conv2d", operands, attrs, conv_values)
+    elif kind in ("max_pool2d", "avg_pool2d"):
+        pad = [g.int(0, k[0] // 2), g.int(0, k[1] // 2)]
+        attrs = {"kernel": list(k), "stride": g.pick([None, [1, 1], [2, 1]]), "padding": pad + pad,
+                 "ceil_mode": g.chance(30)}  # fmt: skip
+        if kind == "avg_pool2d":
+            attrs["count_include_pad"] = g.chance(50)
+            n = k[0] * k[1]
+            g.apply(kind, [x], attrs, lambda o: (min(x.lo, 0), max(x.hi, 0), 0.0,
+                                                 x.err + 2 * n * EPS["float32"] * x.mag + _round(o.dtype, x.mag, 2)))
+        else:
+            g.apply(kind, [x], attrs, lambda o: (x.lo, x.hi, 0.0, x.err))
+    elif kind == "adaptive_avg_pool2d":
+        size = [g.int(1, 3), g.int(1, 3)]
+        n = h * w
+        g.apply(kind, [x], {"output_size": size},
+                lambda o: (x.lo, x.hi, 0.0, x.err + 2 * n * EPS["float32"] * x.mag + _round(o.dtype, x.mag, 2)))
+    else:
+        params = [g.fresh([c], x.dtype, d) for d in ("signed", "positive", "signed", "signed")]
+        if any(p is None for p in params):
+            return
+        mean, var, weight, bias = params
+        eps = g.pick([1e-5, 0.1])
+        amp = 1 / math.sqrt(var.lo + eps)
+
+        def bn_values(o: TInfo):
+            m = (x.mag + mean.mag) * amp * weight.mag + bias.mag
+            return -m, m, 0.0, amp * weight.mag * x.err + _round(o.dtype, m, 6)
+
+        g.apply("batch_norm", [x, mean, var, weight, bias], {"eps": eps}, bn_values)
+
+
+def attention(g: Gen) -> None:
+    """scaled_dot_product_attention on fresh [B, H, S, D] q, k, v (grouped heads, masks, causal)."""
+    dtype = g.pick(["float32", "float16"])
+    b, hq, s, d = g.pick([1, 2, *g.symbols]), g.pick([1, 2, 4]), g.pick([1, 3, 5, *g.symbols]), g.pick([2, 4, 8])
+    hk = g.pick([h for h in (1, 2, hq) if hq % h == 0])
+    sk = g.pick([s, 4])
+    q, k, v = g.fresh([b, hq, s, d], dtype), g.fresh([b, hk, sk, d], dtype), g.fresh([b, hk, sk, d], dtype)
+    if q is None or k is None or v is None:
+        return
+    operands = [q, k, v]
+    if g.chance(40):
+        mask = g.fresh(g.pick([[s, sk], [b, 1, s, sk], [1, sk]]), g.pick([dtype, "float32"]))
+        if mask is None:
+            return
+        operands.append(mask)
+    attrs = {"causal": g.chance(30) and sk == s, "scale": g.pick([None, 0.5])}
+    scale = attrs["scale"] or 1 / math.sqrt(d)
+
+    def values(o: TInfo):
+        err_s = d * scale * (k.mag * q.err + q.mag * k.err) + 4 * d * EPS["float32"] * scale * q.mag * k.mag
+        if len(operands) == 4:
+            err_s += operands[3].err
+        n = max(sh[2] for sh in k.shapes)
+        err = 2 * err_s * v.mag + v.err + 4 * n * EPS["float32"] * v.mag + _round(o.dtype, v.mag, 4)
+        return v.lo, v.hi, 0.0, err
+
+    g.apply("scaled_dot_product_attention", operands, attrs, values)
+
+
 def source(g: Gen) -> None:
     if g.chance(50):
         n = g.pick([3, 5, *g.bound_symbols])
@@ -565,7 +661,7 @@ ACTIONS = {
     "cumsum": cumsum, "softmax": softmax, "norm": norm, "reshape": reshape, "flatten": flatten,
     "permute": permute, "squeeze_unsqueeze": squeeze_unsqueeze, "expand": expand, "tile_flip_tri": tile_flip_tri,
     "slice": slice_, "concat": concat, "split": split, "pad": pad, "gather": gather, "matmul": matmul,
-    "projections": projections, "source": source,
+    "projections": projections, "conv_pool": conv_pool, "attention": attention, "source": source,
 }  # fmt: skip
 
 # How often each family is drawn: binary arithmetic (where broadcasting happens) most.
