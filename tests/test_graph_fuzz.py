@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from fuzz.driver import generate, now, report, run_many
+from fuzz.spec import python_source
 
 # Operators the compiler may decline (they run in their numpy reference, logged with the
 # reason); anything else that falls back is a failure.  None are expected today.
@@ -21,6 +22,8 @@ def test_fuzzed_graphs_match_the_reference(cache_dir):
     result = run_many(specs, batch=50, jobs=2)
     text = report(result, now() - start)
     assert result.graphs == len(specs), text
+    if result.failures:  # the first failing graph as a standalone script, to start from
+        text += "\n\n" + python_source(result.failures[0].spec)
     assert not result.failures, text
     unexpected = [r for r in result.refusals if not any(p.search(r) for p in LEGITIMATE_REFUSALS)]
     assert not unexpected, text
