@@ -187,3 +187,39 @@ def test_mixed_dtype_arithmetic_computes_in_the_promoted_dtype():
     for a, e, x in zip(got, want, expected):
         np.testing.assert_array_equal(e, x)
         np.testing.assert_array_equal(a, x)
+
+
+def test_undefined_dtype_combinations_are_refused_when_built():
+    """sub of two bools and bitwise ops on floats built a graph whose reference then raised numpy's
+    TypeError at run time; they are refused with a ShapeError when the graph is built."""
+    b = GraphBuilder("g")
+    p, q, f = b.input("p", [3], "bool"), b.input("q", [3], "bool"), b.input("f", [3], "float32")
+    with pytest.raises(ShapeError, match="sub of two bool"):
+        b.op("sub", p, q)
+    for kind in ("bitwise_and", "bitwise_or"):
+        with pytest.raises(ShapeError, match="bitwise operators take integer or bool"):
+            b.op(kind, f, p)
+    assert b.op("bitwise_and", p, q).dtype.is_bool
+
+
+def test_reference_errors_on_bad_data_are_clear(rng):
+    """Operators the compiler leaves to the reference can still meet data they cannot take (an
+    integer to a negative power, an index out of range): an ArgumentError naming the operator,
+    not numpy's ValueError or IndexError."""
+    from tessera.errors import ArgumentError
+
+    b = GraphBuilder("g")
+    x, e = b.input("x", [3], "int32"), b.input("e", [3], "int32")
+    b.output(b.op("pow", x, e))
+    g = b.build()
+    compiled = compile_graph(g, "cpu")
+    args = np.array([2, 3, 4], np.int32), np.array([1, -1, 2], np.int32)
+    for run in (g.run, compiled):
+        with pytest.raises(ArgumentError, match=r"pow.*negative"):
+            run(*args)
+    np.testing.assert_array_equal(compiled(args[0], np.abs(args[1]))[0], [2, 3, 16])
+    b = GraphBuilder("take")
+    x, i = b.input("x", [4]), b.input("i", [2], "int64")
+    b.output(b.op("take", x, i))
+    with pytest.raises(ArgumentError, match=r"take.*out of range"):
+        b.build().run(np.ones(4, np.float32), np.array([1, 9]))

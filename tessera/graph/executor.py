@@ -49,7 +49,11 @@ class NumpyBackend:
 
         def kernel(inputs: Sequence[Any], bindings: Mapping[str, int]) -> list[np.ndarray]:
             a = {k: evaluate(v, bindings) for k, v in attrs.items()} if symbolic else attrs
-            results = opdef.reference([np.asarray(x) for x in inputs], a)
+            try:
+                results = opdef.reference([np.asarray(x) for x in inputs], a)
+            except (ValueError, TypeError, IndexError, ZeroDivisionError, FloatingPointError) as exc:
+                # Data the operator cannot take (an index out of range, an integer to a negative power).
+                raise ArgumentError(f"{op.name} ({op.kind}) cannot compute these inputs: {exc}") from exc
             outs = []
             for r, (dt, ndim) in zip(results, out_types):
                 r = np.asarray(r)

@@ -116,12 +116,8 @@ def arith(ctx: Ctx) -> list[TensorNode]:
 
 def check_arith(op: Operator) -> str | None:
     dt = op.outputs[0].dtype
-    if op.kind == "sub" and dt.is_bool:
-        return "sub of bool tensors is not lowered (numpy rejects it)"
     if op.kind == "pow" and not dt.is_float:
         return "integer pow is not lowered"
-    if op.kind in ("bitwise_and", "bitwise_or") and dt.is_float:
-        return f"{op.kind} of floating-point tensors is not defined"
     if op.kind == "remainder" and dt.is_bool:
         return "remainder of bool tensors is not lowered"
     return None

@@ -131,6 +131,18 @@ def _infer_arith(inputs, attrs):
     return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), arith_type(inputs[0].dtype, inputs[1].dtype))]
 
 
+def _infer_sub(inputs, attrs):
+    if inputs[0].dtype.is_bool and inputs[1].dtype.is_bool:  # numpy and torch refuse it too
+        raise ShapeError("sub of two bool tensors is not defined; use logical_xor, or cast to a number first")
+    return _infer_arith(inputs, attrs)
+
+
+def _infer_bitwise(inputs, attrs):
+    if inputs[0].dtype.is_float or inputs[1].dtype.is_float:
+        raise ShapeError(f"bitwise operators take integer or bool tensors, got {inputs[0].dtype} and {inputs[1].dtype}")
+    return _infer_arith(inputs, attrs)
+
+
 def _infer_compare(inputs, attrs):
     return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), dtypes.boolean)]
 
@@ -160,8 +172,9 @@ _COMPARE = {
     "ge": np.greater_equal,
 }  # fmt: skip
 _LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
+_ARITH_INFER = {"sub": _infer_sub, "bitwise_and": _infer_bitwise, "bitwise_or": _infer_bitwise}
 for _k, _f in _ARITH.items():
-    register(_k, infer=_infer_arith, reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
+    register(_k, infer=_ARITH_INFER.get(_k, _infer_arith), reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
              doc="operands are converted to the promoted dtype (the result's), then combined")  # fmt: skip
 for _k, _f in _COMPARE.items():
     register(_k, infer=_infer_compare, reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
