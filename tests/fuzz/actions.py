@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tessera.graph.symbolic import parse_dim
 
-from .actions_nn import attention, conv_pool, matmul, projections
+from .actions_nn import attention, conv_pool, matmul, projections, refused
 from .generate import (
     ARITH,
     BIG,
@@ -503,8 +503,9 @@ ACTIONS = {
     "permute": permute, "squeeze_unsqueeze": squeeze_unsqueeze, "expand": expand, "tile_flip_tri": tile_flip_tri,
     "slice": slice_, "concat": concat, "split": split, "pad": pad, "gather": gather, "matmul": matmul,
     "projections": projections, "conv_pool": conv_pool, "attention": attention, "source": source,
+    "refused": refused,
 }  # fmt: skip
 
 # How often each family is drawn: binary arithmetic (where broadcasting happens) most.
-_WEIGHTS = {"arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2}
+_WEIGHTS = {"refused": 2, "arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2}
 ACTION_CHOICES = [name for name in ACTIONS for _ in range(_WEIGHTS.get(name, 1))]

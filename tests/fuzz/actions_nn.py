@@ -172,3 +172,43 @@ def attention(g: Gen) -> None:
     g.apply("scaled_dot_product_attention", operands, attrs, values)
 
 
+
+
+def refused(g: Gen) -> None:
+    """Operators the lowering declines, each for a documented reason: they run in their numpy
+    reference (logged), and the fuzzer checks that path and counts them as refusals."""
+    case = g.pick(["int_activation", "bool_clamp", "int_pow", "pool_padding", "negative_step", "int_conv"])
+    if case == "int_activation":
+        a = g.operand(lambda t: t.dtype in ("int32", "int64") and t.mag < 1e6)
+        if a is not None:
+            kind = g.pick(["leaky_relu", "elu"])
+            attrs = {"negative_slope": 0.5} if kind == "leaky_relu" else {"alpha": 2.0}
+            g.apply(kind, [a], attrs, lambda o: (min(a.lo, -3), max(a.hi, 0), 0, 0))
+    elif case == "bool_clamp":
+        a = g.operand(lambda t: t.dtype == "bool")
+        if a is not None:
+            g.apply("clamp", [a], {"min": None, "max": 0}, lambda o: (0, 1, 0, 0))
+    elif case == "int_pow":
+        a = g.operand(lambda t: t.dtype in ("int32", "int64") and t.exact and t.mag <= 9)
+        if a is not None:
+            e = g.fresh([d if isinstance(d, int) else sym_name(d) or 1 for d in a.tensor.shape], a.dtype, "exp_small")
+            if e is not None:
+                g.apply("pow", [a, e], {}, lambda o: (-(a.mag**3), a.mag**3, 0, 0))
+    elif case == "pool_padding":
+        x = _image(g)
+        if x is not None:
+            kind = g.pick(["max_pool2d", "avg_pool2d"])
+            attrs = {"kernel": [3, 3], "padding": [0, 1, 1, 0]}  # asymmetric
+            g.apply(kind, [x], attrs, lambda o: (min(x.lo, 0), max(x.hi, 0), 0.0, x.err + _round(o.dtype, x.mag, 20)))
+    elif case == "negative_step":
+        a = g.operand(lambda t: any(sym_name(d) for d in t.tensor.shape))
+        if a is not None:
+            axis = next(k for k, d in enumerate(a.tensor.shape) if sym_name(d))
+            attrs = {"axes": [axis], "starts": [-1], "ends": [-(2**62)], "steps": [-1]}
+            g.apply("slice", [a], attrs, lambda o: (a.lo, a.hi, a.small, a.err))
+    else:
+        x = g.fresh([1, 2, 4, 4], "int32")
+        w = g.fresh([2, 2, 2, 2], "int32")
+        if x is not None and w is not None:
+            m = 8 * x.mag * w.mag
+            g.apply("conv2d", [x, w], {}, lambda o: (-m, m, 0, 0))

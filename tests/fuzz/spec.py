@@ -28,6 +28,7 @@ DOMAINS = {
     "int_large": (-(2**40), 2**40, 2**33),  # int64 values no int32 holds
     "bool": (0, 1, 0),
     "signed_nan": (-2.0, 2.0, 0.5),  # "signed" with some NaNs
+    "exp_small": (1, 3, 1),  # integer exponents
 }
 # Float inputs sometimes take exactly these values (rounding ties, integers) instead of random ones.
 _SPECIAL = np.array([0.5, 1.0, 1.5, 2.0, 2.5 / 2, 0.75])
