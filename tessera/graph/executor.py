@@ -17,6 +17,7 @@ from tessera.errors import ArgumentError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
+from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, contains_sym, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 
@@ -48,7 +49,11 @@ class NumpyBackend:
 
         def kernel(inputs: Sequence[Any], bindings: Mapping[str, int]) -> list[np.ndarray]:
             a = {k: evaluate(v, bindings) for k, v in attrs.items()} if symbolic else attrs
-            results = opdef.reference([np.asarray(x) for x in inputs], a)
+            try:
+                results = opdef.reference([np.asarray(x) for x in inputs], a)
+            except (ValueError, TypeError, IndexError, ZeroDivisionError, FloatingPointError) as exc:
+                # Data the operator cannot take (an index out of range, an integer to a negative power).
+                raise ArgumentError(f"{op.name} ({op.kind}) cannot compute these inputs: {exc}") from exc
             outs = []
             for r, (dt, ndim) in zip(results, out_types):
                 r = np.asarray(r)
@@ -103,6 +108,7 @@ class Executor:
             if np.asarray(a).dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype}, got {np.asarray(a).dtype}")
         bindings = self.bind(arrays, symbols)
+        propagate_shapes(self.graph, [np.shape(a) for a in arrays], bindings)  # the graph's assumptions hold
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         for t in self.graph.constants:
             env[t] = t.data

@@ -181,29 +181,58 @@ def contains_sym(value: object) -> bool:
     return False
 
 
-def broadcast_shapes(*shapes: Sequence[Dim]) -> Shape:
-    """numpy broadcasting over symbolic shapes.
+class BoundDim(int):
+    """The run-time value of a symbolic graph size (`sym`), for checking the graph's shape
+    assumptions on concrete shapes (`tessera.graph.shape_check`).  It compares as its int; the
+    difference is that broadcasting never stretches it, even when it is 1 (see broadcast_shapes)."""
 
-    A symbolic size against a fixed size > 1 takes the fixed size (the only value for which
-    the program is valid); two different symbolic sizes keep the first, since shape metadata
-    cannot decide which one is 1 at run time (the numeric result never depends on this).
+    sym: Sym
+
+    def __new__(cls, value: int, sym: Sym) -> BoundDim:
+        obj = super().__new__(cls, value)
+        obj.sym = sym
+        return obj
+
+
+def broadcast_shapes(*shapes: Sequence[Dim]) -> Shape:
+    """numpy broadcasting over symbolic shapes, where only a literal 1 stretches.
+
+    A symbolic size broadcast against a different size (a fixed size > 1, or another symbol)
+    is *assumed equal* to it: against a fixed size it takes that size, against another symbol
+    the first is kept.  The compiled kernels index it as the size it was assumed equal to, so
+    the assumption is a contract that `tessera.graph.shape_check` enforces at run time: a
+    symbolic size that turns out to be 1 there does not broadcast (numpy would stretch it);
+    such inputs are refused with a ShapeError.  Give the graph a literal 1 where an axis
+    broadcasts.  On concrete shapes holding `BoundDim`s, that refusal happens here.
     """
     rank = max((len(s) for s in shapes), default=0)
     out: list[Dim] = []
     for i in range(rank):
         dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
-        result: Dim = 1
+        result: Dim | None = None
         for d in dims:
-            if d == 1 or d == result:
+            if d == result or (d == 1 and not isinstance(d, BoundDim)):
                 continue
-            if result == 1:
+            if result is None or (result == 1 and not isinstance(result, BoundDim)):
                 result = d
+            elif isinstance(d, BoundDim) or isinstance(result, BoundDim):
+                raise ShapeError(_bound_mismatch(result, d, i))
             elif isinstance(result, int) and isinstance(d, int):
                 raise ShapeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast (axis {i})")
             elif isinstance(result, Sym) and isinstance(d, int):
                 result = d
-        out.append(result)
+        out.append(1 if result is None else result)
     return tuple(out)
+
+
+def _bound_mismatch(a: int, b: int, axis: int) -> str:
+    def name(d: int) -> str:
+        return f"{d.sym}={int(d)}" if isinstance(d, BoundDim) else str(int(d))
+
+    return (f"sizes {name(a)} and {name(b)} meet on broadcast axis {axis}, where the graph assumed them equal "
+            f"(a symbolic size broadcasts only against an equal size or a literal 1, also when it is 1 at "
+            f"run time); pass inputs with equal sizes there, or give the graph a literal 1 on the axis "
+            f"that broadcasts")
 
 
 def bind_shape(bindings: dict[str, int], shape: Sequence[Dim], actual: Sequence[int], what: str) -> None:

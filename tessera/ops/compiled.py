@@ -31,8 +31,10 @@ from tessera.transforms.pipeline import lower
 class Generated:
     """Scheduled and lowered kernels of an op with their source (not compiled)."""
 
-    def __init__(self, inputs: list[Placeholder], outputs: list[TensorNode], kernels: list[KernelSpec], target: str):
+    def __init__(self, inputs: list[Placeholder], outputs: list[TensorNode], kernels: list[KernelSpec], target: str,
+                 free_symbols: Sequence[E.Var] = ()):  # fmt: skip
         self.inputs, self.outputs, self.kernels, self.target = inputs, outputs, kernels, target
+        self.free_symbols = list(free_symbols)  # size symbols that no input's shape carries
         self.lowered = [lower(k.func) for k in kernels]
         self._source: str | None = None
 
@@ -113,12 +115,15 @@ def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeh
     outs = _check_graph(outs, inputs)
     kernels = schedule(outs, target, name)
     symbols = {v for p in inputs for d in p.shape for v in _vars_of(d)}
+    names = {v.name: v for v in symbols}
+    free: list[E.Var] = []  # sizes no input carries (an arange to `seq`): given in `symbols` at run time
     for k in kernels:
         for v, expr in k.scalars:
-            if v is expr and v not in symbols:
-                raise ArgumentError(f"build: shape symbol '{v.name}' is used by kernel {k.name} but no input's shape "
-                                    "defines it; give some input a dimension with that symbol")  # fmt: skip
-    return Generated(inputs, outs, kernels, target)
+            if v is expr and v not in symbols and v not in free:
+                if names.setdefault(v.name, v) is not v:
+                    raise ArgumentError(f"build: two different shape symbols are both named '{v.name}'; reuse one Var per dynamic size")
+                free.append(v)
+    return Generated(inputs, outs, kernels, target, free)
 
 
 def build(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeholder], target: str = "cpu",
@@ -202,6 +207,7 @@ class CompiledOp:
     def __init__(self, gen: Generated, loaded: list[Any], artifact: Path | None = None):
         self.artifact = artifact  # the built library or cubin in the artifact cache
         self.inputs, self.outputs, self.kernels, self.target = gen.inputs, gen.outputs, gen.kernels, gen.target
+        self.free_symbols = gen.free_symbols
         self.source = gen.source
         self.lowered = gen.lowered
         self._loaded = loaded
@@ -216,7 +222,8 @@ class CompiledOp:
         """Check the inputs' ranks and sizes; return the shape symbols' values.
 
         A symbol that is an input's whole dimension is bound from that input's shape; one that
-        only appears inside a dimension expression (such as 4*batch) must come in `symbols`."""
+        only appears inside a dimension expression (such as 4*batch), or in no input's shape at
+        all (`free_symbols`, e.g. the length of an arange), must come in `symbols`."""
         if len(arrays) != len(self.inputs):
             names = ", ".join(p.name for p in self.inputs)
             raise ArgumentError(f"op takes {len(self.inputs)} inputs ({names}), got {len(arrays)}")
@@ -245,6 +252,10 @@ class CompiledOp:
                     what = f"symbol '{d.name}' = {expected} (bound by an earlier input)" if isinstance(d, E.Var) else (
                         f"{d} = {expected}" if _vars_of(d) else str(expected))
                     raise ArgumentError(f"input '{p.name}' has shape {actual_shape}; dimension {axis} should be {what}")
+        missing = [v.name for v in self.free_symbols if not symbols or v.name not in symbols]
+        if missing:
+            raise ArgumentError(f"the size symbol(s) {missing} appear in no input's shape; pass their values in `symbols`")
+        env.update((v, int(symbols[v.name])) for v in self.free_symbols)  # type: ignore[index]
         return env
 
     def shape_of(self, t: TensorNode, env: dict[E.Var, int]) -> tuple[int, ...]:

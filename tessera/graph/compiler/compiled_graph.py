@@ -24,6 +24,7 @@ from tessera.errors import ArgumentError
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.memory_plan import place_buffers
+from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
 from tessera.ir.dtypes import DataType
@@ -44,6 +45,7 @@ class _Plan:
 
     def __init__(self) -> None:
         self.shapes: dict[Tensor, tuple[int, ...]] = {}
+        self.bindings: dict[str, int] = {}
         self.buffers: dict[Tensor, Any] = {}
         self.temps: list[list[Any]] = []
         self.arena: Any = None
@@ -90,20 +92,22 @@ class CompiledGraph:
         key = tuple(sorted(bindings.items()))
         plan = self._plans.get(key)
         if plan is None:
+            # The graph's shape assumptions hold for these sizes (or a ShapeError says which fails).
+            shapes = propagate_shapes(self.graph, [tuple(a.shape) for a in arrays], bindings)
             with _plan_owned(self.target):
-                plan = self._make_plan(bindings)
+                plan = self._make_plan(shapes, bindings)
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
                 self._plans.popitem(last=False)
-            outs = self._run_eager(plan, arrays, bindings)
+            outs = self._run_eager(plan, arrays)
             if self.use_cuda_graph:
                 with _plan_owned(self.target):
-                    self._capture(plan, arrays, bindings)
+                    self._capture(plan, arrays)
             return outs
         self._plans.move_to_end(key)
         if plan.cuda_graph is not None:
             return self._replay(plan, arrays)
-        return self._run_eager(plan, arrays, bindings)
+        return self._run_eager(plan, arrays)
 
     def _check_input(self, t: Tensor, a: Any) -> Any:
         if self.target == "cpu":
@@ -124,12 +128,6 @@ class CompiledGraph:
         return a.contiguous()
 
     # ---- plans -----------------------------------------------------------------------------
-    def _shape(self, t: Tensor, bindings: Mapping[str, int]) -> tuple[int, ...]:
-        shape = tuple(evaluate(d, bindings) for d in t.shape)
-        if not all(isinstance(d, int) for d in shape):
-            raise ArgumentError(f"tensor {t.name!r} has shape {t.shape}, which these inputs do not determine")
-        return shape  # type: ignore[return-value]
-
     def _constant(self, t: Tensor) -> Any:
         if t not in self._constants:
             data = np.array(t.data, order="C")  # a writable copy: torch refuses read-only arrays
@@ -140,23 +138,24 @@ class CompiledGraph:
                 self._constants[t] = data
         return self._constants[t]
 
-    def _make_plan(self, bindings: Mapping[str, int]) -> _Plan:
+    def _make_plan(self, shapes: Mapping[Tensor, tuple[int, ...]], bindings: Mapping[str, int]) -> _Plan:
+        """A plan for the run-time shapes of every tensor (`propagate_shapes`) and the symbol
+        values (input sizes and the graph's opaque sizes)."""
         plan = _Plan()
+        plan.bindings = dict(bindings)
         outputs = set(self.graph.outputs)
         sizes: dict[Any, int] = {}
         lifetimes: dict[Any, tuple[int, int]] = {}
         dtypes: dict[Any, DataType] = {}
         for i, step in enumerate(self.steps):
             for t in step.outputs:
-                plan.shapes[t] = self._shape(t, bindings)
+                plan.shapes[t] = shapes[t]
                 if t not in outputs:
                     sizes[t] = _nbytes(plan.shapes[t], t.dtype)
                     lifetimes[t] = (i, self._last_use.get(t, i))
                     dtypes[t] = t.dtype
-        for t in self.graph.inputs:
-            plan.shapes[t] = self._shape(t, bindings)
-        for t in self.graph.constants:
-            plan.shapes[t] = tuple(t.data.shape)
+        for t in [*self.graph.inputs, *self.graph.constants]:
+            plan.shapes[t] = shapes[t]
         # Kernel temporaries live during their own step only.
         temp_specs = []
         for i, step in enumerate(self.steps):
@@ -197,18 +196,18 @@ class CompiledGraph:
         return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
 
     # ---- running ---------------------------------------------------------------------------
-    def _run_eager(self, plan: _Plan, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list[Any]:
+    def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
         outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
-        self._run_steps(plan, arrays, outs, bindings)
+        self._run_steps(plan, arrays, outs)
         return [self._result(t, arrays, outs) for t in self.graph.outputs]
 
-    def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any], bindings: Mapping[str, int]) -> None:
+    def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> None:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         env.update(plan.buffers)
         env.update(outs)
         for step, temps in zip(self.steps, plan.temps):
             ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
-            step.run(ins, [env[t] for t in step.outputs], temps, bindings)
+            step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
@@ -218,7 +217,7 @@ class CompiledGraph:
         source = arrays[self.graph.inputs.index(t)] if t in self.graph.inputs else self._constant(t)
         return source.copy() if self.target == "cpu" else source.clone()
 
-    def _capture(self, plan: _Plan, arrays: Sequence[Any], bindings: Mapping[str, int]) -> None:
+    def _capture(self, plan: _Plan, arrays: Sequence[Any]) -> None:
         import torch
 
         plan.static_inputs = [a.clone() for a in arrays]
@@ -226,11 +225,11 @@ class CompiledGraph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm every launch plan off the capture
-            self._run_steps(plan, plan.static_inputs, outs, bindings)
+            self._run_steps(plan, plan.static_inputs, outs)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._run_steps(plan, plan.static_inputs, outs, bindings)
+            self._run_steps(plan, plan.static_inputs, outs)
         plan.static_outputs = outs
         plan.cuda_graph = graph
 
@@ -246,9 +245,11 @@ class CompiledGraph:
     def prepare(self, symbols: Mapping[str, int]) -> None:
         """Prepare (compile and load) the anchors for these values of the symbolic sizes
         without running anything; the first call with such inputs would do it otherwise."""
+        inputs = [tuple(int(evaluate(d, symbols)) for d in t.shape) for t in self.graph.inputs]
+        shapes = propagate_shapes(self.graph, inputs, dict(symbols))
         for step in self.steps:
             if step.kind == "anchor":
-                step.bind({t: self._shape(t, symbols) for t in [*step.inputs, *step.outputs]})
+                step.bind(shapes)
 
     def artifacts(self) -> tuple[list[Path], list[tuple[str, str]]]:
         """The built artifacts (cache paths) of every kernel compiled or prepared so far, and

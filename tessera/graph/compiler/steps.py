@@ -16,6 +16,7 @@ import numpy as np
 from tessera.graph.compiler.partition import Group
 from tessera.graph.executor import NumpyBackend
 from tessera.graph.operator import Operator
+from tessera.graph.symbolic import ShapeError
 from tessera.graph.tensor import Tensor
 from tessera.ir.compute import Placeholder, TensorNode
 
@@ -128,8 +129,8 @@ class ReferenceStep:
 
     def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
         results = self.kernel([_to_numpy(a) for a in arrays], symbols)
-        for r, out in zip(results, outs):
-            _copy_into(out, r)
+        for t, r, out in zip(self.outputs, results, outs):
+            _copy_into(out, r, f"{self.op.name} ({self.op.kind}) output {t.name}")
 
     @property
     def num_kernels(self) -> int:
@@ -144,10 +145,16 @@ def _to_numpy(a: Any) -> np.ndarray:
     return torch_to_numpy(a)
 
 
-def _copy_into(out: Any, value: np.ndarray) -> None:
+def _copy_into(out: Any, value: np.ndarray, what: str) -> None:
+    """Copy a reference result into its planned buffer, which must have exactly its shape
+    (the same number of elements in another shape would be a different tensor)."""
+    if tuple(value.shape) != tuple(out.shape):
+        raise ShapeError(f"{what}: the reference computed shape {list(value.shape)}, but the compiled graph "
+                         f"planned {list(out.shape)} for it; the graph's shape inference and the operator's "
+                         f"reference disagree, which is a bug in that operator's definition")  # fmt: skip
     if isinstance(out, np.ndarray):
-        out[...] = value.reshape(out.shape)
+        out[...] = value
     else:
         from tessera.ops.compiled import numpy_to_torch
 
-        out.copy_(numpy_to_torch(np.ascontiguousarray(value)).reshape(out.shape))
+        out.copy_(numpy_to_torch(np.ascontiguousarray(value)))

@@ -14,6 +14,7 @@ from typing import Any
 
 from tessera import ops
 from tessera.graph.lowering.core import Ctx, cast, copy, python_value
+from tessera.graph.opdefs.elementwise import arith_type
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
@@ -30,17 +31,13 @@ UNARY: dict[str, Callable[[TensorNode], TensorNode]] = {
     "neg": ops.neg, "abs": ops.abs, "relu": ops.relu, "sign": ops.sign, "floor": ops.floor, "ceil": ops.ceil,
     "round": ops.round, "logical_not": ops.logical_not, "isnan": ops.isnan, "identity": copy,
 }  # fmt: skip
-_NO_BOOL = ("neg", "abs", "relu", "sign")
+_BOOL_IDENTITY = ("abs", "relu", "sign")  # of bools (numpy's and torch's semantics); neg of a bool does not infer
 
 
 def unary(ctx: Ctx) -> list[TensorNode]:
+    if ctx.kind in _BOOL_IDENTITY and ctx.x().dtype.is_bool:
+        return ctx.finish([copy(ctx.x())])
     return ctx.finish([UNARY[ctx.kind](ctx.x())])
-
-
-def check_unary(op: Operator) -> str | None:
-    if op.kind in _NO_BOOL and op.inputs[0].dtype.is_bool:
-        return f"{op.kind} of a bool tensor is not lowered"
-    return None
 
 
 def gelu(ctx: Ctx) -> list[TensorNode]:
@@ -119,19 +116,19 @@ def arith(ctx: Ctx) -> list[TensorNode]:
 
 def check_arith(op: Operator) -> str | None:
     dt = op.outputs[0].dtype
-    if op.kind == "sub" and dt.is_bool:
-        return "sub of bool tensors is not lowered (numpy rejects it)"
     if op.kind == "pow" and not dt.is_float:
         return "integer pow is not lowered"
-    if op.kind in ("bitwise_and", "bitwise_or") and dt.is_float:
-        return f"{op.kind} of floating-point tensors is not defined"
     if op.kind == "remainder" and dt.is_bool:
         return "remainder of bool tensors is not lowered"
     return None
 
 
 def compare(ctx: Ctx) -> list[TensorNode]:
-    a, b = _operands(ctx, None)
+    # Comparisons take both operands in their promoted dtype (the graph's C-like promotion, as
+    # the reference does); logical ops take each operand's truth value as it is.
+    ins = ctx.op.inputs
+    dt = None if ctx.kind.startswith("logical") else arith_type(ins[0].dtype, ins[1].dtype)
+    a, b = _operands(ctx, dt)
     return ctx.finish([COMPARE[ctx.kind](a, b)])
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from tessera.errors import DivisionByZeroError
 from tessera.graph.opdefs._common import float_result, upcast
 from tessera.graph.registry import register
-from tessera.graph.symbolic import broadcast_shapes
+from tessera.graph.symbolic import ShapeError, broadcast_shapes
 from tessera.ir import dtypes
 from tessera.ir.dtypes import promote
 
@@ -46,7 +46,7 @@ _UNARY_FLOAT = {
     "hardsigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1), "hardswish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
 }  # fmt: skip
 _UNARY_SAME = {
-    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": np.sign,
+    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": lambda x: x if x.dtype == np.bool_ else np.sign(x),
     "floor": np.floor, "ceil": np.ceil, "round": np.round,
 }  # fmt: skip
 
@@ -59,14 +59,30 @@ def _infer_same(inputs, attrs):
     return [(inputs[0].shape, inputs[0].dtype)]
 
 
+def _infer_neg(inputs, attrs):
+    if inputs[0].dtype.is_bool:  # numpy and torch refuse it too
+        raise ShapeError("neg of a bool tensor is not defined; use logical_not, or cast to a number first")
+    return _infer_same(inputs, attrs)
+
+
 def _unary_ref(fn):
     return lambda xs, attrs: [fn(upcast(xs[0]))]
 
 
+def _float_ref(fn):
+    # Integer and bool inputs compute in float32, the result dtype: numpy would pick float16
+    # for bool and int8 (np.exp(True) is float16) and lose precision the graph promises.
+    def ref(xs, attrs):
+        x = upcast(xs[0])
+        return [fn(x if x.dtype.kind == "f" else x.astype(np.float32))]
+
+    return ref
+
+
 for _k, _f in _UNARY_FLOAT.items():
-    register(_k, infer=_infer_float, reference=_unary_ref(_f), category="elementwise")
+    register(_k, infer=_infer_float, reference=_float_ref(_f), category="elementwise")
 for _k, _f in _UNARY_SAME.items():
-    register(_k, infer=_infer_same, reference=_unary_ref(_f), category="elementwise")
+    register(_k, infer=_infer_neg if _k == "neg" else _infer_same, reference=_unary_ref(_f), category="elementwise")
 
 register("gelu", infer=_infer_float, category="elementwise", attrs={"approximate": "none"},
          reference=lambda xs, a: [_gelu(upcast(xs[0]), a["approximate"])],
@@ -106,12 +122,26 @@ register("cast", infer=lambda xs, a: [(xs[0].shape, dtypes.dtype(a["dtype"]))], 
 
 
 # ---- binary ------------------------------------------------------------------------------
-def _arith_type(a, b):
+def arith_type(a, b):
+    """The dtype both operands of an arithmetic operator or comparison are converted to (C-like
+    promotion; two bools stay bool).  Lowering uses it too: one rule for both sides."""
     return promote(a, b) if not (a.is_bool and b.is_bool) else dtypes.boolean
 
 
 def _infer_arith(inputs, attrs):
-    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), _arith_type(inputs[0].dtype, inputs[1].dtype))]
+    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), arith_type(inputs[0].dtype, inputs[1].dtype))]
+
+
+def _infer_sub(inputs, attrs):
+    if inputs[0].dtype.is_bool and inputs[1].dtype.is_bool:  # numpy and torch refuse it too
+        raise ShapeError("sub of two bool tensors is not defined; use logical_xor, or cast to a number first")
+    return _infer_arith(inputs, attrs)
+
+
+def _infer_bitwise(inputs, attrs):
+    if inputs[0].dtype.is_float or inputs[1].dtype.is_float:
+        raise ShapeError(f"bitwise operators take integer or bool tensors, got {inputs[0].dtype} and {inputs[1].dtype}")
+    return _infer_arith(inputs, attrs)
 
 
 def _infer_compare(inputs, attrs):
@@ -122,18 +152,35 @@ def _binary_ref(fn):
     return lambda xs, attrs: [fn(upcast(xs[0]), upcast(xs[1]))]
 
 
+def _promoted_ref(fn):
+    # Operands converted to the promoted dtype first, as the graph's result dtype says (and as
+    # torch does): numpy would compute int64 % float16 in float64, where 2**40 is finite.
+    def ref(xs, attrs):
+        from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
+
+        dt = numpy_dtype(arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype)))
+        return [fn(upcast(xs[0].astype(dt, copy=False)), upcast(xs[1].astype(dt, copy=False)))]
+
+    return ref
+
+
 _ARITH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "pow": np.power, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
 }  # fmt: skip
 _COMPARE = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
+    "ge": np.greater_equal,
 }  # fmt: skip
+_LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
+_ARITH_INFER = {"sub": _infer_sub, "bitwise_and": _infer_bitwise, "bitwise_or": _infer_bitwise}
 for _k, _f in _ARITH.items():
-    register(_k, infer=_infer_arith, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
+    register(_k, infer=_ARITH_INFER.get(_k, _infer_arith), reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
+             doc="operands are converted to the promoted dtype (the result's), then combined")  # fmt: skip
 for _k, _f in _COMPARE.items():
+    register(_k, infer=_infer_compare, reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
+             doc="compares in the promoted dtype of the operands")  # fmt: skip
+for _k, _f in _LOGICAL.items():  # each operand's truth value (nonzero), no promotion
     register(_k, infer=_infer_compare, reference=_binary_ref(_f), category="elementwise", num_inputs=2)
 
 
@@ -161,7 +208,12 @@ def _infer_div(inputs, attrs):
 
 
 def _div_ref(xs, a):
-    x, y = upcast(xs[0]), upcast(xs[1])
+    from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
+
+    dt = arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype))
+    if a["rounding"] is None and not dt.is_float:
+        dt = dtypes.float32  # true division of integers is float32 division, as torch does it
+    x, y = (upcast(v.astype(numpy_dtype(dt), copy=False)) for v in xs)
     if a["rounding"] is None:
         return [np.true_divide(x, y)]
     _integer_divisor(x, y, "div")
@@ -179,7 +231,7 @@ register("div", infer=_infer_div, reference=_div_ref, category="elementwise", nu
 
 def _infer_where(inputs, attrs):
     shape = broadcast_shapes(inputs[0].shape, inputs[1].shape, inputs[2].shape)
-    return [(shape, _arith_type(inputs[1].dtype, inputs[2].dtype))]
+    return [(shape, arith_type(inputs[1].dtype, inputs[2].dtype))]
 
 
 register("where", infer=_infer_where, category="elementwise", num_inputs=3,

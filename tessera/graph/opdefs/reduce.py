@@ -67,13 +67,16 @@ def _cumsum_infer(xs, a):
 
 
 def _cumsum_ref(xs, a):
-    x = upcast(xs[0])
-    y = np.cumsum(x, axis=a["axis"])
+    x, axis = upcast(xs[0]), a["axis"]
     if a["reverse"]:
-        y = np.flip(np.cumsum(np.flip(x, a["axis"]), axis=a["axis"]), a["axis"])
+        x = np.flip(x, axis)
     if a["exclusive"]:
-        y = y - x
-    return [y]
+        # Sums of the elements before each one: a shifted inclusive sum (not cumsum - x, which
+        # cancels badly and turns a NaN or inf into NaN where the sum of nothing is 0).
+        first = np.zeros_like(np.take(x, [0], axis=axis))
+        x = np.concatenate([first, np.delete(x, -1, axis=axis)], axis=axis)
+    y = np.cumsum(x, axis=axis)
+    return [np.flip(y, axis) if a["reverse"] else y]
 
 
 register("cumsum", infer=_cumsum_infer, reference=_cumsum_ref, category="reduce",

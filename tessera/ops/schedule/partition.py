@@ -7,7 +7,10 @@ when
 * every stage that reads it belongs to that kernel, and
 * every read is *aligned*: it indexes the reduction with the consumer's own axis variables
   (or 0 on a size-1 dimension), the same way each time, and all fused reductions of the
-  kernel are indexed by the same set of the anchor's axes (the kernel's *outer* axes).
+  kernel are indexed by the same set of the anchor's axes (the kernel's *outer* axes), and
+* the reduction's sizes are the anchor's sizes on those axes: the kernel computes (and stores)
+  the reduction once per outer index, so a concat or pad consumer that is larger than the
+  reduction, or a slice that is smaller, keeps it in its own kernel.
 
 Then one kernel computes, for each outer index, the reductions in order into local values,
 and writes the anchor over the remaining (*inner*) axes: LayerNorm's mean, variance and
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tessera.ir import expr as E
 from tessera.ir.compute import ReduceCompute, TensorNode, reads_of
-from tessera.ops.common import static
+from tessera.ops.common import same_dim, static
 
 Position = int | None  # an anchor axis, or None for the constant index 0
 
@@ -91,6 +94,8 @@ def _absorb(plan: KernelPlan, consumers: dict[TensorNode, set[TensorNode]], assi
             if len(found) != 1 or None in found:
                 continue  # unaligned, or indexed differently by different members
             pos = found.pop()
+            if not all(p is None or same_dim(t.shape[d], plan.anchor.shape[p]) for d, p in enumerate(pos)):
+                continue  # the consumer's domain is not the reduction's
             used = tuple(sorted(p for p in pos if p is not None))
             if plan.outer is None:
                 plan.outer = used
