@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tessera.errors import ArgumentError
+from tessera.errors import ArgumentError, DivisionByZeroError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
@@ -51,6 +51,8 @@ class NumpyBackend:
             a = {k: evaluate(v, bindings) for k, v in attrs.items()} if symbolic else attrs
             try:
                 results = opdef.reference([np.asarray(x) for x in inputs], a)
+            except DivisionByZeroError:
+                raise  # the documented semantics of integer division by zero, as on the CPU
             except (ValueError, TypeError, IndexError, ZeroDivisionError, FloatingPointError) as exc:
                 # Data the operator cannot take (an index out of range, an integer to a negative power).
                 raise ArgumentError(f"{op.name} ({op.kind}) cannot compute these inputs: {exc}") from exc
