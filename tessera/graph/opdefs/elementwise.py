@@ -191,13 +191,13 @@ def _integer_divisor(x: np.ndarray, y: np.ndarray, what: str) -> None:
         raise DivisionByZeroError(f"{what}: integer division or modulo by zero")
 
 
-def _remainder_ref(xs, a):
-    x, y = upcast(xs[0]), upcast(xs[1])
+def _checked_mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     _integer_divisor(x, y, "remainder")
-    return [np.mod(x, y)]
+    return np.mod(x, y)
 
 
-register("remainder", infer=_infer_arith, reference=_remainder_ref, category="elementwise", num_inputs=2)
+register("remainder", infer=_infer_arith, reference=_promoted_ref(_checked_mod), category="elementwise", num_inputs=2,
+         doc="operands are converted to the promoted dtype; an integer zero divisor raises DivisionByZeroError")  # fmt: skip
 
 
 def _infer_div(inputs, attrs):
