@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tessera.errors import TesseraError
 from tessera.graph.lowering import elementwise as ew
+from tessera.graph.lowering import more_elementwise as more
 from tessera.graph.lowering import nn, reduce, shape
 from tessera.graph.lowering.core import Ctx, LoweringError
 from tessera.graph.operator import Operator
@@ -51,6 +52,11 @@ LOWERINGS: dict[str, Lowering] = {
     "logical_and": _CMP, "logical_or": _CMP, "logical_xor": _CMP,
     "div": Lowering(ew.div, ew.check_div),
     "where": Lowering(ew.where),
+    # elementwise ops of the ONNX front end (more_elementwise.py)
+    **dict.fromkeys(more.MATH_UNARY, Lowering(more.math_unary)),
+    "fmod": Lowering(more.fmod, more.check_fmod),
+    "bitwise_xor": Lowering(more.bitwise_xor, more.check_integer),
+    "bitshift": Lowering(more.bitshift, more.check_unsigned),
     # reductions and normalizations
     "reduce_sum": _RED, "reduce_mean": _RED, "reduce_max": _RED, "reduce_min": _RED, "reduce_prod": _RED,
     "argmax": Lowering(reduce.arg_reduce), "argmin": Lowering(reduce.arg_reduce),
@@ -91,7 +97,15 @@ LOWERINGS: dict[str, Lowering] = {
 }  # fmt: skip
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
-NOT_LOWERED: dict[str, str] = {}
+NOT_LOWERED: dict[str, str] = {
+    "cumprod": "cumprod has no kernel yet",
+    "topk": "topk (a sort) has no kernel yet",
+    "gather_nd": "gather_nd has no kernel yet",
+    "scatter_elements": "scatters (writes at data-dependent positions) have no kernel yet",
+    "scatter_nd": "scatters (writes at data-dependent positions) have no kernel yet",
+    "det": "det (an LU factorization) has no kernel",
+    "max_pool_with_indices": "max pooling with indices has no kernel yet",
+}
 
 
 def lowering_error(op: Operator) -> str | None:

@@ -43,6 +43,8 @@ _UNARY_FLOAT = {
     "softplus": lambda x: np.logaddexp(0, x), "log1p": np.log1p, "expm1": np.expm1,
     "mish": lambda x: x * np.tanh(np.logaddexp(0, x)),
     "hardsigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1), "hardswish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
 }  # fmt: skip
 _UNARY_SAME = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": np.sign,
@@ -124,6 +126,7 @@ def _binary_ref(fn):
 _ARITH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "pow": np.power, "remainder": np.mod, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "fmod": np.fmod,
 }  # fmt: skip
 _COMPARE = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
@@ -166,3 +169,13 @@ def _infer_where(inputs, attrs):
 
 register("where", infer=_infer_where, category="elementwise", num_inputs=3,
          reference=lambda xs, a: [np.where(xs[0].astype(bool), xs[1], xs[2])])  # fmt: skip
+
+
+def _bitshift_ref(xs, a):
+    x, n = xs[0], xs[1].astype(xs[0].dtype)
+    return [np.left_shift(x, n) if a["left"] else np.right_shift(x, n)]
+
+
+register("bitshift", infer=lambda xs, a: [(broadcast_shapes(xs[0].shape, xs[1].shape), xs[0].dtype)],
+         reference=_bitshift_ref, category="elementwise", num_inputs=2, attrs={"left": True},
+         doc="x << n (left) or x >> n on unsigned integers (ONNX BitShift)")  # fmt: skip
