@@ -12,7 +12,14 @@ import time (specialize.py).
 """
 
 # Importing the rule modules registers their rules.
-from tessera.frontend.onnx import rules_control, rules_linalg, rules_math, rules_nn, rules_shape  # noqa: E402, F401, I001
+from tessera.frontend.onnx import (  # noqa: F401
+    rules_control,
+    rules_linalg,
+    rules_math,
+    rules_nn,
+    rules_resize,
+    rules_shape,
+)
 from tessera.frontend.onnx.importer import (
     ONNX_DTYPES,
     RULES,
