@@ -16,8 +16,10 @@ from tessera.frontend.onnx import (  # noqa: F401
     rules_control,
     rules_linalg,
     rules_math,
+    rules_misc,
     rules_nn,
     rules_resize,
+    rules_rnn,
     rules_shape,
 )
 from tessera.frontend.onnx.importer import (

@@ -117,24 +117,32 @@ def _conv_transpose(im, node, args, attrs):
         p = list(attrs.get("pads", [0] * 2 * n))
         begins = p[:n]
         out_shape = out_shape or [full[i] - p[i] - p[n + i] for i in range(n)]
-    # The equivalent convolution: input upsampled by the strides (zeros between), padded by
-    # d*(k-1) - begin before and up to the output length after, kernel flipped and transposed.
+    bias = args[2] if len(args) > 2 and args[2] is not None else None
+    return conv_transpose_nd(im, x, w, bias, strides, dil, begins, out_shape, g)
+
+
+def conv_transpose_nd(im, x: Tensor, w: Tensor, bias, strides, dil, begins, out_shape, groups: int) -> Tensor:
+    """The transposed convolution of x [N, Cin, ...] by w [Cin, Cout/groups, k...] whose output
+    starts `begins` into the full result and has out_shape spatial sizes: a convolution of the
+    input upsampled by the strides (zeros between), padded by d*(k-1) - begin before and up to
+    the output length after, with the kernel flipped and its channel axes swapped per group."""
+    n = w.ndim - 2
+    k = [int(d) for d in w.shape[2:]]
     cin, cout_g = int(w.shape[0]), int(w.shape[1])
-    wt = im.op("reshape", w, shape=[g, cin // g, cout_g, *k])
+    wt = im.op("reshape", w, shape=[groups, cin // groups, cout_g, *k])
     wt = im.op("permute", wt, perm=[0, 2, 1, *range(3, 3 + n)])
-    wt = im.op("reshape", wt, shape=[g * cout_g, cin // g, *k])
+    wt = im.op("reshape", wt, shape=[groups * cout_g, cin // groups, *k])
     wt = im.op("flip", wt, axes=list(range(2, 2 + n)))
     up = _upsample_zeros(im, x, strides)
     pads = [0, 0, 0, 0]
     for i in range(n):
         before = dil[i] * (k[i] - 1) - begins[i]
-        up_len = (sizes[i] - 1) * strides[i] + 1
+        up_len = (x.shape[2 + i] - 1) * strides[i] + 1
         after = out_shape[i] + dil[i] * (k[i] - 1) - before - up_len
         pads += [before, after]
     if any(pads):
         up = im.op("pad", up, pads=pads, value=0.0)
-    bias = args[2] if len(args) > 2 and args[2] is not None else None
-    return conv_nd(im, up, wt, bias, [1] * n, [0] * n, [0] * n, dil, g)
+    return conv_nd(im, up, wt, bias, [1] * n, [0] * n, [0] * n, dil, groups)
 
 
 def _upsample_zeros(im, x: Tensor, strides: list[int]) -> Tensor:

@@ -104,6 +104,7 @@ NOT_LOWERED: dict[str, str] = {
     "scatter_elements": "scatters (writes at data-dependent positions) have no kernel yet",
     "scatter_nd": "scatters (writes at data-dependent positions) have no kernel yet",
     "det": "det (an LU factorization) has no kernel",
+    "bitcast": "bitcast has no kernel yet",
     "max_pool_with_indices": "max pooling with indices has no kernel yet",
 }
 

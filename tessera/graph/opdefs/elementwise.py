@@ -179,3 +179,22 @@ def _bitshift_ref(xs, a):
 register("bitshift", infer=lambda xs, a: [(broadcast_shapes(xs[0].shape, xs[1].shape), xs[0].dtype)],
          reference=_bitshift_ref, category="elementwise", num_inputs=2, attrs={"left": True},
          doc="x << n (left) or x >> n on unsigned integers (ONNX BitShift)")  # fmt: skip
+
+
+def _bitcast_ref(xs, a):
+    from tessera.graph.tensor import numpy_dtype
+
+    return [xs[0].view(numpy_dtype(dtypes.dtype(a["dtype"])))]
+
+
+def _bitcast_infer(xs, a):
+    dt = dtypes.dtype(a["dtype"])
+    if dt.nbits != xs[0].dtype.nbits:
+        from tessera.graph.symbolic import ShapeError
+
+        raise ShapeError(f"bitcast between {xs[0].dtype} and {dt} of different widths")
+    return [(xs[0].shape, dt)]
+
+
+register("bitcast", infer=_bitcast_infer, reference=_bitcast_ref, category="elementwise", attrs={"dtype": "int32"},
+         doc="the same bits read as another dtype of the same width (ONNX BitCast)")  # fmt: skip
