@@ -20,6 +20,7 @@ from tessera.frontend.onnx import (  # noqa: F401
     rules_nn,
     rules_resize,
     rules_rnn,
+    rules_sample,
     rules_shape,
 )
 from tessera.frontend.onnx.importer import (
