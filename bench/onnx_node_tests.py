@@ -56,8 +56,6 @@ EXCLUDED_OPS: dict[str, str] = {
     # Random numbers: the expected outputs come from one generator's stream, not a semantics to match.
     **dict.fromkeys(["Bernoulli", "RandomUniformLike", "RandomNormalLike", "RandomUniform", "RandomNormal",
                      "Multinomial"], "random numbers (outputs are not reproducible across implementations)"),  # fmt: skip
-    # Control flow: subgraphs (If/Loop/Scan bodies) have no counterpart in tessera's graph IR yet.
-    **dict.fromkeys(["If", "Loop", "Scan"], "control flow (subgraphs)"),
     # Image decoding (JPEG/PNG/... bytes to pixels) is a codec, not a tensor computation.
     "ImageDecoder": "image codec",
 }
@@ -156,17 +154,27 @@ def exclusion(model: Any, test: str) -> str | None:
     for pattern, why in EXCLUDED_TESTS.items():
         if fnmatch.fnmatch(test, pattern):
             return why
-    for node in model.graph.node:
+    return _graph_exclusion(model.graph)
+
+
+def _graph_exclusion(graph: Any) -> str | None:
+    """The exclusion reason of a graph or of any subgraph (control-flow bodies) inside it."""
+    for vi in [*graph.input, *graph.output]:
+        kind = vi.type.WhichOneof("value")
+        if kind not in ("tensor_type", None):
+            return "sequence/optional values"
+        if kind == "tensor_type" and vi.type.tensor_type.elem_type in EXCLUDED_ELEM_TYPES:
+            return EXCLUDED_ELEM_TYPES[vi.type.tensor_type.elem_type]
+    for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             return EXCLUDED_DOMAINS
         if node.op_type in EXCLUDED_OPS:
             return EXCLUDED_OPS[node.op_type]
-    for vi in [*model.graph.input, *model.graph.output]:
-        kind = vi.type.WhichOneof("value")
-        if kind != "tensor_type":
-            return "sequence/optional values"
-        if vi.type.tensor_type.elem_type in EXCLUDED_ELEM_TYPES:
-            return EXCLUDED_ELEM_TYPES[vi.type.tensor_type.elem_type]
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                why = _graph_exclusion(sub)
+                if why:
+                    return why
     return None
 
 

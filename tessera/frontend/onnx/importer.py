@@ -376,8 +376,20 @@ def convert_opset(model: Any) -> Any:
     except Exception as exc:  # noqa: BLE001  (the converter raises RuntimeError and onnx's own types)
         raise UnsupportedError(f"ONNX opset {opset} model: onnx.version_converter could not convert it to opset "
                                f"{MIN_NATIVE_OPSET} ({type(exc).__name__}: {str(exc).strip()[:300]})") from None  # fmt: skip
+    before, after = _interface(model), _interface(converted)
+    if before != after:  # e.g. opset 8's batched Scan: the converter drops the batch axis from the inputs
+        changed = sorted({name for name, t in before.items() if after.get(name) != t})
+        ops = sorted({n.op_type for n in model.graph.node})
+        raise UnsupportedError(f"ONNX opset {opset} model: onnx.version_converter changed the types of {changed} while "
+                               f"converting it to opset {MIN_NATIVE_OPSET} (ops {ops}); re-export the model with "
+                               f"opset {MIN_NATIVE_OPSET} or later")  # fmt: skip
     log.info("tessera: converted an opset %d ONNX model to opset %d", opset, MIN_NATIVE_OPSET)
     return converted
+
+
+def _interface(model: Any) -> dict[str, str]:
+    """Each graph input's and output's type, as text."""
+    return {vi.name: str(vi.type) for vi in [*model.graph.input, *model.graph.output]}
 
 
 def read_model(model: str | Path | bytes | Any) -> Any:

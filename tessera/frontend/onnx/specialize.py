@@ -112,7 +112,7 @@ class OnnxModel:
 def _host(a: Any) -> np.ndarray:
     if type(a).__module__.startswith("torch"):
         a = a.detach().cpu().numpy()
-    return np.ascontiguousarray(np.asarray(a))
+    return np.asarray(a, order="C")  # (not ascontiguousarray: it makes scalars 1-D)
 
 
 def compile(model: str | Path | bytes | Any, target: str = "cpu", **options: Any) -> OnnxModel:  # noqa: A001
