@@ -97,6 +97,10 @@ def expand(im: Importer, node: Any, opset: int) -> bool:
     import onnx
 
     schema = onnx.defs.get_schema(node.op_type, opset, "")
+    unknown = sorted({a.name for a in node.attribute} - set(schema.attributes))
+    if unknown:  # the body would ignore it
+        raise UnsupportedError(f"ONNX op {node.op_type} (node {node.name!r}, opset {opset}): attribute {unknown[0]} is "
+                               f"not an attribute of {node.op_type}-{schema.since_version}")  # fmt: skip
     attrs = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
     attrs.update({a.name: a for a in node.attribute})
     body_opset = next((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")), opset)

@@ -203,48 +203,24 @@ def _pad(im, node, args, attrs):
     return x
 
 
-def _take_range(im, x, axis, start, stop, step=1):
-    return im.op("slice", x, axes=[axis], starts=[start], ends=[stop], steps=[step])
-
-
 def _pad_axis(im, x: Tensor, axis: int, before: int, after: int, mode: str) -> Tensor:
-    """Edge/reflect/wrap padding of one axis from slices and concatenation (negative pads crop)."""
-    if before < 0 or after < 0:
-        n = x.shape[axis]
-        x = _take_range(im, x, axis, max(-before, 0), n - max(-after, 0))
-        before, after = max(before, 0), max(after, 0)
-    while before > 0 or after > 0:
-        n = x.shape[axis]
-        if not isinstance(n, int):
-            raise UnsupportedError(f"{mode} padding of a symbolic size")
-        limit = n - 1 if mode == "reflect" else n
-        if limit <= 0 and mode != "edge":
-            raise UnsupportedError(f"{mode} padding of an axis of size {n}")
-        b = before if mode == "edge" else min(before, limit)
-        a = after if mode == "edge" else min(after, limit)
-        parts = []
-        if b:
-            if mode == "edge":
-                parts.append(im.op("expand", _take_range(im, x, axis, 0, 1), shape=_with(x.shape, axis, b)))
-            elif mode == "reflect":
-                parts.append(_take_range(im, x, axis, b, 0, -1))
-            else:
-                parts.append(_take_range(im, x, axis, n - b, n))
-        parts.append(x)
-        if a:
-            if mode == "edge":
-                parts.append(im.op("expand", _take_range(im, x, axis, n - 1, n), shape=_with(x.shape, axis, a)))
-            elif mode == "reflect":
-                parts.append(_take_range(im, x, axis, n - 2, n - 2 - a, -1))
-            else:
-                parts.append(_take_range(im, x, axis, 0, a))
-        x = im.op("concat", *parts, axis=axis)
-        before, after = before - b, after - a
-    return x
-
-
-def _with(shape, axis, size):
-    return [size if i == axis else d for i, d in enumerate(shape)]
+    """Edge/reflect/wrap padding of one axis: a gather of source positions (negative pads crop)."""
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise UnsupportedError(f"{mode} padding of a symbolic size")
+    if before == 0 and after == 0:
+        return x
+    if n == 0:
+        raise UnsupportedError(f"{mode} padding of an empty axis")
+    src = np.arange(-before, n + after, dtype=np.int64)
+    if mode == "edge" or (mode == "reflect" and n == 1):
+        src = np.clip(src, 0, n - 1)
+    elif mode == "wrap":
+        src = src % n
+    else:  # reflect: mirrored without repeating the edge, period 2(n-1) (numpy.pad's rule)
+        src = src % (2 * (n - 1))
+        src = np.where(src < n, src, 2 * (n - 1) - src)
+    return im.op("take", x, Tensor.constant(src), axis=axis)
 
 
 # ---- gathers and scatters ----------------------------------------------------------------------------------------
