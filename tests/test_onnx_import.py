@@ -121,6 +121,23 @@ def test_pooling_over_one_and_three_spatial_axes(rng, rank, op):
     np.testing.assert_allclose(run(m, x)[0], reference(m, x)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("op,dtype,attrs", [
+    ("MaxPool", np.float32, dict(kernel_shape=[3, 2], dilations=[2, 3], pads=[2, 1, 1, 2], strides=[1, 2])),
+    ("AveragePool", np.float32, dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2], count_include_pad=1)),
+    ("AveragePool", np.float32, dict(kernel_shape=[2, 2], pads=[1, 0, 0, 1], ceil_mode=1, strides=[2, 2])),
+    ("MaxPool", np.uint8, dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2])),
+])  # fmt: skip
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # onnx's reference pads uint8 with -inf
+def test_pooling_beyond_the_compiled_2d_pooling_is_built_from_slices(rng, op, dtype, attrs):
+    """Dilations, wide or asymmetric padding with ceil mode, integers: still generated kernels."""
+    x = (rng.standard_normal((2, 3, 9, 8)) * 50).astype(dtype)
+    t = F if dtype == np.float32 else TensorProto.UINT8
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", t, [2, 3, 9, 8])], [("y", t, None)])
+    compiled = tessera.onnx.compile(m)
+    np.testing.assert_allclose(compiled(x)[0], reference(m, x)[0], rtol=1e-5, atol=1e-5)
+    assert compiled.summary()["reference_ops"] == []
+
+
 def test_maxpool_indices_output(rng):
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
     node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 3], strides=[2, 2], pads=[1, 1, 0, 1])

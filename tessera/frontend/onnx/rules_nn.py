@@ -13,7 +13,8 @@ import numpy as np
 
 from tessera.errors import UnsupportedError
 from tessera.frontend.onnx.importer import rule
-from tessera.graph import Tensor
+from tessera.graph import Operator, Tensor
+from tessera.graph.lowering import lowering_error
 
 
 # ---- padding and window arithmetic --------------------------------------------------------------------------------
@@ -219,9 +220,13 @@ def pool_nd(im, kind: str, x: Tensor, k, strides, begins, ends, dil, ceil: bool,
             x, begins, ends = _explicit_pad(im, kind, x, begins, ends, ceil)
         pads = [begins[0], begins[1], ends[0], ends[1]]
         if kind == "max":
-            return im.op("max_pool2d", x, kernel=k, stride=strides, padding=pads, dilation=dil, ceil_mode=ceil)
-        return im.op("avg_pool2d", x, kernel=k, stride=strides, padding=pads, dilation=dil, ceil_mode=ceil,
-                     count_include_pad=count_pad)  # fmt: skip
+            attrs = dict(kernel=k, stride=strides, padding=pads, dilation=dil, ceil_mode=ceil)
+        else:
+            attrs = dict(kernel=k, stride=strides, padding=pads, dilation=dil, ceil_mode=ceil, count_include_pad=count_pad)
+        kind2d = "max_pool2d" if kind == "max" else "avg_pool2d"
+        if x.is_static and lowering_error(Operator.create(kind2d, [x], attrs)) is not None:
+            return _pool_by_slices(im, kind, x, k, strides, pads, dil, ceil, count_pad)
+        return im.op(kind2d, x, **attrs)
     if n == 1:
         y = pool_nd(im, kind, im.op("unsqueeze", x, axes=[2]), [1, k[0]], [1, strides[0]], [0, begins[0]],
                     [0, ends[0]], [1, dil[0]], ceil, count_pad)  # fmt: skip
@@ -235,6 +240,41 @@ def pool_nd(im, kind: str, x: Tensor, k, strides, begins, ends, dil, ceil: bool,
     y = im.op("reshape", hw, shape=[nb, c, d, -1])
     y = pool_nd(im, kind, y, [k[0], 1], [strides[0], 1], [begins[0], 0], [ends[0], 0], [dil[0], 1], ceil, count_pad)
     return im.op("reshape", y, shape=[nb, c, y.shape[2], oh, ow])
+
+
+def _pool_by_slices(im, kind: str, x: Tensor, k, s, pads, d, ceil: bool, count_pad: bool) -> Tensor:
+    """2-D pooling the compiled pooling does not cover (dilation, padding wider than half the
+    window, integers): the max or sum of the kh*kw strided slices of the padded input, an
+    average dividing by each window's count of counted cells (a constant)."""
+    from tessera.graph.opdefs.nn import _window_out
+
+    h, w = x.shape[2], x.shape[3]
+    pt, pl, pb, pr = pads
+    oh, ow = (_window_out(size, k[i], s[i], (pt, pl)[i], (pb, pr)[i], d[i], ceil) for i, size in enumerate((h, w)))
+    need = [(o - 1) * s[i] + d[i] * (k[i] - 1) + 1 for i, o in enumerate((oh, ow))]
+    after = [need[0] - h - pt, need[1] - w - pl]  # the padding the windows reach (ceil mode: more)
+    if kind == "max":
+        fill = float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.name).min)
+    else:
+        fill = 0.0
+    xp = im.op("pad", x, pads=[0, 0, 0, 0, pt, after[0], pl, after[1]], value=fill)
+    parts = [im.op("slice", xp, axes=[2, 3], starts=[a * d[0], b * d[1]],
+                   ends=[a * d[0] + (oh - 1) * s[0] + 1, b * d[1] + (ow - 1) * s[1] + 1], steps=list(s))
+             for a in range(k[0]) for b in range(k[1])]  # fmt: skip
+    while len(parts) > 1:  # a balanced tree: an integer max repeats its operands in C, a chain would blow up
+        pairs = [im.op("maximum" if kind == "max" else "add", parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + parts[len(pairs) * 2 :]
+    y = parts[0]
+    if kind == "max":
+        return y
+    counted = np.zeros((pt + h + max(after[0], pb), pl + w + max(after[1], pr)))
+    if count_pad:  # the input and its padding count; cells only ceil mode adds do not
+        counted[: pt + h + pb, : pl + w + pr] = 1
+    else:
+        counted[pt : pt + h, pl : pl + w] = 1
+    count = sum(counted[a * d[0] : a * d[0] + (oh - 1) * s[0] + 1 : s[0], b * d[1] : b * d[1] + (ow - 1) * s[1] + 1 : s[1]]
+                for a in range(k[0]) for b in range(k[1]))  # fmt: skip
+    return im.op("div", y, Tensor.constant(count, x.dtype.name))
 
 
 def _explicit_pad(im, kind, x, begins, ends, ceil):

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from tessera.errors import TesseraError
 from tessera.graph.lowering import elementwise as ew
-from tessera.graph.lowering import more_elementwise as more
-from tessera.graph.lowering import nn, reduce, shape
+from tessera.graph.lowering import nn, onnx_ops, reduce, shape
 from tessera.graph.lowering.core import Ctx, LoweringError
 from tessera.graph.operator import Operator
 from tessera.ir import expr as E
@@ -52,11 +51,13 @@ LOWERINGS: dict[str, Lowering] = {
     "logical_and": _CMP, "logical_or": _CMP, "logical_xor": _CMP,
     "div": Lowering(ew.div, ew.check_div),
     "where": Lowering(ew.where),
-    # elementwise ops of the ONNX front end (more_elementwise.py)
-    **dict.fromkeys(more.MATH_UNARY, Lowering(more.math_unary)),
-    "fmod": Lowering(more.fmod, more.check_fmod),
-    "bitwise_xor": Lowering(more.bitwise_xor, more.check_integer),
-    "bitshift": Lowering(more.bitshift, more.check_unsigned),
+    # operators of the ONNX front end (onnx_ops.py)
+    **dict.fromkeys(onnx_ops.MATH_UNARY, Lowering(onnx_ops.math_unary)),
+    "fmod": Lowering(onnx_ops.fmod, onnx_ops.check_fmod),
+    "bitwise_xor": Lowering(onnx_ops.bitwise_xor, onnx_ops.check_integer),
+    "bitshift": Lowering(onnx_ops.bitshift, onnx_ops.check_unsigned),
+    "gather_nd": Lowering(onnx_ops.gather_nd),
+    "cumprod": Lowering(onnx_ops.cumprod, onnx_ops.check_cumprod),
     # reductions and normalizations
     "reduce_sum": _RED, "reduce_mean": _RED, "reduce_max": _RED, "reduce_min": _RED, "reduce_prod": _RED,
     "argmax": Lowering(reduce.arg_reduce), "argmin": Lowering(reduce.arg_reduce),
@@ -98,9 +99,7 @@ LOWERINGS: dict[str, Lowering] = {
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
 NOT_LOWERED: dict[str, str] = {
-    "cumprod": "cumprod has no kernel yet",
     "topk": "topk (a sort) has no kernel yet",
-    "gather_nd": "gather_nd has no kernel yet",
     "scatter_elements": "scatters (writes at data-dependent positions) have no kernel yet",
     "scatter_nd": "scatters (writes at data-dependent positions) have no kernel yet",
     "det": "det (an LU factorization) has no kernel",
