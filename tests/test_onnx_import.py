@@ -214,6 +214,23 @@ def test_shape_like_graph_inputs_specialise_with_a_guard(rng, caplog):
     np.testing.assert_allclose(c[0], x.reshape(3, 8, 1).sum(0), rtol=1e-6)
 
 
+def test_shape_arithmetic_beyond_symbolic_sizes_specialises_on_input_shapes(rng):
+    """n // 2 of a symbolic n is not a size the graph can name: compile per input shape instead."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Div", ["n", "two"], ["h"]), helper.make_node("Mod", ["n", "two"], ["r"]),
+             helper.make_node("Add", ["r", "two"], ["two2"]),
+             helper.make_node("Concat", ["h", "two2", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]  # fmt: skip
+    c = lambda n, v: helper.make_tensor(n, I64, [1], [v])  # noqa: E731
+    m = model(nodes, [("x", F, ["n", 6])], [("y", F, None)], initializers=[c("zero", 0), c("two", 2), c("minus1", -1)])
+    compiled = tessera.onnx.compile(m)
+    assert compiled.by_input_shapes
+    for n in (4, 8, 4):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        np.testing.assert_array_equal(compiled(x)[0], x.reshape(n // 2, 2, -1))
+    assert compiled.specializations == 2
+
+
 def test_clip_bounds_fed_at_run_time_need_no_specialisation(rng):
     m = model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [("x", F, [5]), ("lo", F, []), ("hi", F, [])],
               [("y", F, [5])])  # fmt: skip

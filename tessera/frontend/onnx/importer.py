@@ -53,6 +53,12 @@ class ShapeInputError(UnsupportedError):
         self.inputs = inputs
 
 
+class SymbolicValueError(UnsupportedError):
+    """A value the importer must know is computed from symbolic sizes in a way `Known` values
+    do not follow (static_ints of a symbolic size, a Mod of sizes...).  `tessera.onnx.compile`
+    specialises on the input shapes then (the sizes become numbers and everything folds)."""
+
+
 class Known:
     """An integer tensor of rank 0 or 1 whose entries are known at import time, some symbolic."""
 
@@ -92,7 +98,8 @@ def rule(*op_types: str, attrs: Iterable[str] | None = ()) -> Callable[[Rule], R
 class Importer:
     """Walks one ONNX graph; rules call `op`, `tensor`, `ints` and `const_array`."""
 
-    def __init__(self, model: Any, input_values: dict[str, np.ndarray] | None = None):
+    def __init__(self, model: Any, input_values: dict[str, np.ndarray] | None = None,
+                 input_shapes: dict[str, tuple[int, ...]] | None = None):  # fmt: skip
         import onnx
         from onnx import numpy_helper
 
@@ -100,6 +107,7 @@ class Importer:
         self.model = model
         self.opset = default_opset(model)
         self.input_values = dict(input_values or {})
+        self.input_shapes = dict(input_shapes or {})  # concrete shapes that replace the declared ones
         self.values: ChainMap[str, Any] = ChainMap({"": None})  # a scope per subgraph being imported
         self.operators: list[Operator] = []
         self.inputs: list[Tensor] = []
@@ -170,7 +178,8 @@ class Importer:
     def static_ints(self, value: Any, what: str) -> list[int]:
         vals = self.ints(value, what)
         if not all(isinstance(v, int) for v in vals):
-            raise UnsupportedError(f"{what} {vals} has symbolic entries; it must be static")
+            raise SymbolicValueError(f"{what} {vals} has symbolic entries; it must be static (tessera.onnx.compile "
+                                     "specialises on the input shapes for that)")  # fmt: skip
         return [int(v) for v in vals]
 
     def const_array(self, value: Any, what: str) -> np.ndarray:
@@ -190,6 +199,9 @@ class Importer:
             raise ShapeInputError(f"{what} depends on graph input(s) {deps}, whose values tessera.onnx.load does "
                                   "not know; tessera.onnx.compile specialises the compiled graph on them (or pass "
                                   "input_values= to tessera.onnx.load)", deps)  # fmt: skip
+        if any(not t.is_static for t in self.inputs):
+            raise SymbolicValueError(f"{what} is computed from symbolic sizes in a way tessera cannot follow; "
+                                     "tessera.onnx.compile specialises on the input shapes for that")  # fmt: skip
         raise UnsupportedError(f"{what} must be known at import time (a constant or a shape computation)")
 
     def input_dependencies(self, t: Tensor) -> list[str]:
@@ -246,6 +258,11 @@ class Importer:
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param if d.dim_param else fresh_dim("in"))
                  for d in tt.shape.dim]  # fmt: skip
         shape = [_sym_name(d) if isinstance(d, str) else d for d in shape]
+        if vi.name in self.input_shapes:
+            given = tuple(int(d) for d in self.input_shapes[vi.name])
+            if len(given) != len(shape) or any(isinstance(d, int) and d != g for d, g in zip(shape, given)):
+                raise ArgumentError(f"input {vi.name!r} has shape {list(given)}, the model declares {shape}")
+            shape = list(given)
         t = Tensor(shape, dtype, name=_clean(vi.name))
         self.inputs.append(t)
         self.input_names[t] = vi.name
@@ -277,10 +294,10 @@ class Importer:
             args = [self._value(i, f"node {node.name!r} ({node.op_type})") for i in node.input]
             try:
                 result = spec.fn(self, node, args, attrs)
-            except ShapeInputError as e:
-                raise ShapeInputError(f"{where}: {e}", e.inputs) from None
-            except UnsupportedError as e:
-                raise UnsupportedError(str(e) if str(e).startswith("ONNX op ") else f"{where}: {e}") from None
+            except UnsupportedError as e:  # named after the node (keeping the type: compile reads it)
+                if not str(e).startswith("ONNX op "):
+                    e.args = (f"{where}: {e}",)
+                raise e from None
             except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a malformed node
                 raise FileFormatError(f"{where} is malformed or of an unsupported form: {type(e).__name__}: {e}") \
                     from None  # fmt: skip

@@ -10,7 +10,10 @@ their values bound as constants -- everything they determine folds -- keyed by t
 The key is the guard: a call whose shape-like inputs have other values (dtype, shape or
 contents) gets another specialisation (built once, then reused; the least recently used of
 more than `max_specializations` is dropped).  A model without shape-like inputs compiles once,
-at construction.
+at construction, and serves every size of its symbolic dimensions -- unless its shape
+arithmetic on those sizes is beyond what the importer follows symbolically
+(SymbolicValueError): then the input shapes join the key, and each new set of input shapes
+imports and compiles the model with them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
-from tessera.frontend.onnx.importer import Importer, ShapeInputError, convert_opset, read_model
+from tessera.frontend.onnx.importer import Importer, ShapeInputError, SymbolicValueError, convert_opset, read_model
 
 log = logging.getLogger("tessera")
 
@@ -41,11 +44,15 @@ class OnnxModel:
         initializers = {i.name for i in self.model.graph.initializer}
         self.input_names = [vi.name for vi in self.model.graph.input if vi.name not in initializers]
         self.shape_inputs: list[str] = []
+        self.by_input_shapes = False  # the input shapes are part of the key (SymbolicValueError)
         self._compiled: OrderedDict[tuple, Any] = OrderedDict()
         try:
-            self._compiled[()] = self._build({})
+            self._compiled[()] = self._build({}, {})
         except ShapeInputError as exc:
             self._add_shape_inputs(exc.inputs)
+        except SymbolicValueError as exc:
+            log.info("tessera: %s; compiling per input shapes", exc)
+            self.by_input_shapes = True
 
     @property
     def specializations(self) -> int:
@@ -56,10 +63,10 @@ class OnnxModel:
         new = set(self.shape_inputs) | set(names)
         self.shape_inputs = [n for n in self.input_names if n in new]
 
-    def _build(self, values: Mapping[str, np.ndarray]) -> Any:
+    def _build(self, values: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]) -> Any:
         from tessera.graph.compiler import compile_graph
 
-        graph = Importer(self.model, dict(values)).run()
+        graph = Importer(self.model, dict(values), dict(shapes)).run()
         return compile_graph(graph, self.target, **self.compile_options)
 
     def _arrays(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,20 +88,26 @@ class OnnxModel:
         arrays = self._arrays(args, kwargs)
         while True:
             values = {n: _host(arrays[n]) for n in self.shape_inputs}
-            key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())
+            shapes = {n: tuple(np.shape(arrays[n])) for n in self.input_names if n not in values} if self.by_input_shapes else {}
+            key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items()) + tuple(shapes.items())
             compiled = self._compiled.get(key)
             if compiled is None:
                 try:
-                    compiled = self._build(values)
+                    compiled = self._build(values, shapes)
                 except ShapeInputError as exc:  # a value that only matters once others are known
                     if set(exc.inputs) <= set(self.shape_inputs):
                         raise
                     self._add_shape_inputs(exc.inputs)
                     continue
-                if self.shape_inputs:
+                except SymbolicValueError:
+                    if self.by_input_shapes:
+                        raise
+                    self.by_input_shapes = True
+                    continue
+                if self.shape_inputs or shapes:
                     log.info("tessera: ONNX model specialised on %s (%d specialisation(s))",
-                             {n: v.tolist() if v.size <= 16 else f"{v.dtype}{list(v.shape)}" for n, v in values.items()},
-                             len(self._compiled) + 1)  # fmt: skip
+                             {**{n: v.tolist() if v.size <= 16 else f"{v.dtype}{list(v.shape)}" for n, v in values.items()},
+                              **{n: f"shape {list(s)}" for n, s in shapes.items()}}, len(self._compiled) + 1)  # fmt: skip
                 self._compiled[key] = compiled
                 if len(self._compiled) > self.max_specializations:
                     self._compiled.popitem(last=False)
@@ -105,7 +118,8 @@ class OnnxModel:
     def summary(self) -> dict[str, Any]:
         """The shape-like inputs and the summary of the most recent specialisation."""
         last = next(reversed(self._compiled.values()), None)
-        return {"shape_inputs": list(self.shape_inputs), "specializations": len(self._compiled),
+        return {"shape_inputs": list(self.shape_inputs), "by_input_shapes": self.by_input_shapes,
+                "specializations": len(self._compiled),
                 **(last.summary() if last is not None else {})}  # fmt: skip
 
 
