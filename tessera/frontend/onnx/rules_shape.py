@@ -15,6 +15,7 @@ from tessera.frontend.onnx.importer import ALL_ATTRS, Known, rule
 from tessera.graph import Tensor
 from tessera.graph.opdefs.shape import BIG
 from tessera.graph.symbolic import Sym, dim_mul
+from tessera.graph.tensor import numpy_dtype
 
 
 @rule("Identity")
@@ -145,6 +146,11 @@ def _split(im, node, args, attrs):
         parts = int(attrs.get("num_outputs", n))
         per = -(-total // parts)  # num_outputs (opset 18): the last chunk may be smaller
         sizes = [min(per, total - i * per) for i in range(parts)]
+    if any(isinstance(v, int) and v == 0 for v in sizes):  # empty parts are constants: split the rest
+        kept = [v for v in sizes if not (isinstance(v, int) and v == 0)]
+        parts_out = iter(im.op_multi("split", x, axis=axis, sizes=kept) if len(kept) > 1 else [x] if kept else [])
+        empty = np.empty([0 if i == axis else d for i, d in enumerate(x.shape)], numpy_dtype(x.dtype))
+        return [Tensor.constant(empty) if isinstance(v, int) and v == 0 else next(parts_out) for v in sizes]
     return im.op_multi("split", x, axis=axis, sizes=sizes)
 
 
