@@ -72,6 +72,15 @@ EXCLUDED_TESTS: dict[str, str] = {
     "test_batchnorm_*training_mode*": "training op (batch statistics and running-stat updates)",
 }
 
+# Failures understood and accepted, with the reason (the report and the CPU tier read this).
+KNOWN_FAILURES = {
+    "test_dft_inverse": "the expected values carry complex64 FFT rounding (~1e-6), beyond atol 1e-7 near zero; "
+                        "tessera's float64 DFT is closer to the exact transform",
+    "test_dft_inverse_opset19": "as test_dft_inverse",
+    "test_scan_sum": "opset 8's batched Scan: onnx.version_converter changes the model's inputs (drops the batch "
+                     "axis); refused with that reason",
+}  # fmt: skip
+
 # The CPU tier's selection (ci_selection): these, one or two per op family, chosen to cover the
 # importer's rules, the folding of shape arithmetic and the specialisation on shape-like inputs,
 # plus every CI_STRIDE-th counted test -- about 300 tests, under a minute on 2 cores with a cold
@@ -406,16 +415,34 @@ def report(rows: list[dict[str, Any]], excluded: list[tuple[str, str]], header: 
         for cause, n in causes.most_common():
             ex = [r["test"] for r in ran if r.get("cause") == cause][:4]
             lines.append(f"| {cause} | {n} | {', '.join(ex)} |")
-        lines += ["", "## Failing tests", "", "| test | cause | detail |", "|---|---|---|"]
+        lines += ["", "## Failing tests", "", "| test | cause | detail | known: why |", "|---|---|---|---|"]
         for r in ran:
             if r["status"] != "pass":
                 detail = re.sub(r"\s+", " ", r.get("detail", ""))[:200].replace("|", "\\|")
-                lines.append(f"| {r['test']} | {r['cause']} | {detail} |")
+                lines.append(f"| {r['test']} | {r['cause']} | {detail} | {KNOWN_FAILURES.get(r['test'], '')} |")
         lines.append("")
+    if header.get("baseline"):
+        lines += _baseline_section(header["baseline"], ran)
     why = Counter(reason for _, reason in excluded)
     lines += ["## Excluded", "", "| reason | tests |", "|---|---:|"]
     lines += [f"| {reason} | {n} |" for reason, n in why.most_common()]
     return "\n".join(lines) + "\n"
+
+
+def _baseline_section(path: str, ran: list[dict[str, Any]]) -> list[str]:
+    """Before/after against an earlier run's jsonl (the same tests counted)."""
+    rows = {r["test"]: r for r in map(json.loads, Path(path).read_text().splitlines()) if r["status"] != "excluded"}
+    names = [r["test"] for r in ran if r["test"] in rows]
+    before = sum(rows[n]["status"] == "pass" for n in names)
+    after = sum(r["status"] == "pass" for r in ran if r["test"] in rows)
+    commit = next(iter(rows.values()), {}).get("commit", "?")
+    lines = [f"## Compared with commit `{commit}` ({Path(path).name})", "",
+             f"- the same {len(names)} tests: {before} passed then ({100 * before / max(1, len(names)):.1f}%), "
+             f"{after} now ({100 * after / max(1, len(names)):.1f}%)", "",
+             "| cause of failure then | tests |", "|---|---:|"]  # fmt: skip
+    causes = Counter(rows[n]["cause"] for n in names if rows[n]["status"] != "pass")
+    lines += [f"| {c} | {k} |" for c, k in causes.most_common()]
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ci-subset", action="store_true", help="run the CPU tier's selection only")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--data", default=None, help="the node test folder (default: $TESSERA_ONNX_NODE_DATA or the cache)")
+    ap.add_argument("--baseline", default=None, help="an earlier run's jsonl to compare with in the report")
     opts = ap.parse_args(argv)
     if opts.command == "_worker":
         _worker()
@@ -454,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnx
 
     date = datetime.date.today().isoformat()
-    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__,
+    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline,
               "command": "python3 bench/onnx_node_tests.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,17 +41,9 @@ def subset_rows(tmp_path_factory):
                            progress=False)  # fmt: skip
 
 
-# Known failures of the full suite, with the reason (the report lists them too).
-KNOWN_FAILURES = {
-    "test_dft_inverse": "the expected values carry complex64 FFT rounding (1e-6) beyond ONNX's atol 1e-7 near zero",
-    "test_dft_inverse_opset19": "the expected values carry complex64 FFT rounding (1e-6) beyond ONNX's atol 1e-7 near zero",
-    "test_scan_sum": "opset 8's batched Scan: onnx.version_converter changes the model's inputs; refused with that reason",
-}
-
-
 def test_onnx_node_tests_pass(subset_rows):
     failed = {r["test"]: f"{r['cause']}: {r.get('detail', '')}" for r in subset_rows
-              if r["status"] != "pass" and r["test"] not in KNOWN_FAILURES}  # fmt: skip
+              if r["status"] != "pass" and r["test"] not in suite.KNOWN_FAILURES}  # fmt: skip
     assert not failed, f"{len(failed)} of {len(subset_rows)} ONNX node tests fail: {failed}"
 
 
