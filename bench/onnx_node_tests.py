@@ -1,8 +1,8 @@
-"""ONNX's backend node tests through tessera's CPU path: `tessera.onnx.compile(model, "cpu")`
-(the importer, then `compile_graph`, specialised on shape-like inputs), one test per model.
+"""ONNX's backend node tests through tessera: `tessera.onnx.compile(model, "cpu")` (the
+importer, then `compile_graph`, specialised on shape-like inputs), one test per model.
 
     python3 bench/onnx_node_tests.py fetch              # the test data, into the cache (pip + PyPI)
-    python3 bench/onnx_node_tests.py run [-j 2] [-k PATTERN] [--out DIR]
+    python3 bench/onnx_node_tests.py run [-j 2] [-k PATTERN] [--out DIR] [--target cuda]
     python3 bench/onnx_node_tests.py list               # what is run and what is excluded, and why
 
 The test data (onnx/backend/test/data/node/*: a model.onnx and protobuf inputs and outputs per
@@ -12,7 +12,8 @@ the node tests into `data_dir()`.  `$TESSERA_ONNX_NODE_DATA` names another copy.
 A test passes when every output has the expected shape and dtype and is close to the expected
 values with onnx's own tolerances (onnx.backend.test.runner: rtol 1e-3, atol 1e-7).  Each test
 runs in a worker process (a crash or hang costs that test only); results go to
-`<out>/<date>-cpu-onnx-node.jsonl` (one row per test) and `.md` (pass rate, failures by cause).
+`<out>/<date>-<target>-onnx-node.jsonl` (one row per test) and `.md` (pass rate, failures by
+cause).  `--target cuda` runs the same tests on the GPU (inputs copied there, outputs back).
 The CPU-tier pytest (tests/test_onnx_node_suite.py) runs `CI_SUBSET` with the same machinery.
 """
 
@@ -242,7 +243,7 @@ def classify(exc: BaseException) -> str:
     return f"error ({type(exc).__name__})"
 
 
-def run_one(test_dir: Path) -> dict[str, Any]:
+def run_one(test_dir: Path, target: str = "cpu") -> dict[str, Any]:
     """Import, compile and run one node test; a row for the report."""
     import onnx
 
@@ -257,15 +258,15 @@ def run_one(test_dir: Path) -> dict[str, Any]:
     data = sorted(test_dir.glob("test_data_set_*"))
     try:
         if hasattr(tonnx, "compile"):
-            run = tonnx.compile(model, "cpu")
+            run = tonnx.compile(model, target)
         else:  # before the specialising wrapper existed
             graph = tonnx.load(model)
-            compiled = compile_graph(graph, "cpu")
+            compiled = compile_graph(graph, target)
             run = compiled
         for ds in data:
             inputs = [_read_tensor(ds / f"input_{i}.pb") for i in range(len(list(ds.glob("input_*.pb"))))]
             expected = [_read_tensor(ds / f"output_{i}.pb") for i in range(len(list(ds.glob("output_*.pb"))))]
-            got = [np.asarray(o) for o in run(*inputs)]
+            got = [_host(o) for o in run(*inputs)]
             problem = compare(expected, got)
             if problem:
                 row.update(status="fail", cause=problem[0], detail=problem[1])
@@ -281,6 +282,14 @@ def run_one(test_dir: Path) -> dict[str, Any]:
         row.update(status="fail", cause=classify(exc), detail=f"{type(exc).__name__}: {str(exc)[:400]}")
     row["seconds"] = round(time.perf_counter() - t0, 2)
     return row
+
+
+def _host(a: Any) -> np.ndarray:
+    if type(a).__module__.startswith("torch"):
+        from tessera.ops.compiled import torch_to_numpy
+
+        return torch_to_numpy(a)
+    return np.asarray(a)
 
 
 def compare(expected: list[np.ndarray], got: list[np.ndarray]) -> tuple[str, str] | None:
@@ -311,21 +320,23 @@ def _worker() -> None:
     import logging
 
     logging.disable(logging.WARNING)  # reference steps log a warning each; the report says which ran
+    target = os.environ.get("TESSERA_NODE_TEST_TARGET", "cpu")
     for line in sys.stdin:
         test_dir = Path(line.strip())
-        print(json.dumps(run_one(test_dir)), flush=True)
+        print(json.dumps(run_one(test_dir, target)), flush=True)
 
 
 def run_tests(root: Path, names: list[str], jobs: int = 1, timeout_s: float = TEST_TIMEOUT_S,
-              progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
-    """Run the named tests in `jobs` worker processes; rows in the order of names."""
+              progress: bool = True, target: str = "cpu") -> list[dict[str, Any]]:  # fmt: skip
+    """Run the named tests in `jobs` worker processes on target; rows in the order of names."""
     import select
 
     pending = list(names)
     rows: dict[str, dict[str, Any]] = {}
     workers: list[dict[str, Any]] = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                        os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+                                                        os.environ.get("PYTHONPATH", "")]),
+               TESSERA_NODE_TEST_TARGET=target)  # fmt: skip
 
     def start() -> dict[str, Any]:
         p = subprocess.Popen([sys.executable, __file__, "_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -387,7 +398,7 @@ def _commit() -> str:
 def report(rows: list[dict[str, Any]], excluded: list[tuple[str, str]], header: dict[str, Any]) -> str:
     ran = [r for r in rows if r["status"] != "excluded"]
     passed = sum(r["status"] == "pass" for r in ran)
-    lines = [f"# ONNX backend node tests on tessera's CPU path ({header['date']})", "",
+    lines = [f"# ONNX backend node tests on tessera's {header['target'].upper()} path ({header['date']})", "",
              f"- commit `{header['commit']}`, onnx {header['onnx']} (installed), node test data of onnx "
              f"{ONNX_SDIST_VERSION}; `{header['command']}`",
              f"- **{passed} / {len(ran)} pass ({100 * passed / max(1, len(ran)):.1f}%)**; {len(excluded)} tests excluded "
@@ -453,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ci-subset", action="store_true", help="run the CPU tier's selection only")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--data", default=None, help="the node test folder (default: $TESSERA_ONNX_NODE_DATA or the cache)")
+    ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--baseline", default=None, help="an earlier run's jsonl to compare with in the report")
     opts = ap.parse_args(argv)
     if opts.command == "_worker":
@@ -478,21 +490,21 @@ def main(argv: list[str] | None = None) -> int:
         pats = opts.pattern.split(",")
         chosen = [n for n in chosen if any(fnmatch.fnmatch(n, p) for p in pats)]
     excluded = [(n, why) for n, why in tests if why is not None]
-    rows = run_tests(root, chosen, opts.jobs)
+    rows = run_tests(root, chosen, opts.jobs, target=opts.target)
     import onnx
 
     date = datetime.date.today().isoformat()
-    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline,
+    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline, "target": opts.target,
               "command": "python3 bench/onnx_node_tests.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{date}-cpu-onnx-node.jsonl", "w") as f:
+    with open(out / f"{date}-{opts.target}-onnx-node.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps({**r, "commit": header["commit"]}) + "\n")
         for n, why in excluded:
             f.write(json.dumps({"test": n, "status": "excluded", "cause": why, "commit": header["commit"]}) + "\n")
     text = report(rows, excluded, header)
-    (out / f"{date}-cpu-onnx-node.md").write_text(text)
+    (out / f"{date}-{opts.target}-onnx-node.md").write_text(text)
     print(text.split("\n## Failing tests")[0])
     return 0
 

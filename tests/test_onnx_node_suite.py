@@ -26,25 +26,45 @@ ROOT = suite.data_dir()
 MISSING = suite.missing_data_reason(ROOT)
 
 
-@pytest.fixture(scope="module")
-def subset_rows(tmp_path_factory):
-    if MISSING:
-        pytest.skip(MISSING)
+def _selection() -> list[str]:
     listed = dict(suite.list_tests(ROOT))
+    counted = [n for n, why in listed.items() if why is None]
     if os.environ.get("TESSERA_ONNX_NODE_TESTS") == "all":
-        return suite.run_tests(ROOT, [n for n, why in listed.items() if why is None], jobs=2, progress=False)
+        return counted
     absent = [n for n in suite.CI_SUBSET if n not in listed]
     assert not absent, f"CI_SUBSET names tests the data does not have: {absent}"
     excluded = {n: listed[n] for n in suite.CI_SUBSET if listed[n]}
     assert not excluded, f"CI_SUBSET names excluded tests: {excluded}"
-    return suite.run_tests(ROOT, suite.ci_selection([n for n, why in listed.items() if why is None]), jobs=2,
-                           progress=False)  # fmt: skip
+    return suite.ci_selection(counted)
+
+
+def _run(tmp_path_factory, target: str) -> list[dict]:
+    """The selection in worker processes that build into a fresh cache (as every test does)."""
+    if MISSING:
+        pytest.skip(MISSING)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("tessera-cache")))
+        return suite.run_tests(ROOT, _selection(), jobs=2 if target == "cpu" else 1, progress=False, target=target)
+
+
+@pytest.fixture(scope="module")
+def subset_rows(tmp_path_factory):
+    return _run(tmp_path_factory, "cpu")
 
 
 def test_onnx_node_tests_pass(subset_rows):
     failed = {r["test"]: f"{r['cause']}: {r.get('detail', '')}" for r in subset_rows
               if r["status"] != "pass" and r["test"] not in suite.KNOWN_FAILURES}  # fmt: skip
     assert not failed, f"{len(failed)} of {len(subset_rows)} ONNX node tests fail: {failed}"
+
+
+@pytest.mark.cuda
+def test_onnx_node_tests_pass_on_the_gpu(tmp_path_factory):
+    """The same selection through compile_graph(..., "cuda") (inputs copied to the GPU)."""
+    rows = _run(tmp_path_factory, "cuda")
+    failed = {r["test"]: f"{r['cause']}: {r.get('detail', '')}" for r in rows
+              if r["status"] != "pass" and r["test"] not in suite.KNOWN_FAILURES}  # fmt: skip
+    assert not failed, f"{len(failed)} of {len(rows)} ONNX node tests fail on the GPU: {failed}"
 
 
 def test_missing_data_gives_a_reason_naming_the_fix(tmp_path):

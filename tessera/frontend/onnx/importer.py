@@ -9,8 +9,10 @@
   sizes travel as `Known` (exporters compute dynamic shapes with Shape -> Gather -> Concat ->
   Reshape), so a Reshape to (batch*seq, hidden) becomes an attribute, not a runtime tensor.
 - A value that must be known (a Reshape's shape, Reduce axes, Tile repeats...) but comes from
-  graph inputs raises `ShapeInputError` naming those inputs; `tessera.onnx.compile` catches it
-  and specialises the compiled graph on their values (see specialize.py).
+  graph inputs raises `ShapeInputError` naming those inputs; one computed from symbolic sizes
+  in ways `Known` does not follow raises `SymbolicValueError`.  `tessera.onnx.compile` catches
+  them and specialises the compiled graph on those inputs' values, or on the input shapes
+  (see specialize.py).
 - An op without a rule, or with an attribute its rule does not handle, is imported from its
   ONNX function definition when the schema has one (functions.py); otherwise the importer
   raises `UnsupportedError` naming the op, the node, the attribute and the opset.

@@ -336,15 +336,21 @@ def _ln(im, node, args, attrs):
             return [im.values[o] for o in node.output if o]
     x = im.tensor(args[0])
     axis = attrs.get("axis", -1) % x.ndim
-    ins = [x] + [im.op("expand", a, shape=list(x.shape[axis:])) for a in args[1:] if a is not None]
+    ins = [x] + [_to_shape(im, a, x.shape[axis:]) for a in args[1:] if a is not None]
     return im.op("layer_norm", *ins, num_axes=x.ndim - axis, eps=float(attrs.get("epsilon", 1e-5)))
+
+
+def _to_shape(im, t, shape) -> Tensor:
+    """A scale or bias broadcast to the normalized shape (ONNX allows broadcastable ones)."""
+    t = im.tensor(t)
+    return t if tuple(t.shape) == tuple(shape) else im.op("expand", t, shape=list(shape))
 
 
 @rule("RMSNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _rms(im, node, args, attrs):
     x = im.tensor(args[0])
     axis = attrs.get("axis", -1) % x.ndim
-    scale = [im.op("expand", a, shape=list(x.shape[axis:])) for a in args[1:2] if a is not None]
+    scale = [_to_shape(im, a, x.shape[axis:]) for a in args[1:2] if a is not None]
     return im.op("rms_norm", x, *scale, num_axes=x.ndim - axis, eps=float(attrs.get("epsilon", 1e-5)))
 
 
