@@ -79,15 +79,15 @@ def test_exported_model_compiles_and_matches_torch(name, cache_dir):
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
-def test_unsupported_op_names_op_and_node():
+def test_unsupported_op_names_op_node_and_opset():
     from onnx import TensorProto, helper
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.UINT8, ["h", "w", 3])
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
-             helper.make_node("Hardmax", ["r"], ["y"], name="my_hardmax")]  # fmt: skip
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(UnsupportedError, match=r"Hardmax.*my_hardmax"):
+             helper.make_node("ImageDecoder", ["r"], ["y"], name="my_decoder")]  # fmt: skip
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 20)])
+    with pytest.raises(UnsupportedError, match=r"ImageDecoder \(node 'my_decoder', opset 20\) is not supported"):
         tessera.onnx.load(model)
 
 

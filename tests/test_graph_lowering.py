@@ -158,6 +158,20 @@ CASES = [
     ("arange_sym", "arange", [BIND("s")], {"end": Sym.var("s"), "dtype": "int64"}),
     ("arange_sym_step", "arange", [BIND("b", "s")], {"start": 1, "end": Sym.var("b") * Sym.var("s"), "step": 2,
                                                      "dtype": "float32"}),
+    # operators of the ONNX front end
+    *[(k, k, [UNIT("b", 7)], {}) for k in ("asin", "acos", "atan", "sinh", "cosh", "asinh", "atanh")],
+    ("acosh", "acosh", [inp("b", 7, dom="ge1")], {}),
+    ("fmod", "fmod", [F("b", 7), F(7)], {}),
+    ("fmod_int", "fmod", [I32("b", 7), I32(7)], {}),
+    ("bitwise_xor", "bitwise_xor", [I32("b", 7), I32(7)], {}),
+    ("bitwise_xor_bool", "bitwise_xor", [BOOL("b", 7), BOOL(7)], {}),
+    ("bitshift", "bitshift", [inp("b", 7, dt="uint8", dom="shift"), inp(7, dt="uint8", dom="shift")], {"left": True}),
+    ("bitshift_right", "bitshift", [inp("b", 7, dt="uint8", dom="shift"), inp(7, dt="uint8", dom="shift")],
+     {"left": False}),
+    ("gather_nd", "gather_nd", [F(4, 6, "b"), inp("s", 2, dt="int64", dom="idx4")], {}),
+    ("gather_nd_batch", "gather_nd", [F(3, 4, 5), inp(3, 2, 1, dt="int32", dom="idx4")], {"batch_dims": 1}),
+    ("cumprod", "cumprod", [UNIT("b", 9)], {"axis": 1, "reverse": True, "exclusive": True}),
+    ("cumprod_int", "cumprod", [inp("b", 6, dt="int32", dom="small")], {"axis": -1}),
 ]  # fmt: skip
 
 
@@ -196,6 +210,10 @@ def make_arrays(rng, graph, specs, sizes):
             x = rng.integers(1, 10, shape) * rng.choice([-1, 1], shape)
         elif dom == "small":
             x = rng.integers(-2, 3, shape)
+        elif dom == "ge1":
+            x = np.abs(x) + 1.0
+        elif dom == "shift":
+            x = rng.integers(0, 9, shape)
         elif dom in ("bool", "mask"):
             x = rng.random(shape) > 0.4
             if dom == "mask":

@@ -36,7 +36,8 @@ class Intrinsic:
         return t
 
 
-_FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "floor", "ceil", "round")
+_FLOAT_UNARY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "floor", "ceil", "round",
+                "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 INTRINSICS: dict[str, Intrinsic] = {n: Intrinsic(n, 1, "float") for n in _FLOAT_UNARY}
 INTRINSICS |= {
     "pow": Intrinsic("pow", 2, "float"),
@@ -44,6 +45,7 @@ INTRINSICS |= {
     "max": Intrinsic("max", 2, "same"),
     "min": Intrinsic("min", 2, "same"),
     "fma": Intrinsic("fma", 3, "float"),
+    "fmod": Intrinsic("fmod", 2, "float"),  # C's fmod: the remainder has the sign of the dividend
     # Warp shuffles (CUDA only): exchange a value among the 32 lanes of a warp.
     "shfl_xor": Intrinsic("shfl_xor", 2, "first"),
     "shfl_down": Intrinsic("shfl_down", 2, "first"),

@@ -4,7 +4,8 @@
 nodes for its inputs, with the shapes (int32 expressions, see `dim_expr`), dtypes and semantics
 of the op's numpy reference; `lowering_error(op)` says beforehand why an operator cannot be
 lowered (the graph compiler then runs it in its reference and tells the user).  LOWERINGS is the
-table kind -> rule; the rules live by op family in elementwise.py, reduce.py, nn.py and shape.py,
+table kind -> rule; the rules live by op family in elementwise.py, reduce.py, nn.py and shape.py
+(onnx_ops.py: the kinds the ONNX front end added),
 the shared machinery (size bindings, conforming shapes) in core.py.
 
     from tessera import ops

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tessera.errors import TesseraError
 from tessera.graph.lowering import elementwise as ew
-from tessera.graph.lowering import nn, reduce, shape
+from tessera.graph.lowering import nn, onnx_ops, reduce, shape
 from tessera.graph.lowering.core import Ctx, LoweringError
 from tessera.graph.operator import Operator
 from tessera.ir import expr as E
@@ -51,6 +51,13 @@ LOWERINGS: dict[str, Lowering] = {
     "logical_and": _CMP, "logical_or": _CMP, "logical_xor": _CMP,
     "div": Lowering(ew.div, ew.check_div),
     "where": Lowering(ew.where),
+    # operators of the ONNX front end (onnx_ops.py)
+    **dict.fromkeys(onnx_ops.MATH_UNARY, Lowering(onnx_ops.math_unary)),
+    "fmod": Lowering(onnx_ops.fmod, onnx_ops.check_fmod),
+    "bitwise_xor": Lowering(onnx_ops.bitwise_xor, onnx_ops.check_integer),
+    "bitshift": Lowering(onnx_ops.bitshift, onnx_ops.check_unsigned),
+    "gather_nd": Lowering(onnx_ops.gather_nd),
+    "cumprod": Lowering(onnx_ops.cumprod, onnx_ops.check_cumprod),
     # reductions and normalizations
     "reduce_sum": _RED, "reduce_mean": _RED, "reduce_max": _RED, "reduce_min": _RED, "reduce_prod": _RED,
     "argmax": Lowering(reduce.arg_reduce), "argmin": Lowering(reduce.arg_reduce),
@@ -91,7 +98,14 @@ LOWERINGS: dict[str, Lowering] = {
 }  # fmt: skip
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
-NOT_LOWERED: dict[str, str] = {}
+NOT_LOWERED: dict[str, str] = {
+    "topk": "topk (a sort) has no kernel yet",
+    "scatter_elements": "scatters (writes at data-dependent positions) have no kernel yet",
+    "scatter_nd": "scatters (writes at data-dependent positions) have no kernel yet",
+    "det": "det (an LU factorization) has no kernel",
+    "bitcast": "bitcast has no kernel yet",
+    "max_pool_with_indices": "max pooling with indices has no kernel yet",
+}
 
 
 def lowering_error(op: Operator) -> str | None:

@@ -44,6 +44,8 @@ _UNARY_FLOAT = {
     "softplus": lambda x: np.logaddexp(0, x), "log1p": np.log1p, "expm1": np.expm1,
     "mish": lambda x: x * np.tanh(np.logaddexp(0, x)),
     "hardsigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1), "hardswish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
 }  # fmt: skip
 _UNARY_SAME = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype), "sign": lambda x: x if x.dtype == np.bool_ else np.sign(x),
@@ -167,13 +169,15 @@ def _promoted_ref(fn):
 _ARITH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "pow": np.power, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
 }  # fmt: skip
 _COMPARE = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal,
 }  # fmt: skip
 _LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
-_ARITH_INFER = {"sub": _infer_sub, "bitwise_and": _infer_bitwise, "bitwise_or": _infer_bitwise}
+_ARITH_INFER = {"sub": _infer_sub, "bitwise_and": _infer_bitwise, "bitwise_or": _infer_bitwise,
+                "bitwise_xor": _infer_bitwise}
 for _k, _f in _ARITH.items():
     register(_k, infer=_ARITH_INFER.get(_k, _infer_arith), reference=_promoted_ref(_f), category="elementwise", num_inputs=2,
              doc="operands are converted to the promoted dtype (the result's), then combined")  # fmt: skip
@@ -191,13 +195,17 @@ def _integer_divisor(x: np.ndarray, y: np.ndarray, what: str) -> None:
         raise DivisionByZeroError(f"{what}: integer division or modulo by zero")
 
 
-def _checked_mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    _integer_divisor(x, y, "remainder")
-    return np.mod(x, y)
+def _checked(fn, what: str):
+    def checked(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        _integer_divisor(x, y, what)
+        return fn(x, y)
+
+    return checked
 
 
-register("remainder", infer=_infer_arith, reference=_promoted_ref(_checked_mod), category="elementwise", num_inputs=2,
-         doc="operands are converted to the promoted dtype; an integer zero divisor raises DivisionByZeroError")  # fmt: skip
+for _k, _f in {"remainder": np.mod, "fmod": np.fmod}.items():  # remainder floors (Python), fmod truncates (C)
+    register(_k, infer=_infer_arith, reference=_promoted_ref(_checked(_f, _k)), category="elementwise", num_inputs=2,
+             doc="operands are converted to the promoted dtype; an integer zero divisor raises DivisionByZeroError")  # fmt: skip
 
 
 def _infer_div(inputs, attrs):
@@ -236,3 +244,32 @@ def _infer_where(inputs, attrs):
 
 register("where", infer=_infer_where, category="elementwise", num_inputs=3,
          reference=lambda xs, a: [np.where(xs[0].astype(bool), xs[1], xs[2])])  # fmt: skip
+
+
+def _bitshift_ref(xs, a):
+    x, n = xs[0], xs[1].astype(xs[0].dtype)
+    return [np.left_shift(x, n) if a["left"] else np.right_shift(x, n)]
+
+
+register("bitshift", infer=lambda xs, a: [(broadcast_shapes(xs[0].shape, xs[1].shape), xs[0].dtype)],
+         reference=_bitshift_ref, category="elementwise", num_inputs=2, attrs={"left": True},
+         doc="x << n (left) or x >> n on unsigned integers (ONNX BitShift)")  # fmt: skip
+
+
+def _bitcast_ref(xs, a):
+    from tessera.graph.tensor import numpy_dtype
+
+    return [xs[0].view(numpy_dtype(dtypes.dtype(a["dtype"])))]
+
+
+def _bitcast_infer(xs, a):
+    dt = dtypes.dtype(a["dtype"])
+    if dt.nbits != xs[0].dtype.nbits:
+        from tessera.graph.symbolic import ShapeError
+
+        raise ShapeError(f"bitcast between {xs[0].dtype} and {dt} of different widths")
+    return [(xs[0].shape, dt)]
+
+
+register("bitcast", infer=_bitcast_infer, reference=_bitcast_ref, category="elementwise", attrs={"dtype": "int32"},
+         doc="the same bits read as another dtype of the same width (ONNX BitCast)")  # fmt: skip

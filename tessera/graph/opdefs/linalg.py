@@ -103,3 +103,14 @@ register("scaled_dot_product_attention", infer=_sdpa_infer, reference=_sdpa_ref,
              "(grouped: query head h uses kv head h // (Hq/Hkv)); a bool mask keeps True entries, a "
              "float mask is added; causal keeps the lower triangle aligned at the top left, like torch")  # fmt: skip
 
+
+
+def _det_infer(xs, a):
+    x = xs[0]
+    if x.ndim < 2 or (isinstance(x.shape[-1], int) and x.shape[-1] != x.shape[-2]):
+        raise ShapeError(f"det needs square matrices [..., n, n], got {x.shape}")
+    return [(x.shape[:-2], x.dtype)]
+
+
+register("det", infer=_det_infer, reference=lambda xs, a: [np.linalg.det(upcast(xs[0]))], category="opaque",
+         doc="determinants of the trailing square matrices")  # fmt: skip

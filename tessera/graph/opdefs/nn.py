@@ -6,8 +6,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tessera.graph.opdefs._common import norm_axis, pair, require_float, upcast
-from tessera.graph.registry import register
+from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import Dim, ShapeError, Sym, fresh_dim
+from tessera.ir import dtypes
 
 
 def _window_out(size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: bool = False) -> Dim:
@@ -122,8 +123,8 @@ def _max_pool_ref(xs, a):
 def _avg_pool_ref(xs, a):
     x = upcast(xs[0])
     oh, ow = _pool_out_hw(x.shape, a)
-    k, s, pads = pair(a["kernel"]), pair(a["stride"] or a["kernel"]), _pads(a["padding"])
-    total = _windows(x, k, s, (1, 1), pads, 0, (oh, ow)).sum(axis=(4, 5))
+    k, s, d, pads = pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["dilation"]), _pads(a["padding"])
+    total = _windows(x, k, s, d, pads, 0, (oh, ow)).sum(axis=(4, 5))
     # The divisor counts window cells inside the input (plus its padding when
     # count_include_pad); cells added only for ceil mode never count, as in torch.
     h, w = x.shape[2], x.shape[3]
@@ -132,7 +133,7 @@ def _avg_pool_ref(xs, a):
         inside[:] = 1
     else:
         inside[:, :, pads[0] : pads[0] + h, pads[1] : pads[1] + w] = 1
-    count = _windows(inside, k, s, (1, 1), (0, 0, 0, 0), 0, (oh, ow)).sum(axis=(4, 5))
+    count = _windows(inside, k, s, d, (0, 0, 0, 0), 0, (oh, ow)).sum(axis=(4, 5))
     return [total / count]
 
 
@@ -140,7 +141,7 @@ register("max_pool2d", infer=_pool_infer, reference=_max_pool_ref, category="red
          attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False},
          doc="stride None means stride = kernel; padding (top, left, bottom, right) is -inf")  # fmt: skip
 register("avg_pool2d", infer=_pool_infer, reference=_avg_pool_ref, category="reduce",
-         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "ceil_mode": False,
+         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False,
                 "count_include_pad": True})  # fmt: skip
 
 
@@ -255,3 +256,53 @@ def _log_softmax_ref(xs, a):
 register("softmax", infer=_softmax_infer, reference=_softmax_ref, category="reduce", attrs={"axis": -1})
 register("log_softmax", infer=_softmax_infer, reference=_log_softmax_ref, category="reduce", attrs={"axis": -1})
 
+
+
+# ---- max pooling with indices (N-d) -------------------------------------------------------
+def _nd_pool_geometry(shape, a):
+    n = len(a["kernel"])
+    k, s, d, p = a["kernel"], a["stride"], a["dilation"], a["pads"]
+    outs = [_window_out(shape[2 + i], k[i], s[i], p[i], p[n + i], d[i], a["ceil_mode"]) for i in range(n)]
+    return n, k, s, d, p, outs
+
+
+def _max_pool_indices_infer(xs, a):
+    x = xs[0]
+    n, *_, outs = _nd_pool_geometry(x.shape, a)
+    if x.ndim != n + 2:
+        raise ShapeError(f"{n}-D max pooling takes [N, C, {n} spatial] input, got {x.shape}")
+    shape = (x.shape[0], x.shape[1], *outs)
+    return [(shape, x.dtype), (shape, dtypes.int64)]
+
+
+def _max_pool_indices_ref(xs, a):
+    x = xs[0]
+    n, k, s, d, p, outs = _nd_pool_geometry(x.shape, a)
+    spatial = x.shape[2:]
+    values = np.empty((*x.shape[:2], *outs), x.dtype)
+    index = np.empty(values.shape, np.int64)
+    # flat positions of the input (row-major, or column-major over the spatial axes with storage_order 1)
+    strides_rm = np.cumprod([1, *spatial[::-1]])[:-1][::-1]
+    strides_cm = np.cumprod([1, *spatial])[:-1]
+    pos_strides = strides_cm if a["storage_order"] else strides_rm
+    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    for out in np.ndindex(*outs):
+        starts = [out[i] * s[i] - p[i] for i in range(n)]
+        cells = [np.arange(starts[i], starts[i] + d[i] * (k[i] - 1) + 1, d[i]) for i in range(n)]
+        grid = np.stack(np.meshgrid(*cells, indexing="ij"), -1).reshape(-1, n)
+        ok = np.all((grid >= 0) & (grid < np.array(spatial)), axis=1)
+        grid = grid[ok]
+        flat = x.reshape(*x.shape[:2], -1)[:, :, (grid * strides_rm).sum(1)]
+        flat = np.where(np.isnan(flat), fill, flat) if x.dtype.kind == "f" else flat
+        best = np.argmax(flat, axis=2)
+        sel = (slice(None), slice(None), *out)
+        values[sel] = np.take_along_axis(flat, best[..., None], 2)[..., 0]
+        plane = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2]) * int(np.prod(spatial))
+        index[sel] = plane + (grid[best] * pos_strides).sum(-1)
+    return [values, index]
+
+
+register("max_pool_with_indices", infer=_max_pool_indices_infer, reference=_max_pool_indices_ref, category="opaque",
+         attrs={"kernel": REQUIRED, "stride": REQUIRED, "pads": REQUIRED, "dilation": REQUIRED, "ceil_mode": False,
+                "storage_order": 0},
+         doc="N-d max pooling and the flat index of each maximum (ONNX MaxPool's Indices; pads: begins then ends)")  # fmt: skip

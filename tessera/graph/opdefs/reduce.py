@@ -6,6 +6,7 @@ import numpy as np
 
 from tessera.graph.opdefs._common import norm_axes, norm_axis, upcast
 from tessera.graph.registry import register
+from tessera.graph.symbolic import ShapeError
 from tessera.ir import dtypes
 
 
@@ -81,3 +82,42 @@ def _cumsum_ref(xs, a):
 
 register("cumsum", infer=_cumsum_infer, reference=_cumsum_ref, category="reduce",
          attrs={"axis": 0, "exclusive": False, "reverse": False})  # fmt: skip
+
+
+def _cumprod_ref(xs, a):
+    x, ax = upcast(xs[0]), a["axis"]
+    if a["reverse"]:
+        x = np.flip(x, ax)
+    if a["exclusive"]:  # shift by one: the first product is 1
+        ones = np.ones_like(np.take(x, [0], axis=ax))
+        x = np.concatenate([ones, np.take(x, range(x.shape[ax] - 1), axis=ax)], axis=ax)
+    y = np.cumprod(x, axis=ax)
+    return [np.flip(y, ax) if a["reverse"] else y]
+
+
+register("cumprod", infer=_cumsum_infer, reference=_cumprod_ref, category="reduce",
+         attrs={"axis": 0, "exclusive": False, "reverse": False})  # fmt: skip
+
+
+def _topk_infer(xs, a):
+    x = xs[0]
+    ax = norm_axis(a["axis"], x.ndim)
+    if isinstance(x.shape[ax], int) and not 0 <= a["k"] <= x.shape[ax]:
+        raise ShapeError(f"topk k={a['k']} is out of range for an axis of size {x.shape[ax]}")
+    shape = tuple(a["k"] if i == ax else d for i, d in enumerate(x.shape))
+    return [(shape, x.dtype), (shape, dtypes.int64)]
+
+
+def _topk_ref(xs, a):
+    x, ax, k = xs[0], a["axis"], a["k"]
+    if a["largest"]:  # descending, ties by the lower index: a stable sort of the negated order
+        key = -x.astype(np.float64) if x.dtype.kind != "u" else np.iinfo(x.dtype).max - x
+    else:
+        key = x
+    order = np.argsort(key, axis=ax, kind="stable")
+    idx = np.take(order, range(k), axis=ax)
+    return [np.take_along_axis(x, idx, axis=ax), idx.astype(np.int64)]
+
+
+register("topk", infer=_topk_infer, reference=_topk_ref, category="opaque", attrs={"k": 1, "axis": -1, "largest": True},
+         doc="the k largest (or smallest) values along axis, sorted, and their indices; ties keep the lower index")  # fmt: skip

@@ -280,3 +280,74 @@ def _gather_elements_infer(xs, a):
 register("gather_elements", infer=_gather_elements_infer, category="injective", attrs={"axis": 0}, num_inputs=2,
          reference=lambda xs, a: [np.take_along_axis(xs[0], xs[1], axis=a["axis"])],
          doc="torch.gather / ONNX GatherElements")  # fmt: skip
+
+
+def _gather_nd_infer(xs, a):
+    data, idx = xs
+    b = a["batch_dims"]
+    k = idx.shape[-1]
+    if not isinstance(k, int) or not idx.dtype.is_integer:
+        raise ShapeError("gather_nd needs integer indices with a static last dimension")
+    if b + k > data.ndim:
+        raise ShapeError(f"gather_nd: {b} batch dims + index depth {k} exceed the data rank {data.ndim}")
+    return [((*idx.shape[:-1], *data.shape[b + k :]), data.dtype)]
+
+
+def _gather_nd_ref(xs, a):
+    data, idx = xs
+    b = a["batch_dims"]
+    batch = data.shape[:b]
+    nb = int(np.prod(batch, dtype=np.int64))
+    d = data.reshape(nb, *data.shape[b:])
+    i = idx.reshape(nb, -1, idx.shape[-1])
+    out = np.stack([d[j][tuple(i[j].T)] for j in range(nb)]) if nb else np.empty((0,), data.dtype)
+    return [out.reshape(*idx.shape[:-1], *data.shape[b + idx.shape[-1] :])]
+
+
+register("gather_nd", infer=_gather_nd_infer, reference=_gather_nd_ref, category="injective", num_inputs=2,
+         attrs={"batch_dims": 0}, doc="ONNX GatherND: index tuples into data after batch_dims leading batch axes")  # fmt: skip
+
+_SCATTER_REDUCE = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_infer(xs, a):
+    if a["reduction"] not in _SCATTER_REDUCE:
+        raise ShapeError(f"scatter reduction must be one of {sorted(_SCATTER_REDUCE)}, got {a['reduction']!r}")
+    if not xs[1].dtype.is_integer:
+        raise ShapeError(f"scatter indices must be integers, got {xs[1].dtype}")
+    return [(xs[0].shape, xs[0].dtype)]
+
+
+def _scatter_elements_ref(xs, a):
+    data, idx, upd = xs
+    out = np.array(data, copy=True)
+    ax = a["axis"]
+    idx = np.where(idx < 0, idx + data.shape[ax], idx)
+    full = list(np.indices(idx.shape, sparse=True))
+    full[ax] = idx
+    where = tuple(np.broadcast_arrays(*full))
+    fn = _SCATTER_REDUCE[a["reduction"]]
+    if fn is None:
+        out[where] = upd  # with repeated indices the last update wins, as in ONNX's reference
+    else:
+        fn.at(out, where, upd)
+    return [out]
+
+
+def _scatter_nd_ref(xs, a):
+    data, idx, upd = xs
+    out = np.array(data, copy=True)
+    fn = _SCATTER_REDUCE[a["reduction"]]
+    flat_idx = idx.reshape(-1, idx.shape[-1])
+    flat_upd = upd.reshape(flat_idx.shape[0], *upd.shape[idx.ndim - 1 :])
+    for i, u in zip(flat_idx, flat_upd):
+        key = tuple(i)
+        out[key] = u if fn is None else fn(out[key], u)
+    return [out]
+
+
+register("scatter_elements", infer=_scatter_infer, reference=_scatter_elements_ref, category="opaque", num_inputs=3,
+         attrs={"axis": 0, "reduction": "none"},
+         doc="inputs data, indices, updates: data with updates written (or reduced) at indices along axis")  # fmt: skip
+register("scatter_nd", infer=_scatter_infer, reference=_scatter_nd_ref, category="opaque", num_inputs=3,
+         attrs={"reduction": "none"}, doc="ONNX ScatterND: updates written (or reduced) at index tuples")  # fmt: skip
