@@ -20,7 +20,8 @@ def _graph(kind, **attrs):
     return b.build()
 
 
-@pytest.mark.parametrize("kind,attrs", [("div", {"rounding": "floor"}), ("div", {"rounding": "trunc"}), ("remainder", {})])
+@pytest.mark.parametrize("kind,attrs", [("div", {"rounding": "floor"}), ("div", {"rounding": "trunc"}), ("remainder", {}),
+                                        ("fmod", {})])
 def test_reference_and_compiled_cpu_raise_on_zero_divisor(kind, attrs):
     g = _graph(kind, **attrs)
     x = np.array([7, -7, 3, 0, 9], np.int32)

@@ -28,12 +28,12 @@ def math_unary(ctx: Ctx) -> list[TensorNode]:
 
 
 def _trunc_rem(x: E.Expr, y: E.Expr) -> E.Expr:
-    """Integer x % y with C's sign (of the dividend); 0 for a zero divisor (numpy's fmod gives 0)."""
-    zero = E.Const(0, y.dtype)
-    safe = E.Select(E.Binary("==", y, zero), E.Const(1, y.dtype), y)
-    q = E.Binary("//", x, safe)  # floor division
-    q = E.Select(E.Binary("&&", q < E.Const(0, q.dtype), E.Binary("!=", q * safe, x)), q + E.Const(1, q.dtype), q)
-    return E.Select(E.Binary("==", y, zero), E.Const(0, x.dtype), x - q * safe)
+    """Integer x % y with C's sign (the dividend's), from the kernels' floored `%`: a zero
+    divisor follows the kernels' rule (DivisionByZeroError on the CPU, 0 on CUDA)."""
+    m = E.Binary("%", x, y)  # the divisor's sign
+    zero = E.Const(0, m.dtype)
+    flip = E.Binary("&&", E.Binary("!=", m, zero), E.Binary("!=", m < zero, x < E.Const(0, x.dtype)))
+    return E.Select(flip, m - y, m)
 
 
 def fmod(ctx: Ctx) -> list[TensorNode]:
