@@ -70,3 +70,16 @@ def test_linear_epilogue_is_fused_and_graph_replays():
         out = compiled(torch.from_numpy(xv).cuda())[0].float().cpu().numpy()
         assert np.abs(out - expected).max() / np.abs(expected).max() < 1e-2
     assert next(iter(compiled._plans.values())).cuda_graph is not None
+
+
+def test_rank0_output_of_a_reference_step_on_the_gpu():
+    """A host-computed (reference) step writing a rank-0 output into its GPU buffer (det has no
+    kernel): the copy keeps the shape, on every call."""
+    b = GraphBuilder("det", device="cuda")
+    x = b.input("x", [3, 3], "float32")
+    b.output(b.op("det", x))
+    compiled = compile_graph(b.build(), "cuda")
+    for seed in range(3):
+        a = np.random.default_rng(seed).standard_normal((3, 3)).astype(np.float32)
+        out = compiled(torch.from_numpy(a).cuda())[0]
+        assert out.shape == () and abs(float(out) - np.linalg.det(a.astype(np.float64))) < 1e-4

@@ -157,4 +157,4 @@ def _copy_into(out: Any, value: np.ndarray, what: str) -> None:
     else:
         from tessera.ops.compiled import numpy_to_torch
 
-        out.copy_(numpy_to_torch(np.ascontiguousarray(value)))
+        out.copy_(numpy_to_torch(value))
