@@ -170,14 +170,19 @@ def _upsample_zeros(im, x: Tensor, strides: list[int]) -> Tensor:
 _POOL_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
 
 
-@rule("MaxPool", attrs=(*_POOL_ATTRS, "storage_order"))
-def _max_pool(im, node, args, attrs):
-    x = im.tensor(args[0])
+def _pool_window(x, attrs):
+    """(kernel, strides, dilations, ceil_mode, begin pads, end pads) of a pooling node."""
     k = [int(v) for v in attrs["kernel_shape"]]
     n = len(k)
     strides, dil = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
     ceil = bool(attrs.get("ceil_mode", 0))
-    begins, ends = spatial_pads(x, attrs, k, strides, dil, ceil)
+    return (k, strides, dil, ceil, *spatial_pads(x, attrs, k, strides, dil, ceil))
+
+
+@rule("MaxPool", attrs=(*_POOL_ATTRS, "storage_order"))
+def _max_pool(im, node, args, attrs):
+    x = im.tensor(args[0])
+    k, strides, dil, ceil, begins, ends = _pool_window(x, attrs)
     if len(node.output) > 1 and node.output[1]:
         return im.op_multi("max_pool_with_indices", x, kernel=k, stride=strides, pads=begins + ends, dilation=dil,
                            ceil_mode=ceil, storage_order=int(attrs.get("storage_order", 0)))  # fmt: skip
@@ -189,11 +194,7 @@ def _max_pool(im, node, args, attrs):
 @rule("AveragePool", attrs=(*_POOL_ATTRS, "count_include_pad"))
 def _avg_pool(im, node, args, attrs):
     x = im.tensor(args[0])
-    k = [int(v) for v in attrs["kernel_shape"]]
-    n = len(k)
-    strides, dil = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
-    ceil = bool(attrs.get("ceil_mode", 0))
-    begins, ends = spatial_pads(x, attrs, k, strides, dil, ceil)
+    k, strides, dil, ceil, begins, ends = _pool_window(x, attrs)
     return pool_nd(im, "avg", x, k, strides, begins, ends, dil, ceil, bool(attrs.get("count_include_pad", 0)))
 
 
@@ -201,11 +202,8 @@ def _avg_pool(im, node, args, attrs):
 def _lp_pool(im, node, args, attrs):
     """(sum over the window of |x|^p)^(1/p): an average pool counting the padding, times the window size."""
     x = im.tensor(args[0])
-    k = [int(v) for v in attrs["kernel_shape"]]
-    n, p = len(k), int(attrs.get("p", 2))
-    strides, dil = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
-    ceil = bool(attrs.get("ceil_mode", 0))
-    begins, ends = spatial_pads(x, attrs, k, strides, dil, ceil)
+    k, strides, dil, ceil, begins, ends = _pool_window(x, attrs)
+    p = int(attrs.get("p", 2))
     powered = im.op("pow", im.op("abs", x), im.scalar(p, x))
     total = im.op("mul", pool_nd(im, "avg", powered, k, strides, begins, ends, dil, ceil, True),
                   im.scalar(int(np.prod(k)), x))  # fmt: skip
