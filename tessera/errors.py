@@ -67,3 +67,27 @@ class DivisionByZeroError(TesseraError, ZeroDivisionError, RuntimeError):
 
     A ZeroDivisionError like Python's, and a RuntimeError like torch's on the CPU.  The
     kernel ran to the end with 0 for each such quotient; its outputs are not meaningful."""
+
+
+class IndexOutOfRangeError(ArgumentError, IndexError):
+    """A CPU kernel met a gather index outside [-n, n) (take, gather_elements, gather_nd).
+
+    An IndexError like numpy's and torch's.  The kernel ran to the end with such indices
+    clamped; its outputs are not meaningful."""
+
+
+# The status word every CPU kernel reports through its last parameter (backend.codegen_c).
+STATUS_DIVISION_BY_ZERO = 1
+STATUS_INDEX_OUT_OF_RANGE = 2
+
+
+def raise_for_status(status: int, kernel: str) -> None:
+    """Raise the error a CPU kernel's nonzero status word stands for."""
+    if status == STATUS_DIVISION_BY_ZERO:
+        raise DivisionByZeroError(f"{kernel}: integer division or modulo by zero (on the CPU this raises, as in "
+                                  "torch; on CUDA the quotient is 0)")  # fmt: skip
+    if status == STATUS_INDEX_OUT_OF_RANGE:
+        raise IndexOutOfRangeError(f"{kernel}: an index is out of range for the axis it indexes (on the CPU this "
+                                   "raises, as in numpy and torch; CUDA kernels clamp it)")  # fmt: skip
+    if status:
+        raise TesseraError(f"{kernel}: reported an unknown status {status}")

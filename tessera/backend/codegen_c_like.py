@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from tessera.errors import UnsupportedError
+from tessera.errors import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
@@ -56,14 +56,21 @@ SHARED_HELPERS = """
 {q} uint32_t ts_umod_chk(uint32_t a, uint32_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
 {q} uint64_t ts_udiv64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a / b; }}
 {q} uint64_t ts_umod64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
+{q} int64_t ts_index_chk(int64_t i, int64_t n{sp}) {{ if (i < -n || i >= n) {{ {index_flag}return i < 0 ? 0 : n - 1; }} return i < 0 ? i + n : i; }}
 """
-STATUS = "ts_status"  # the CPU kernels' last parameter: int32_t*, set to 1 on a division by zero
+STATUS = "ts_status"  # the CPU kernels' last parameter: int32_t*, set to a tessera.errors STATUS_* code
 
 
 def shared_helpers(qualifier: str, status: bool) -> str:
     """SHARED_HELPERS for a target; with `status` the checked divisions report to ts_status."""
-    sp, flag = (f", int32_t* {STATUS}", f"__atomic_store_n({STATUS}, 1, __ATOMIC_RELAXED); ") if status else ("", "")
-    return SHARED_HELPERS.format(q=qualifier, sp=sp, flag=flag).strip()
+    if not status:
+        return SHARED_HELPERS.format(q=qualifier, sp="", flag="", index_flag="").strip()
+
+    def flag(code: int) -> str:
+        return f"__atomic_store_n({STATUS}, {code}, __ATOMIC_RELAXED); "
+
+    return SHARED_HELPERS.format(q=qualifier, sp=f", int32_t* {STATUS}", flag=flag(STATUS_DIVISION_BY_ZERO),
+                                 index_flag=flag(STATUS_INDEX_OUT_OF_RANGE)).strip()  # fmt: skip
 
 
 # Generated code names every user identifier (kernels, parameters, locals, buffers) through
@@ -161,6 +168,8 @@ class CLikeCodegen(IRVisitor):
         return f"(({self.scalar_type(dst)})({value}))"
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
+        if name == "checked_index":
+            return f"ts_index_chk((int64_t)({args[0]}), (int64_t)({args[1]}){self.status_argument()})"
         if t.is_integer or t.is_bool:
             if name in ("max", "min"):
                 op = ">" if name == "max" else "<"

@@ -46,6 +46,9 @@ INTRINSICS |= {
     "min": Intrinsic("min", 2, "same"),
     "fma": Intrinsic("fma", 3, "float"),
     "fmod": Intrinsic("fmod", 2, "float"),  # C's fmod: the remainder has the sign of the dividend
+    # checked_index(i, n): i (negative counts from the end) if -n <= i < n; otherwise the CPU
+    # kernel reports an out-of-range index (the runtime raises) and CUDA clamps into [0, n).
+    "checked_index": Intrinsic("checked_index", 2, "same"),
     # Warp shuffles (CUDA only): exchange a value among the 32 lanes of a warp.
     "shfl_xor": Intrinsic("shfl_xor", 2, "first"),
     "shfl_down": Intrinsic("shfl_down", 2, "first"),

@@ -422,10 +422,13 @@ def _check_index(index: TensorNode, op: str) -> None:
 
 
 def safe_index(i: E.Expr, n: E.Expr) -> E.Expr:
-    """An index value made safe: negative ones count from the end, the rest is clamped to [0, n)."""
-    v = i if i.dtype == dtypes.int32 else E.Cast(i, dtypes.int32)
-    v = E.Select(v < 0, v + n, v)
-    return _min(_max(v, _i32(0)), n - 1)
+    """An index value checked against a size n: negative ones count from the end; one outside
+    [-n, n) makes a CPU kernel raise IndexOutOfRangeError after the call (as numpy and torch
+    refuse it), while CUDA kernels, which cannot report, clamp it into [0, n) so that no read
+    leaves the tensor."""
+    i64 = i if i.dtype == dtypes.int64 else E.Cast(i, dtypes.int64)
+    n64 = n if n.dtype == dtypes.int64 else E.Cast(n, dtypes.int64)
+    return E.Cast(E.Call("checked_index", (i64, n64), dtypes.int64), dtypes.int32)
 
 
 def take(x: TensorNode, indices: TensorNode, axis: int = 0) -> Compute:

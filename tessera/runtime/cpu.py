@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tessera.errors import DivisionByZeroError
+from tessera.errors import raise_for_status
 from tessera.ir.func import Function
 from tessera.ir.functor import written_buffers
 from tessera.runtime.args import bind, ctype_of
@@ -39,5 +39,4 @@ class CpuKernel:
         self.fn(*values, ctypes.byref(status))
         del views
         if status.value:
-            raise DivisionByZeroError(f"{self.func.name}: integer division or modulo by zero (on the CPU this raises, "
-                                      "as in torch; on CUDA the quotient is 0)")  # fmt: skip
+            raise_for_status(status.value, self.func.name)
