@@ -3,8 +3,9 @@ flatten, slice (with steps), concat, split, expand/broadcast_to, pad, and gather
 index_select, embedding, gather).
 
 All are injective: a consumer inlines them, so a transpose feeding an add costs no extra pass
-over memory.  Gathers read an index tensor; indices are wrapped once if negative (numpy) and
-then clamped into range so that a bad index can never read outside the tensor.
+over memory.  Gathers read an index tensor; indices are wrapped once if negative (numpy); one outside
+[-n, n) raises IndexOutOfRangeError on the CPU and is clamped on CUDA (see `safe_index`), so a
+bad index never reads outside the tensor.
 """
 
 from __future__ import annotations
