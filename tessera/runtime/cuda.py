@@ -6,10 +6,11 @@ tensors and tessera device arrays can be passed to the same kernels.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,22 @@ def synchronize() -> None:
 
 
 class DeviceArray:
-    """A contiguous array in GPU memory, allocated with cuMemAlloc."""
+    """A C-contiguous array in GPU memory: owned (allocated with cuMemAlloc, freed when
+    dropped) or a view of memory someone else owns (`view`, `wrap`), which keeps its base alive.
 
-    def __init__(self, shape: Sequence[int], dtype: DataType):
+    It speaks DLPack and the CUDA array interface, so torch, cupy and jax read it in place
+    (`torch.from_dlpack(a)`); `numpy()` copies it to the host."""
+
+    def __init__(self, shape: Sequence[int], dtype: DataType, *, ptr: int | None = None, base: Any = None):
         ensure_current()
         self.shape, self.dtype = tuple(int(s) for s in shape), dtype
         self.nbytes = prod(self.shape) * dtype.nbytes
-        self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
+        self.base = base
+        if ptr is None:
+            self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
+            self._owned = True
+        else:
+            self.ptr, self._owned = int(ptr), False
 
     @staticmethod
     def from_numpy(arr: np.ndarray) -> DeviceArray:
@@ -104,6 +114,59 @@ class DeviceArray:
         check(_driver().cuMemcpyHtoD(out.ptr, view.ptr, out.nbytes), "cuMemcpyHtoD")
         return out
 
+    @staticmethod
+    def wrap(view: ArrayView) -> DeviceArray:
+        """A DeviceArray over a contiguous CUDA array someone else owns (`view.owner`)."""
+        if view.device != "cuda" or not view.contiguous:
+            raise ArgumentError(f"DeviceArray.wrap needs a contiguous CUDA array, got a {view.device} array"
+                                f"{'' if view.contiguous else ' that is not contiguous'}")  # fmt: skip
+        return DeviceArray(view.shape, view.dtype, ptr=view.ptr, base=view.owner)
+
+    # ---- the array surface the runtime and the graph executor use --------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def device(self) -> str:
+        return "cuda"
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def view(self, offset: int, shape: Sequence[int], dtype: DataType) -> DeviceArray:
+        """The array of `shape` and `dtype` starting `offset` bytes into this one."""
+        nbytes = prod(shape) * dtype.nbytes
+        if offset < 0 or offset + nbytes > max(self.nbytes, 1) and nbytes:
+            raise ArgumentError(f"a view of {nbytes} bytes at offset {offset} exceeds the {self.nbytes}-byte array")
+        return DeviceArray(shape, dtype, ptr=self.ptr + offset, base=self)
+
+    def reshape(self, *shape: Any) -> DeviceArray:
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if prod(dims) != prod(self.shape):
+            raise ArgumentError(f"cannot reshape an array of shape {list(self.shape)} to {list(dims)}")
+        return DeviceArray(dims, self.dtype, ptr=self.ptr, base=self)
+
+    def copy_(self, src: Any, stream: int = 0) -> DeviceArray:
+        """Copy `src` (a CUDA array of the same shape and dtype, or a host array) into self,
+        ordered on `stream` for device sources."""
+        from tessera.runtime.tensor import view_of
+
+        view = view_of(src if not isinstance(src, np.ndarray) else np.ascontiguousarray(src), "copy source")
+        if view.shape != self.shape or view.dtype != self.dtype:
+            raise ArgumentError(f"copy of a {view.dtype}{list(view.shape)} array into a {self.dtype}{list(self.shape)} one")
+        if not view.contiguous:
+            raise ArgumentError("copy source must be contiguous")
+        ensure_current()
+        if view.device == "cuda":
+            check(_driver().cuMemcpyDtoDAsync(self.ptr, view.ptr, self.nbytes, stream), "cuMemcpyDtoDAsync")
+        else:
+            check(_driver().cuMemcpyHtoD(self.ptr, view.ptr, self.nbytes), "cuMemcpyHtoD")
+        return self
+
+    def clone(self, stream: int = 0) -> DeviceArray:
+        return DeviceArray(self.shape, self.dtype).copy_(self, stream)
+
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
         ensure_current()
@@ -113,16 +176,40 @@ class DeviceArray:
     def __tessera_view__(self) -> ArrayView:
         return ArrayView(self.ptr, self.shape, self.dtype, "cuda", True, self)
 
+    # ---- interchange -----------------------------------------------------------------------
+    def __dlpack__(self, stream: int | None = None, **_: Any) -> Any:
+        """A DLPack capsule of this array.  tessera's work is ordered on blocking streams,
+        which the consumer's legacy or per-thread default stream waits for; a consumer on
+        another stream gets the device synchronised first."""
+        from tessera.runtime import dlpack
+
+        if stream not in (None, 1, 2):
+            synchronize()
+        return dlpack.export(self.ptr, self.shape, self.dtype, dlpack.CUDA, _device_ordinal(), self)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from tessera.runtime import dlpack
+
+        return dlpack.CUDA, _device_ordinal()
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": self.shape, "typestr": numpy_dtype(self.dtype).str, "data": (self.ptr, False),
+                "version": 3, "strides": None}  # fmt: skip
+
     def __del__(self) -> None:
-        ptr = getattr(self, "ptr", 0)
-        if ptr:
+        if getattr(self, "_owned", False) and self.ptr:
             try:
-                _driver().cuMemFree(ptr)
+                _driver().cuMemFree(self.ptr)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
                 pass
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype})"
+
+
+def _device_ordinal() -> int:
+    return 0  # context() uses GPU 0
 
 
 def _plan_key(args: Sequence[Any]) -> tuple | None:
@@ -135,19 +222,41 @@ def _plan_key(args: Sequence[Any]) -> tuple | None:
             key.append(a.type)
         elif type(a).__name__ in ("Tensor", "Parameter") and type(a).__module__.startswith("torch"):
             key.append((a.shape, a.stride(), a.dtype, a.device))
+        elif type(a) is DeviceArray:  # contiguous by construction
+            key.append((a.shape, a.dtype))
         else:
             return None
     return tuple(key)
 
 
-def plan_stream(args: Sequence[Any]) -> int:
-    """torch's current stream on the first tensor's device."""
-    import torch
+_stream_scope = threading.local()
 
+
+@contextlib.contextmanager
+def use_stream(stream: int) -> Iterator[None]:
+    """Launches in this thread without an explicit stream go to `stream` (a CUstream handle as
+    an int) inside the block: how torch-free callers order kernels on their own stream."""
+    previous = getattr(_stream_scope, "stream", None)
+    _stream_scope.stream = stream
+    try:
+        yield
+    finally:
+        _stream_scope.stream = previous
+
+
+def current_stream(args: Sequence[Any] = ()) -> int:
+    """The stream a launch without an explicit one uses: the innermost `use_stream` block's,
+    else torch's current stream on the first torch tensor's device, else the legacy stream 0."""
+    scoped = getattr(_stream_scope, "stream", None)
+    if scoped is not None:
+        return scoped
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if type(a).__module__.startswith("torch") and hasattr(a, "device"):
+            import torch
+
             return int(torch.cuda.current_stream(a.device).cuda_stream)
     return 0
+
 
 
 # Launch plans kept per kernel (distinct argument signatures); least recently used go first.
@@ -220,7 +329,7 @@ class CudaKernel:
             for slot, i in zip(map_slots, plan.map_slots):
                 slot.load(args[i].raw)
         if stream is None:
-            stream = plan_stream(args) if key is not None else 0
+            stream = current_stream(args)
         ensure_current()
         check(
             _driver().cuLaunchKernel(self.handle, *plan.grid, *plan.block, plan.smem, stream, address, 0),

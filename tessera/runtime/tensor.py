@@ -76,7 +76,9 @@ def as_view(obj: Any) -> ArrayView | None:
         ptr, readonly = cai["data"]
         return ArrayView(int(ptr), shape, dt, "cuda", contiguous, obj, not readonly)
     if hasattr(obj, "__dlpack__"):
-        return as_view(np.from_dlpack(obj))
+        from tessera.runtime.dlpack import import_view
+
+        return ArrayView(*import_view(obj))
     return None
 
 

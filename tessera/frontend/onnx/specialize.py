@@ -126,6 +126,8 @@ class OnnxModel:
 def _host(a: Any) -> np.ndarray:
     if type(a).__module__.startswith("torch"):
         a = a.detach().cpu().numpy()
+    elif hasattr(a, "__tessera_view__") and hasattr(a, "numpy"):  # a tessera DeviceArray
+        a = a.numpy()
     return np.asarray(a, order="C")  # (not ascontiguousarray: it makes scalars 1-D)
 
 

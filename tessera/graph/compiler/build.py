@@ -23,6 +23,7 @@ from tessera.errors import (
 )
 from tessera.graph.compiler.anchors import is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
+from tessera.graph.compiler.memory import ARRAY_KINDS, choose_memory
 from tessera.graph.compiler.partition import Group, partition
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
 from tessera.graph.flow_graph import FlowGraph
@@ -33,23 +34,30 @@ log = logging.getLogger("tessera")
 
 
 def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = True, cuda_graph: bool = True,
-                  tune: bool = False, arch: str | None = None) -> CompiledGraph:  # fmt: skip
+                  tune: bool = False, arch: str | None = None, arrays: str = "auto") -> CompiledGraph:  # fmt: skip
     """Compile `graph` for "cpu" or "cuda".
 
     optimize: run the graph passes (constant folding, batchnorm folding, QKV merging) first.
     cuda_graph: capture each shape's run into a CUDA graph and replay it.
     tune: time the GEMM schedule space per shape (slow the first time, cached) instead of
-    choosing a GEMM schedule by heuristic."""
+    choosing a GEMM schedule by heuristic.
+    arrays (target "cuda"): "torch" runs on torch CUDA tensors, "native" on tessera's own
+    DeviceArrays without torch (inputs from DLPack or host arrays), "auto" picks torch when it
+    has CUDA (tessera.graph.compiler.memory)."""
     from tessera.graph.lowering import lowering_error
     from tessera.graph.passes import optimize as run_passes
 
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
+    if arrays not in ARRAY_KINDS:
+        raise ArgumentError(f"arrays={arrays!r}: expected one of {', '.join(ARRAY_KINDS)}")
     if target == "cuda":
         _require_gpu()
+        if arrays == "torch":
+            choose_memory(target, arrays)  # refuses now, not after the build, when torch lacks CUDA
     if optimize:
         run_passes(graph)
-    options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize}
+    options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize, "arrays": arrays}
     groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op), takes_epilogue)
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
@@ -78,15 +86,6 @@ def _require_gpu() -> None:
         cuda.context()
     except DeviceError as exc:
         raise DeviceError(f"compile_graph(..., 'cuda') needs a CUDA GPU and driver: {exc}") from None
-    try:
-        import torch
-    except ImportError:
-        raise DeviceError("compile_graph(..., 'cuda') needs torch with CUDA (compiled graphs run on torch CUDA "
-                          "tensors); install torch, or compile for target='cpu'") from None  # fmt: skip
-    if not torch.cuda.is_available():
-        raise DeviceError(f"compile_graph(..., 'cuda'): torch {torch.__version__} cannot use the GPU "
-                          "(torch.cuda.is_available() is False; a CPU-only build?); install a CUDA build of torch, "
-                          "or compile for target='cpu'")  # fmt: skip
 
 
 def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch: str | None) -> dict[int, Any]:

@@ -11,24 +11,23 @@ and hand back copies of the static outputs (callers own what they get).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tessera.errors import ArgumentError
+from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.memory_plan import place_buffers
 from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, evaluate
-from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.graph.tensor import Tensor
 from tessera.ir.dtypes import DataType
-from tessera.ops.compiled import numpy_to_torch, torch_dtype, torch_to_numpy
 
 log = logging.getLogger("tessera")
 
@@ -56,13 +55,15 @@ class _Plan:
 
 
 class CompiledGraph:
-    """A graph compiled for "cpu" (numpy in, numpy out) or "cuda" (torch CUDA tensors in and out).
+    """A graph compiled for "cpu" (numpy in, numpy out) or "cuda" (torch CUDA tensors in and
+    out, or tessera DeviceArrays without torch: see tessera.graph.compiler.memory).
 
     Call it with the graph's inputs (positionally, by name or as one dict); it returns the list
     of outputs.  `summary()` tells how the graph was compiled."""
 
     def __init__(self, graph: FlowGraph, target: str, steps: list[Any], options: Mapping[str, Any]):
         self.graph, self.target, self.steps, self.options = graph, target, steps, dict(options)
+        self.memory = choose_memory(target, self.options.get("arrays", "auto"))
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
         if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
@@ -94,14 +95,14 @@ class CompiledGraph:
         if plan is None:
             # The graph's shape assumptions hold for these sizes (or a ShapeError says which fails).
             shapes = propagate_shapes(self.graph, [tuple(a.shape) for a in arrays], bindings)
-            with _plan_owned(self.target):
+            with self.memory.owned():
                 plan = self._make_plan(shapes, bindings)
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
                 self._plans.popitem(last=False)
             outs = self._run_eager(plan, arrays)
             if self.use_cuda_graph:
-                with _plan_owned(self.target):
+                with self.memory.owned():
                     self._capture(plan, arrays)
             return outs
         self._plans.move_to_end(key)
@@ -110,32 +111,14 @@ class CompiledGraph:
         return self._run_eager(plan, arrays)
 
     def _check_input(self, t: Tensor, a: Any) -> Any:
-        if self.target == "cpu":
-            if type(a).__module__.startswith("torch"):
-                a = torch_to_numpy(a)
-            a = _contiguous(np.asarray(a))
-            if a.dtype != numpy_dtype(t.dtype):
-                raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
-            return a
-        import torch
-
-        if not isinstance(a, torch.Tensor):
-            a = numpy_to_torch(_contiguous(np.asarray(a)))
-        if a.device.type != "cuda":
-            a = a.cuda()
-        if a.dtype != torch_dtype(t.dtype):
-            raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
-        return a.contiguous()
+        return self.memory.input(a, t.dtype, t.name)
 
     # ---- plans -----------------------------------------------------------------------------
     def _constant(self, t: Tensor) -> Any:
         if t not in self._constants:
             data = np.array(t.data, order="C")  # a writable copy: torch refuses read-only arrays
-            if self.target == "cuda":
-                with _plan_owned(self.target):
-                    self._constants[t] = numpy_to_torch(data).cuda()
-            else:
-                self._constants[t] = data
+            with self.memory.owned():
+                self._constants[t] = self.memory.constant(data)
         return self._constants[t]
 
     def _make_plan(self, shapes: Mapping[Tensor, tuple[int, ...]], bindings: Mapping[str, int]) -> _Plan:
@@ -165,39 +148,19 @@ class CompiledGraph:
                 sizes[(i, j)] = _nbytes(shape, dt)
                 lifetimes[(i, j)] = (i, i)
         offsets, plan.arena_bytes = place_buffers(sizes, lifetimes)
-        plan.arena = self._alloc_arena(plan.arena_bytes)
+        plan.arena = self.memory.arena(plan.arena_bytes)
         for t in dtypes:
-            plan.buffers[t] = self._view(plan.arena, offsets[t], plan.shapes[t], t.dtype)
+            plan.buffers[t] = self.memory.view(plan.arena, offsets[t], plan.shapes[t], t.dtype)
         for i, specs in enumerate(temp_specs):
-            plan.temps.append([self._view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
+            plan.temps.append([self.memory.view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
         for step in self.steps:
             if step.kind == "anchor":
                 step.bind(plan.shapes)
         return plan
 
-    def _alloc_arena(self, nbytes: int) -> Any:
-        if self.target == "cpu":
-            return np.empty(max(nbytes, 1), np.uint8)
-        import torch
-
-        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
-
-    def _view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
-        count = int(np.prod(shape, dtype=np.int64))
-        if self.target == "cpu":
-            return np.frombuffer(arena, numpy_dtype(dt), count, offset).reshape(shape)
-        return arena[offset: offset + count * dt.nbytes].view(torch_dtype(dt)).view(shape)
-
-    def _empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
-        if self.target == "cpu":
-            return np.empty(shape, numpy_dtype(dt))
-        import torch
-
-        return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
-
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
-        outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
         self._run_steps(plan, arrays, outs)
         return [self._result(t, arrays, outs) for t in self.graph.outputs]
 
@@ -205,41 +168,32 @@ class CompiledGraph:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         env.update(plan.buffers)
         env.update(outs)
-        for step, temps in zip(self.steps, plan.temps):
-            ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
-            step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
+        with self.memory.running():
+            for step, temps in zip(self.steps, plan.temps):
+                ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
+                step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
         constant it passes through -- taken from `arrays`, the inputs of THIS call."""
         if t in outs:
-            return outs[t].clone() if copy else outs[t]
+            return self.memory.clone(outs[t]) if copy else outs[t]
         source = arrays[self.graph.inputs.index(t)] if t in self.graph.inputs else self._constant(t)
-        return source.copy() if self.target == "cpu" else source.clone()
+        return self.memory.clone(source)
 
     def _capture(self, plan: _Plan, arrays: Sequence[Any]) -> None:
-        import torch
-
-        plan.static_inputs = [a.clone() for a in arrays]
-        outs = {t: self._empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm every launch plan off the capture
-            self._run_steps(plan, plan.static_inputs, outs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._run_steps(plan, plan.static_inputs, outs)
+        plan.static_inputs = [self.memory.clone(a) for a in arrays]
+        outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        plan.cuda_graph = self.memory.capture(lambda: self._run_steps(plan, plan.static_inputs, outs))
         plan.static_outputs = outs
-        plan.cuda_graph = graph
 
     def _replay(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
         """Copy this call's inputs in, replay, and hand back copies of what the replay wrote.
         Outputs no step writes (an input or constant passed through) come from this call's
         inputs, never from the capture: the replay does not produce them."""
         for static, a in zip(plan.static_inputs, arrays):
-            static.copy_(a)
-        plan.cuda_graph.replay()
+            self.memory.copy_into(static, a)
+        self.memory.replay(plan.cuda_graph)
         return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
 
     def prepare(self, symbols: Mapping[str, int]) -> None:
@@ -293,25 +247,6 @@ class CompiledGraph:
     def __repr__(self) -> str:
         s = self.summary()
         return f"<CompiledGraph {self.graph.name} {self.target}: {s['operators']} ops -> {s['steps']}, {s['kernels']} kernels>"
-
-
-@contextlib.contextmanager
-def _plan_owned(target: str) -> Iterator[None]:
-    """Allocate a plan's long-lived GPU buffers as normal tensors even under
-    torch.inference_mode(): later calls outside it copy into them, which torch refuses for
-    inference tensors."""
-    if target != "cuda":
-        yield
-        return
-    import torch
-
-    with torch.inference_mode(False):
-        yield
-
-
-def _contiguous(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous array of the same shape (np.ascontiguousarray turns 0-d into 1-d)."""
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 class _Shaped:

@@ -140,6 +140,8 @@ class ReferenceStep:
 def _to_numpy(a: Any) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
+    if hasattr(a, "numpy") and not type(a).__module__.startswith("torch"):  # a tessera DeviceArray
+        return a.numpy()
     from tessera.ops.compiled import torch_to_numpy
 
     return torch_to_numpy(a)
@@ -154,6 +156,10 @@ def _copy_into(out: Any, value: np.ndarray, what: str) -> None:
                          f"reference disagree, which is a bug in that operator's definition")  # fmt: skip
     if isinstance(out, np.ndarray):
         out[...] = value
+    elif not type(out).__module__.startswith("torch"):  # a tessera DeviceArray
+        from tessera.runtime.tensor import numpy_dtype
+
+        out.copy_(np.asarray(value).astype(numpy_dtype(out.dtype), copy=False))
     else:
         from tessera.ops.compiled import numpy_to_torch
 

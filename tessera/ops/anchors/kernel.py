@@ -16,6 +16,7 @@ from typing import Any
 from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
+from tessera.runtime.cuda import current_stream
 from tessera.transforms.pipeline import lower
 
 # Where a kernel argument comes from: (source, index) with source one of these.
@@ -83,16 +84,15 @@ class AnchorPlan:
         """Compile, load the kernels and allocate the workspaces on the current CUDA device."""
         from pathlib import Path
 
-        import torch
-
         from tessera.backend.codegen_c_like import symbol_name
-        from tessera.runtime.cuda import CudaKernel
+        from tessera.runtime.cuda import CudaKernel, DeviceArray
 
         path = Path(self.build(arch))
         kernels = [CudaKernel(launch.func, path, symbol_name(launch.func), low.launch)
                    for launch, low in zip(self.launches, self.lowered)]  # fmt: skip
-        device = torch.device("cuda", torch.cuda.current_device())
-        ws = [torch.empty(shape, dtype=getattr(torch, dt.name), device=device) for shape, dt in self.workspaces]
+        # Workspaces are tessera device arrays, whatever arrays the kernel is called on: torch
+        # is not needed, and their memory lives as long as the kernel.
+        ws = [DeviceArray(shape, dt) for shape, dt in self.workspaces]
         return AnchorKernel(self, kernels, ws, path)
 
 
@@ -114,9 +114,11 @@ def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any]
 
 
 class AnchorKernel:
-    """A prepared anchor operator: call `kernel(inputs, out, extras)` on torch CUDA tensors.
+    """A prepared anchor operator: call `kernel(inputs, out, extras)` on torch CUDA tensors or
+    tessera DeviceArrays.
 
-    Launches on torch's current stream and allocates nothing per call (workspaces belong to
+    Launches on the current stream (tessera.runtime.cuda.current_stream: tessera's
+    `use_stream` block, else torch's current stream) and allocates nothing per call (workspaces belong to
     the kernel, so one AnchorKernel must not run on two streams at once), which makes it safe
     to capture in a CUDA graph.  `out` must be a contiguous tensor of `out_shape` and
     `out_dtype`; inputs and extras must be contiguous, with the shapes given at prepare time.
@@ -132,9 +134,6 @@ class AnchorKernel:
         self._steps = [(k, list(launch.slots)) for k, launch in zip(kernels, plan.launches)]
         self._num_inputs, self._num_extras = plan.num_inputs, plan.num_extras
         self._aligned = list(plan.aligned_inputs)
-        import torch
-
-        self._current_stream = torch.cuda.current_stream
 
     @property
     def kernels(self) -> list[str]:
@@ -158,7 +157,7 @@ class AnchorKernel:
         # A rank-0 extra (a scalar operand of the epilogue) is a one-element parameter.
         extras = [e.reshape(1) if getattr(e, "ndim", 1) == 0 else e for e in extras]
         sources = (inputs, (out,), extras, self.workspaces)
-        stream = self._current_stream(out.device).cuda_stream  # once, not once per launch
+        stream = current_stream((out,))  # once, not once per launch
         for kernel, slots in self._steps:
             kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots], stream)
 

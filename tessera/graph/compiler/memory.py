@@ -1,0 +1,287 @@
+"""Where a compiled graph keeps its arrays: host numpy ("cpu"), torch CUDA tensors, or tessera's
+own device arrays (GPU without torch).
+
+The compiled graph talks to one `Memory`: it converts inputs, uploads constants, carves the
+memory plan's arena into views, allocates outputs, copies, and captures/replays CUDA graphs.
+Choosing the GPU memory (`arrays` option of compile_graph):
+- "torch": torch CUDA tensors in and out, on torch's current stream and torch's CUDA graphs --
+  what the torch.compile backend needs;
+- "native": tessera DeviceArrays (DLPack and CUDA-array-interface capable) out, any CUDA
+  array with DLPack or the CUDA array interface (torch, cupy, jax) or a host array in, on a
+  stream of tessera's own, with CUDA graphs through the driver: no torch needed;
+- "auto" (default): "torch" when torch with CUDA is importable, else "native".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ArgumentError, DeviceError
+from tessera.ir.dtypes import DataType
+from tessera.runtime.tensor import numpy_dtype
+
+ARRAY_KINDS = ("auto", "torch", "native")
+
+
+def choose_memory(target: str, arrays: str = "auto") -> Memory:
+    """The Memory for `target` ("cpu"/"cuda") and the `arrays` option ("auto"/"torch"/"native")."""
+    if arrays not in ARRAY_KINDS:
+        raise ArgumentError(f"arrays={arrays!r}: expected one of {', '.join(ARRAY_KINDS)}")
+    if target == "cpu":
+        return HostMemory()
+    if arrays == "auto":
+        arrays = "torch" if _torch_cuda() else "native"
+    if arrays == "torch":
+        if not _torch_cuda():
+            raise DeviceError("arrays='torch' needs torch with CUDA (torch.cuda.is_available() is False or torch is "
+                              "not installed); use arrays='native' for tessera's own device arrays")  # fmt: skip
+        return TorchMemory()
+    return NativeMemory()
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of the same shape (np.ascontiguousarray turns 0-d into 1-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class Memory:
+    """The array operations a compiled graph needs; one subclass per kind of array."""
+
+    kind = "abstract"
+    captures = False  # whether run/replay through CUDA graphs is possible
+
+    def input(self, a: Any, dt: DataType, name: str) -> Any:
+        """`a` as an array this memory runs on, checked to have dtype `dt`."""
+        raise NotImplementedError
+
+    def constant(self, data: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def arena(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
+        raise NotImplementedError
+
+    def clone(self, a: Any) -> Any:
+        raise NotImplementedError
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Around every run of the steps (e.g. to direct launches to the memory's stream)."""
+        yield
+
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[None]:
+        """Around allocations that outlive the call (plans, constants)."""
+        yield
+
+    def capture(self, record: Callable[[], None]) -> Any:
+        raise NotImplementedError
+
+    def replay(self, graph: Any) -> None:
+        raise NotImplementedError
+
+
+class HostMemory(Memory):
+    """numpy arrays on the host; torch CPU tensors are accepted as inputs."""
+
+    kind = "cpu"
+
+    def input(self, a: Any, dt: DataType, name: str) -> Any:
+        if type(a).__module__.startswith("torch"):
+            from tessera.ops.compiled import torch_to_numpy
+
+            a = torch_to_numpy(a)
+        a = _contiguous(np.asarray(a))
+        if a.dtype != numpy_dtype(dt):
+            raise ArgumentError(f"input {name!r} must be {dt.name}, got {a.dtype}")
+        return a
+
+    def constant(self, data: np.ndarray) -> Any:
+        return data
+
+    def arena(self, nbytes: int) -> Any:
+        return np.empty(max(nbytes, 1), np.uint8)
+
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(arena, numpy_dtype(dt), count, offset).reshape(shape)
+
+    def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
+        return np.empty(shape, numpy_dtype(dt))
+
+    def clone(self, a: Any) -> Any:
+        return a.copy()
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        dst[...] = src
+
+
+class TorchMemory(Memory):
+    """torch CUDA tensors, torch's current stream and torch's CUDA graphs."""
+
+    kind = "torch"
+    captures = True
+
+    def input(self, a: Any, dt: DataType, name: str) -> Any:
+        import torch
+
+        from tessera.ops.compiled import numpy_to_torch, torch_dtype
+
+        if not isinstance(a, torch.Tensor):
+            a = numpy_to_torch(_contiguous(np.asarray(a)))
+        if a.device.type != "cuda":
+            a = a.cuda()
+        if a.dtype != torch_dtype(dt):
+            raise ArgumentError(f"input {name!r} must be {dt.name}, got {a.dtype}")
+        return a.contiguous()
+
+    def constant(self, data: np.ndarray) -> Any:
+        from tessera.ops.compiled import numpy_to_torch
+
+        return numpy_to_torch(data).cuda()
+
+    def arena(self, nbytes: int) -> Any:
+        import torch
+
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
+        from tessera.ops.compiled import torch_dtype
+
+        count = int(np.prod(shape, dtype=np.int64))
+        return arena[offset: offset + count * dt.nbytes].view(torch_dtype(dt)).view(shape)
+
+    def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
+        import torch
+
+        from tessera.ops.compiled import torch_dtype
+
+        return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
+
+    def clone(self, a: Any) -> Any:
+        return a.clone()
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[None]:
+        # Long-lived buffers are normal tensors even under torch.inference_mode(): later calls
+        # outside it copy into them, which torch refuses for inference tensors.
+        import torch
+
+        with torch.inference_mode(False):
+            yield
+
+    def capture(self, record: Callable[[], None]) -> Any:
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm every launch plan off the capture
+            record()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            record()
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+class NativeMemory(Memory):
+    """tessera DeviceArrays on a stream of the compiled graph's own; CUDA graphs through the
+    driver.  Inputs: any CUDA array with DLPack or the CUDA array interface (read in place
+    when contiguous), or host arrays (copied to the GPU)."""
+
+    kind = "native"
+    captures = True
+
+    def __init__(self) -> None:
+        from tessera.runtime.cuda_graph import Stream
+
+        self.stream = Stream()
+
+    def input(self, a: Any, dt: DataType, name: str) -> Any:
+        from tessera.runtime.cuda import DeviceArray
+        from tessera.runtime.tensor import view_of
+
+        if type(a) is DeviceArray:
+            view = a.__tessera_view__()
+        elif isinstance(a, (np.ndarray, list, tuple, int, float, bool, np.generic)):
+            a = _contiguous(np.asarray(a))
+            if a.dtype != numpy_dtype(dt):
+                raise ArgumentError(f"input {name!r} must be {dt.name}, got {a.dtype}")
+            return DeviceArray.from_numpy(a)
+        else:
+            view = view_of(a, f"input {name!r}")
+        if view.dtype != dt:
+            raise ArgumentError(f"input {name!r} must be {dt.name}, got {view.dtype.name}")
+        if view.device != "cuda":
+            return DeviceArray.from_numpy(np.asarray(a))
+        if not view.contiguous:
+            raise ArgumentError(f"input {name!r} is a CUDA array that is not contiguous; pass a contiguous copy")
+        return a if type(a) is DeviceArray else DeviceArray.wrap(view)
+
+    def constant(self, data: np.ndarray) -> Any:
+        from tessera.runtime.cuda import DeviceArray
+
+        return DeviceArray.from_numpy(data)
+
+    def arena(self, nbytes: int) -> Any:
+        from tessera.ir import dtypes
+        from tessera.runtime.cuda import DeviceArray
+
+        return DeviceArray((max(nbytes, 1),), dtypes.uint8)
+
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
+        return arena.view(offset, shape, dt)
+
+    def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
+        from tessera.runtime.cuda import DeviceArray
+
+        return DeviceArray(shape, dt)
+
+    def clone(self, a: Any) -> Any:
+        return a.clone(self.stream.handle)
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        dst.copy_(src, self.stream.handle)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        from tessera.runtime.cuda import use_stream
+
+        with use_stream(self.stream.handle):
+            yield
+
+    def capture(self, record: Callable[[], None]) -> Any:
+        from tessera.runtime.cuda_graph import capture
+
+        with self.running():  # warm every launch plan off the capture
+            record()
+        return capture(self.stream, record)
+
+    def replay(self, graph: Any) -> None:
+        graph.replay(self.stream)
