@@ -76,12 +76,10 @@ def check_shape(shape: Sequence[int], what: str, op: str) -> tuple[int, ...]:
 
 
 def _sm90() -> bool:
-    try:
-        import torch
+    """Whether GPU 0 is a Hopper (sm_90), read from the driver (False without one)."""
+    from tessera.backend import detect_cuda_arch
 
-        return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-    except Exception:  # noqa: BLE001  (no torch or no driver: plan for a generic GPU)
-        return False
+    return detect_cuda_arch() == "sm_90a"
 
 
 def choose_config(p: GemmProblem, tune: bool, wgmma: bool | None = None) -> Config:
