@@ -243,7 +243,7 @@ def classify(exc: BaseException) -> str:
     return f"error ({type(exc).__name__})"
 
 
-def run_one(test_dir: Path, target: str = "cpu") -> dict[str, Any]:
+def run_one(test_dir: Path, target: str = "cpu", arrays: str = "auto") -> dict[str, Any]:
     """Import, compile and run one node test; a row for the report."""
     import onnx
 
@@ -258,7 +258,7 @@ def run_one(test_dir: Path, target: str = "cpu") -> dict[str, Any]:
     data = sorted(test_dir.glob("test_data_set_*"))
     try:
         if hasattr(tonnx, "compile"):
-            run = tonnx.compile(model, target)
+            run = tonnx.compile(model, target, **({"arrays": arrays} if target == "cuda" else {}))
         else:  # before the specialising wrapper existed
             graph = tonnx.load(model)
             compiled = compile_graph(graph, target)
@@ -289,6 +289,8 @@ def _host(a: Any) -> np.ndarray:
         from tessera.ops.compiled import torch_to_numpy
 
         return torch_to_numpy(a)
+    if hasattr(a, "__tessera_view__") and hasattr(a, "numpy"):  # a tessera DeviceArray
+        return a.numpy()
     return np.asarray(a)
 
 
@@ -321,13 +323,14 @@ def _worker() -> None:
 
     logging.disable(logging.WARNING)  # reference steps log a warning each; the report says which ran
     target = os.environ.get("TESSERA_NODE_TEST_TARGET", "cpu")
+    arrays = os.environ.get("TESSERA_NODE_TEST_ARRAYS", "auto")
     for line in sys.stdin:
         test_dir = Path(line.strip())
-        print(json.dumps(run_one(test_dir, target)), flush=True)
+        print(json.dumps(run_one(test_dir, target, arrays)), flush=True)
 
 
 def run_tests(root: Path, names: list[str], jobs: int = 1, timeout_s: float = TEST_TIMEOUT_S,
-              progress: bool = True, target: str = "cpu") -> list[dict[str, Any]]:  # fmt: skip
+              progress: bool = True, target: str = "cpu", arrays: str = "auto") -> list[dict[str, Any]]:  # fmt: skip
     """Run the named tests in `jobs` worker processes on target; rows in the order of names."""
     import select
 
@@ -336,7 +339,7 @@ def run_tests(root: Path, names: list[str], jobs: int = 1, timeout_s: float = TE
     workers: list[dict[str, Any]] = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                         os.environ.get("PYTHONPATH", "")]),
-               TESSERA_NODE_TEST_TARGET=target)  # fmt: skip
+               TESSERA_NODE_TEST_TARGET=target, TESSERA_NODE_TEST_ARRAYS=arrays)  # fmt: skip
 
     def start() -> dict[str, Any]:
         p = subprocess.Popen([sys.executable, __file__, "_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -465,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--data", default=None, help="the node test folder (default: $TESSERA_ONNX_NODE_DATA or the cache)")
     ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--arrays", choices=["auto", "torch", "native"], default="auto",
+                    help="with --target cuda: torch CUDA tensors or tessera's own device arrays (no torch)")
     ap.add_argument("--baseline", default=None, help="an earlier run's jsonl to compare with in the report")
     opts = ap.parse_args(argv)
     if opts.command == "_worker":
@@ -490,11 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         pats = opts.pattern.split(",")
         chosen = [n for n in chosen if any(fnmatch.fnmatch(n, p) for p in pats)]
     excluded = [(n, why) for n, why in tests if why is not None]
-    rows = run_tests(root, chosen, opts.jobs, target=opts.target)
+    rows = run_tests(root, chosen, opts.jobs, target=opts.target, arrays=opts.arrays)
     import onnx
 
     date = datetime.date.today().isoformat()
-    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline, "target": opts.target,
+    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline, "target": opts.target, "arrays": opts.arrays,
               "command": "python3 bench/onnx_node_tests.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
