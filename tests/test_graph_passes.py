@@ -9,6 +9,7 @@ from tessera.graph.passes import (
     eliminate_dead_code,
     fold_batchnorm,
     fold_constants,
+    matmul_to_linear,
     merge_parallel_projections,
     optimize,
 )  # fmt: skip
@@ -77,3 +78,22 @@ def test_default_pipeline_is_idempotent(rng):
     g = optimize(b.build())
     text = str(g)
     assert str(optimize(g)) == text
+
+
+def test_matmul_by_constant_becomes_linear_with_one_transposed_weight(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["n", 3, 5])
+    y = b.input("y", [7, 5])
+    w = b.constant(_f32(rng, 5, 6))
+    other = b.constant(_f32(rng, 6, 2))
+    h = b.op("relu", b.op("matmul", x, w))  # rank 3 by a constant [K, N]
+    b.output(b.op("matmul", h, other), b.op("matmul", y, w), b.op("matmul", x, b.op("permute", y, perm=[1, 0])))
+    g = b.build()
+    xv, yv = _f32(rng, 2, 3, 5), _f32(rng, 7, 5)
+    before = g.run(xv, yv)
+    assert matmul_to_linear(g) == 3  # not the matmul by a computed operand
+    assert g.summary()["linear"] == 3 and g.summary()["matmul"] == 1
+    weights = {id(op.inputs[1]) for op in g.operators if op.kind == "linear"}
+    assert len(weights) == 2  # w's users share one transposed copy
+    for got, ref in zip(g.verify().run(xv, yv), before):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

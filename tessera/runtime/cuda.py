@@ -94,16 +94,24 @@ class DeviceArray:
     It speaks DLPack and the CUDA array interface, so torch, cupy and jax read it in place
     (`torch.from_dlpack(a)`); `numpy()` copies it to the host."""
 
-    def __init__(self, shape: Sequence[int], dtype: DataType, *, ptr: int | None = None, base: Any = None):
+    def __init__(self, shape: Sequence[int], dtype: DataType, *, ptr: int | None = None, base: Any = None,
+                 stream: Any = None):  # fmt: skip
+        """A new array (`ptr` None), allocated ordered on `stream` (a cuda_graph.Stream: fast
+        reuse from the driver's pool, freed in stream order too) or with cuMemAlloc; or a view
+        of `ptr`, which `base` owns."""
         ensure_current()
         self.shape, self.dtype = tuple(int(s) for s in shape), dtype
         self.nbytes = prod(self.shape) * dtype.nbytes
-        self.base = base
-        if ptr is None:
+        self.base, self._stream = base, None
+        if ptr is not None:
+            self.ptr, self._owned = int(ptr), False
+        elif stream is not None:
+            _keep_pool_memory()
+            self.ptr = int(check(_driver().cuMemAllocAsync(max(self.nbytes, 1), stream.handle), "cuMemAllocAsync"))
+            self._owned, self._stream = True, stream
+        else:
             self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
             self._owned = True
-        else:
-            self.ptr, self._owned = int(ptr), False
 
     @staticmethod
     def from_numpy(arr: np.ndarray) -> DeviceArray:
@@ -164,8 +172,11 @@ class DeviceArray:
             check(_driver().cuMemcpyHtoD(self.ptr, view.ptr, self.nbytes), "cuMemcpyHtoD")
         return self
 
-    def clone(self, stream: int = 0) -> DeviceArray:
-        return DeviceArray(self.shape, self.dtype).copy_(self, stream)
+    def clone(self, stream: Any = None) -> DeviceArray:
+        """A copy in new memory, allocated and copied in order on `stream` (a
+        cuda_graph.Stream; None: cuMemAlloc and the legacy stream)."""
+        out = DeviceArray(self.shape, self.dtype, stream=stream)
+        return out.copy_(self, stream.handle if stream is not None else 0)
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
@@ -200,7 +211,10 @@ class DeviceArray:
     def __del__(self) -> None:
         if getattr(self, "_owned", False) and self.ptr:
             try:
-                _driver().cuMemFree(self.ptr)
+                if self._stream is not None:
+                    _driver().cuMemFreeAsync(self.ptr, self._stream.handle)
+                else:
+                    _driver().cuMemFree(self.ptr)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
                 pass
 
@@ -210,6 +224,20 @@ class DeviceArray:
 
 def _device_ordinal() -> int:
     return 0  # context() uses GPU 0
+
+
+@functools.cache
+def _keep_pool_memory() -> None:
+    """Let the device's default memory pool (cuMemAllocAsync) keep freed memory for reuse
+    instead of returning it to the driver at every synchronisation (its default threshold
+    is 0), which would make each call's output allocation a fresh driver allocation.  The
+    setting belongs to this process."""
+    driver = _driver()
+    dev, _ = context()
+    pool = check(driver.cuDeviceGetDefaultMemPool(dev), "cuDeviceGetDefaultMemPool")
+    threshold = driver.cuuint64_t(2**64 - 1)
+    check(driver.cuMemPoolSetAttribute(pool, driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, threshold),
+          "cuMemPoolSetAttribute")  # fmt: skip
 
 
 def _plan_key(args: Sequence[Any]) -> tuple | None:

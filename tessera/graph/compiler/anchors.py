@@ -75,21 +75,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     if op.kind == "linear":
         kernel = anchors.prepare_linear(in_shapes[0], in_shapes[1], dtype, bias=len(op.inputs) == 3,
                                         epilogue=epilogue, tune=tune)  # fmt: skip
-    elif op.kind == "matmul" and op.inputs[1].is_constant and op.inputs[1].ndim == 2:
-        # A constant [K, N] weight is transposed once to [N, K]: K-major B runs on wgmma.
-        k, n = in_shapes[1]
-        kernel = anchors.prepare_matmul(in_shapes[0], (n, k), dtype, b_layout="nk", epilogue=epilogue, tune=tune)
-        transposed: dict[int, Any] = {}
-
-        def run_nk(arrays: Any, outputs: Any) -> None:
-            w = arrays[operands[1]]
-            if w.data_ptr() not in transposed:
-                transposed.clear()
-                transposed[w.data_ptr()] = w.t().contiguous()
-            kernel([arrays[operands[0]], transposed[w.data_ptr()]], outputs[0], [arrays[i] for i in extras])
-
-        run_nk.kernel = kernel  # type: ignore[attr-defined]
-        return run_nk
     elif op.kind == "matmul":
         kernel = anchors.prepare_matmul(in_shapes[0], in_shapes[1], dtype, b_layout="kn", epilogue=epilogue, tune=tune)
     elif op.kind == "conv2d":

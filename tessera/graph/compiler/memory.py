@@ -51,6 +51,12 @@ def _torch_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _view(a: Any) -> Any:
+    from tessera.runtime.tensor import view_of
+
+    return view_of(a, "array")
+
+
 def _contiguous(a: np.ndarray) -> np.ndarray:
     """A C-contiguous array of the same shape (np.ascontiguousarray turns 0-d into 1-d)."""
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
@@ -261,10 +267,14 @@ class NativeMemory(Memory):
     def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
         from tessera.runtime.cuda import DeviceArray
 
-        return DeviceArray(shape, dt)
+        return DeviceArray(shape, dt, stream=self.stream)
 
     def clone(self, a: Any) -> Any:
-        return a.clone(self.stream.handle)
+        from tessera.runtime.cuda import DeviceArray
+
+        if type(a) is not DeviceArray:
+            a = DeviceArray.wrap(a.__tessera_view__() if hasattr(a, "__tessera_view__") else _view(a))
+        return a.clone(self.stream)
 
     def copy_into(self, dst: Any, src: Any) -> None:
         dst.copy_(src, self.stream.handle)

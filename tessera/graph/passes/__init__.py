@@ -12,6 +12,7 @@ from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.passes.constant_folding import fold_constants
 from tessera.graph.passes.dead_code import eliminate_dead_code
 from tessera.graph.passes.fold_batchnorm import fold_batchnorm
+from tessera.graph.passes.matmul_to_linear import matmul_to_linear
 from tessera.graph.passes.merge_qkv import merge_parallel_projections
 
 Pass = Callable[[FlowGraph], int]
@@ -20,6 +21,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_constants,
     eliminate_dead_code,
     fold_batchnorm,
+    matmul_to_linear,
     merge_parallel_projections,
     eliminate_dead_code,
 )
@@ -39,4 +41,4 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
-           "merge_parallel_projections"]  # fmt: skip
+           "matmul_to_linear", "merge_parallel_projections"]  # fmt: skip
