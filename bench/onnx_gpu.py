@@ -34,13 +34,16 @@ SUITE = "onnx-gpu"
 
 
 class WithMask(torch.nn.Module):
-    """A transformers model called with an all-ones attention mask.  Without a mask,
-    transformers derives packed-sequence boundaries with torch.diff, which torch's ONNX
-    exporter cannot export; both front ends run this same module."""
+    """A transformers model called with an all-ones attention mask, on transformers' eager
+    attention; both front ends run this same module.  Without a mask, transformers derives
+    packed-sequence boundaries with torch.diff, which torch's ONNX exporter cannot export.
+    Its SDPA attention exports (dynamo=False) as float32 math with casts whose float32
+    result then flows through every later layer -- a float32 model, not the fp16 one."""
 
     def __init__(self, plain: torch.nn.Module):
         super().__init__()
         self.plain = plain
+        plain.model.config._attn_implementation = "eager"
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         out = self.plain.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **self.plain.kwargs)

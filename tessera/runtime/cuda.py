@@ -160,7 +160,9 @@ class DeviceArray:
         ordered on `stream` for device sources."""
         from tessera.runtime.tensor import view_of
 
-        view = view_of(src if not isinstance(src, np.ndarray) else np.ascontiguousarray(src), "copy source")
+        if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
+            src = np.ascontiguousarray(src).reshape(src.shape)  # (ascontiguousarray makes 0-d 1-d)
+        view = view_of(src, "copy source")
         if view.shape != self.shape or view.dtype != self.dtype:
             raise ArgumentError(f"copy of a {view.dtype}{list(view.shape)} array into a {self.dtype}{list(self.shape)} one")
         if not view.contiguous:
