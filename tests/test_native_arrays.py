@@ -191,3 +191,24 @@ def test_onnx_on_the_gpu_in_a_process_without_torch(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert "NATIVE-OK" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.cuda
+def test_native_reference_step_with_rank0_output(rng):
+    """Det has no kernel: its numpy reference runs between device steps, and its rank-0
+    result is copied back to the device as rank 0."""
+    from onnx import TensorProto, helper
+
+    import tessera
+
+    graph = helper.make_graph(
+        [helper.make_node("Det", ["x"], ["d"]), helper.make_node("Mul", ["d", "d"], ["y"])], "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    compiled = tessera.onnx.compile(model, "cuda", arrays="native")
+    for _ in range(3):
+        x = rng.standard_normal((3, 3)).astype(np.float32)
+        (y,) = compiled(x)
+        assert y.shape == ()
+        np.testing.assert_allclose(y.numpy(), np.linalg.det(x.astype(np.float64)) ** 2, rtol=1e-4)
