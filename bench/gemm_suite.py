@@ -1,5 +1,10 @@
 """The `gemm` suite: tessera's tuned tensor-core GEMM against cuBLAS (torch.matmul) and
-torch.compile, on DESIGN.md's GEMM workloads."""
+torch.compile, on DESIGN.md's GEMM workloads; and (`graph_gemm_suite`) the kernels the graph
+compiler emits for the suite models' own GEMMs: the anchor with its fused epilogue, prepared as
+`compile_graph` prepares it (tuned), against cuBLAS alone, torch eager and torch.compile.
+
+torch.compile peers get `torch._dynamo.reset()` and a fresh compile before every shape: a
+compiled function reused across shapes runs dynamic-shape kernels from the second shape on."""
 
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ def gemm_suite(timer: Timer, quick: bool = False, dtypes: tuple[str, ...] = ("fp
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dname]
         for layout in layouts:
             peer = torch.matmul if layout == "kn" else torch.nn.functional.linear
-            compiled = torch.compile(peer)
             for m, n, k in workloads(quick):
+                compiled = fresh_compile(peer)
                 a = torch.randn(m, k, device="cuda", dtype=dt)
                 b = torch.randn(*((k, n) if layout == "kn" else (n, k)), device="cuda", dtype=dt)
                 t0 = time.perf_counter()
@@ -45,6 +50,107 @@ def gemm_suite(timer: Timer, quick: bool = False, dtypes: tuple[str, ...] = ("fp
                 t_us = timer(lambda a, b, cfg, layout: matmul(a, b, b_layout=layout, config=cfg), a, b, cfg, layout)
                 rows.append(_row(m, n, k, dname, layout, t_us, peers, err, cfg, tune_s))
     return rows
+
+
+def fresh_compile(fn, **kwargs):  # noqa: ANN001, ANN201
+    """torch.compile(fn) after torch._dynamo.reset(): static-shape kernels for the next shape."""
+    torch._dynamo.reset()
+    return torch.compile(fn, **kwargs)
+
+
+# The suite models' GEMMs as the graph compiler sees them (fp16, batch 1; DESIGN.md's models):
+# (model, layer, M, N, K, epilogue).  QKV and gate/up projections are merged by the graph's
+# merge_qkv pass; GPT-2's Conv1D weights are transposed once to [N, K].
+MODEL_GEMMS = [
+    ("bert-base", "qkv", 128, 2304, 768, "bias"), ("bert-base", "attn_out", 128, 768, 768, "bias+residual"),
+    ("bert-base", "ffn_up", 128, 3072, 768, "bias+gelu"), ("bert-base", "ffn_down", 128, 768, 3072, "bias+residual"),
+    ("gpt2", "lm_head", 128, 50257, 768, "none"),
+    ("llama-1.1b", "qkv", 512, 2560, 2048, "none"), ("llama-1.1b", "o_proj", 512, 2048, 2048, "residual"),
+    ("llama-1.1b", "gate_up", 512, 11264, 2048, "none"), ("llama-1.1b", "down", 512, 2048, 5632, "residual"),
+    ("llama-1.1b", "lm_head", 512, 32000, 2048, "none"),
+]  # fmt: skip
+# ResNet-50's convolutions as GEMMs (M = N*OH*OW, N = O, K = C*kh*kw): (C, H, O, kernel, stride, padding).
+RESNET_CONVS = [(3, 224, 64, 7, 2, 3), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0), (256, 56, 128, 1, 2, 0),
+                (128, 28, 128, 3, 1, 1), (256, 14, 256, 3, 1, 1), (1024, 14, 2048, 1, 2, 0), (512, 7, 512, 3, 1, 1),
+                (2048, 7, 512, 1, 1, 0)]  # fmt: skip
+
+
+def _linear_epilogue(kind: str, m: int, n: int):  # noqa: ANN202
+    """(tessera Epilogue or None, bias?, needs a residual?, the torch function of (y, residual))."""
+    from tessera import ops
+    from tessera.ops.anchors import Epilogue
+
+    F = torch.nn.functional
+    acc = ops.placeholder((m, n), "float16", "acc")
+    if kind.endswith("gelu"):
+        return Epilogue(acc, ops.gelu(acc), []), kind.startswith("bias"), False, lambda y, r: F.gelu(y)
+    if kind.endswith("residual"):
+        res = ops.placeholder((m, n), "float16", "res")
+        return Epilogue(acc, ops.add(acc, res), [res]), kind.startswith("bias"), True, lambda y, r: y + r
+    return None, kind == "bias", False, lambda y, r: y
+
+
+def graph_gemm_suite(timer: Timer, convs: bool = True, batches: tuple[int, ...] = (1, 16)) -> list[dict]:
+    """The anchors the graph compiler emits for the suite models' GEMMs (tuned, as compile_graph
+    tunes by default), each with its fused epilogue, against cuBLAS alone (F.linear with its bias
+    epilogue), torch eager (the GEMM, then the epilogue) and torch.compile of the same function."""
+    from tessera.ops.anchors import prepare_conv2d, prepare_linear
+
+    F = torch.nn.functional
+    rows = []
+    for model, layer, m, n, k, kind in MODEL_GEMMS:
+        ep, bias, residual, tail = _linear_epilogue(kind, m, n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * k**-0.5
+        b = torch.randn(n, device="cuda", dtype=torch.float16) if bias else None
+        r = torch.randn(m, n, device="cuda", dtype=torch.float16) if residual else None
+        t0 = time.perf_counter()
+        kern = prepare_linear((m, k), (n, k), "float16", bias=bias, epilogue=ep, tune=True)
+        prep_s = time.perf_counter() - t0
+        inputs, extras = [x, w] + ([b] if bias else []), [r] if residual else []
+        out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        kern(inputs, out, extras)
+        ref = tail(F.linear(x.double(), w.double(), None if b is None else b.double()), None if r is None else r.double())
+        eager = lambda x, w, b, r, tail=tail: tail(F.linear(x, w, b), r)  # noqa: E731
+        peers = {"cublas": timer(F.linear, x, w, b), "torch.eager": timer(eager, x, w, b, r),
+                 "torch.compile:default": timer(fresh_compile(eager), x, w, b, r)}  # fmt: skip
+        t_us = timer(kern, inputs, out, extras)
+        rows.append(_graph_row(f"model={model},layer={layer},M={m},N={n},K={k},ep={kind},fp16", t_us, peers,
+                               rel_err(out, ref), kern, prep_s))  # fmt: skip
+    for bs in batches if convs else ():
+        for c, h, o, ks, stride, pad in RESNET_CONVS:
+            x = torch.randn(bs, c, h, h, device="cuda", dtype=torch.float16)
+            w = torch.randn(o, c, ks, ks, device="cuda", dtype=torch.float16) * (c * ks * ks) ** -0.5
+            b = torch.randn(o, device="cuda", dtype=torch.float16)
+            ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), stride=stride, padding=pad))
+            from tessera import ops
+            from tessera.ops.anchors import Epilogue
+
+            acc = ops.placeholder(tuple(ref.shape), "float16", "acc")
+            t0 = time.perf_counter()
+            kern = prepare_conv2d(x.shape, w.shape, "float16", stride=stride, padding=pad, bias=True,
+                                  epilogue=Epilogue(acc, ops.relu(acc), []), tune=True)  # fmt: skip
+            prep_s = time.perf_counter() - t0
+            out = torch.empty(ref.shape, device="cuda", dtype=torch.float16)
+            kern([x, w, b], out)
+            eager = lambda x, w, b, s=stride, p=pad: F.relu(F.conv2d(x, w, b, stride=s, padding=p))  # noqa: E731
+            peers = {"torch.eager": timer(eager, x, w, b), "torch.compile:default": timer(fresh_compile(eager), x, w, b)}
+            t_us = timer(kern, [x, w, b], out)
+            oh = ref.shape[2]
+            case = (f"model=resnet50,bs={bs},conv=C{c}xH{h}xO{o}xk{ks}s{stride},M={bs * oh * oh},N={o},K={c * ks * ks},"
+                    "ep=bias+relu,fp16")  # fmt: skip
+            rows.append(_graph_row(case, t_us, peers, rel_err(out, ref), kern, prep_s))
+    return rows
+
+
+def _graph_row(case: str, t_us: float, peers: dict, err: float, kern, prep_s: float) -> dict:  # noqa: ANN001
+    best = min(v for p, v in peers.items() if p.startswith("torch."))
+    row = {"case": case, "tessera_us": t_us, "peers_us": peers, "rel_err": err, "vs_best_torch": best / t_us,
+           "vs_cublas": peers["cublas"] / t_us if "cublas" in peers else None, "config": str(kern.config),
+           "kernels": len(kern.kernels), "prepare_s": prep_s}  # fmt: skip
+    print(f"{case:<78} tessera {t_us:8.1f} us  best torch {best:8.1f}  x{row['vs_best_torch']:.2f}  "
+          f"{kern.config}  {len(kern.kernels)} kernel(s)  prepare {prep_s:.1f}s  err {err:.1e}", flush=True)
+    return row
 
 
 def _row(m, n, k, dname, layout, t_us, peers, err, cfg, tune_s) -> dict:  # noqa: ANN001

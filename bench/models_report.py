@@ -14,8 +14,9 @@ from typing import Any
 
 SUITE = "models"
 EAGER = "torch.eager"
+EAGER_GRAPH = "torch.eager+cudagraph"  # eager captured once in a CUDA graph and replayed
 COMPILE_PEERS = ["torch.compile:default", "torch.compile:reduce-overhead", "torch.compile:max-autotune"]
-PEERS = [EAGER, *COMPILE_PEERS]  # DESIGN.md's peer names, in table order
+PEERS = [EAGER, EAGER_GRAPH, *COMPILE_PEERS]  # DESIGN.md's peer names, in table order
 TESSERA = "tessera"
 SYSTEMS = [*PEERS, TESSERA]
 
@@ -95,12 +96,37 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+_PER_SYSTEM = ("peers_rel_err", "peers_compile_s_cold", "peers_compile_s_warm", "max_err", "graph_breaks", "errors",
+               "notes")  # fmt: skip
+
+
+def merge_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new` with the systems that `new` skipped and `old` measured (or failed) taken from `old`:
+    runs of the same case at the same commit that each measured some systems (max-autotune in a
+    call of its own, say) make one row."""
+    out = json.loads(json.dumps(new))
+    for system in [s for s in new.get("skipped", {}) if s not in old.get("skipped", {})]:
+        del out["skipped"][system]
+        if system == TESSERA:
+            for key in ("tessera_us", "compile_s_cold", "compile_s_warm", "rel_err"):
+                out[key] = old.get(key)
+        elif system in old.get("peers_us", {}):
+            out["peers_us"][system] = old["peers_us"][system]
+        for key in _PER_SYSTEM:
+            if system in old.get(key, {}):
+                out.setdefault(key, {})[system] = old[key][system]
+    return summarize(out)
+
+
 def latest_per_case(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last row of each case, in the order cases first appear (a re-run supersedes)."""
+    """One row per case, in the order cases first appear: a later run at another commit supersedes;
+    runs at the same commit are merged system by system (merge_rows; the later one wins where both
+    measured a system)."""
     last: dict[str, dict[str, Any]] = {}
     for r in rows:
-        last.pop(r["case"], None)
-        last[r["case"]] = r
+        prev = last.pop(r["case"], None)
+        same = prev is not None and prev.get("commit") == r.get("commit")
+        last[r["case"]] = merge_rows(prev, r) if same else r
     order = list(dict.fromkeys(r["case"] for r in rows))
     return [last[c] for c in order]
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(BENCH))
 from models_report import (  # noqa: E402
     COMPILE_PEERS,
     EAGER,
+    EAGER_GRAPH,
     PEERS,
     SYSTEMS,
     TESSERA,
@@ -55,9 +56,10 @@ from models_report import (  # noqa: E402
 )
 
 RESULTS = BENCH / "results"
-DEFAULT_PEERS = [EAGER, "torch.compile:default", "torch.compile:reduce-overhead"]
+DEFAULT_PEERS = [EAGER, EAGER_GRAPH, "torch.compile:default", "torch.compile:reduce-overhead"]
 SLOW_PEER_REASON = ("not in --peers: it autotunes for minutes per model (238 s for resnet50 on the H200); "
-                    "name it in --peers or pass --peers all")  # fmt: skip
+                    "measure it in a call of its own (`--models resnet50,bert --peers torch.compile:max-autotune "
+                    "--no-tessera`), which the table merges into the same commit's rows")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,29 @@ def _fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:
     return fresh() if fresh else contextlib.nullcontext()
 
 
+def cuda_graphed(model: torch.nn.Module, inputs: tuple) -> Callable[..., Any]:
+    """Eager `model` captured once in a CUDA graph: each call copies its inputs into the static
+    ones and replays (what tessera's compiled graphs do too), returning the static output."""
+    static = [x.clone() for x in inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
+            model(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(*static)
+
+    def replay(*args: torch.Tensor) -> torch.Tensor:
+        for dst, src in zip(static, args):
+            dst.copy_(src)
+        graph.replay()
+        return out
+
+    return replay
+
+
 def _sync_call(fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -371,6 +396,8 @@ def measure(system: str, model: torch.nn.Module, inputs: tuple, ref: torch.Tenso
             torch._dynamo.reset()
             if system == EAGER:
                 fn: Callable[..., Any] = model
+            elif system == EAGER_GRAPH:
+                fn = cuda_graphed(model, inputs)
             else:
                 if system == TESSERA:
                     res["extra"] = {"tessera_backend": ensure_tessera_backend()}

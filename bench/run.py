@@ -1,6 +1,8 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
-Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), models
+Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), gemm-graph
+(the same file: the anchors the graph compiler emits for the suite models' GEMMs, fused epilogues
+included, vs cuBLAS, torch eager and torch.compile; --quick skips ResNet-50's convolutions), models
 (bench/models_suite.py: whole models under torch.compile(backend="tessera") vs eager and
 torch.compile's modes; its own options follow, see `python3 bench/models_suite.py --help`) and
 reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
@@ -94,7 +96,7 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "models"], required=True)
+    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models"], required=True)
     ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
@@ -111,6 +113,12 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs(timer)
     print(f"device copy bandwidth this run: {copy_gbs:.0f} GB/s")
     outdirs = [Path(__file__).resolve().parent / "results"] + ([Path(args.out)] if args.out else [])
+    if args.suite == "gemm-graph":  # the kernels the graph compiler emits for the suite models' GEMMs
+        from gemm_suite import graph_gemm_suite
+
+        rows = graph_gemm_suite(timer, convs=not args.quick)
+        write_results("gemm-graph", rows, outdirs, ["vs_best_torch", "vs_cublas", "config", "kernels", "prepare_s"])
+        return
     if args.suite == "gemm":
         from gemm_suite import gemm_suite, summary
 

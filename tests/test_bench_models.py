@@ -26,7 +26,7 @@ import models_suite as ms  # noqa: E402
 def test_defaults_skip_max_autotune_with_reason():
     opts = ms.parse_args([])
     assert opts.models == list(ms.MODELS)
-    assert opts.peers == ["torch.eager", "torch.compile:default", "torch.compile:reduce-overhead"]
+    assert opts.peers == ["torch.eager", "torch.eager+cudagraph", "torch.compile:default", "torch.compile:reduce-overhead"]
     skipped = ms.skipped_systems(opts)
     assert list(skipped) == ["torch.compile:max-autotune"]
     assert "238 s" in skipped["torch.compile:max-autotune"]
@@ -39,7 +39,7 @@ def test_selection_order_all_and_no_tessera():
     assert opts.peers == mr.PEERS
     assert ms.skipped_systems(opts) == {"tessera": "--no-tessera"}
     opts = ms.parse_args(["--peers", "torch.compile:default"])
-    assert set(ms.skipped_systems(opts)) == {"torch.eager", "torch.compile:reduce-overhead",
+    assert set(ms.skipped_systems(opts)) == {"torch.eager", "torch.eager+cudagraph", "torch.compile:reduce-overhead",
                                              "torch.compile:max-autotune"}  # fmt: skip
 
 
@@ -217,6 +217,23 @@ def test_markdown_table(tmp_path):
     assert mr.render_markdown([]).startswith("# models: no results")
 
 
+def test_runs_of_one_commit_merge_and_a_new_commit_supersedes():
+    base = synthetic_row("model=resnet50,bs=1,fp16", 700.0)
+    autotune = {**mr.new_row("model=resnet50,bs=1,fp16"), **ENV}
+    autotune["skipped"] = {s: "not in --peers" for s in mr.SYSTEMS if s != "torch.compile:max-autotune"}
+    mr.record(autotune, "torch.compile:max-autotune", {"us": 650.0, "compile_s_cold": 238.0, "rel_err": 2e-3})
+    (row,) = mr.latest_per_case([base, mr.summarize(autotune)])
+    assert row["peers_us"] == {"torch.eager": 5620.0, "torch.compile:default": 3780.0,
+                               "torch.compile:max-autotune": 650.0}  # fmt: skip
+    assert row["tessera_us"] == 700.0 and row["compile_s_cold"] == 90.0
+    assert row["errors"] == {"torch.compile:reduce-overhead": "RuntimeError: cudagraph | failed"}
+    assert row["best_compile_peer"] == "torch.compile:max-autotune" and row["vs_best_compile"] == pytest.approx(650 / 700)
+    assert row["peers_compile_s_cold"]["torch.compile:max-autotune"] == 238.0 and not row["skipped"]
+    later = {**synthetic_row("model=resnet50,bs=1,fp16", 600.0), "commit": "fedcba9876543210"}
+    (row,) = mr.latest_per_case([base, mr.summarize(autotune), later])
+    assert row["tessera_us"] == 600.0 and "torch.compile:max-autotune" not in row["peers_us"]
+
+
 # ---- the subprocess bookkeeping ---------------------------------------------------------------
 def _fake_child(script: str):
     """A command line for run_model: python running `script`, with the row file as argv[1]."""
@@ -227,7 +244,8 @@ def test_crashed_child_records_every_system(tmp_path):
     opts = ms.parse_args(["--out", str(tmp_path)])
     row = ms.run_model(opts, "gpt2", _fake_child("import sys; sys.exit(3)"))
     assert row["case"] == "model=gpt2,bs=1,seq=128,fp16" and row["model"] == "gpt2"
-    assert set(row["errors"]) == {"torch.eager", "torch.compile:default", "torch.compile:reduce-overhead", "tessera"}
+    assert set(row["errors"]) == {"torch.eager", "torch.eager+cudagraph", "torch.compile:default",
+                                  "torch.compile:reduce-overhead", "tessera"}  # fmt: skip
     assert all("exited with code 3" in e for e in row["errors"].values())
     assert "torch.compile:max-autotune" in row["skipped"]
     assert row["date"] and row["commit"]
@@ -306,9 +324,9 @@ def test_measure_eager_and_compile_on_a_small_model():
     with torch.no_grad():
         ref = ms.reference(model, inputs)
         timer = Timer(repeats=5, warmup=2, flush_l2=False)
-        for system in ("torch.eager", "torch.compile:default"):
+        for system in ("torch.eager", "torch.eager+cudagraph", "torch.compile:default"):
             res = ms.measure(system, model, inputs, ref, timer, opts)
             assert "error" not in res, res
             assert res["us"] > 0 and res["rel_err"] < 1e-2
-            if system != "torch.eager":
+            if system.startswith("torch.compile"):
                 assert res["compile_s_cold"] > 0 and res["compile_s_warm"] > 0 and res["graph_breaks"] == 0

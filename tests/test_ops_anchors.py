@@ -24,6 +24,15 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.kernels.gemm import GemmConfig
 from tessera.kernels.gemm_sm90 import WgmmaConfig
+from tessera.kernels.gemm_space import (
+    PLANNING_DEVICE,
+    estimate_us,
+    heuristic_config,
+    mma_space,
+    schedule_space,
+    wgmma_space,
+)
+from tessera.kernels.gemm_tma import TmaConfig
 from tessera.ops.anchors import (
     Epilogue,
     EpilogueError,
@@ -38,7 +47,6 @@ from tessera.ops.anchors import (
     prepare_linear,
     prepare_matmul,
 )
-from tessera.ops.anchors.config import candidates, estimate_us, heuristic_config
 from tessera.ops.anchors.kernel import INPUT
 from tessera.ops.anchors.rewrite import accesses, remap_operand, specialize
 from tessera.runtime.cpu import CpuKernel
@@ -239,9 +247,18 @@ def test_attention_mask_is_an_epilogue_operand():
 
 @needs_nvcc
 @pytest.mark.parametrize("which", ["matmul_batched_bcast", "matmul_vec", "linear_splitk_bias", "linear_wgmma",
-                                   "conv_stem", "conv_1x1_direct", "conv_3x3_bf16"])  # fmt: skip
+                                   "linear_tma", "matmul_tma_kn", "conv_stem", "conv_1x1_direct", "conv_3x3_bf16"])  # fmt: skip
 def test_plans_compile_with_nvcc(which):
-    if which == "matmul_batched_bcast":
+    if which == "linear_tma":  # the planning device is an H200: aligned linear layers go to the TMA GEMM
+        plan = plan_linear((3, 50, 1024), (4096, 1024), "float16", bias=True, epilogue=gelu_ep((3, 50, 4096)))
+        assert isinstance(plan.config, TmaConfig) and plan.aligned_output
+        assert [(m.operand, m.shape) for m in plan.tensor_maps] == [((0, 0), (1, 150, 1024)), ((0, 1), (1, 4096, 1024))]
+        assert "ts_copy_vector<16>((&C_[" in plan.source  # the fused epilogue keeps 16-byte stores
+    elif which == "matmul_tma_kn":
+        plan = plan_matmul((2, 130, 64), (2, 64, 72), "bfloat16", epilogue=gelu_ep((2, 130, 72), "bfloat16"))
+        assert isinstance(plan.config, TmaConfig) and len(plan.tensor_maps) == 2
+        assert plan.tensor_maps[1].shape == (2, 64, 72) and plan.tensor_maps[1].box == (1, 64, 64)
+    elif which == "matmul_batched_bcast":
         plan = plan_matmul((2, 1, 17, 24), (1, 3, 24, 40), "float16", epilogue=gelu_ep((2, 3, 17, 40)), wgmma=False)
         assert plan.out_shape == (2, 3, 17, 40) and len(plan.launches) == 1
     elif which == "matmul_vec":
@@ -272,17 +289,37 @@ def test_plans_compile_with_nvcc(which):
 
 @pytest.mark.parametrize("m,n,k,batch", [(1, 4096, 4096, 1), (16, 4096, 4096, 1), (4096, 4096, 4096, 1),
                                          (3136, 64, 576, 1), (49, 512, 4608, 1), (17, 33, 40, 6)])  # fmt: skip
-@pytest.mark.parametrize("wgmma", [False, True])
-def test_heuristic_picks_a_buildable_fitting_config(m, n, k, batch, wgmma):
-    cfg = heuristic_config(m, n, k, batch, wgmma)
-    assert not cfg.problems()
-    assert cfg.block_m <= max(64 if wgmma else 16, 1 << (m - 1).bit_length())
-    best = min(estimate_us(c, m, n, k, batch) for c in candidates(m, n, k, batch, wgmma))
-    assert estimate_us(cfg, m, n, k, batch) <= best / 0.98 ** 2  # ties go to the larger tile
+@pytest.mark.parametrize("family", ["mma", "wgmma", "tma"])
+def test_heuristic_picks_a_buildable_fitting_config(m, n, k, batch, family):
+    dev = PLANNING_DEVICE
+    cfg = heuristic_config(m, n, k, batch, family, "nk", dev)
+    assert not cfg.problems() and cfg.smem_bytes() <= dev.smem_per_block
+    assert cfg.block_m <= max(16 if family == "mma" else 64, 1 << (m - 1).bit_length())
+    space = {"mma": lambda: mma_space(m, n, k, batch, dev), "wgmma": lambda: wgmma_space(m, n, k, batch, dev),
+             "tma": lambda: schedule_space(m, n, k, batch, "nk", tma=True, dev=dev)}[family]()  # fmt: skip
+    assert cfg in space
+    best = min(estimate_us(c, m, n, k, batch, dev) for c in space)
+    assert estimate_us(cfg, m, n, k, batch, dev) <= best / 0.98 ** 2  # ties go to the larger tile
     if m * n >= 4096 * 4096:
         assert cfg.block_m * cfg.block_n >= 128 * 128 and cfg.split_k == 1
     if m <= 16 and n * k >= 4096 * 4096:
-        assert cfg.split_k > 1 or cfg.block_m == 16  # few row tiles: split K to fill the GPU
+        assert cfg.split_k > 1 or cfg.block_m == 16 or cfg.block_n <= 64  # few row tiles: split K or narrow tiles
+
+
+def test_split_k_comes_from_one_rule_sized_by_the_device():
+    from dataclasses import replace
+
+    from tessera.kernels.gemm_space import splits
+
+    assert splits(200, 64, 132) == [1]  # a wave of tiles already: no split-k
+    assert splits(32, 64, 132) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert splits(32, 8, 132) == [1, 2, 3, 4]  # each split at least 2 k-tiles deep
+    assert splits(32, 64, 16) == [1]  # a small GPU: 32 tiles are two waves
+    small = replace(PLANNING_DEVICE, sms=16)
+    assert all(c.split_k == 1 for c in schedule_space(2048, 2048, 4096, 1, "nk", tma=True, dev=small))
+    assert any(c.split_k > 1 for c in schedule_space(256, 512, 4096, 1, "nk", tma=True, dev=PLANNING_DEVICE))
+    little_smem = replace(PLANNING_DEVICE, smem_per_block=100 * 1024)
+    assert all(c.smem_bytes() <= 100 * 1024 for c in schedule_space(4096, 4096, 4096, 1, "nk", tma=True, dev=little_smem))
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------------
@@ -375,13 +412,20 @@ LINEAR_CASES = [
     ((3, 5, 64), (100, 64), True, "float16", "gelu", GemmConfig(16, 64, 64, 16, 16, 3, 4)),  # split-k
     ((130, 64), (96, 64), True, "bfloat16", "residual", WgmmaConfig(64, 128, 3, 1)),
     ((33, 256), (200, 256), False, "float16", "relu", WgmmaConfig(64, 64, 3, 2)),  # wgmma + split-k
+    # the warp-specialised TMA GEMM, epilogue fused into its staged 16-byte stores
+    ((2, 17, 96), (136, 96), True, "float16", "residual", TmaConfig(128, 64, 4, 2, epilogue="staged")),
+    ((130, 256), (200, 256), True, "bfloat16", "cast", TmaConfig(64, 128, 4, 1, epilogue="staged")),  # f32 out
+    ((5, 64), (33, 64), True, "float16", "gelu", TmaConfig(64, 64, 4, 1, epilogue="staged")),  # N odd
+    ((33, 512), (100, 512), False, "float16", "relu", TmaConfig(64, 64, 4, 1, split_k=4, epilogue="staged")),
+    ((2048, 64), (4096, 64), True, "float16", "relu_residual",
+     TmaConfig(128, 128, 4, 2, persistent=True, epilogue="staged")),  # more tiles than SMs
 ]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("x_shape,w_shape,bias,dtype,kind,config", LINEAR_CASES)
 def test_linear_anchor(torch, x_shape, w_shape, bias, dtype, kind, config):
-    if isinstance(config, WgmmaConfig) and torch.cuda.get_device_capability() != (9, 0):
+    if isinstance(config, (WgmmaConfig, TmaConfig)) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an SM90 GPU")
     x, w = rand(torch, x_shape, dtype, x_shape[-1] ** -0.5), rand(torch, w_shape, dtype)
     b = rand(torch, w_shape[:1], dtype)
@@ -390,7 +434,11 @@ def test_linear_anchor(torch, x_shape, w_shape, bias, dtype, kind, config):
     plan = plan_linear(x_shape, w_shape, dtype, bias=bias, epilogue=ep, config=config)
     assert plan.config == config or config is None
     kernel = plan.load()
-    run_anchor(torch, kernel, [x, w, b] if bias else [x, w], extras, fn(y.to(getattr(torch, dtype)).double()), dtype)
+    inputs = [x, w, b] if bias else [x, w]
+    run_anchor(torch, kernel, inputs, extras, fn(y.to(getattr(torch, dtype)).double()), dtype)
+    x.copy_(rand(torch, x_shape, dtype, x_shape[-1] ** -0.5))  # new data at the same addresses (cached maps)
+    y = x.double() @ w.double().T + (b.double() if bias else 0)
+    run_anchor(torch, kernel, inputs, extras, fn(y.to(getattr(torch, dtype)).double()), dtype)
 
 
 CONV_CASES = [

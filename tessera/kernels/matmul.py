@@ -11,7 +11,6 @@ tessera.tune.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,109 +18,13 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.kernels.gemm import GemmConfig, make_gemm, make_split_k_reduce
 from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
+
+# The schedule space, the split-k rule and the cost model live in one place (gemm_space);
+# these names are re-exported for the callers that tune or inspect it.
+from tessera.kernels.gemm_space import device, schedule_space, tma_space  # noqa: E402,F401
 from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
 from tessera.runtime.cuda import ensure_current
 from tessera.tune import tune
-
-SMS = 132  # H100/H200; only used to prune split-k and to size waves
-# (block_m, block_n, warp_m, warp_n): 4 or 8 warps, warp tiles from 16x32 to 64x64.
-TILES = [
-    (256, 128, 64, 64), (128, 256, 64, 64), (128, 128, 64, 64), (128, 128, 32, 64), (128, 128, 64, 32),
-    (128, 64, 64, 32), (64, 128, 32, 64), (64, 64, 32, 32), (64, 256, 32, 64), (32, 128, 32, 32),
-    (32, 256, 32, 64), (16, 128, 16, 32), (16, 256, 16, 64), (16, 64, 16, 16),
-]  # fmt: skip
-BLOCK_KS = (32, 64)
-STAGES = (3, 4, 5)
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
-
-
-WGMMA_TILES = [(128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64)]
-# Warp-specialised TMA GEMM: (block_m, block_n, consumer warpgroups) and the stages that fit.
-TMA_TILES = [(128, 256, 2), (256, 128, 2), (128, 128, 2), (128, 64, 2), (64, 256, 1), (64, 128, 1), (64, 64, 1)]
-TMA_STAGES = (3, 4, 5, 6, 8, 12, 16)
-# Narrow tiles for M <= 64 with B as [N, K]: one wave of blocks over N without split-k.
-TMA_NARROW = (32, 48, 64, 96, 112, 128, 160, 192, 224, 256)
-
-
-def _splits(tiles: int, k_tiles: int) -> list[int]:
-    return [s for s in SPLITS if s == 1 or (tiles * s <= 4 * SMS and k_tiles >= 2 * s and tiles < SMS)]
-
-
-def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", cluster: bool = False) -> list[TmaConfig]:
-    """TMA GEMM candidates: the deepest two pipelines that fit each tile, persistent when
-    there is more than one wave of tiles, split-k when there are too few tiles; for M <= 64
-    and B [N, K] also the narrowest tiles that cover N in one wave.
-
-    `cluster` adds split-k reduced inside a thread-block cluster (split_reduce="cluster").  It
-    is off by default: that variant has not run on a GPU yet (tests/test_kernels_gemm.py and
-    bench/gemm_dev.py check it), and the tuner must not meet an untried kernel."""
-    out: list[TmaConfig] = []
-    tiles = list(TMA_TILES)
-    if m <= 64 and b_layout == "nk":
-        narrow = [bn for bn in TMA_NARROW if -(-n // bn) * batch <= SMS]
-        tiles += [(64, bn, 1) for bn in narrow[:2] if (64, bn, 1) not in tiles]
-    for bm, bn, cw in tiles:
-        if b_layout == "kn" and bn % 64:
-            continue
-        if bm > max(64, 1 << (max(m, 1) - 1).bit_length()):
-            continue
-        fits = [s for s in TMA_STAGES if not TmaConfig(bm, bn, s, cw, epilogue="staged").problems()]
-        for stages in fits[-2:]:
-            tiles = -(-m // bm) * -(-n // bn) * batch
-            for split in _splits(tiles, -(-k // 64)):
-                cfg = TmaConfig(bm, bn, stages, cw, split, persistent=tiles * split > SMS, epilogue="staged")
-                if not cfg.problems():
-                    out.append(cfg)
-                clustered = replace(cfg, persistent=False, split_reduce="cluster")
-                if cluster and split > 1 and not clustered.problems():
-                    out.append(clustered)
-    return out
-
-
-def schedule_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "kn", wgmma: bool = False,
-                   tma: bool = False) -> list[Any]:  # fmt: skip
-    """The candidates worth timing for one problem shape.
-
-    With `wgmma` (an SM90 GPU, 16-byte aligned rows and b_layout "nk") the warpgroup GEMM's
-    tiles join the mma.sync ones; with `tma` (an SM90 GPU, 16-byte aligned rows, either
-    layout) the warp-specialised TMA GEMM's replace them (within 0.87-1.05x of cuBLAS from
-    M = 128 up on the H200), except the 16-row mma.sync tiles at M <= 16, which time as well
-    there; a short list keeps tuning cheap."""
-    if tma:
-        out = list(tma_space(m, n, k, batch, b_layout))
-        if m <= 16:  # at decode sizes the 16-row mma.sync tiles time as well (H200, 2026-11-22)
-            for bm, bn, wm, wn in TILES:
-                if bm == 16:
-                    tiles = -(-n // bn) * batch
-                    for stages in (3, 4):
-                        for split in _splits(tiles, -(-k // 64)):
-                            cfg = GemmConfig(bm, bn, 64, wm, wn, stages, split)
-                            if not cfg.problems():
-                                out.append(cfg)
-        return out
-    out: list[Any] = []
-    if wgmma and b_layout == "nk":
-        for bm, bn in WGMMA_TILES:
-            if bm > max(64, 1 << (max(m, 1) - 1).bit_length()):
-                continue
-            for stages in STAGES:
-                for split in _splits(-(-m // bm) * -(-n // bn) * batch, -(-k // 64)):
-                    cfg = WgmmaConfig(bm, bn, stages, split)
-                    if not cfg.problems():
-                        out.append(cfg)
-    m_cap = max(16, 1 << (max(m, 1) - 1).bit_length())  # smallest power of two >= m
-    for bm, bn, wm, wn in TILES:
-        if bm > m_cap:
-            continue
-        tiles = -(-m // bm) * -(-n // bn) * batch
-        for bk in BLOCK_KS:
-            k_tiles = -(-k // bk)
-            for stages in STAGES:
-                for split in _splits(tiles, k_tiles):
-                    cfg = GemmConfig(bm, bn, bk, wm, wn, stages, split)
-                    if not cfg.problems():
-                        out.append(cfg)
-    return out
 
 
 def _torch() -> Any:
@@ -238,15 +141,28 @@ def check_result(out: Any, ref: Any) -> str | None:
 
 
 def choose_config(a: Any, b: Any, b_layout: str = "kn") -> Any:
-    """The tuned configuration for these operands' shape (tunes on first use, then cached)."""
+    """The tuned configuration for these operands' shape (tunes on first use, then cached):
+    tessera.kernels.gemm_space.choose_config on the operands' shape, dtype and alignment."""
+    from tessera.kernels.gemm_space import choose_config as choose
+
     dtype, batch, m, n, k = _check(a, b, b_layout)
-    return _tuned(a, b, b_layout, dtype, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tma=True)
+    return choose(dtype, b_layout, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tune=True)
+
+
+def tuned_for_shape(dtype: Any, layout: str, batch: int, m: int, n: int, k: int, vector: bool, *, tma: bool,
+                    wgmma: bool) -> Any:  # fmt: skip
+    """The tuner's winner for a GEMM shape, timed on fresh random operands on the current GPU."""
+    torch = _torch()
+    tdt = getattr(torch, dtype.name)
+    a = torch.empty((batch, m, k), dtype=tdt, device="cuda")
+    b = torch.empty((batch, k, n) if layout == "kn" else (batch, n, k), dtype=tdt, device="cuda")
+    return _tuned(a, b, layout, dtype, batch, m, n, k, vector, tma=tma, wgmma=wgmma)
 
 
 def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool,
-           tma: bool = False) -> Any:  # fmt: skip
-    """The tuned configuration; `tma` adds the TMA GEMM's candidates (matmul does; callers that
-    rewrite kernels opt in once they handle its tensor-map parameters).
+           tma: bool = False, wgmma: bool = True) -> Any:  # fmt: skip
+    """The tuned configuration over gemm_space.schedule_space: the TMA GEMM's space with `tma`
+    (on SM90 with aligned rows), else mma.sync and (with `wgmma`) the warpgroup GEMM.
 
     Candidates run on fresh random operands of a's and b's shapes (the caller's data may hold
     inf or NaN); each is checked once against torch.matmul in float32 before it is timed."""
@@ -260,7 +176,7 @@ def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, 
     b3 = torch.randn((batch, *b.shape[-2:]), generator=gen, device=a.device).to(a.dtype)
     c3 = torch.empty((batch, m, n), dtype=a.dtype, device=a.device)
     ref: list[Any] = []  # computed on the first check: a recorded winner needs none
-    wgmma = sm90 and layout == "nk" and not tma
+    wgmma = wgmma and sm90 and layout == "nk" and not tma
     candidates = schedule_space(m, n, k, batch, layout, wgmma, tma)
 
     def plan(cfg: Any) -> _CallPlan:
@@ -308,7 +224,7 @@ class _CallPlan:
             self.maps: tuple[dict, dict] = ({}, {})
             a_map = TensorMap.from_pointer(a3.data_ptr(), dtype, self.a_shape, self.boxes[0])
             b_map = TensorMap.from_pointer(b3.data_ptr(), dtype, self.b_shape, self.boxes[1])
-            args = (a3, b3, work, a_map, b_map, cfg.split_k, cfg.grid(m, n, batch, SMS))
+            args = (a3, b3, work, a_map, b_map, cfg.split_k, cfg.grid(m, n, batch, device().sms))
         else:
             args = (a3, b3, work, cfg.split_k)
         self.gemm = kernel.bind(args)
@@ -386,7 +302,7 @@ def matmul(a: Any, b: Any, *, b_layout: str = "kn", config: GemmConfig | WgmmaCo
     dtype, batch, m, n, k = _check(a, b, b_layout)
     a, b = a.contiguous(), b.contiguous()
     vector = _vector_ok(a, b, n, k, b_layout)
-    cfg = config or _tuned(a, b, b_layout, dtype, batch, m, n, k, vector, tma=True)
+    cfg = config or choose_config(a, b, b_layout)
     if isinstance(cfg, WgmmaConfig) and (b_layout != "nk" or not vector):
         raise UnsupportedError(f"{cfg} needs b_layout='nk' and 16-byte aligned rows (K % 8 == 0)")
     if isinstance(cfg, TmaConfig) and not vector:

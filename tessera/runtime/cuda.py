@@ -11,6 +11,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,47 @@ def is_available() -> bool:
         return True
     except DeviceError:
         return False
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What schedules are sized by: multiprocessors, the opt-in shared memory per block, L2 and
+    the compute capability, read from the driver (`device_properties`)."""
+
+    name: str
+    sms: int
+    smem_per_block: int  # bytes a block may use after raising its dynamic limit (227 KiB on Hopper)
+    l2_bytes: int
+    capability: tuple[int, int]
+    from_driver: bool = True
+
+
+# Planning without a GPU (compile checks, saved plans made on a CPU machine) sizes schedules for
+# the project's GPU, an H200; any machine with a driver reads its own numbers instead.
+PLANNING_DEVICE = DeviceProperties("NVIDIA H200 (no GPU here: planning defaults)", 132, 227 * 1024, 60 << 20, (9, 0),
+                                   from_driver=False)  # fmt: skip
+
+
+@functools.cache
+def device_properties() -> DeviceProperties:
+    """GPU 0's properties from the driver; PLANNING_DEVICE when no GPU or driver is present."""
+    try:
+        dev, _ = context()
+    except DeviceError:
+        return PLANNING_DEVICE
+    driver = _driver()
+    attr = driver.CUdevice_attribute
+
+    def get(a: Any) -> int:
+        return int(check(driver.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute"))
+
+    raw = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).split("\x00")[0].strip()
+    return DeviceProperties(
+        name, get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+    )  # fmt: skip
 
 
 def synchronize() -> None:

@@ -1,7 +1,7 @@
 """Anchor operators on the GPU: which graph operators run on kernel templates
 (tessera.ops.anchors: the tuned GEMM, convolution as im2col + GEMM, attention as two GEMMs
-around a row softmax) and how a group's
-elementwise tail becomes the template's epilogue (post-scheduling fusion)."""
+around a row softmax, layer norm / RMS norm / softmax on the tuned row kernels) and how a
+group's elementwise tail becomes the template's epilogue (post-scheduling fusion)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,28 @@ from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 
 ANCHOR_KINDS = ("matmul", "linear", "conv2d", "scaled_dot_product_attention")
+ROW_KINDS = {"layer_norm": 3, "rms_norm": 2, "softmax": 1}  # kind -> inputs the row kernel takes
 _TEMPLATE_DTYPES = (dtypes.float16, dtypes.bfloat16)
+_ROW_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+
+
+def is_row_anchor(op: Operator) -> bool:
+    """Layer norm (weight and bias), RMS norm (weight) over the last axis, softmax over the last
+    axis, in float16/bfloat16/float32, with parameters of x's dtype: the tuned row kernels."""
+    if op.kind not in ROW_KINDS or len(op.inputs) != ROW_KINDS[op.kind]:
+        return False
+    x = op.inputs[0]
+    if x.dtype not in _ROW_DTYPES or any(t.dtype != x.dtype for t in op.inputs) or x.ndim < 1:
+        return False
+    if op.kind == "softmax":
+        return op.attrs.get("axis") in (-1, x.ndim - 1)
+    return op.attrs.get("num_axes", 1) == 1
 
 
 def is_anchor(op: Operator) -> bool:
-    """Whether a kernel template runs op (fp16/bf16 GEMMs and group-1 convolutions)."""
+    """Whether a kernel template runs op (fp16/bf16 GEMMs and group-1 convolutions, row norms and softmax)."""
+    if is_row_anchor(op):
+        return True
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
     if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D] q, k, v, optional mask
@@ -72,7 +89,12 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     extras = [position[t] for t in extra_t]
     dtype = op.outputs[0].dtype
     in_shapes = [shapes[t] for t in op.inputs]
-    if op.kind == "linear":
+    if op.kind in ROW_KINDS:
+        from tessera.ops.anchors.row import prepare_row
+
+        eps = op.attrs.get("eps", 1e-5)
+        kernel = prepare_row(op.kind, in_shapes[0], dtype, eps=float(eps), epilogue=epilogue)
+    elif op.kind == "linear":
         kernel = anchors.prepare_linear(in_shapes[0], in_shapes[1], dtype, bias=len(op.inputs) == 3,
                                         epilogue=epilogue, tune=tune)  # fmt: skip
     elif op.kind == "matmul":

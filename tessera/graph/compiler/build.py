@@ -34,13 +34,14 @@ log = logging.getLogger("tessera")
 
 
 def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = True, cuda_graph: bool = True,
-                  tune: bool = False, arch: str | None = None, arrays: str = "auto") -> CompiledGraph:  # fmt: skip
+                  tune: bool = True, arch: str | None = None, arrays: str = "auto") -> CompiledGraph:  # fmt: skip
     """Compile `graph` for "cpu" or "cuda".
 
     optimize: run the graph passes (constant folding, batchnorm folding, QKV merging) first.
     cuda_graph: capture each shape's run into a CUDA graph and replay it.
-    tune: time the GEMM schedule space per shape (slow the first time, cached) instead of
-    choosing a GEMM schedule by heuristic.
+    tune: time the GEMM schedule space once per shape (candidates compiled in parallel, each
+    run once to check and timed; the winner cached on disk, so a warm compile times nothing)
+    instead of ranking it with the cost model.  On by default: compile time is part of it.
     arrays (target "cuda"): "torch" runs on torch CUDA tensors, "native" on tessera's own
     DeviceArrays without torch (inputs from DLPack or host arrays), "auto" picks torch when it
     has CUDA (tessera.graph.compiler.memory)."""

@@ -22,7 +22,7 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
-from tessera.ops.anchors.config import Config
+from tessera.kernels.gemm_space import Config
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Slot, ops_launches

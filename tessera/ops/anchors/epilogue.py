@@ -39,7 +39,7 @@ from tessera.ir.compute import (
 )
 from tessera.ir.func import Function
 from tessera.ir.functor import IRMutator, IRVisitor
-from tessera.ir.types import GLOBAL, TensorType
+from tessera.ir.types import GLOBAL, REGISTER, TensorType
 from tessera.ops.common import same_dim
 from tessera.ops.schedule.inline import Inliner
 
@@ -207,9 +207,66 @@ def _c_name(name: str) -> str:
 
 class _Rewrite(IRMutator):
     def __init__(self, old: E.Var, new: E.Var, index_map: Callable[..., Sequence[E.Expr]], ep: Epilogue,
-                 inlined: _Inlined, extras: dict[TensorNode, E.Var]):  # fmt: skip
+                 inlined: _Inlined, extras: dict[TensorNode, E.Var], row_major: bool, taken: set[str]):  # fmt: skip
         self.old, self.new, self.index_map, self.ep, self.inlined, self.extras = old, new, index_map, ep, inlined, extras
+        self.row_major, self.taken = row_major, taken
         self.count = 0
+
+    def _fresh(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    def _value(self, v: E.Expr, idx: tuple[E.Expr, ...]) -> tuple[tuple[E.Expr, ...], E.Expr]:
+        """(logical index, the epilogue's value) for the kernel's value `v` stored at `idx`."""
+        logical = tuple(E.as_expr(i) for i in self.index_map(*idx))
+        if len(logical) != self.ep.acc.rank:
+            raise EpilogueError(f"the index map gives {len(logical)} indices; the anchor's output has rank {self.ep.acc.rank}")
+        if v.dtype != self.ep.acc.dtype:
+            v = E.Cast(v, self.ep.acc.dtype)
+        value = _Lower(dict(zip(self.inlined.axes, logical)), self.ep.acc, v, self.extras).visit(self.inlined.value)
+        if value.dtype != self.new.type.dtype:
+            value = E.Cast(value, self.new.type.dtype)
+        return logical, value
+
+    def visit_Instruction(self, s: S.Instruction) -> S.Stmt:
+        """A vector copy into the output (a staged epilogue's 16-byte row segment): the elements
+        are loaded into registers, the epilogue is applied to each, and the results are stored with
+        vector copies when the output is the kernel's row-major layout, else one by one."""
+        dst = s.operands[0] if s.operands else None
+        if s.name != "copy_vector" or not (isinstance(dst, E.Address) and dst.buffer is self.old):
+            return super().visit_Instruction(s)
+        self.count += 1
+        src = self.visit(s.operands[1])
+        in_dt, out_dt = self.old.type.dtype, self.new.type.dtype
+        width = s.attrs["bytes"] // in_dt.nbytes
+        idx = tuple(self.visit(i) for i in dst.indices)
+        staged = E.Var(self._fresh("ep_in"), TensorType(in_dt, (E.Const(width, dtypes.int32),), REGISTER))
+        result = E.Var(self._fresh("ep_out"), TensorType(out_dt, (E.Const(width, dtypes.int32),), REGISTER))
+        zero = (E.Const(0, dtypes.int32),)
+        stmts: list[S.Stmt] = [S.DeclareBuffer(staged), S.Instruction("copy_vector", (E.Address(staged, zero), src), dict(s.attrs)),
+                               S.DeclareBuffer(result)]  # fmt: skip
+        first: tuple[E.Expr, ...] = ()
+        for e in range(width):
+            at = (*idx[:-1], idx[-1] + E.Const(e, dtypes.int32) if e else idx[-1])
+            logical, value = self._value(E.Load(staged, (E.Const(e, dtypes.int32),)), at)
+            first = first or logical
+            stmts.append(S.Store(result, (E.Const(e, dtypes.int32),), value))
+            if not self.row_major:
+                stmts.append(S.Store(self.new, logical, E.Load(result, (E.Const(e, dtypes.int32),))))
+        if self.row_major:  # the row segment stays contiguous (and aligned) in the output
+            chunk = min(16, width * out_dt.nbytes)
+            per = chunk // out_dt.nbytes
+            for c in range(0, width, per):
+                at = (*first[:-1], first[-1] + E.Const(c, dtypes.int32) if c else first[-1])
+                stmts.append(S.Instruction("copy_vector", (E.Address(self.new, at), E.Address(result, (E.Const(c, dtypes.int32),))),
+                                           {"bytes": chunk}))  # fmt: skip
+        out = S.seq(*stmts)
+        out.line = s.line
+        return out
 
     def _refuse(self, what: str) -> None:
         raise EpilogueError(f"the kernel {what} its output '{self.old.name}'; epilogues need plain element stores")
@@ -221,7 +278,7 @@ class _Rewrite(IRMutator):
 
     def visit_Address(self, e: E.Address) -> E.Expr:
         if e.buffer is self.old:
-            self._refuse("takes the address of (vector or asynchronous stores into)")
+            self._refuse("takes the address of (asynchronous stores into, or reads by instructions)")
         return super().visit_Address(e)
 
     def visit_Store(self, s: S.Store) -> S.Stmt:
@@ -229,23 +286,20 @@ class _Rewrite(IRMutator):
             return super().visit_Store(s)
         self.count += 1
         idx = tuple(self.visit(i) for i in s.indices)
-        logical = tuple(E.as_expr(i) for i in self.index_map(*idx))
-        if len(logical) != self.ep.acc.rank:
-            raise EpilogueError(f"the index map gives {len(logical)} indices; the anchor's output has rank {self.ep.acc.rank}")
-        v = _strip_store_cast(self.visit(s.value), self.old.type.dtype)
-        if v.dtype != self.ep.acc.dtype:
-            v = E.Cast(v, self.ep.acc.dtype)
-        mapping = dict(zip(self.inlined.axes, logical))
-        value = _Lower(mapping, self.ep.acc, v, self.extras).visit(self.inlined.value)
-        if value.dtype != self.new.type.dtype:
-            value = E.Cast(value, self.new.type.dtype)
+        logical, value = self._value(_strip_store_cast(self.visit(s.value), self.old.type.dtype), idx)
         out = S.Store(self.new, logical, value)
         out.line = s.line
         return out
 
 
-def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.Expr]], epilogue: Epilogue) -> Function:
+def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.Expr]], epilogue: Epilogue,
+                  row_major: bool = False) -> Function:  # fmt: skip
     """`func` with every store into parameter `out` replaced by a store of the epilogue.
+
+    Vector copies into `out` (`copy_vector`, a staged epilogue's row segments) are fused too:
+    each element goes through the epilogue in registers; with `row_major` (the caller's output is
+    laid out as the kernel's `out`, so a segment stays contiguous and aligned) the results are
+    written back with vector copies, else element by element.
 
     `index_map(*store_indices)` returns the anchor's logical output index (one expression per
     dimension of `epilogue.acc`).  The parameter `out` is replaced in place by the final output
@@ -274,7 +328,7 @@ def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.
         taken.add(name)
         extras[t] = E.Var(name, TensorType(t.dtype, t.shape or (E.Const(1, dtypes.int32),), GLOBAL))
     new = E.Var(out, TensorType(epilogue.output.dtype, epilogue.output.shape, GLOBAL))
-    rewriter = _Rewrite(old, new, index_map, epilogue, inlined, extras)
+    rewriter = _Rewrite(old, new, index_map, epilogue, inlined, extras, row_major, taken)
     body = rewriter.visit(func.body)
     if rewriter.count == 0:
         raise EpilogueError(f"kernel '{func.name}' never stores into '{out}'")

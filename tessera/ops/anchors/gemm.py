@@ -8,6 +8,15 @@ map from (z, m, n) to the anchor's logical output index.  The template's IR is t
 specialised to the shapes, its operands remapped and its stores replaced by the epilogue
 (tessera.ops.anchors.rewrite and .epilogue), so one kernel reads the caller's tensors in
 place and writes the caller's output; with split-k, the epilogue goes into the reduce kernel.
+
+On SM90, a problem whose operands are plain row-major [batch, rows, K-or-N] tensors (a linear
+layer, a matmul without broadcast batches, an im2col buffer) and whose output is the template's
+row-major layout runs on the warp-specialised TMA GEMM (tessera.kernels.gemm_tma): the
+operands are read through tensor maps encoded at call time, and the epilogue is fused into its
+staged stores (each 16-byte row segment goes through the epilogue in registers and is written
+back with one vector store).  There the epilogue sees the accumulator rounded to the GEMM's
+dtype (the staging buffer's type), also for a bias.  Other problems use the mma.sync/wgmma
+templates, whose operands can be remapped.
 """
 
 from __future__ import annotations
@@ -24,12 +33,13 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
+from tessera.kernels import gemm_space
 from tessera.kernels.gemm import make_split_k_reduce
-from tessera.kernels.gemm_sm90 import WgmmaConfig
-from tessera.ops.anchors.config import Config, heuristic_config, tuned_config
+from tessera.kernels.gemm_space import Config
+from tessera.kernels.gemm_tma import TmaConfig, tensor_map_boxes
 from tessera.ops.anchors.epilogue import Epilogue, EpilogueError, compose, fuse_epilogue, identity_epilogue
-from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, Slot
-from tessera.ops.anchors.rewrite import IndexMap, i32, remap_operand, rename, specialize, unravel
+from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
+from tessera.ops.anchors.rewrite import IndexMap, i32, remap_operand, rename, retype_operand, specialize, unravel
 
 ANCHOR_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
@@ -41,6 +51,7 @@ class Operand:
     slot: Slot
     shape: tuple[int, ...]
     index: IndexMap  # (bi, row, col) -> index into `shape`
+    plain: bool = False  # `shape` in row-major order IS the template's operand: TMA can read it whole
 
 
 @dataclass
@@ -55,6 +66,12 @@ class GemmProblem:
     b: Operand
     out_map: IndexMap  # (z, m, n) -> logical output index
     vector: bool  # 16-byte cp.async loads (rows of A and B 16-byte aligned)
+    row_major_out: bool = False  # the output's row-major layout is the template's [batch, M, N]
+
+    @property
+    def tma(self) -> bool:
+        """Whether the TMA GEMM can run this problem: operands read whole through tensor maps."""
+        return self.vector and self.a.plain and self.b.plain and self.row_major_out
 
 
 def check_dtype(dtype: DataType | str, op: str) -> DataType:
@@ -75,21 +92,12 @@ def check_shape(shape: Sequence[int], what: str, op: str) -> tuple[int, ...]:
     return out
 
 
-def _sm90() -> bool:
-    """Whether GPU 0 is a Hopper (sm_90), read from the driver (False without one)."""
-    from tessera.backend import detect_cuda_arch
-
-    return detect_cuda_arch() == "sm_90a"
-
-
 def choose_config(p: GemmProblem, tune: bool, wgmma: bool | None = None) -> Config:
-    wgmma = (_sm90() if wgmma is None else wgmma) and p.vector and p.layout == "nk"
-    if tune:
-        cfg = tuned_config(p.dtype, p.layout, p.batch, p.m, p.n, p.k, p.vector)
-        if isinstance(cfg, WgmmaConfig) and not wgmma:
-            cfg = heuristic_config(p.m, p.n, p.k, p.batch, False)
-        return cfg
-    return heuristic_config(p.m, p.n, p.k, p.batch, wgmma)
+    """gemm_space.choose_config for this problem.  `wgmma` False keeps the Hopper templates (TMA,
+    warpgroup) out; None lets the GPU decide (the planning defaults without one)."""
+    hopper = wgmma is not False
+    return gemm_space.choose_config(p.dtype, p.layout, p.batch, p.m, p.n, p.k, p.vector, tune=tune,
+                                    tma=hopper and p.tma, wgmma=hopper)  # fmt: skip
 
 
 def _template(p: GemmProblem, cfg: Config):  # -> tessera.Kernel
@@ -98,25 +106,50 @@ def _template(p: GemmProblem, cfg: Config):  # -> tessera.Kernel
     return make_kernel(p.dtype, cfg, p.layout, p.vector)
 
 
+def _tma_operands(plan: AnchorPlan, f, p: GemmProblem, cfg: TmaConfig):  # -> (Function, slots of tma_a, tma_b)
+    """The TMA template reads A and B through tensor maps: the parameters take the caller's
+    tensors as they are, and the maps (encoded at call time) describe them as [batch, rows, cols]."""
+    b_shape = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
+    boxes = tensor_map_boxes(cfg, p.layout)
+    slots = []
+    for name, op, shape, box in (("A", p.a, (p.batch, p.m, p.k), boxes[0]), ("B", p.b, b_shape, boxes[1])):
+        f = retype_operand(f, name, op.shape)
+        slots.append(plan.tensor_map(MapSpec(op.slot, p.dtype, shape, box)))
+    return f, slots
+
+
 def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, ep_slots: list[Slot], prefix: str,
                   out_slot: Slot = (OUTPUT, 0)) -> list[Launch]:  # fmt: skip
-    """The GEMM's launches with `ep` fused into its final stores into `out_slot` (workspaces added to `plan`)."""
+    """The GEMM's launches with `ep` fused into its final stores into `out_slot` (workspaces and
+    tensor maps added to `plan`)."""
     f = _template(p, cfg).ir
     split = cfg.split_k
     b_shape = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
-    f = specialize(f, {"A": (p.batch, p.m, p.k), "B": b_shape, "C": (p.batch * split, p.m, p.n)}, {"split": split})
-    for name, op in (("A", p.a), ("B", p.b)):
-        f = remap_operand(f, name, op.shape, op.index)
+    tma = isinstance(cfg, TmaConfig)
+    scalars = {"split": split}
+    if tma:
+        if not p.tma:
+            raise UnsupportedError(f"{cfg} reads its operands through tensor maps; this problem's operands are not "
+                                   "plain row-major tensors")  # fmt: skip
+        scalars["ctas"] = cfg.grid(p.m, p.n, p.batch, gemm_space.device().sms)
+    f = specialize(f, {"A": (p.batch, p.m, p.k), "B": b_shape, "C": (p.batch * split, p.m, p.n)}, scalars)
+    extra_slots: list[Slot] = []
+    if tma:
+        f, extra_slots = _tma_operands(plan, f, p, cfg)
+    else:
+        for name, op in (("A", p.a), ("B", p.b)):
+            f = remap_operand(f, name, op.shape, op.index)
     label = str(cfg).replace("-", "_")
     if split == 1:
-        f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{prefix}_gemm_{label}")
-        return [Launch(f, [p.a.slot, p.b.slot, out_slot, *ep_slots])]
+        f = rename(fuse_epilogue(f, "C", p.out_map, ep, row_major=p.row_major_out), f"{prefix}_gemm_{label}")
+        plan.aligned_output = plan.aligned_output or (p.row_major_out and out_slot == (OUTPUT, 0))
+        return [Launch(f, [p.a.slot, p.b.slot, out_slot, *extra_slots, *ep_slots])]
     ws = plan.workspace((p.batch * split, p.m, p.n), dtypes.float32)
     f = rename(f, f"{prefix}_gemm_{label}")
     red = make_split_k_reduce(p.dtype, split).ir
     red = specialize(red, {"W": (p.batch * split, p.m, p.n), "C": (p.batch, p.m, p.n)})
     red = rename(fuse_epilogue(red, "C", p.out_map, ep), f"{prefix}_split_k_reduce_{split}")
-    return [Launch(f, [p.a.slot, p.b.slot, ws]), Launch(red, [ws, out_slot, *ep_slots])]
+    return [Launch(f, [p.a.slot, p.b.slot, ws, *extra_slots]), Launch(red, [ws, out_slot, *ep_slots])]
 
 
 def with_bias(ep: Epilogue | None, out_shape: tuple[int, ...], dtype: DataType, channel_axis: int) -> Epilogue:
@@ -143,16 +176,19 @@ def build_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[Sl
     """Append the GEMM's launches to `plan` (falling back from a warpgroup configuration the rewrites
     cannot handle to mma.sync); return the configuration used."""
     cfg = config or choose_config(p, tune, wgmma)
+    maps, aligned = len(plan.tensor_maps), plan.aligned_output
     try:
         launches = gemm_launches(plan, p, cfg, ep, ep_slots, name, out_slot)
     except TesseraError as exc:
-        if config is not None or not isinstance(cfg, WgmmaConfig):
+        if config is not None or gemm_space.family(cfg) == "mma":
             raise
-        # The warpgroup template could not be built or rewritten (e.g. it reads its operands
-        # through TMA descriptors): the mma.sync template always can.
+        # The Hopper template could not be built or rewritten for this epilogue or operand
+        # mapping: the mma.sync template always can.
         warnings.warn(f"tessera: {name}: {cfg} cannot take this epilogue/operand mapping ({exc}); using mma.sync",
                       stacklevel=3)  # fmt: skip
-        cfg = heuristic_config(p.m, p.n, p.k, p.batch, False)
+        del plan.tensor_maps[maps:]
+        plan.aligned_output = aligned
+        cfg = gemm_space.heuristic_config(p.m, p.n, p.k, p.batch, "mma", p.layout)
         launches = gemm_launches(plan, p, cfg, ep, ep_slots, name, out_slot)
     plan.launches += launches
     if p.vector:
@@ -217,8 +253,8 @@ def matmul_problem(a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: Da
         # b is shared by every batch: fold a's batch dimensions into M (one GEMM, longer columns).
         lead = (*out_batch, m)
         fm = prod(lead)
-        a = Operand((INPUT, 0), a_shape, lambda bi, r, c: (*unravel(r, a_shape[:-1]), c))
-        b = Operand((INPUT, 1), b_shape, _b_map(b_shape, b_layout, b_vec, lambda bi: [i32(0)] * len(b_batch)))
+        a = Operand((INPUT, 0), a_shape, lambda bi, r, c: (*unravel(r, a_shape[:-1]), c), plain=True)
+        b = Operand((INPUT, 1), b_shape, _b_map(b_shape, b_layout, b_vec, lambda bi: [i32(0)] * len(b_batch)), plain=True)
         out_map = lambda z, r, c: out_index(unravel(r, lead), c)  # noqa: E731
         batch, m_eff = 1, fm
     else:
@@ -228,12 +264,14 @@ def matmul_problem(a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: Da
             return lambda bi: _batch_index(unravel(bi, out_batch), x_batch, out_batch)
 
         a_b = bidx(a_batch)
-        a = Operand((INPUT, 0), a_shape, (lambda bi, r, c: (c,)) if a_vec else (lambda bi, r, c: (*a_b(bi), r, c)))
-        b = Operand((INPUT, 1), b_shape, _b_map(b_shape, b_layout, b_vec, bidx(b_batch)))
+        a = Operand((INPUT, 0), a_shape, (lambda bi, r, c: (c,)) if a_vec else (lambda bi, r, c: (*a_b(bi), r, c)),
+                    plain=not a_vec and a_batch == out_batch)  # fmt: skip
+        b = Operand((INPUT, 1), b_shape, _b_map(b_shape, b_layout, b_vec, bidx(b_batch)),
+                    plain=not b_vec and b_batch == out_batch)  # fmt: skip
         out_map = lambda z, r, c: out_index([*unravel(z, out_batch), *(() if a_vec else (r,))], c)  # noqa: E731
     row_b = n if layout == "kn" else k
     vector = k % 8 == 0 and row_b % 8 == 0
-    return GemmProblem(dtype, layout, batch, m_eff, n, k, a, b, out_map, vector), out_shape
+    return GemmProblem(dtype, layout, batch, m_eff, n, k, a, b, out_map, vector, row_major_out=True), out_shape
 
 
 def _b_map(b_shape: tuple[int, ...], layout: str, b_vec: bool, batch_idx) -> IndexMap:
@@ -281,9 +319,10 @@ def plan_linear(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
     n, k = w_shape
     lead = x_shape[:-1]
     out_shape = (*lead, n)
-    a = Operand((INPUT, 0), x_shape, lambda bi, r, c: (*unravel(r, lead), c))
-    b = Operand((INPUT, 1), w_shape, lambda bi, r, c: (r, c))
-    p = GemmProblem(dt, "nk", 1, prod(lead), n, k, a, b, lambda z, r, c: (*unravel(r, lead), c), k % 8 == 0)
+    a = Operand((INPUT, 0), x_shape, lambda bi, r, c: (*unravel(r, lead), c), plain=True)
+    b = Operand((INPUT, 1), w_shape, lambda bi, r, c: (r, c), plain=True)
+    p = GemmProblem(dt, "nk", 1, prod(lead), n, k, a, b, lambda z, r, c: (*unravel(r, lead), c), k % 8 == 0,
+                    row_major_out=True)  # fmt: skip
     return plan_gemm("linear", p, out_shape, 3 if bias else 2, epilogue, (INPUT, 2) if bias else None, -1, tune,
                      wgmma, config)  # fmt: skip
 

@@ -19,9 +19,21 @@ from tessera.ir.func import Function
 from tessera.runtime.cuda import current_stream
 from tessera.transforms.pipeline import lower
 
-# Where a kernel argument comes from: (source, index) with source one of these.
-INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL = range(5)
+# Where a kernel argument comes from: (source, index) with source one of these; a TENSOR_MAP
+# slot is the plan's tensor_maps[index], encoded at call time over its operand's address.
+INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL, TENSOR_MAP = range(6)
 Slot = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """A TMA tensor map over one operand: where the operand comes from, the row-major shape the
+    kernel reads it as, its dtype and the box of one copy."""
+
+    operand: Slot
+    dtype: DataType
+    shape: tuple[int, ...]
+    box: tuple[int, ...]
 
 
 @dataclass
@@ -51,8 +63,14 @@ class AnchorPlan:
     num_extras: int
     workspaces: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)
     aligned_inputs: list[int] = field(default_factory=list)  # read with 16-byte vector copies
+    aligned_output: bool = False  # written with 16-byte vector copies
+    tensor_maps: list[MapSpec] = field(default_factory=list)
     config: Any = None
     _source: str | None = None
+
+    def tensor_map(self, spec: MapSpec) -> Slot:
+        self.tensor_maps.append(spec)
+        return (TENSOR_MAP, len(self.tensor_maps) - 1)
 
     def workspace(self, shape: Sequence[int], dtype: DataType) -> Slot:
         self.workspaces.append((tuple(int(s) for s in shape), dtype))
@@ -134,6 +152,9 @@ class AnchorKernel:
         self._steps = [(k, list(launch.slots)) for k, launch in zip(kernels, plan.launches)]
         self._num_inputs, self._num_extras = plan.num_inputs, plan.num_extras
         self._aligned = list(plan.aligned_inputs)
+        self._aligned_output = plan.aligned_output
+        self._maps = list(plan.tensor_maps)
+        self._encoded: list[dict[int, Any]] = [{} for _ in self._maps]  # per map: address -> TensorMap
 
     @property
     def kernels(self) -> list[str]:
@@ -154,12 +175,34 @@ class AnchorKernel:
             if ptr % 16:
                 raise ArgumentError(f"{self.plan.name}: input {i} must start on a 16-byte boundary (its data is read "
                                     "with 16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
+        if self._aligned_output and out.data_ptr() % 16:
+            raise ArgumentError(f"{self.plan.name}: the output must start on a 16-byte boundary (it is written with "
+                                "16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
         # A rank-0 extra (a scalar operand of the epilogue) is a one-element parameter.
         extras = [e.reshape(1) if getattr(e, "ndim", 1) == 0 else e for e in extras]
-        sources = (inputs, (out,), extras, self.workspaces)
+        sources = (inputs, (out,), extras, self.workspaces, (), self._tensor_maps(inputs, out, extras))
         stream = current_stream((out,))  # once, not once per launch
         for kernel, slots in self._steps:
             kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots], stream)
+
+    def _tensor_maps(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any]) -> list[Any]:
+        """The plan's tensor maps over this call's operands (encoded once per address and kept:
+        a CUDA-graph replay passes the same buffers every time)."""
+        if not self._maps:
+            return []
+        from tessera.runtime.tensor_map import TensorMap
+
+        sources = (inputs, (out,), extras, self.workspaces)
+        maps = []
+        for spec, cache in zip(self._maps, self._encoded):
+            ptr = sources[spec.operand[0]][spec.operand[1]].data_ptr()
+            tmap = cache.get(ptr)
+            if tmap is None:
+                if len(cache) >= 16:
+                    cache.pop(next(iter(cache)))
+                tmap = cache[ptr] = TensorMap.from_pointer(ptr, spec.dtype, spec.shape, spec.box)
+            maps.append(tmap)
+        return maps
 
     def __repr__(self) -> str:
         return f"<AnchorKernel {self.plan.name} -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"

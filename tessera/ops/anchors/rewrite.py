@@ -191,3 +191,18 @@ def _bound(shape: Sequence[int]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def retype_operand(func: Function, name: str, shape: Sequence[int]) -> Function:
+    """Parameter `name`, which the kernel reads only through a tensor map (TMA), takes the
+    caller's `shape`: the caller's tensor is passed as it is (the map describes the layout the
+    kernel reads; the caller guarantees that it is this tensor's row-major layout)."""
+    old = param(func, name)
+    if not isinstance(old.type, TensorType) or old.type.scope != GLOBAL:
+        raise UnsupportedError(f"kernel '{func.name}': '{name}' is not a global tensor parameter")
+    if accesses(func, old) != (0, 0):
+        raise UnsupportedError(f"kernel '{func.name}' accesses '{name}' element by element; remap it instead")
+    new = E.Var(name, TensorType(old.type.dtype, tuple(i32(d) for d in shape), GLOBAL))
+    params = [new if p is old else p for p in func.params]
+    return Function(func.name, params, func.body, func.kind, func.launch, list(func.shape_params), func.source_file,
+                    func.source_line)  # fmt: skip
