@@ -4,6 +4,7 @@
     tessera demo                compile a transformer with torch.compile(backend="tessera") and run it
     tessera run MODEL           compile an ONNX model (or a saved compiled graph) and run it
     tessera bench [--suite S]   run a benchmark suite (bench/run.py of a source checkout)
+    tessera cache ACTION        list, size, verify or clear the artifact cache
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark suite (needs a source checkout with bench/)")
     bench.add_argument("--suite", default="models", help="models, gemm or reduce")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments for bench/run.py")
+    from tessera.cli_cache import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
@@ -62,6 +66,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tessera.run_model import run_model
 
         run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save)
+    elif args.command == "cache":
+        from tessera.cli_cache import run as run_cache
+
+        return run_cache(args)
     elif args.command == "bench":
         script = Path(__file__).resolve().parents[1] / "bench" / "run.py"
         if not script.exists():
