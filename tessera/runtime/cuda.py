@@ -94,6 +94,7 @@ class DeviceArray:
         self.shape, self.dtype = tuple(int(s) for s in shape), dtype
         self.nbytes = prod(self.shape) * dtype.nbytes
         self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
+        self.device_id = int(check(_driver().cuCtxGetDevice(), "cuCtxGetDevice"))
 
     @staticmethod
     def from_numpy(arr: np.ndarray) -> DeviceArray:
@@ -112,6 +113,25 @@ class DeviceArray:
 
     def __tessera_view__(self) -> ArrayView:
         return ArrayView(self.ptr, self.shape, self.dtype, "cuda", True, self)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
+        """A DLPack capsule of this array (`torch.from_dlpack(a)`, `cupy.from_dlpack(a)`): no copy,
+        the consumer keeps this array alive.  Work queued on it is finished first (the
+        consumer's stream then sees the data)."""
+        from tessera.runtime import dlpack
+
+        if copy:
+            raise ArgumentError("DeviceArray.__dlpack__(copy=True): tessera shares its memory; copy on the consumer's side")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise ArgumentError(f"DeviceArray.__dlpack__: the array is on {self.__dlpack_device__()}, not {dl_device}")
+        if stream is not None and stream != -1:
+            synchronize()
+        return dlpack.export(self.ptr, self.shape, self.dtype, dlpack.CUDA, self.device_id, self)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from tessera.runtime import dlpack
+
+        return (dlpack.CUDA, self.device_id)
 
     def __del__(self) -> None:
         ptr = getattr(self, "ptr", 0)

@@ -119,6 +119,8 @@ class CompiledGraph:
         if self.target == "cpu":
             if type(a).__module__.startswith("torch"):
                 a = torch_to_numpy(a)
+            elif not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):  # cupy, jax... (zero-copy)
+                a = _from_dlpack_host(a, t)
             a = _contiguous(np.asarray(a))
             if a.dtype != numpy_dtype(t.dtype):
                 raise ArgumentError(f"input {t.name!r} must be {t.dtype.name}, got {a.dtype}")
@@ -126,7 +128,7 @@ class CompiledGraph:
         import torch
 
         if not isinstance(a, torch.Tensor):
-            a = numpy_to_torch(_contiguous(np.asarray(a)))
+            a = torch.from_dlpack(a) if hasattr(a, "__dlpack__") else numpy_to_torch(_contiguous(np.asarray(a)))
         if a.device.type != "cuda":
             a = a.cuda()
         if a.dtype != torch_dtype(t.dtype):
@@ -334,6 +336,19 @@ def _plan_owned(target: str) -> Iterator[None]:
 
     with torch.inference_mode(False):
         yield
+
+
+def _from_dlpack_host(a: Any, t: Tensor) -> np.ndarray:
+    """A host DLPack producer's array as numpy (no copy); device memory is refused by name."""
+    device = a.__dlpack_device__()[0] if hasattr(a, "__dlpack_device__") else 1
+    if device != 1:  # kDLCPU
+        raise ArgumentError(f"input {t.name!r}: the graph is compiled for the CPU, and this {type(a).__name__} is on "
+                            f"DLPack device type {int(device)}; copy it to the host first")  # fmt: skip
+    try:
+        return np.from_dlpack(a)
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        raise ArgumentError(f"input {t.name!r}: the graph is compiled for the CPU, and this {type(a).__name__} cannot "
+                            f"be read as host memory through DLPack ({exc}); copy it to the host first") from None
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
