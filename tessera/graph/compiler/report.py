@@ -81,7 +81,7 @@ class GraphReport:
         steps = ", ".join(f"{n} {kind}" for kind, n in counts.items())
         opts = " ".join(f"{k}={v}" for k, v in self.options.items())
         lines = [f'graph "{self.name}" on {self.target}: {self.operators} operators -> {self.num_kernels} kernels '
-                 f"in {sum(counts.values())} steps ({steps or 'none'})",
+                 f"in {sum(counts.values())} step{'s' if sum(counts.values()) != 1 else ''} ({steps or 'none'})",
                  f"  options: {opts}" + (", replayed as a CUDA graph" if self.cuda_graph else "")]  # fmt: skip
         for i, k in enumerate(self.kernels):
             lines += ["  " + text for text in k.lines(i == 0 or self.kernels[i - 1].step != k.step)]
