@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from plot import plot_file
 
 # The flush reads 1 GB: far above the H200's 60 MB L2, and ~250 us of GPU work, a head start
 # that keeps each system's host-side dispatch (torch.compile's guards and wrapper, tessera's
@@ -107,4 +108,5 @@ def write_results(suite: str, rows: list[dict[str, Any]], outdirs: list[Path], c
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{stem}.jsonl").write_text("\n".join(lines) + "\n")
         (d / f"{stem}.md").write_text(header + "\n".join(table) + "\n")
+        plot_file(d / f"{stem}.jsonl")  # the PNG next to the table
     print(header + "\n".join(table))

@@ -54,6 +54,7 @@ from models_report import (  # noqa: E402
     stem,
     summarize,
 )
+from plot import plot_file  # noqa: E402
 
 RESULTS = BENCH / "results"
 DEFAULT_PEERS = [EAGER, EAGER_GRAPH, "torch.compile:default", "torch.compile:reduce-overhead"]
@@ -550,6 +551,7 @@ def run_suite(opts: argparse.Namespace) -> list[dict[str, Any]]:
         path = outdir / f"{stem(row)}.jsonl"
         append_jsonl(path, [row])
         path.with_suffix(".md").write_text(render_markdown(read_jsonl(path)))
+        plot_file(path)  # the PNG next to the table
         rows.append(row)
         print(f"{row['case']}: tessera {row.get('tessera_us')} us, peers {row['peers_us']}, "
               f"errors {sorted(row['errors'])} -> {path}", flush=True)  # fmt: skip

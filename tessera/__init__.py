@@ -99,8 +99,17 @@ __all__ = [
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster",
+    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "explain",
 ]  # fmt: skip
+
+
+def explain(compiled: object) -> object:
+    """The compile report of a compiled graph, ONNX model or torch.compile(backend="tessera")
+    module: kernels with their fused operators, templates and configurations, operators left
+    out and why, memory plan, compile time by phase.  See `tessera.reporting.explain`."""
+    from tessera.reporting import explain as _explain
+
+    return _explain(compiled)
 
 
 def __getattr__(name: str):

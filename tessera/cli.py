@@ -4,6 +4,7 @@
     tessera demo                compile a transformer with torch.compile(backend="tessera") and run it
     tessera run MODEL           compile an ONNX model (or a saved compiled graph) and run it
     tessera bench [--suite S]   run a benchmark suite (bench/run.py of a source checkout)
+    tessera cache ACTION        list, size, verify or clear the artifact cache
 """
 
 from __future__ import annotations
@@ -33,9 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--repeat", type=int, default=20, help="timed calls after the warm-up")
     run.add_argument("--int-high", type=int, default=100, help="random integer inputs are drawn from [0, this)")
     run.add_argument("--save", help="also save the compiled graph to this file")
+    run.add_argument("--explain", action="store_true",
+                     help="print the compile report: kernels and their fused operators, templates and configurations, "
+                          "operators left to the reference and why, memory plan, compile time by phase")
     bench = sub.add_parser("bench", help="run a benchmark suite (needs a source checkout with bench/)")
     bench.add_argument("--suite", default="models", help="models, gemm or reduce")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments for bench/run.py")
+    from tessera.cli_cache import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
@@ -61,7 +68,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "run":
         from tessera.run_model import run_model
 
-        run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save)
+        run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save, args.explain)
+    elif args.command == "cache":
+        from tessera.cli_cache import run as run_cache
+
+        return run_cache(args)
     elif args.command == "bench":
         script = Path(__file__).resolve().parents[1] / "bench" / "run.py"
         if not script.exists():

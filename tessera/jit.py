@@ -13,13 +13,15 @@ from typing import Any
 
 from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
 from tessera.backend.codegen_c_like import symbol_name
+from tessera.backend.source_view import readable
 from tessera.ir.func import Function
 from tessera.lang.parser import parse_kernel
 from tessera.transforms.pipeline import lower
 
 
 class Kernel:
-    """A tessera kernel.  Inspect `.ir`, `.lowered` and `.source`; call it to run it."""
+    """A tessera kernel.  Inspect `.ir`, `.lowered` and `.source` (the kernel and the helpers it
+    uses; `.source_full` is everything that is compiled); call it to run it."""
 
     def __init__(self, pyfunc: Callable, target: str = "cpu", name: str | None = None, arch: str | None = None,
                  scope: dict[str, Any] | None = None):  # fmt: skip
@@ -46,18 +48,24 @@ class Kernel:
         return self._arch
 
     @property
-    def source(self) -> str:
-        """The generated C or CUDA source."""
+    def source_full(self) -> str:
+        """The generated C or CUDA source as it is compiled: the whole prelude of helpers, then the kernel."""
         if self._source is None:
             gen = generate_c if self.target == "cpu" else generate_cuda
             self._source = gen([self.lowered])
         return self._source
 
+    @property
+    def source(self) -> str:
+        """The generated source to read: the kernel and only the prelude helpers it uses
+        (`source_full` is what is compiled)."""
+        return readable(self.source_full)
+
     def build(self) -> str:
         """Compile (or fetch from the cache) and return the artifact path."""
         if self.target == "cpu":
-            return str(build_c(self.source))
-        return str(build_cuda(self.source, self.arch))
+            return str(build_c(self.source_full))
+        return str(build_cuda(self.source_full, self.arch))
 
     def compile(self) -> Any:
         """Build and load; returns the loaded runtime kernel."""

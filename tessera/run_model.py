@@ -3,7 +3,8 @@
 Inputs are `.npy` files (in input order, at most one per input) or random (fixed seed;
 integer inputs in [0, --int-high)); symbolic sizes take values from the files' shapes and
 `--dim name=value` (default 1), which must name a size of the model and agree with the files.  Prints each output's shape, dtype
-and statistics, and the median latency over `--repeat` timed calls after a warm-up.
+and statistics, and the median latency over `--repeat` timed calls after a warm-up; with
+`--explain`, the compile report (tessera.graph.compiler.report) too.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def make_inputs(graph: Any, npy: Sequence[str], dims: Mapping[str, int], int_hig
 
 
 def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Sequence[str] = (),
-              repeat: int = 20, int_high: int = 100, save: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Compile and run the model at `path`; prints a summary and returns it as a dict."""
+              repeat: int = 20, int_high: int = 100, save: str | None = None, explain: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Compile and run the model at `path`; prints a summary (and with `explain` the compile
+    report) and returns it as a dict."""
     from tessera.runtime import cuda
 
     target = ("cuda" if cuda.is_available() else "cpu") if device == "auto" else device
@@ -175,4 +177,9 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
         print(f"  saved the compiled graph to {save}")
     if not all(r["finite"] for r in results):
         print("  warning: an output holds NaN or Inf")
-    return {"target": target, "latency_ms": median_ms, "first_run_s": first_s, "outputs": results, "summary": summary}
+    out = {"target": target, "latency_ms": median_ms, "first_run_s": first_s, "outputs": results, "summary": summary}
+    if explain:
+        report = compiled.report()
+        print(report)
+        out["report"] = report.to_dict()
+    return out

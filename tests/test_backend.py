@@ -69,7 +69,7 @@ def test_builds_go_to_the_configured_cache(cache_dir):
     assert cache_dir in path.parents
     assert path.name == "kernel.so" and path.is_file()
     entry = path.parent
-    assert (entry / "kernel.c").read_text() == ts.Kernel(scale_add).source
+    assert (entry / "kernel.c").read_text() == ts.Kernel(scale_add).source_full
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["key"] == entry.name and len(meta["sha256"]) == 64
 
@@ -198,7 +198,7 @@ def test_gcc_failure_reports_log_and_source(cache_dir, monkeypatch):
     assert err.log.strip() in text
     assert err.source_path in text
     src = Path(err.source_path)
-    assert src.is_file() and src.read_text() == k.source
+    assert src.is_file() and src.read_text() == k.source_full
     assert cache_dir in src.parents
     assert "-fthis-flag-does-not-exist" in " ".join(err.command)
     # nothing half-built was published or left behind
@@ -274,7 +274,7 @@ def test_cuda_source_compiles_to_cubin(cache_dir, counting_run):
     data = path.read_bytes()
     assert path.suffix == ".cubin" and data[:4] == b"\x7fELF"
     assert b"ts_kernel_exp" in data  # the kernel's symbol, renamed away from exp()
-    assert (path.parent / "kernel.cu").read_text() == k.source
+    assert (path.parent / "kernel.cu").read_text() == k.source_full
     assert "__double2half" in k.source and "ts_floordiv" in k.source and "ts_fmod_floor" in k.source
     counting_run.calls.clear()
     assert Path(ts.Kernel(cuda_narrow, target="cuda", name="exp").build()) == path  # cache hit

@@ -156,7 +156,7 @@ def test_a_compiler_that_writes_nothing_is_named(monkeypatch, cache_dir):
         k.build()
     text = str(info.value)
     assert "/true" in text and "TESSERA_CC" in text
-    assert Path(info.value.source_path).read_text() == k.source and info.value.source_path in text
+    assert Path(info.value.source_path).read_text() == k.source_full and info.value.source_path in text
     monkeypatch.setenv("TESSERA_NVCC", "true")
     with pytest.raises(BrokenCompilerError, match="nvcc .*true.* produced no output.*TESSERA_NVCC"):
         build_cuda('extern "C" __global__ void k() {}\n')

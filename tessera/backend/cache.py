@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -250,6 +251,139 @@ def identity_of(meta: Mapping) -> Identity:
     return Identity(**fields)
 
 
-def clear() -> None:
-    """Delete the whole cache."""
-    shutil.rmtree(cache_root(), ignore_errors=True)
+def clear(older_than_days: float | None = None) -> int:
+    """Delete the whole cache, or with `older_than_days` only the artifact entries, tuning
+    records and kept failed sources written more than that many days ago.  Returns how many
+    bytes were freed.  Safe while other processes use the cache: entries leave by an atomic
+    rename, so a reader finds an entry whole or not at all (and then rebuilds it)."""
+    root = cache_root()
+    if older_than_days is None:
+        freed = _tree_size(root)
+        shutil.rmtree(root, ignore_errors=True)
+        return freed
+    if older_than_days < 0:
+        raise ValueError(f"older_than_days must be >= 0, got {older_than_days}")
+    limit = time.time() - older_than_days * 86400
+    freed = 0
+    for entry in entries():
+        if entry.created < limit:
+            freed += entry.size
+            _remove_entry(entry.path)
+    for folder in (root / "tuning", root / "failed"):
+        for path in sorted(folder.glob("*")) if folder.is_dir() else []:
+            try:
+                if path.stat().st_mtime < limit:
+                    size = _tree_size(path)
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                    freed += size
+            except OSError:  # removed meanwhile by another process
+                continue
+    _drop_dangling_index()
+    return freed
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One artifact in the cache, as `entries()` finds it."""
+
+    key: str
+    path: Path
+    kind: str  # "c" or "cuda" (from meta.json; "?" when it is unreadable)
+    artifact: str
+    size: int  # bytes of the whole entry (source, artifact, meta.json)
+    created: float  # when it was published (meta.json's mtime, seconds since the epoch)
+    kernels: tuple[str, ...]  # the exported kernels, without the ts_kernel_ prefix
+
+
+_KERNEL = re.compile(r"\bts_kernel_(\w+)\s*\(")
+
+
+def entries() -> list[Entry]:
+    """Every published artifact entry, oldest first (temporary and trash folders are skipped)."""
+    root = cache_root()
+    found = []
+    for shard in sorted(root.glob("[0-9a-f][0-9a-f]")) if root.is_dir() else []:
+        for path in sorted(shard.iterdir()):
+            if not is_key(path.name) or not path.is_dir():
+                continue
+            try:
+                meta = json.loads((path / META).read_text())
+                kind, artifact, source = str(meta.get("kind", "?")), str(meta["artifact"]), str(meta["source"])
+                created = (path / META).stat().st_mtime
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                kind, artifact, source, created = "?", "?", "", _mtime(path)
+            kernels: tuple[str, ...] = ()
+            if source:
+                try:
+                    kernels = tuple(dict.fromkeys(_KERNEL.findall((path / check_name(source)).read_text(errors="replace"))))
+                except (OSError, ValueError):
+                    pass
+            found.append(Entry(path.name, path, kind, artifact, _tree_size(path), created, kernels))
+    return sorted(found, key=lambda e: e.created)
+
+
+def verify() -> list[tuple[Entry, str]]:
+    """Check every entry: its artifact's SHA-256 against meta.json, and that its key is the hash
+    of its stored source and recorded identity.  Returns (entry, problem) for each bad one; the
+    compiler would remove and rebuild such an entry at its next lookup."""
+    bad = []
+    for entry in entries():
+        try:
+            meta = json.loads((entry.path / META).read_text())
+            artifact = entry.path / check_name(meta["artifact"])
+            source = (entry.path / check_name(meta["source"])).read_text()
+            if _sha256_file(artifact) != meta["sha256"]:
+                bad.append((entry, f"{artifact.name}: SHA-256 does not match meta.json (corrupt or modified)"))
+            elif meta.get("key") != entry.key or identity_of(meta).key(source) != entry.key:
+                bad.append((entry, "the key is not the hash of the stored source and compiler identity"))
+        except FileNotFoundError as exc:
+            bad.append((entry, f"missing file {Path(exc.filename or '?').name}"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            bad.append((entry, f"unreadable meta.json or files ({type(exc).__name__}: {exc})"))
+    return bad
+
+
+def remove(entry: Entry) -> None:
+    """Remove one entry (atomically, as a corrupt entry is removed at lookup)."""
+    _remove_entry(entry.path)
+
+
+def tuning_records() -> list[Path]:
+    """The tuning records (tessera.tune) stored next to the artifacts."""
+    folder = cache_root() / "tuning"
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def total_size() -> int:
+    """Bytes under the cache directory, everything included."""
+    return _tree_size(cache_root())
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _drop_dangling_index() -> None:
+    """Remove source-index files whose entry is gone."""
+    folder = cache_root() / "by-source"
+    for path in folder.glob("*/*") if folder.is_dir() else []:
+        try:
+            key = json.loads(path.read_text())["key"]
+            if not _entry(key).is_dir():
+                path.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue

@@ -154,6 +154,7 @@ class DeviceArray:
         else:
             self.ptr = int(check(_driver().cuMemAlloc(max(self.nbytes, 1)), "cuMemAlloc"))
             self._owned = True
+        self.device_id = int(check(_driver().cuCtxGetDevice(), "cuCtxGetDevice"))
 
     @staticmethod
     def from_numpy(arr: np.ndarray) -> DeviceArray:
@@ -231,21 +232,25 @@ class DeviceArray:
     def __tessera_view__(self) -> ArrayView:
         return ArrayView(self.ptr, self.shape, self.dtype, "cuda", True, self)
 
-    # ---- interchange -----------------------------------------------------------------------
-    def __dlpack__(self, stream: int | None = None, **_: Any) -> Any:
-        """A DLPack capsule of this array.  tessera's work is ordered on blocking streams,
-        which the consumer's legacy or per-thread default stream waits for; a consumer on
-        another stream gets the device synchronised first."""
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
+        """A DLPack capsule of this array (`torch.from_dlpack(a)`, `cupy.from_dlpack(a)`): no copy,
+        the consumer keeps this array alive.  Work queued on it is finished first (the
+        consumer's stream then sees the data)."""
         from tessera.runtime import dlpack
 
-        if stream not in (None, 1, 2):
+        if copy:
+            raise ArgumentError("DeviceArray.__dlpack__(copy=True): tessera shares its memory; copy on the consumer's side")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise ArgumentError(f"DeviceArray.__dlpack__: the array is on {self.__dlpack_device__()}, not {dl_device}")
+        # tessera's streams are blocking: the legacy stream (1) waits for them; others do not.
+        if stream not in (None, -1, 1):
             synchronize()
-        return dlpack.export(self.ptr, self.shape, self.dtype, dlpack.CUDA, _device_ordinal(), self)
+        return dlpack.export(self.ptr, self.shape, self.dtype, dlpack.CUDA, self.device_id, self)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         from tessera.runtime import dlpack
 
-        return dlpack.CUDA, _device_ordinal()
+        return (dlpack.CUDA, self.device_id)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -264,10 +269,6 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype})"
-
-
-def _device_ordinal() -> int:
-    return 0  # context() uses GPU 0
 
 
 @functools.cache

@@ -76,10 +76,22 @@ def as_view(obj: Any) -> ArrayView | None:
         ptr, readonly = cai["data"]
         return ArrayView(int(ptr), shape, dt, "cuda", contiguous, obj, not readonly)
     if hasattr(obj, "__dlpack__"):
-        from tessera.runtime.dlpack import import_view
-
-        return ArrayView(*import_view(obj))
+        return _dlpack_view(obj)
     return None
+
+
+def _dlpack_view(obj: Any) -> ArrayView:
+    """A DLPack producer's array: CPU memory through numpy, GPU memory through tessera.runtime.dlpack."""
+    from tessera.runtime import dlpack
+
+    device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.CPU
+    if device == dlpack.CPU:
+        return as_view(np.from_dlpack(obj))
+    if device not in (dlpack.CUDA, dlpack.CUDA_HOST, dlpack.CUDA_MANAGED):
+        raise ArgumentError(f"{type(obj).__name__} lives on DLPack device type {int(device)}; tessera kernels take "
+                            "CPU and CUDA memory (copy it to one of them first)")  # fmt: skip
+    ptr, shape, dt, kind, _, contiguous, owner = dlpack.consume(obj)
+    return ArrayView(ptr, shape, dt, "cpu" if kind == dlpack.CUDA_HOST else "cuda", contiguous, owner)
 
 
 def view_of(obj: Any, what: str) -> ArrayView:

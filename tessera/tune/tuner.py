@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from tessera.backend.cache import cache_key, cache_root, sha256_bytes
 from tessera.errors import TuningError
+from tessera.progress import bar
 
 C = TypeVar("C")
 log = logging.getLogger("tessera")
@@ -144,11 +145,15 @@ def tune(
         except Exception as exc:  # noqa: BLE001  (one bad candidate must not stop tuning)
             rejected[str(c)] = f"failed to build: {type(exc).__name__}: {exc}"
 
+    shown = bar(total=2 * len(candidates), desc=f"tuning {key}: building {len(candidates)} candidates", unit="step")
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2) as pool:
-        list(pool.map(attempt, candidates))
+        for _ in pool.map(attempt, candidates):
+            shown.update()
+    shown.set_description_str(f"tessera: tuning {key}: checking and timing")
     times: dict[str, float] = {}
     for c in candidates:  # candidate order: deterministic logs and ties
         name = str(c)
+        shown.update()
         if name not in built:
             continue
         try:
@@ -159,6 +164,7 @@ def tune(
                 rejected[name] = f"wrong result: {wrong}"
         except Exception as exc:  # noqa: BLE001  (a faulting candidate is skipped, not fatal)
             rejected[name] = f"raised {type(exc).__name__}: {exc}"
+    shown.close()
     for name in by_name:
         if name in rejected:
             log.warning("tessera: tuning %r: skipping candidate %s, which %s", key, name, rejected[name])

@@ -115,6 +115,17 @@ class OnnxModel:
                 self._compiled.move_to_end(key)
             return compiled(*[arrays[n] for n in self.input_names if n not in values])
 
+    def report(self) -> Any:
+        """A CompileReport: the compile report of every specialisation built so far."""
+        from tessera.graph.compiler.report import CompileReport
+
+        notes = []
+        if self.shape_inputs or self.by_input_shapes:
+            on = [*self.shape_inputs, *(["the input shapes"] if self.by_input_shapes else [])]
+            notes.append(f"specialised on {', '.join(on)}: one graph per distinct value (at most "
+                         f"{self.max_specializations} kept)")  # fmt: skip
+        return CompileReport("ONNX model", [c.report() for c in self._compiled.values()], notes=notes)
+
     def summary(self) -> dict[str, Any]:
         """The shape-like inputs and the summary of the most recent specialisation."""
         last = next(reversed(self._compiled.values()), None)

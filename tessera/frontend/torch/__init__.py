@@ -7,6 +7,7 @@ See `tessera.frontend.torch.backend` for how graphs are translated and partition
 """
 
 from tessera.frontend.torch.backend import CompiledGraph, backend, stats
+from tessera.frontend.torch.report import compiled_graphs
 
 
 def _register() -> None:
@@ -18,4 +19,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["CompiledGraph", "backend", "stats"]
+__all__ = ["CompiledGraph", "backend", "compiled_graphs", "stats"]

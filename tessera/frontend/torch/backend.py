@@ -20,8 +20,10 @@ How a graph is compiled:
    tensors arrive with the same version counters; after an in-place update or a swap the
    graph is rebuilt, so a changed weight is never silently ignored.
 4. Each segment is compiled by tessera.graph.compiler (kernels for the segment's device; on
-   the GPU, CUDA-graph replay).  Pass `options={"executor": "reference"}` to run the numpy
-   references instead (debugging).
+   the GPU, CUDA-graph replay).  `torch.compile(..., options={...})` takes the options of
+   tessera.graph.compiler.options (tune, cuda_graph, progress; `"executor": "reference"` runs
+   the numpy references instead, for debugging); an unknown option raises ArgumentError.
+   `tessera.explain(compiled_model)` reports what each graph became (`CompiledGraph.report`).
 5. Sizes that dynamo marks dynamic (`dynamic=True` or automatic dynamic shapes) stay
    symbolic in the FlowGraph, so a new batch size reuses the same graph.
 
@@ -32,7 +34,8 @@ graph in torch: tessera's result would carry no gradient.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,19 +47,31 @@ from tessera.frontend.torch.convert import Converter, Opaque, is_tensor_meta, sc
 from tessera.graph import Executor, FlowGraph, Tensor
 from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
 from tessera.graph.compiler import compile_graph
+from tessera.graph.compiler.options import CompileOptions, parse_options
 from tessera.graph.passes import optimize
 from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
+from tessera.progress import progress as show_progress
 
 log = logging.getLogger("tessera")
 
 stats = {"graphs": 0, "builds": 0, "segments": 0, "eager_nodes": 0, "kernels": 0, "reference_ops": 0}
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
-    """The dynamo backend: compiles one FX graph and returns the callable that runs it."""
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Mapping[str, Any] | None = None,
+            mode: str | None = None, **direct: Any) -> Callable[..., Any]:  # fmt: skip
+    """The dynamo backend: compiles one FX graph and returns the callable that runs it.
+
+    `options` and `mode` are torch.compile's (tessera.graph.compiler.options lists the options;
+    mode "max-autotune" tunes); options may also come as keywords when the backend is called
+    directly.  An unknown option or mode raises ArgumentError."""
+    from tessera.frontend.torch import report
+
+    opts = parse_options({**(options or {}), **direct}, mode=mode, where='torch.compile(backend="tessera")')
     stats["graphs"] += 1
-    return CompiledGraph(gm, list(example_inputs), **options)
+    compiled = CompiledGraph(gm, list(example_inputs), opts)
+    report.record(compiled)
+    return compiled
 
 
 def _meta(node: torch.fx.Node) -> Any:
@@ -109,9 +124,10 @@ class _Segment:
 class CompiledGraph:
     """The callable handed back to dynamo."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any],
+                 options: CompileOptions | Mapping[str, Any] | None = None, **direct: Any):  # fmt: skip
         self.gm = gm
-        self.options = options
+        self.options = parse_options(options if options is not None else direct, where="tessera CompiledGraph")
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._warned_grad = False
         self._build(example_inputs)
@@ -133,12 +149,16 @@ class CompiledGraph:
             log.info("tessera: module state %s are inference tensors (no version counter to guard them): they are "
                      "read as graph inputs on every call, not folded as constants", unversioned)  # fmt: skip
         self.fallback_reason: str | None = None
+        self.graph_breaks: list[tuple[str, str]] = []  # (node, why it runs in torch), for report()
+        start = time.perf_counter()
         try:
-            self.steps = self._plan(example_inputs)
+            with show_progress(self.options.progress):
+                self.steps = self._plan(example_inputs)
         except Exception as e:  # noqa: BLE001  (any failure here must leave torch's result intact)
             self.fallback_reason = f"{type(e).__name__}: {e}"
             log.warning("tessera: running the whole graph in torch: %s", self.fallback_reason)
             self.steps = []
+        self.build_seconds = time.perf_counter() - start
 
     def _seed(self, cv: Converter, example_inputs: list[Any], only: set | None = None) -> None:
         """Placeholder values: constants for module state, graph inputs for the rest."""
@@ -174,6 +194,7 @@ class CompiledGraph:
             except Exception as e:  # noqa: BLE001
                 reason = str(e) if isinstance(e, TesseraError) else f"{type(e).__name__}: {e}"
                 unsupported[n] = reason
+                self.graph_breaks.append((f"{n.name} ({target_key(n)})", reason))
                 log.warning("tessera: graph break at %s (%s): %s; it runs in torch", n.name, target_key(n), reason)
                 cv.env[n] = self._stand_in(cv, n, meta, reason)
         output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -290,12 +311,12 @@ class CompiledGraph:
                     raise UnsupportedError(f"{op.kind} depends on sizes {sorted(names - bound)} that no input carries")
         seg.graph = graph
         seg.devices = [torch.device(t.device) for t in outs]
-        if self.options.get("backends") is not None or self.options.get("executor") == "reference":
-            seg.executor = Executor(graph, self.options.get("backends"))
+        if self.options.executor == "reference":
+            seg.executor = Executor(graph)
         else:
             target = "cuda" if any(t.device == "cuda" for t in [*graph.inputs, *outs]) else "cpu"
-            seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.get("cuda_graph", True),
-                                         tune=self.options.get("tune", False))  # fmt: skip
+            seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.cuda_graph,
+                                         tune=self.options.tune, progress=self.options.progress)  # fmt: skip
             seg.on_device = target == "cuda"
             summary = seg.executor.summary()
             stats["kernels"] += summary["kernels"]
@@ -309,6 +330,24 @@ class CompiledGraph:
             if isinstance(m, torch.SymInt) and m.node.expr.is_Symbol:
                 out[str(m.node.expr)] = i
         return out
+
+    # ---- reporting --------------------------------------------------------------------------
+    def report(self) -> Any:
+        """A CompileReport: each compiled segment's graph report (tessera.graph.compiler.report),
+        the nodes left to torch and why, and the build time (FX translation and compile)."""
+        from tessera.graph.compiler.report import CompileReport
+
+        report = CompileReport(f"FX graph {self.gm.__class__.__name__}")
+        report.outside = list(self.graph_breaks)
+        if self.fallback_reason is not None:
+            report.outside.append(("the whole graph", self.fallback_reason))
+        segments = [s for s in self.steps if isinstance(s, _Segment)]
+        report.graphs = [s.executor.report() for s in segments if hasattr(s.executor, "report")]
+        if self.options.executor == "reference":
+            report.notes.append("executor='reference': the segments run in the numpy references, no kernels")
+        report.notes.append(f"FX graph of {len(self.placeholders)} inputs -> {len(segments)} tessera segment(s), built "
+                            f"in {self.build_seconds:.2f} s (translation and compile)")  # fmt: skip
+        return report
 
     # ---- running ----------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:

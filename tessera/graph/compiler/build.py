@@ -10,6 +10,7 @@ and the user is told why on the "tessera" logger.  A missing or broken compiler,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,18 +24,22 @@ from tessera.errors import (
 )
 from tessera.graph.compiler.anchors import is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
-from tessera.graph.compiler.memory import ARRAY_KINDS, choose_memory
+from tessera.graph.compiler.memory import choose_memory
+from tessera.graph.compiler.options import CompileOptions
 from tessera.graph.compiler.partition import Group, partition
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.tensor import Tensor
+from tessera.progress import bar
+from tessera.progress import progress as show_progress
 from tessera.tune.tuner import recording
 
 log = logging.getLogger("tessera")
 
 
 def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = True, cuda_graph: bool = True,
-                  tune: bool = True, arch: str | None = None, arrays: str = "auto") -> CompiledGraph:  # fmt: skip
+                  tune: bool = True, arch: str | None = None, progress: bool | None = None,
+                  arrays: str = "auto") -> CompiledGraph:  # fmt: skip
     """Compile `graph` for "cpu" or "cuda".
 
     optimize: run the graph passes (constant folding, batchnorm folding, QKV merging) first.
@@ -42,40 +47,57 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     tune: time the GEMM schedule space once per shape (candidates compiled in parallel, each
     run once to check and timed; the winner cached on disk, so a warm compile times nothing)
     instead of ranking it with the cost model.  On by default: compile time is part of it.
+    progress: progress bars (True/False; None: $TESSERA_PROGRESS, else only on a terminal).
     arrays (target "cuda"): "torch" runs on torch CUDA tensors, "native" on tessera's own
     DeviceArrays without torch (inputs from DLPack or host arrays), "auto" picks torch when it
-    has CUDA (tessera.graph.compiler.memory)."""
+    has CUDA (tessera.graph.compiler.memory).
+    `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
+    from tessera.graph.compiler.options import parse_options
+
+    opts = parse_options({"cuda_graph": cuda_graph, "tune": tune, "progress": progress, "arrays": arrays},
+                         where="compile_graph")  # fmt: skip
+    if target not in ("cpu", "cuda"):
+        raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
+    with show_progress(opts.progress):
+        return _compile(graph, target, optimize, opts, arch)
+
+
+def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None) -> CompiledGraph:
     from tessera.graph.lowering import lowering_error
     from tessera.graph.passes import optimize as run_passes
 
-    if target not in ("cpu", "cuda"):
-        raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
-    if arrays not in ARRAY_KINDS:
-        raise ArgumentError(f"arrays={arrays!r}: expected one of {', '.join(ARRAY_KINDS)}")
     if target == "cuda":
         _require_gpu()
-        if arrays == "torch":
-            choose_memory(target, arrays)  # refuses now, not after the build, when torch lacks CUDA
+        if opts.arrays == "torch":
+            choose_memory(target, opts.arrays)  # refuses now, not after the build, when torch lacks CUDA
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
     if optimize:
         run_passes(graph)
-    options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize, "arrays": arrays}
+    timings["optimize"] = time.perf_counter() - start
+    options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
+               "arrays": opts.arrays}  # fmt: skip
+    start = time.perf_counter()
     groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op), takes_epilogue)
+    timings["partition"] = time.perf_counter() - start
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
     fused = [g for g in groups if g.kind == "fused"]
-    built = _build_fused(fused, symbols, target, arch)
+    built = _build_fused(fused, symbols, target, arch, timings, graph.name)
     for g in groups:
         if g.kind == "reference":
             log.warning("tessera: %s (%s) runs in its numpy reference: %s", g.ops[0].name, g.ops[0].kind, g.reason)
             steps.append(ReferenceStep(g))
         elif g.kind == "anchor":
-            steps.append(AnchorStep(g, _anchor_preparer(target, arch, tune, symbols)))
+            steps.append(AnchorStep(g, _anchor_preparer(target, arch, opts.tune, symbols)))
         elif built.get(id(g)) is not None:
-            steps.append(FusedStep(g, built[id(g)]))
+            steps.append(FusedStep(g, *built[id(g)]))
         else:
             for op in g.ops:
                 steps.append(ReferenceStep(_single(op)))
-    return CompiledGraph(graph, target, steps, options)
+    compiled = CompiledGraph(graph, target, steps, options)
+    compiled.timings.update(timings)
+    return compiled
 
 
 def _require_gpu() -> None:
@@ -89,30 +111,54 @@ def _require_gpu() -> None:
         raise DeviceError(f"compile_graph(..., 'cuda') needs a CUDA GPU and driver: {exc}") from None
 
 
-def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch: str | None) -> dict[int, Any]:
-    """CompiledOps of the fused groups (None where a group fails), one compiler run overall."""
-    from tessera import ops
+def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch: str | None,
+                 timings: dict[str, float], name: str) -> dict[int, Any]:  # fmt: skip
+    """(CompiledOp, output nodes per operator) of each fused group (None where a group
+    fails), one compiler run overall; the seconds spent go into `timings`."""
 
     by_signature: dict[str, list[Group]] = {}
     for g in groups:
         by_signature.setdefault(group_signature(g), []).append(g)
-    lowered: list[tuple[list[Group], Any]] = []
-    for members in by_signature.values():
+    lowered: list[tuple[list[Group], Any, list]] = []
+    start = time.perf_counter()
+    compiler = "gcc" if target == "cpu" else "nvcc"
+    with bar(total=len(by_signature) + 1, desc=f"{name}: lowering", unit="step") as progress_bar:
+        for members in by_signature.values():
+            nodes: list = []
+            try:
+                lowered.append((members, lower_group(members[0], symbols, nodes=nodes), nodes))
+            except (TesseraError, NotImplementedError, ValueError, TypeError) as exc:
+                log.warning("tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc)
+            progress_bar.update()
+        timings["lower"] = time.perf_counter() - start
+        result: dict[int, Any] = {}
+        if not lowered:
+            return result
+        progress_bar.set_description_str(f"tessera: {name}: building {len(lowered)} fused groups with {compiler}")
+        start = time.perf_counter()
         try:
-            lowered.append((members, lower_group(members[0], symbols)))
-        except (TesseraError, NotImplementedError, ValueError, TypeError) as exc:
-            log.warning("tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc)
-    result: dict[int, Any] = {}
-    if not lowered:
-        return result
+            compiled = _build_lowered(lowered, target, arch)
+        finally:
+            timings["build"] = time.perf_counter() - start
+        progress_bar.update()
+    for (members, _, nodes), op in zip(lowered, compiled):
+        for g in members:
+            result[id(g)] = (op, nodes) if op is not None else None
+    return result
+
+
+def _build_lowered(lowered: list[tuple[list[Group], Any, list]], target: str, arch: str | None) -> list[Any]:
+    """ops.build_many over the lowered groups; one by one if that fails (None for a group that fails)."""
+    from tessera import ops
+
     try:
-        compiled = ops.build_many([lw for _, lw in lowered], target, name="g", arch=arch)
+        return ops.build_many([lw for _, lw, _ in lowered], target, name="g", arch=arch)
     except (CompilerNotFoundError, BrokenCompilerError):
         raise  # the compiler, not the code: every group would fail the same way
     except TesseraError as exc:
         log.warning("tessera: building the fused groups together failed (%s); building them one by one", exc)
         compiled = []
-        for members, lw in lowered:
+        for members, lw, _ in lowered:
             try:
                 compiled.append(ops.build(*lw, target=target, name="g", arch=arch))
             except (CompilerNotFoundError, BrokenCompilerError):
@@ -120,10 +166,7 @@ def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch
             except TesseraError as inner:
                 log.warning("tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner)
                 compiled.append(None)
-    for (members, _), op in zip(lowered, compiled):
-        for g in members:
-            result[id(g)] = op
-    return result
+        return compiled
 
 
 def _single(op: Any) -> Group:
@@ -144,6 +187,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
                 kernel = _generic_anchor(group, shapes, target, arch, symbols)
+                kernel.no_template = str(exc)  # type: ignore[attr-defined]  (the compile report says why)
         kernel.tuning = list(tuning)
         return kernel
 
@@ -162,4 +206,5 @@ def _generic_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], targ
         compiled.run(arrays, outputs)
 
     run.artifacts = [compiled.artifact]  # type: ignore[attr-defined]
+    run.compiled = compiled  # type: ignore[attr-defined]
     return run

@@ -12,6 +12,7 @@ and hand back copies of the static outputs (callers own what they get).
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, evaluate
 from tessera.graph.tensor import Tensor
 from tessera.ir.dtypes import DataType
+from tessera.progress import bar
+from tessera.progress import progress as show_progress
 
 log = logging.getLogger("tessera")
 
@@ -49,6 +52,7 @@ class _Plan:
         self.temps: list[list[Any]] = []
         self.arena: Any = None
         self.arena_bytes = 0
+        self.unshared_bytes = 0  # what the buffers would take without reuse
         self.static_inputs: list[Any] | None = None
         self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
@@ -59,11 +63,13 @@ class CompiledGraph:
     out, or tessera DeviceArrays without torch: see tessera.graph.compiler.memory).
 
     Call it with the graph's inputs (positionally, by name or as one dict); it returns the list
-    of outputs.  `summary()` tells how the graph was compiled."""
+    of outputs.  `summary()` counts what the graph was compiled into; `report()` (printed by
+    `tessera.explain`) tells it kernel by kernel."""
 
     def __init__(self, graph: FlowGraph, target: str, steps: list[Any], options: Mapping[str, Any]):
         self.graph, self.target, self.steps, self.options = graph, target, steps, dict(options)
         self.memory = choose_memory(target, self.options.get("arrays", "auto"))
+        self.timings: dict[str, float] = {}  # seconds per compile phase (optimize, lower, build, anchors, plan)
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
         if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
@@ -95,7 +101,7 @@ class CompiledGraph:
         if plan is None:
             # The graph's shape assumptions hold for these sizes (or a ShapeError says which fails).
             shapes = propagate_shapes(self.graph, [tuple(a.shape) for a in arrays], bindings)
-            with self.memory.owned():
+            with self.memory.owned(), show_progress(self.options.get("progress")):
                 plan = self._make_plan(shapes, bindings)
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
@@ -124,6 +130,7 @@ class CompiledGraph:
     def _make_plan(self, shapes: Mapping[Tensor, tuple[int, ...]], bindings: Mapping[str, int]) -> _Plan:
         """A plan for the run-time shapes of every tensor (`propagate_shapes`) and the symbol
         values (input sizes and the graph's opaque sizes)."""
+        start = time.perf_counter()
         plan = _Plan()
         plan.bindings = dict(bindings)
         outputs = set(self.graph.outputs)
@@ -148,15 +155,27 @@ class CompiledGraph:
                 sizes[(i, j)] = _nbytes(shape, dt)
                 lifetimes[(i, j)] = (i, i)
         offsets, plan.arena_bytes = place_buffers(sizes, lifetimes)
+        plan.unshared_bytes = sum(sizes.values())
         plan.arena = self.memory.arena(plan.arena_bytes)
         for t in dtypes:
             plan.buffers[t] = self.memory.view(plan.arena, offsets[t], plan.shapes[t], t.dtype)
         for i, specs in enumerate(temp_specs):
             plan.temps.append([self.memory.view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
-        for step in self.steps:
-            if step.kind == "anchor":
-                step.bind(plan.shapes)
+        self._add_time("plan", time.perf_counter() - start)
+        self._bind_anchors(plan.shapes)
         return plan
+
+    def _bind_anchors(self, shapes: Mapping[Tensor, tuple[int, ...]]) -> None:
+        """Prepare every anchor for these shapes (compiling those not prepared yet)."""
+        anchors = [s for s in self.steps if s.kind == "anchor"]
+        start = time.perf_counter()
+        with bar(anchors, desc=f"{self.graph.name}: preparing {len(anchors)} anchor kernels", unit="kernel") as steps:
+            for step in steps:
+                step.bind(shapes)
+        self._add_time("anchors", time.perf_counter() - start)
+
+    def _add_time(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
@@ -201,9 +220,8 @@ class CompiledGraph:
         without running anything; the first call with such inputs would do it otherwise."""
         inputs = [tuple(int(evaluate(d, symbols)) for d in t.shape) for t in self.graph.inputs]
         shapes = propagate_shapes(self.graph, inputs, dict(symbols))
-        for step in self.steps:
-            if step.kind == "anchor":
-                step.bind(shapes)
+        with show_progress(self.options.get("progress")):
+            self._bind_anchors(shapes)
 
     def artifacts(self) -> tuple[list[Path], list[tuple[str, str]]]:
         """The built artifacts (cache paths) of every kernel compiled or prepared so far, and
@@ -243,6 +261,15 @@ class CompiledGraph:
             "cuda_graph": self.use_cuda_graph,
             "arena_bytes": {str(dict(k)): p.arena_bytes for k, p in self._plans.items()},
         }
+
+    def report(self) -> Any:
+        """A `GraphReport`: each kernel with the operators fused into it, the template and
+        configuration of each anchor (tuned or chosen by the cost model), the operators left to
+        the numpy references and why, the memory plan per shape and the compile time by phase.
+        `print(compiled.report())` (or `tessera.explain(compiled)`) shows it."""
+        from tessera.graph.compiler.report import graph_report
+
+        return graph_report(self)
 
     def __repr__(self) -> str:
         s = self.summary()

@@ -51,6 +51,19 @@ def _torch_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _from_dlpack_host(a: Any, name: str) -> np.ndarray:
+    """A host DLPack producer's array as numpy (no copy); device memory is refused by name."""
+    device = a.__dlpack_device__()[0] if hasattr(a, "__dlpack_device__") else 1
+    if device != 1:  # kDLCPU
+        raise ArgumentError(f"input {name!r}: the graph is compiled for the CPU, and this {type(a).__name__} is on "
+                            f"DLPack device type {int(device)}; copy it to the host first")  # fmt: skip
+    try:
+        return np.from_dlpack(a)
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        raise ArgumentError(f"input {name!r}: the graph is compiled for the CPU, and this {type(a).__name__} cannot "
+                            f"be read as host memory through DLPack ({exc}); copy it to the host first") from None
+
+
 def _view(a: Any) -> Any:
     from tessera.runtime.tensor import view_of
 
@@ -117,6 +130,8 @@ class HostMemory(Memory):
             from tessera.ops.compiled import torch_to_numpy
 
             a = torch_to_numpy(a)
+        elif not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):  # cupy, jax... (zero-copy)
+            a = _from_dlpack_host(a, name)
         a = _contiguous(np.asarray(a))
         if a.dtype != numpy_dtype(dt):
             raise ArgumentError(f"input {name!r} must be {dt.name}, got {a.dtype}")
@@ -154,7 +169,7 @@ class TorchMemory(Memory):
         from tessera.ops.compiled import numpy_to_torch, torch_dtype
 
         if not isinstance(a, torch.Tensor):
-            a = numpy_to_torch(_contiguous(np.asarray(a)))
+            a = torch.from_dlpack(a) if hasattr(a, "__dlpack__") else numpy_to_torch(_contiguous(np.asarray(a)))
         if a.device.type != "cuda":
             a = a.cuda()
         if a.dtype != torch_dtype(dt):

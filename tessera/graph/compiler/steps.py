@@ -35,12 +35,14 @@ def group_signature(group: Group) -> str:
     return ";".join(parts)
 
 
-def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor, tuple[int, ...]] | None = None
-                ) -> tuple[list[TensorNode], list[Placeholder]]:  # fmt: skip
+def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor, tuple[int, ...]] | None = None,
+                nodes: list[list[TensorNode]] | None = None) -> tuple[list[TensorNode], list[Placeholder]]:  # fmt: skip
     """Compute definitions of a group's outputs over placeholders for its inputs.
 
     With `concrete`, input shapes are those ints (anchor epilogues are built per shape);
-    otherwise symbolic graph dimensions become int32 expressions over `symbols`."""
+    otherwise symbolic graph dimensions become int32 expressions over `symbols`.  `nodes`,
+    when given, receives each operator's output nodes, in the group's operator order (which
+    kernel computes which operator: `FusedStep.kernel_ops`)."""
     from tessera import ops
     from tessera.graph.lowering import dim_expr, lower_operator
 
@@ -50,10 +52,30 @@ def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor,
         shape = concrete[t] if concrete is not None else tuple(dim_expr(d, symbols) for d in t.shape)
         env[t] = ops.placeholder(shape, t.dtype, f"in{i}")
         placeholders.append(env[t])
+    known: set[TensorNode] = set(placeholders)
     for op in group.ops:
         outs = lower_operator(op, [env[t] for t in op.inputs], symbols)
         env.update(zip(op.outputs, outs))
+        if nodes is not None:
+            nodes.append(_new_nodes(outs, known))
     return [env[t] for t in group.outputs], placeholders
+
+
+def _new_nodes(outs: Sequence[TensorNode], known: set[TensorNode]) -> list[TensorNode]:
+    """The nodes `outs` depend on that are not in `known` (what one operator's lowering
+    created), added to `known`."""
+    from tessera.ir.compute import inputs_of
+
+    found: list[TensorNode] = []
+    stack = list(outs)
+    while stack:
+        t = stack.pop()
+        if t in known:
+            continue
+        known.add(t)
+        found.append(t)
+        stack.extend(inputs_of(t))
+    return found
 
 
 class FusedStep:
@@ -61,9 +83,18 @@ class FusedStep:
 
     kind = "fused"
 
-    def __init__(self, group: Group, compiled: Any):
+    def __init__(self, group: Group, compiled: Any, op_nodes: Sequence[Sequence[TensorNode]] = ()):
         self.group, self.compiled = group, compiled
         self.inputs, self.outputs = group.inputs, group.outputs
+        # Per operator of the group (by position: merged groups share one lowering), the
+        # compute nodes its lowering created in `compiled`; empty when unknown.
+        self.op_nodes = [list(n) for n in op_nodes]
+
+    def kernel_ops(self) -> list[tuple[Any, list[Operator]]]:
+        """(kernel spec, the group's operators it computes) per kernel, in launch order.  An
+        operator inlined into its consumers counts in every kernel that recomputes it; one
+        lowered to a view of its input (a reshape) computes nothing and is in none."""
+        return kernel_operators(self.compiled.kernels, self.group.ops, self.op_nodes)
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list[tuple[tuple[int, ...], Any]]:
         """(shape, dtype) of every temporary buffer for these inputs."""
@@ -76,6 +107,34 @@ class FusedStep:
     @property
     def num_kernels(self) -> int:
         return self.compiled.num_kernels
+
+
+def kernel_operators(kernels: Sequence[Any], ops: Sequence[Operator], op_nodes: Sequence[Sequence[TensorNode]]
+                     ) -> list[tuple[Any, list[Operator]]]:  # fmt: skip
+    """Which operators each kernel computes: a kernel covers the nodes it stores or reduces
+    and every node they read that no other kernel materialises (those were inlined)."""
+    from tessera.ir.compute import inputs_of
+
+    owner: dict[TensorNode, int] = {}
+    for k, spec in enumerate(kernels):
+        for t in [*spec.plan.stores, *spec.plan.reductions]:
+            owner.setdefault(t, k)
+    covered: list[set[TensorNode]] = []
+    for k, spec in enumerate(kernels):
+        seen: set[TensorNode] = set()
+        stack = [*spec.plan.stores, *spec.plan.reductions]
+        while stack:
+            t = stack.pop()
+            if t in seen or isinstance(t, Placeholder) or owner.get(t, k) != k:
+                continue
+            seen.add(t)
+            stack.extend(inputs_of(t))
+        covered.append(seen)
+    result = []
+    for spec, nodes in zip(kernels, covered):
+        members = [op for op, outs in zip(ops, op_nodes) if any(t in nodes for t in outs)]
+        result.append((spec, members))
+    return result
 
 
 class AnchorStep:
@@ -99,6 +158,10 @@ class AnchorStep:
     def prepared(self) -> list[Any]:
         """The kernels prepared so far, one per distinct input shape."""
         return list(self._kernels.values())
+
+    def prepared_by_shape(self) -> list[tuple[tuple, Any]]:
+        """(input shapes, kernel) of every kernel prepared so far."""
+        return list(self._kernels.items())
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
         return []
