@@ -50,7 +50,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     if optimize:
         run_passes(graph)
     options = {"cuda_graph": cuda_graph, "tune": tune, "optimize": optimize}
-    groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op), takes_epilogue)
+    groups = partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue)
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
     fused = [g for g in groups if g.kind == "fused"]
@@ -139,7 +139,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
     def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
         with recording() as tuning:
             try:
-                kernel = prepare_anchor(group, shapes, tune=tune)
+                kernel = prepare_anchor(group, shapes, tune=tune, target=target)
                 kernel.artifacts = [kernel.kernel.artifact]
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
