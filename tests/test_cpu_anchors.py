@@ -53,11 +53,12 @@ def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
     ref = torch.nn.functional.conv2d(t, torch.from_numpy(w).double(), torch.from_numpy(bias).double(), stride=stride,
                                      dilation=dilation).numpy()  # fmt: skip
     acc = ops.placeholder(ref.shape, "float32", "acc")
-    kernel = plan_cpu_conv2d(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, bias=True,
-                             epilogue=Epilogue(acc, ops.relu(acc), [])).load()  # fmt: skip
-    out = np.full(ref.shape, np.nan, np.float32)
-    kernel([x, w, bias], out)
-    np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+    for weight in (None, w):  # read per call, or packed once
+        kernel = plan_cpu_conv2d(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, bias=True,
+                                 epilogue=Epilogue(acc, ops.relu(acc), []), weight=weight).load()  # fmt: skip
+        out = np.full(ref.shape, np.nan, np.float32)
+        kernel([x, w, bias], out)
+        np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_other_dtypes_are_refused():

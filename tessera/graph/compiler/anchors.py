@@ -90,14 +90,14 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) 
     from tessera.ops.anchors import cpu_gemm
 
     w = op.inputs[1]
-    weight = w.data if w.is_constant and w.ndim == 2 else None
+    weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
     if op.kind == "linear":
         return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
                                         weight=weight).load()  # fmt: skip
     if op.kind == "matmul":
         return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight).load()
     return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
-                                    **_conv_geometry(op.attrs)).load()  # fmt: skip
+                                    weight=weight, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 
 def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False,

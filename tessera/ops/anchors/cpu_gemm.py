@@ -180,10 +180,12 @@ def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
                     stride: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0, 0, 0, 0),
                     dilation: tuple[int, int] = (1, 1), bias: bool = False, epilogue: Epilogue | None = None,
                     weight: np.ndarray | None = None, config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
-    """NCHW conv2d (groups 1) as an implicit GEMM per image: out[n, o, p] = W[o, :] @ col_n[:, p].
+    """NCHW conv2d (groups 1) as an implicit GEMM: out[pixel, o] = col[pixel, :] @ W[o, :] over the
+    output pixels of all images, the weight (constant: packed once, `weight=`) as the B panels.
 
-    The im2col matrix is never written: the kernel's B operand reads the (zero-padded) input
-    through an index map while it packs each panel.  Padding costs one copy of the input."""
+    The im2col matrix is never written: the micro-kernel's A operand reads the (zero-padded)
+    input through an index map (the pixel's part is fixed per tile row, the k part is shared by
+    the rows).  Padding costs one copy of the input."""
     dt = _check_f32(dtype, "conv2d")
     x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
     if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
@@ -209,16 +211,20 @@ def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
         xpad = compute((n, c, hp, wp), padded, "pad", dt)
         x_slot = plan.workspace((n, c, hp, wp), dt)
         ops_launches(plan, [xpad], [x], {x: (INPUT, 0), xpad: x_slot}, "conv2d_pad", target="cpu")
-    k = c * kh * kw
-    a = Operand((INPUT, 1), (o, k), lambda bi, r, q: (r, q))  # OIHW viewed as [O, C*KH*KW]
+    k, pixels = c * kh * kw, oh * ow
 
-    def col(bi: E.Expr, q: E.Expr, pix: E.Expr) -> tuple[E.Expr, ...]:
+    def col(bi: E.Expr, row: E.Expr, q: E.Expr) -> tuple[E.Expr, ...]:
+        img, pix = unravel(row, (n, pixels))
         ci, u, v = q // i32(kh * kw), q // i32(kw) % i32(kh), q % i32(kw)
-        return (bi, ci, pix // i32(ow) * i32(sh) + u * i32(dh), pix % i32(ow) * i32(sw) + v * i32(dw))
+        return (img, ci, pix // i32(ow) * i32(sh) + u * i32(dh), pix % i32(ow) * i32(sw) + v * i32(dw))
 
-    b = Operand(x_slot, (n, c, hp, wp), col)
-    p = GemmProblem(dt, "kn", n, o, oh * ow, k, a, b, lambda z, r, pix: (z, r, pix // i32(ow), pix % i32(ow)), False)
-    del weight  # the weight is operand A, read in place ([O, K] is OIHW's memory)
+    # Rows are the output pixels of every image, columns the output channels: the weight is B,
+    # [O, K] in OIHW's own memory ("nk"), packed once when it is constant.
+    a = Operand(x_slot, (n, c, hp, wp), col)
+    b = Operand((INPUT, 1), (o, k), lambda bi, r, q: (r, q))
+    out_map = lambda z, row, ch: (lambda img, pix: (img, ch, pix // i32(ow), pix % i32(ow)))(*unravel(row, (n, pixels)))  # noqa: E731
+    p = GemmProblem(dt, "nk", 1, n * pixels, o, k, a, b, out_map, False)
     return plan_cpu_gemm("conv2d", p, (n, o, oh, ow), plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 1,
+                         weight=None if weight is None else np.asarray(weight).reshape(o, k),
                          config=config, plan=plan)  # fmt: skip
 
