@@ -96,11 +96,16 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models"], required=True)
+    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu"], required=True)
     ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
-    args, rest = ap.parse_known_args()  # the models suite has options of its own
+    args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
+    if args.suite == "cpu":  # no GPU needed: bench/cpu_suite.py times on the CPU
+        from cpu_suite import main as cpu_main
+
+        cpu_main([*(["--out", args.out] if args.out else []), *rest])
+        return
     if args.suite == "models":
         from models_suite import main as models_main
 

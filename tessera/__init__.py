@@ -25,7 +25,8 @@ from tessera.ir import fragments
 from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
 from tessera.ir.dtypes import DataType, dtype
 from tessera.ir.mapping import TaskMapping, repeat, spatial
-from tessera.ir.types import Swizzle, TensorMapType, tensor_map
+from tessera.ir.types import Swizzle, TensorMapType, VectorType, tensor_map
+from tessera.ir.vector import f32x8, f32x16
 from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
     abs_,
@@ -64,6 +65,7 @@ from tessera.lang.builtins import (
     mma,
     parallel,
     pow_,
+    prefetch,
     ptr,
     register_tensor,
     rsqrt,
@@ -81,6 +83,17 @@ from tessera.lang.builtins import (
     thread_idx,
     tma_load,
     unroll,
+    vadd,
+    vbroadcast,
+    vfma,
+    vload,
+    vmax,
+    vmin,
+    vmul,
+    vreduce_max,
+    vstore,
+    vsub,
+    vsum,
     warp_reduce,
     wgmma,
     wgmma_commit,
@@ -100,6 +113,8 @@ __all__ = [
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
     "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "explain",
+    "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",
+    "vsum", "vreduce_max", "prefetch",
 ]  # fmt: skip
 
 

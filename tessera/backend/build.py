@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tessera.backend import cache
+from tessera.backend.isa import cpu_isa
 from tessera.errors import BrokenCompilerError, CompilationError, CompilerNotFoundError
 
 C_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall",
@@ -89,7 +90,7 @@ def _prebuilt(kind: str, source: str, flags: str, machine: str, missing: Compile
 def build_c(source: str) -> Path:
     """Compile C source into a shared library; returns its path in the cache."""
     flags = list(C_FLAGS)
-    machine = _cpu_model()
+    machine = f"{_cpu_model()} isa={cpu_isa()}"  # a TESSERA_CPU_ISA cap changes the generated code
     try:
         gcc = find_compiler("gcc", "TESSERA_CC")
     except CompilerNotFoundError as exc:

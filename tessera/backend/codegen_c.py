@@ -11,16 +11,22 @@ load widens, each store and each cast to them rounds to nearest even.
 from __future__ import annotations
 
 from tessera.backend.codegen_c_like import STATUS, CLikeCodegen, shared_helpers, symbol_name
+from tessera.backend.isa import cpu_isa, supports_lanes
 from tessera.errors import UnsupportedError
+from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
-from tessera.ir.types import TensorType
+from tessera.ir.types import TensorType, VectorType
+from tessera.ir.vector import VECTOR_CALLS
 
 C_PRELUDE = r"""
 #include <stdint.h>
 #include <stdbool.h>
 #include <string.h>
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 static inline float ts_h2f(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
@@ -66,7 +72,30 @@ static inline float ts_d2f_odd(double d) {
   return f;
 }
 {helpers}
+#ifdef __AVX2__
+/* Lanes 0..n-1 of an 8 x int32 mask for the AVX2 masked loads and stores. */
+static inline __m256i ts_mask8(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline float ts_hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float ts_hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
 """
+
+# Vector intrinsics by lane count (float32): AVX-512 for 16 lanes, AVX2 + FMA for 8.
+_V = {
+    16: {"type": "__m512", "p": "_mm512_", "mask": "(__mmask16)((1u << ({n})) - 1u)"},
+    8: {"type": "__m256", "p": "_mm256_", "mask": "ts_mask8({n})"},
+}
+_V_BINARY = {"vadd": "add_ps", "vsub": "sub_ps", "vmul": "mul_ps", "vmax": "max_ps", "vmin": "min_ps"}
 
 
 class CCodegen(CLikeCodegen):
@@ -75,7 +104,85 @@ class CCodegen(CLikeCodegen):
     def emit_declare_buffer(self, var, t: TensorType) -> None:
         if t.scope != "register":
             raise UnsupportedError(f"{t.scope} tensors are not available on the CPU")
-        self.emit(f"{self.storage_type(t.dtype)} {self.name_of(var)}[{self.expr(t.shape[0])}];")
+        # 64-byte aligned: a cache line, and the alignment of a 16-lane vector.
+        self.emit(f"{self.storage_type(t.dtype)} {self.name_of(var)}[{self.expr(t.shape[0])}] __attribute__((aligned(64)));")
+
+    # ---- SIMD vectors (tessera.ir.vector) ------------------------------------------------
+    def vector(self, t: VectorType) -> dict[str, str]:
+        if not supports_lanes(t.lanes):
+            raise UnsupportedError(f"{t} vectors need {'AVX-512' if t.lanes == 16 else 'AVX2'}, but the C kernels here "
+                                   f"are built for {cpu_isa()} (tessera.backend.isa.vector_lanes() gives the width to use)")  # fmt: skip
+        return _V[t.lanes]
+
+    def scalar_type(self, t) -> str:
+        if isinstance(t, VectorType):
+            return self.vector(t)["type"]
+        return super().scalar_type(t)
+
+    def storage_type(self, t) -> str:
+        return self.scalar_type(t) if isinstance(t, VectorType) else super().storage_type(t)
+
+    def operand(self, e: E.Expr, t, prec: int) -> str:
+        if isinstance(e.type, VectorType) or isinstance(t, VectorType):
+            return self.expr(e, prec)
+        return super().operand(e, t, prec)
+
+    def visit_DeclareVar(self, s: S.DeclareVar) -> None:
+        if isinstance(s.var.type, VectorType):
+            init = "" if s.init is None else f" = {self.expr(s.init)}"
+            self.emit(f"{self.scalar_type(s.var.type)} {self.name_of(s.var)}{init};")
+            return
+        super().visit_DeclareVar(s)
+
+    def visit_Call(self, e: E.Call) -> str:
+        if e.func not in VECTOR_CALLS:
+            return super().visit_Call(e)
+        vt = e.type if isinstance(e.type, VectorType) else e.args[0].type
+        v, p = self.vector(vt), self.vector(vt)["p"]
+        args = e.args
+        if e.func == "vload":
+            addr = self.expr(args[0])
+            if len(args) == 1:
+                return f"{p}loadu_ps({addr})"
+            mask = v["mask"].format(n=self.expr(args[1]))
+            return f"_mm512_maskz_loadu_ps({mask}, {addr})" if vt.lanes == 16 else f"_mm256_maskload_ps({addr}, {mask})"
+        if e.func == "vbroadcast":
+            return f"{p}set1_ps({self.expr(args[0])})"
+        a = [self.expr(x) for x in args]
+        if e.func == "vfma":
+            return f"{p}fmadd_ps({a[0]}, {a[1]}, {a[2]})"
+        if e.func in _V_BINARY:
+            return f"{p}{_V_BINARY[e.func]}({a[0]}, {a[1]})"
+        if e.func == "vsum":
+            return f"_mm512_reduce_add_ps({a[0]})" if vt.lanes == 16 else f"ts_hsum8({a[0]})"
+        if e.func == "vreduce_max":
+            return f"_mm512_reduce_max_ps({a[0]})" if vt.lanes == 16 else f"ts_hmax8({a[0]})"
+        raise UnsupportedError(f"{e.func}() is not available on the CPU")
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        if s.name == "prefetch":
+            self.emit(f"__builtin_prefetch({self.expr(s.operands[0])}, {int(s.attrs['write'])}, {s.attrs['locality']});")
+            return
+        if s.name != "vstore":
+            super().visit_Instruction(s)
+            return
+        dst, value, *count = s.operands
+        vt = value.type
+        v = self.vector(vt)
+        addr, val = self.expr(dst), self.expr(value)
+        if not count:
+            self.emit(f"{v['p']}storeu_ps({addr}, {val});")
+            return
+        mask = v["mask"].format(n=self.expr(count[0]))
+        if vt.lanes == 16:
+            self.emit(f"_mm512_mask_storeu_ps({addr}, {mask}, {val});")
+        else:
+            self.emit(f"_mm256_maskstore_ps({addr}, {mask}, {val});")
+
+    def visit_For(self, s: S.For) -> None:
+        if s.kind == S.UNROLL and isinstance(s.start, E.Const) and isinstance(s.stop, E.Const):
+            self.emit(f"#pragma GCC unroll {max(1, min(64, s.stop.value - s.start.value))}")
+        super().visit_For(s)
 
     def status_argument(self) -> str:
         return f", {STATUS}"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.ir import dtypes
-from tessera.ir.expr import Address, Expr, Var
-from tessera.ir.types import GLOBAL, REGISTER, SHARED, TensorMapType, TensorType
+from tessera.ir.expr import Address, Const, Expr, Var
+from tessera.ir.types import GLOBAL, REGISTER, SHARED, TensorMapType, TensorType, VectorType
 
 
 @dataclass(frozen=True)
@@ -185,11 +185,39 @@ def _check_setmaxnreg(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | Non
     return None
 
 
+def _check_vstore(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, value, *count = ops
+    if not isinstance(value.type, VectorType):
+        return f"vstore stores a vector (from vload, vfma, ...), got a value of type {value.type}"
+    if dst.type.dtype != value.type.dtype:
+        return f"vstore needs the vector's element type at the address, got {value.type} into {dst.type.dtype}"
+    if dst.scope != GLOBAL and dst.scope != REGISTER:
+        return f"vstore writes global or register tensors, not {dst.scope} ones"
+    if len(count) > 1:
+        return "vstore takes at most one count (how many leading lanes to store)"
+    if count and isinstance(count[0], Const) and not 0 <= count[0].value <= value.type.lanes:
+        return f"vstore's count must be in 0..{value.type.lanes}, got {count[0].value}"
+    return None
+
+
+def _check_prefetch(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    if not isinstance(attrs["write"], bool):
+        return "prefetch's write= must be True or False"
+    if attrs["locality"] not in (0, 1, 2, 3):
+        return f"prefetch's locality= is 0 (no reuse) .. 3 (keep in every cache level), got {attrs['locality']!r}"
+    return None
+
+
 INSTRUCTIONS: dict[str, InstructionSpec] = {
     s.name: s
     for s in (
         InstructionSpec("copy_vector", ("addr", "addr"), ("bytes",), False, _check_copy,
                         "copy `bytes` contiguous bytes (one vector load and store); both addresses aligned"),
+        InstructionSpec("vstore", ("addr", "vec", "int*"), (), False, _check_vstore,
+                        "store a vector's lanes at consecutive elements from the address (with a count: the "
+                        "first `count` lanes only, nothing written past them); CPU only"),
+        InstructionSpec("prefetch", ("addr",), ("write", "locality"), False, _check_prefetch,
+                        "hint that the cache line holding the address will be read (or written) soon; CPU only"),
         InstructionSpec("copy_async", ("addr", "addr", "bool"), ("bytes",), True, _check_cp_async,
                         "cp.async global->shared; zero-fills the destination when the predicate is false"),
         InstructionSpec("copy_async_commit", (), (), True, _ok, "cp.async.commit_group"),
@@ -235,6 +263,9 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
 }  # fmt: skip
 
 
+CPU_ONLY = frozenset({"vstore", "prefetch"})
+
+
 def check_instruction(name: str, operands: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     """Validate one use; an error message or None."""
     spec = INSTRUCTIONS.get(name)
@@ -246,6 +277,8 @@ def check_instruction(name: str, operands: tuple[Expr, ...], attrs: dict[str, An
     for kind, op in zip(kinds, operands):
         if kind == "addr" and not isinstance(op, Address):
             return f"{name} takes tensor elements (addresses) as memory operands, e.g. buf[i, j]"
+        if kind == "vec" and not isinstance(op.type, VectorType):
+            return f"{name} takes a vector value there, got {op.type}"
         if kind == "tmap" and not (isinstance(op, Var) and isinstance(op.type, TensorMapType)):
             return f"{name} takes a tensor-map parameter (annotated ts.tensor_map(dtype, box)) as its map operand"
         if kind == "bool" and (isinstance(op, Address) or not op.dtype.is_bool):

@@ -23,6 +23,30 @@ class PointerType:
 
 
 @dataclass(frozen=True)
+class VectorType:
+    """A SIMD register of `lanes` elements of `dtype` (CPU kernels: `f32x16` is one AVX-512
+    register, `f32x8` one AVX2 register).  Values of this type come from the vector
+    intrinsics (tessera.ir.vector); they live in variables and register tensors."""
+
+    dtype: DataType
+    lanes: int
+
+    def __str__(self) -> str:
+        return f"{self.dtype.short}x{self.lanes}"
+
+
+@dataclass(frozen=True)
+class VoidType:
+    """The type of an intrinsic call evaluated for its effect only."""
+
+    def __str__(self) -> str:
+        return "void"
+
+
+VOID = VoidType()
+
+
+@dataclass(frozen=True)
 class Swizzle:
     """XOR swizzle of a shared tensor's element offsets (CUTLASS's Swizzle<B, M, S>), applied to
     the row-major offset within each trailing 2-D tile (the last two dimensions).
@@ -134,5 +158,5 @@ def tensor_map(dtype: DataType, box: tuple[int, ...] | list[int], swizzle: int =
     return TensorMapType(dtype, box, swizzle)
 
 
-Type = Union[DataType, PointerType, TensorType, TensorMapType]
+Type = Union[DataType, PointerType, TensorType, TensorMapType, VectorType, VoidType]
 

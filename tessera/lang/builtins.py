@@ -79,6 +79,16 @@ syncwarp = Builtin("syncwarp", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
 
+# SIMD vectors (CPU kernels; tessera.ir.vector): values of type f32x16 / f32x8.
+vstore = Builtin("vstore", "instruction")
+prefetch = Builtin("prefetch", "instruction")
+vload = Builtin("vload", "vector")
+vbroadcast = Builtin("vbroadcast", "vector")
+vfma = Builtin("vfma", "vector")
+vadd, vsub, vmul = Builtin("vadd", "vector"), Builtin("vsub", "vector"), Builtin("vmul", "vector")
+vmax, vmin = Builtin("vmax", "vector"), Builtin("vmin", "vector")
+vsum, vreduce_max = Builtin("vsum", "vector"), Builtin("vreduce_max", "vector")
+
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
 sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))

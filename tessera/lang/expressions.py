@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins as py_builtins
+import inspect
 import operator
 from math import prod
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
+from tessera.ir import vector as V
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import LaunchConfig
 from tessera.ir.intrinsics import GPU_ONLY, INTRINSICS
-from tessera.ir.types import REGISTER, SHARED, Swizzle, TensorType
+from tessera.ir.types import REGISTER, SHARED, Swizzle, TensorType, VectorType
 from tessera.lang import builtins as B
 from tessera.lang import collectives
 from tessera.lang.instructions import InstructionError, build_instruction
@@ -42,6 +44,12 @@ _PY_BINARY = {
 
 class ParseError(Exception):
     """Internal: an error message to be attached to the current AST node."""
+
+
+def _vload_signature(src: Any, lanes: int, count: Any = None) -> None: ...
+
+
+def _vbroadcast_signature(value: Any, lanes: int) -> None: ...
 
 
 def is_py_scalar(v: Any) -> bool:
@@ -99,7 +107,7 @@ class ExpressionParser:
 
     def to_ir(self, value: Any) -> E.Expr:
         if isinstance(value, E.Expr):
-            if isinstance(value, E.Var) and not isinstance(value.type, DataType):
+            if isinstance(value, E.Var) and not isinstance(value.type, (DataType, VectorType)):
                 raise ParseError(f"'{value.name}' is a {value.type}, not a scalar value; index it")
             return value
         if is_py_scalar(value):
@@ -110,7 +118,11 @@ class ExpressionParser:
 
     def convert(self, value: E.Expr, dtype: DataType, what: str = "the target") -> E.Expr:
         """Implicit conversion on assignment to `what`: widening and int->float; float->int must
-        be explicit; a constant must fit."""
+        be explicit; a constant must fit.  Vectors convert to nothing but their own type."""
+        if isinstance(value.type, VectorType) or isinstance(dtype, VectorType):
+            if value.type != dtype:
+                raise ParseError(f"{what} has type {dtype} but the value is {value.type}; vectors do not convert")
+            return value
         src = value.dtype
         if src == dtype:
             return value
@@ -308,6 +320,8 @@ class ExpressionParser:
             return self.intrinsic(func.name, args)
         if kind == "collective":
             return self.collective(func.name, args, kwargs)
+        if kind == "vector":
+            return self.vector(func.name, args, kwargs)
         if kind == "instruction":
             try:
                 return build_instruction(func.name, self.target, args, kwargs)
@@ -342,11 +356,35 @@ class ExpressionParser:
             raise ParseError(f"{func.name}() can only be used as the iterable of a `for` loop")
         raise ParseError(f"{func.name} cannot be called")
 
+    def vector(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> E.Expr:
+        """A vector intrinsic (tessera.ir.vector); CPU kernels only."""
+        if self.target != "cpu":
+            raise ParseError(f"{name}() is only available in CPU kernels")
+        try:
+            if name == "vload":
+                bound = inspect.signature(_vload_signature).bind(*args, **kwargs).arguments
+                src = bound["src"]
+                if not isinstance(src, E.Load):
+                    raise ParseError("vload() reads from a tensor element such as A[i, j]")
+                count = bound.get("count")
+                return V.vload(E.Address(src.buffer, src.indices), bound["lanes"],
+                               None if count is None else self.to_ir(count))  # fmt: skip
+            if name == "vbroadcast":
+                bound = inspect.signature(_vbroadcast_signature).bind(*args, **kwargs).arguments
+                return V.vbroadcast(self.to_ir(bound["value"]), bound["lanes"])
+            if kwargs:
+                raise ParseError(f"{name}() takes no keyword arguments")
+            return V.vector_call(name, [self.to_ir(a) for a in args])
+        except TypeError as exc:  # a wrong signature, or an IR type error
+            raise ParseError(f"{name}(): {exc}") from None
+
     def alloc(self, which: str, args: list[Any], kwargs: dict[str, Any]) -> S.DeclareBuffer:
         swizzle = kwargs.pop("swizzle", None)
-        if len(args) != 2 or kwargs or not isinstance(args[0], DataType):
-            raise ParseError(f"{which}(dtype, [d0, d1, ...]) takes a dtype and a shape")
+        if len(args) != 2 or kwargs or not isinstance(args[0], (DataType, VectorType)):
+            raise ParseError(f"{which}(dtype, [d0, d1, ...]) takes a dtype (or a vector type) and a shape")
         scope = REGISTER if which == "register_tensor" else SHARED
+        if isinstance(args[0], VectorType) and (scope != REGISTER or self.target != "cpu"):
+            raise ParseError("tensors of vectors are register tensors of CPU kernels")
         if swizzle is not None and (scope != SHARED or not isinstance(swizzle, Swizzle)):
             raise ParseError("swizzle= takes a tessera.Swizzle and applies to shared tensors only")
         if scope == SHARED and self.target != "cuda":
@@ -357,7 +395,7 @@ class ExpressionParser:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise ParseError(f"{which}() needs a shape of positive compile-time integers, got {shape}")
         dtype = args[0]
-        if dtype.is_subbyte:
+        if isinstance(dtype, DataType) and dtype.is_subbyte:
             raise ParseError(f"{which}() of sub-byte type {dtype} is not supported yet")
         period = 1 << (swizzle.base + swizzle.bits) if swizzle is not None else 1
         if prod(shape[-2:]) % period:

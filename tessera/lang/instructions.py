@@ -11,7 +11,7 @@ from typing import Any
 
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
-from tessera.ir.instructions import INSTRUCTIONS, check_instruction
+from tessera.ir.instructions import CPU_ONLY, INSTRUCTIONS, check_instruction
 from tessera.ir.types import TensorMapType
 
 
@@ -77,6 +77,14 @@ def _setmaxnreg(regs: int, increase: bool) -> tuple[tuple, dict]:
     return (), {"regs": regs, "increase": increase}
 
 
+def _vstore(dst: Any, value: Any, count: Any = None) -> tuple[tuple, dict]:
+    return ((dst, value) if count is None else (dst, value, count)), {}
+
+
+def _prefetch(address: Any, write: bool = False, locality: int = 3) -> tuple[tuple, dict]:
+    return (address,), {"write": write, "locality": locality}
+
+
 def _no_operands() -> tuple[tuple, dict]:
     return (), {}
 
@@ -89,7 +97,7 @@ SIGNATURES = {
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
-    "cluster_sync": _no_operands, "load_cluster": _load_cluster,
+    "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
 }  # fmt: skip
 
 
@@ -116,6 +124,8 @@ def build_instruction(name: str, target: str, args: list[Any], kwargs: dict[str,
     spec = INSTRUCTIONS[name]
     if spec.gpu_only and target != "cuda":
         raise InstructionError(f"{name}() is only available in CUDA kernels")
+    if name in CPU_ONLY and target != "cpu":
+        raise InstructionError(f"{name}() is only available in CPU kernels")
     signature = SIGNATURES[name]
     try:
         inspect.signature(signature).bind(*args, **kwargs)

@@ -22,7 +22,7 @@ from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import TARGETS, Function, LaunchConfig
 from tessera.ir.mapping import TaskMapping, repeat
-from tessera.ir.types import GLOBAL, PointerType, TensorMapType, TensorType
+from tessera.ir.types import GLOBAL, PointerType, TensorMapType, TensorType, VectorType
 from tessera.lang import builtins as B
 from tessera.lang.expressions import BINARY_OPERATORS, ExpressionParser, ParseError, is_py_scalar
 
@@ -232,8 +232,8 @@ class KernelParser(ExpressionParser):
         if not isinstance(node.target, ast.Name):
             raise ParseError("annotated assignment needs a plain name on the left")
         t = self.eval_python(node.annotation)
-        if not isinstance(t, DataType):
-            raise ParseError(f"local variables must have a scalar dtype, got {t!r}")
+        if not isinstance(t, (DataType, VectorType)):
+            raise ParseError(f"local variables must have a scalar dtype or a vector type, got {t!r}")
         if node.target.id in self.scopes[-1]:
             raise ParseError(f"variable '{node.target.id}' is already defined")
         var = E.Var(node.target.id, t)
@@ -285,7 +285,7 @@ class KernelParser(ExpressionParser):
         if isinstance(existing, E.Var):
             if value is existing:
                 return None  # M = M (e.g. M = a.shape[0] where M is the shape symbol)
-            if not isinstance(existing.type, DataType):
+            if not isinstance(existing.type, (DataType, VectorType)):
                 raise ParseError(f"cannot rebind tensor or pointer '{name}'; assign to its elements instead")
             self.check_assignable(existing)
             return S.Assign(existing, self.convert(self.to_ir(value), existing.type, f"variable '{name}'"))
@@ -294,7 +294,7 @@ class KernelParser(ExpressionParser):
             return None
         # A scalar literal assigned in the body starts a run-time variable (acc = 0.0).
         value = self.to_ir(value)
-        var = E.Var(name, value.dtype)
+        var = E.Var(name, value.type if isinstance(value.type, VectorType) else value.dtype)
         self.define(name, var)
         return S.DeclareVar(var, value)
 

@@ -33,8 +33,11 @@ def is_row_anchor(op: Operator) -> bool:
     return op.attrs.get("num_axes", 1) == 1
 
 
-def is_anchor(op: Operator) -> bool:
-    """Whether a kernel template runs op (fp16/bf16 GEMMs and group-1 convolutions, row norms and softmax)."""
+def is_anchor(op: Operator, target: str = "cuda") -> bool:
+    """Whether a kernel template runs op: on the GPU fp16/bf16 GEMMs, group-1 convolutions and
+    attention; on the CPU float32 linear, matmul and group-1 conv2d (the x86 micro-kernel)."""
+    if target == "cpu":
+        return _is_cpu_anchor(op)
     if is_row_anchor(op):
         return True
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
@@ -49,6 +52,22 @@ def is_anchor(op: Operator) -> bool:
     if op.kind == "conv2d":
         return op.attrs.get("groups", 1) == 1
     return op.inputs[0].ndim >= 2 and op.inputs[1].ndim >= 2 if op.kind == "matmul" else True
+
+
+def _is_cpu_anchor(op: Operator) -> bool:
+    from tessera.backend.isa import vector_lanes
+
+    if op.kind not in ("matmul", "linear", "conv2d") or vector_lanes() == 1:
+        return False
+    if any(t.dtype != dtypes.float32 for t in (*op.inputs, *op.outputs)):
+        return False
+    # A template is specialised to its shapes; symbolic sizes stay on the generic kernels, which
+    # serve every size from one build (a CPU GEMM per batch size would cost a gcc run each).
+    if not all(isinstance(d, int) for t in (*op.inputs, *op.outputs) for d in t.shape):
+        return False
+    if op.kind == "conv2d":
+        return op.attrs.get("groups", 1) == 1 and op.inputs[0].ndim == 4
+    return True
 
 
 def takes_epilogue(op: Operator) -> bool:
@@ -76,7 +95,30 @@ def _epilogue(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> tuple[A
     return Epilogue(acc, env[group.outputs[0]], extras), extra_t
 
 
-def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False) -> Any:
+def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    from tessera.ops.anchors.conv import _pads, _pair
+
+    return {"stride": _pair(attrs["stride"], "stride"), "padding": _pads(attrs["padding"]),
+            "dilation": _pair(attrs["dilation"], "dilation")}  # fmt: skip
+
+
+def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) -> Any:
+    """The CPU GEMM plan of op, its constant weight packed once (tessera.ops.anchors.cpu_gemm)."""
+    from tessera.ops.anchors import cpu_gemm
+
+    w = op.inputs[1]
+    weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
+    if op.kind == "linear":
+        return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
+                                        weight=weight).load()  # fmt: skip
+    if op.kind == "matmul":
+        return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight).load()
+    return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
+                                    weight=weight, **_conv_geometry(op.attrs)).load()  # fmt: skip
+
+
+def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False,
+                   target: str = "cuda") -> Any:  # fmt: skip
     """A callable (arrays in group.inputs order, [output]) running the anchor and its epilogue.
 
     Raises UnsupportedError when no template takes this operator on these shapes."""
@@ -87,6 +129,14 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     position = {t: i for i, t in enumerate(group.inputs)}
     operands = [position[t] for t in op.inputs]
     extras = [position[t] for t in extra_t]
+    if target == "cpu":
+        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue)
+
+        def run_cpu(arrays: Any, outputs: Any) -> None:
+            cpu_kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])
+
+        run_cpu.kernel = cpu_kernel  # type: ignore[attr-defined]
+        return run_cpu
     dtype = op.outputs[0].dtype
     in_shapes = [shapes[t] for t in op.inputs]
     if op.kind in ROW_KINDS:

@@ -78,7 +78,7 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
                "arrays": opts.arrays}  # fmt: skip
     start = time.perf_counter()
-    groups = partition(graph, lowering_error, lambda op: target == "cuda" and is_anchor(op), takes_epilogue)
+    groups = partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue)
     timings["partition"] = time.perf_counter() - start
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
@@ -182,7 +182,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
     def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
         with recording() as tuning:
             try:
-                kernel = prepare_anchor(group, shapes, tune=tune)
+                kernel = prepare_anchor(group, shapes, tune=tune, target=target)
                 kernel.artifacts = [kernel.kernel.artifact]
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)

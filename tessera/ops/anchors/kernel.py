@@ -20,8 +20,9 @@ from tessera.runtime.cuda import current_stream
 from tessera.transforms.pipeline import lower
 
 # Where a kernel argument comes from: (source, index) with source one of these; a TENSOR_MAP
-# slot is the plan's tensor_maps[index], encoded at call time over its operand's address.
-INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL, TENSOR_MAP = range(6)
+# slot is the plan's tensor_maps[index], encoded at call time over its operand's address; a
+# CONSTANT slot is the plan's constants[index] (CPU: weights packed at plan time).
+INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL, TENSOR_MAP, CONSTANT = range(7)
 Slot = tuple[int, int]
 
 
@@ -66,6 +67,8 @@ class AnchorPlan:
     aligned_output: bool = False  # written with 16-byte vector copies
     tensor_maps: list[MapSpec] = field(default_factory=list)
     config: Any = None
+    target: str = "cuda"  # or "cpu": C kernels called on numpy arrays (tessera.ops.anchors.cpu_gemm)
+    constants: list[Any] = field(default_factory=list)  # CONSTANT slots: arrays made at plan time (packed weights)
     _source: str | None = None
 
     def tensor_map(self, spec: MapSpec) -> Slot:
@@ -85,11 +88,11 @@ class AnchorPlan:
 
     @property
     def source(self) -> str:
-        """The CUDA source of every kernel of the anchor (one compilation unit)."""
+        """The CUDA (or C) source of every kernel of the anchor (one compilation unit)."""
         if self._source is None:
-            from tessera.backend import generate_cuda
+            from tessera.backend import generate_c, generate_cuda
 
-            self._source = generate_cuda(self.lowered)
+            self._source = (generate_c if self.target == "cpu" else generate_cuda)(self.lowered)
         return self._source
 
     def build(self, arch: str | None = None) -> str:
@@ -98,9 +101,16 @@ class AnchorPlan:
 
         return str(build_cuda(self.source, arch or detect_cuda_arch()))
 
-    def load(self, arch: str | None = None) -> AnchorKernel:
-        """Compile, load the kernels and allocate the workspaces on the current CUDA device."""
+    def load(self, arch: str | None = None) -> Any:
+        """Compile, load the kernels and allocate the workspaces on the current CUDA device
+        (a CPU plan: gcc, and 64-byte aligned numpy workspaces; see CpuAnchorKernel)."""
         from pathlib import Path
+
+        if self.target == "cpu":
+            from tessera.backend import build_c
+            from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
+
+            return CpuAnchorKernel(self, Path(build_c(self.source)))
 
         from tessera.backend.codegen_c_like import symbol_name
         from tessera.runtime.cuda import CudaKernel, DeviceArray
@@ -114,7 +124,8 @@ class AnchorPlan:
         return AnchorKernel(self, kernels, ws, path)
 
 
-def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any], slots: dict[Any, Slot], name: str) -> None:
+def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any], slots: dict[Any, Slot], name: str,
+                 target: str = "cuda") -> None:  # fmt: skip
     """Append the kernels tessera.ops schedules for `outputs` (compute definitions over the
     placeholders `inputs`) to `plan`.  `slots` says where each input and output lives; any
     tensor the scheduler materialises in between gets a workspace."""
@@ -122,7 +133,7 @@ def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any]
     from tessera.ops import generate
     from tessera.ops.anchors.rewrite import rename
 
-    gen = generate(list(outputs), list(inputs), "cuda", name=name)
+    gen = generate(list(outputs), list(inputs), target, name=name)
     for spec, low in zip(gen.kernels, gen.lowered):
         for t in spec.tensors:
             if t not in slots:

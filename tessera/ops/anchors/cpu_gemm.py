@@ -1,0 +1,230 @@
+"""GEMM anchors on the CPU: linear, matmul and conv2d on the x86 micro-kernel (tessera.kernels.cpu_gemm),
+float32, with the epilogue (bias, activation, residual, ...) fused into the tile stores.
+
+The problem is described as on the GPU (`GemmProblem`: operands with index maps from the
+kernel's (batch, row, column) to the caller's tensors, and the map from the kernel's output
+index to the anchor's logical output), so the same rewrites adapt the kernel to each call site:
+`specialize` binds the shapes, `remap_operand` reads the caller's tensors in place (a
+convolution's B operand is im2col *by index map*, gathered while the kernel packs its panels),
+`fuse_epilogue` replaces the stores.  A constant weight is packed into panels once, at plan
+time (`weight=`), so calls read it contiguously and never repack it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from math import prod
+
+import numpy as np
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.ir import expr as E
+from tessera.ir.compute import Placeholder, compute
+from tessera.ir.dtypes import DataType
+from tessera.kernels.cpu_gemm import CpuGemmConfig, make_gemm, make_pack_b
+from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
+from tessera.ops.anchors.gemm import GemmProblem, Operand, check_epilogue, check_shape, matmul_problem, with_bias
+from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch, Slot, ops_launches
+from tessera.ops.anchors.rewrite import i32, remap_operand, rename, specialize, unravel
+
+# (mr, nv) register tiles by vector width: MR x NV accumulators + NV B vectors + 1 broadcast fit the registers.
+TILES = {16: [(8, 3), (14, 2), (6, 2), (4, 4), (12, 2), (4, 6)], 8: [(6, 2), (4, 3), (3, 3)]}
+
+
+def cpu_threads() -> int:
+    """OpenMP workers for the CPU kernels: OMP_NUM_THREADS if set, else the CPUs this process may use."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _lanes() -> int:
+    from tessera.backend.isa import cpu_isa, vector_lanes
+
+    lanes = vector_lanes()
+    if lanes == 1:
+        raise UnsupportedError(f"the CPU GEMM needs AVX2 or AVX-512; this machine offers {cpu_isa()}")
+    return lanes
+
+
+def estimate(cfg: CpuGemmConfig, m: int, n: int, k: int, batch: int) -> float:
+    """Relative cost of a configuration: the padded FMA work, plus operand loads and broadcasts
+    per FMA (1/NV and 1/MR of them), plus the tile stores."""
+    pm, pn = -(-m // cfg.mr) * cfg.mr, -(-n // cfg.nr) * cfg.nr
+    return batch * pm * pn * (k * (1 + 1 / cfg.nv + 2 / cfg.mr) + 8)
+
+
+def heuristic_config(m: int, n: int, k: int, batch: int = 1) -> CpuGemmConfig:
+    """The best-scored register tile for this problem at this machine's vector width."""
+    lanes, threads = _lanes(), cpu_threads()
+    cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
+    return min(cands, key=lambda c: (estimate(c, m, n, k, batch), -c.mr * c.nv))
+
+
+def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
+    """Split each column panel's rows into chunks until there are work units for every worker."""
+    panels = batch * -(-n // cfg.nr)
+    tiles_m = -(-m // cfg.mr)
+    want = 4 * cfg.threads
+    return 1 if panels >= want else max(1, min(tiles_m, -(-want // panels)))
+
+
+def pack_weight(weight: np.ndarray, nr: int, layout: str) -> np.ndarray:
+    """A constant 2-D weight ([K, N] "kn", or [N, K] "nk") packed into zero-padded NR-wide
+    panels [1, NP, K, NR] by tessera's pack kernel."""
+    from tessera.ops.anchors.cpu_kernel import aligned_empty
+
+    w = np.ascontiguousarray(weight, dtype=np.float32)
+    k, n = w.shape if layout == "kn" else w.shape[::-1]
+    packed = aligned_empty((1, -(-n // nr), k, nr), np.float32)
+    make_pack_b(nr, layout)(w.reshape(1, *w.shape), packed)
+    return packed
+
+
+def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inputs: int, epilogue: Epilogue | None,
+                  bias_slot: Slot | None, channel_axis: int, *, weight: np.ndarray | None = None,
+                  config: CpuGemmConfig | None = None, plan: AnchorPlan | None = None) -> AnchorPlan:  # fmt: skip
+    """The plan of a CPU GEMM anchor with `epilogue` (after the bias, if any) fused into its stores.
+
+    `weight`: the constant data of operand B as a 2-D array in `p.layout` ([K, N] or [N, K]);
+    it is packed once here and the plan never reads B's slot."""
+    check_epilogue(epilogue, out_shape, name)
+    if p.dtype != dtypes.float32:
+        raise UnsupportedError(f"{name}: the CPU GEMM computes float32, not {p.dtype}")
+    ep = epilogue
+    ep_slots: list[Slot] = []
+    if bias_slot is not None:
+        ep = with_bias(ep, out_shape, p.dtype, channel_axis)
+        ep_slots.append(bias_slot)
+    elif ep is None:
+        ep = identity_epilogue(out_shape, p.dtype)
+    ep_slots += [(EXTRA, j) for j in range(len(epilogue.extras) if epilogue else 0)]
+    if plan is None:
+        plan = AnchorPlan(name, [], out_shape, dtypes.float32, num_inputs, 0, target="cpu")
+    plan.out_dtype, plan.num_extras = ep.output.dtype, len(epilogue.extras) if epilogue else 0
+    cfg = config or heuristic_config(p.m, p.n, p.k, p.batch)
+    rc = row_chunks(cfg, p.m, p.n, p.batch)
+    shapes: dict[str, tuple[int, ...]] = {"A": (p.batch, p.m, p.k), "C": (p.batch, p.m, p.n)}
+    if weight is not None:
+        if p.batch != 1 or weight.shape != ((p.k, p.n) if p.layout == "kn" else (p.n, p.k)):
+            raise ArgumentError(f"{name}: the constant weight {weight.shape} does not fit the GEMM "
+                                f"(K={p.k}, N={p.n}, layout {p.layout}, batch {p.batch})")  # fmt: skip
+        plan.constants.append(pack_weight(weight, cfg.nr, p.layout))
+        b_slot: Slot = (CONSTANT, len(plan.constants) - 1)
+        f = make_gemm(cfg, "packed").ir
+        shapes["B"] = plan.constants[-1].shape
+    else:
+        f = make_gemm(cfg, p.layout).ir
+        shapes["B"] = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
+        shapes["W"] = (cfg.threads, p.k * cfg.nr)
+    f = specialize(f, shapes, {"RC": rc})
+    f = remap_operand(f, "A", p.a.shape, p.a.index)
+    if weight is None:
+        f = remap_operand(f, "B", p.b.shape, p.b.index)
+    f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}")
+    slots = [p.a.slot, b_slot, (OUTPUT, 0)] if weight is not None else [p.a.slot, p.b.slot, (OUTPUT, 0)]
+    if weight is None:
+        slots.append(plan.workspace(shapes["W"], dtypes.float32))
+    plan.launches.append(Launch(f, slots + ep_slots))
+    plan.config = cfg
+    return plan
+
+
+def _check_f32(dtype: DataType | str, op: str) -> DataType:
+    dt = dtypes.dtype(dtype)
+    if dt != dtypes.float32:
+        raise UnsupportedError(f"{op}: the CPU GEMM template takes float32, not {dt}; use the generic path")
+    return dt
+
+
+def plan_cpu_linear(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str = "float32", *,
+                    bias: bool = False, epilogue: Epilogue | None = None, weight: np.ndarray | None = None,
+                    config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+    """x @ w.T (+ bias) on the CPU: inputs [x, w] or [x, w, bias]; x [..., K], w [N, K].
+    With `weight` (w's constant data) the weight is packed once and its input is never read."""
+    dt = _check_f32(dtype, "linear")
+    x_shape, w_shape = check_shape(x_shape, "x", "linear"), check_shape(w_shape, "weight", "linear")
+    if len(w_shape) != 2 or not x_shape or x_shape[-1] != w_shape[1]:
+        raise ArgumentError(f"linear: x {x_shape} and weight {w_shape} do not fit ([..., K] and [N, K])")
+    n, k = w_shape
+    lead = x_shape[:-1]
+    m = prod(lead)
+    a = Operand((INPUT, 0), (m, k), lambda bi, r, c: (r, c))  # x viewed as [M, K]
+    b = Operand((INPUT, 1), w_shape, lambda bi, r, c: (r, c))
+    p = GemmProblem(dt, "nk", 1, m, n, k, a, b, lambda z, r, c: (*unravel(r, lead), c), False)
+    return plan_cpu_gemm("linear", p, (*lead, n), 3 if bias else 2, epilogue, (INPUT, 2) if bias else None, -1,
+                         weight=weight, config=config)  # fmt: skip
+
+
+def plan_cpu_matmul(a_shape: Sequence[int], b_shape: Sequence[int], dtype: DataType | str = "float32", *,
+                    epilogue: Epilogue | None = None, weight: np.ndarray | None = None,
+                    config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+    """a @ b with numpy matmul semantics on the CPU (b as [..., K, N]); `weight`: b's constant data (2-D)."""
+    dt = _check_f32(dtype, "matmul")
+    a_shape, b_shape = check_shape(a_shape, "a", "matmul"), check_shape(b_shape, "b", "matmul")
+    if not a_shape or not b_shape:
+        raise ArgumentError("matmul: operands must have at least one dimension")
+    p, out_shape = matmul_problem(a_shape, b_shape, dt, "kn")
+    if weight is not None and (len(b_shape) != 2 or p.batch != 1):
+        weight = None  # only a plain 2-D weight is packed ahead
+    return plan_cpu_gemm("matmul", p, out_shape, 2, epilogue, None, -1, weight=weight, config=config)
+
+
+def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str = "float32", *,
+                    stride: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0, 0, 0, 0),
+                    dilation: tuple[int, int] = (1, 1), bias: bool = False, epilogue: Epilogue | None = None,
+                    weight: np.ndarray | None = None, config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+    """NCHW conv2d (groups 1) as an implicit GEMM: out[pixel, o] = col[pixel, :] @ W[o, :] over the
+    output pixels of all images, the weight (constant: packed once, `weight=`) as the B panels.
+
+    The im2col matrix is never written: the micro-kernel's A operand reads the (zero-padded)
+    input through an index map (the pixel's part is fixed per tile row, the k part is shared by
+    the rows).  Padding costs one copy of the input."""
+    dt = _check_f32(dtype, "conv2d")
+    x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
+    if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
+        raise ArgumentError(f"conv2d: x must be NCHW and the weight OIHW with the same C, got {x_shape} and {w_shape}")
+    n, c, h, w = x_shape
+    o, _, kh, kw = w_shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, padding
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for input {x_shape} and weight {w_shape}")
+    plan = AnchorPlan("conv2d", [], (n, o, oh, ow), dt, 3 if bias else 2, 0, target="cpu")
+    x_slot: Slot = (INPUT, 0)
+    hp, wp = h + pt + pb, w + pl + pr
+    if pt or pl or pb or pr:
+        x = Placeholder("x", x_shape, dt)
+
+        def padded(b: E.Expr, ci: E.Expr, y: E.Expr, xx: E.Expr) -> E.Expr:
+            hi, wi = y - i32(pt), xx - i32(pl)
+            inside = E.Binary("&&", E.Binary("&&", hi >= i32(0), hi < i32(h)), E.Binary("&&", wi >= i32(0), wi < i32(w)))
+            return E.Select(inside, x[b, ci, hi, wi], E.Const(0.0, dt))
+
+        xpad = compute((n, c, hp, wp), padded, "pad", dt)
+        x_slot = plan.workspace((n, c, hp, wp), dt)
+        ops_launches(plan, [xpad], [x], {x: (INPUT, 0), xpad: x_slot}, "conv2d_pad", target="cpu")
+    k, pixels = c * kh * kw, oh * ow
+
+    def col(bi: E.Expr, row: E.Expr, q: E.Expr) -> tuple[E.Expr, ...]:
+        img, pix = unravel(row, (n, pixels))
+        ci, u, v = q // i32(kh * kw), q // i32(kw) % i32(kh), q % i32(kw)
+        return (img, ci, pix // i32(ow) * i32(sh) + u * i32(dh), pix % i32(ow) * i32(sw) + v * i32(dw))
+
+    # Rows are the output pixels of every image, columns the output channels: the weight is B,
+    # [O, K] in OIHW's own memory ("nk"), packed once when it is constant.
+    a = Operand(x_slot, (n, c, hp, wp), col)
+    b = Operand((INPUT, 1), (o, k), lambda bi, r, q: (r, q))
+    out_map = lambda z, row, ch: (lambda img, pix: (img, ch, pix // i32(ow), pix % i32(ow)))(*unravel(row, (n, pixels)))  # noqa: E731
+    p = GemmProblem(dt, "nk", 1, n * pixels, o, k, a, b, out_map, False)
+    return plan_cpu_gemm("conv2d", p, (n, o, oh, ow), plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 1,
+                         weight=None if weight is None else np.asarray(weight).reshape(o, k),
+                         config=config, plan=plan)  # fmt: skip
+

@@ -1,0 +1,110 @@
+"""GEMM anchors on the CPU (tessera.ops.anchors.cpu_gemm) and their use by the graph compiler,
+against numpy/torch in float64: odd sizes, tails, fused epilogues, constant (pre-packed) weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera import ops
+from tessera.backend.isa import vector_lanes
+from tessera.errors import UnsupportedError
+from tessera.ops.anchors import Epilogue
+from tessera.ops.anchors.cpu_gemm import plan_cpu_conv2d, plan_cpu_linear, plan_cpu_matmul
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU GEMM needs AVX2 or AVX-512")
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("lead,n,k", [((1,), 1, 1), ((2, 5), 19, 37), ((33,), 70, 16)])
+def test_linear_bias_residual_relu(rng, packed, lead, n, k):
+    out_shape = (*lead, n)
+    acc, res_p = ops.placeholder(out_shape, "float32", "acc"), ops.placeholder(out_shape, "float32", "res")
+    ep = Epilogue(acc, ops.relu(ops.add(acc, res_p)), [res_p])
+    w = _f32(rng, n, k)
+    kernel = plan_cpu_linear((*lead, k), w.shape, bias=True, epilogue=ep, weight=w if packed else None).load()
+    for _ in range(2):  # fresh inputs per call; a packed weight is the plan-time one
+        x, b, res = _f32(rng, *lead, k), _f32(rng, n), _f32(rng, *out_shape)
+        out = np.full(out_shape, np.nan, np.float32)
+        kernel([x, w, b], out, [res])
+        ref = np.maximum(x.astype(np.float64) @ w.T + b + res, 0)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_broadcast_batch_and_vectors(rng):
+    for a_shape, b_shape in [((3, 4, 9, 17), (4, 17, 23)), ((9, 17), (17,)), ((17,), (3, 17, 5)), ((1, 1), (1, 1))]:
+        a, b = _f32(rng, *a_shape), _f32(rng, *b_shape)
+        kernel = plan_cpu_matmul(a_shape, b_shape).load()
+        out = np.full(kernel.out_shape, np.nan, np.float32)
+        kernel([a, b], out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (1, 1, 1, 1), (1, 1)), ((2, 2), (0, 0, 0, 0), (1, 1)),
+                                                     ((2, 1), (1, 0, 2, 1), (1, 2)), ((1, 1), (0, 0, 0, 0), (1, 1))])
+def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
+    x, w, bias = _f32(rng, 2, 5, 11, 13), _f32(rng, 7, 5, 3, 3), _f32(rng, 7)
+    t = torch.nn.functional.pad(torch.from_numpy(x).double(), (padding[1], padding[3], padding[0], padding[2]))
+    ref = torch.nn.functional.conv2d(t, torch.from_numpy(w).double(), torch.from_numpy(bias).double(), stride=stride,
+                                     dilation=dilation).numpy()  # fmt: skip
+    acc = ops.placeholder(ref.shape, "float32", "acc")
+    for weight in (None, w):  # read per call, or packed once
+        kernel = plan_cpu_conv2d(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, bias=True,
+                                 epilogue=Epilogue(acc, ops.relu(acc), []), weight=weight).load()  # fmt: skip
+        out = np.full(ref.shape, np.nan, np.float32)
+        kernel([x, w, bias], out)
+        np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_other_dtypes_are_refused():
+    with pytest.raises(UnsupportedError, match="float32"):
+        plan_cpu_linear((4, 8), (3, 8), "float16")
+
+
+def test_graph_anchors_run_on_the_cpu_gemm(rng):
+    from tessera.graph import GraphBuilder
+    from tessera.graph.compiler import compile_graph
+
+    b = GraphBuilder("mlp")
+    x = b.input("x", [5, 17])
+    w1, b1, w2 = _f32(rng, 24, 17), _f32(rng, 24), _f32(rng, 24, 13)
+    h = b.op("relu", b.op("linear", x, b.constant(w1), b.constant(b1)))
+    b.output(b.op("add", b.op("matmul", h, b.constant(w2)), b.constant(np.float32(0.5))))
+    compiled = compile_graph(b.build(), "cpu")
+    for _ in range(2):
+        xv = _f32(rng, 5, 17)
+        ref = np.maximum(xv.astype(np.float64) @ w1.T + b1, 0) @ w2 + 0.5
+        np.testing.assert_allclose(compiled(xv)[0], ref, rtol=1e-4, atol=1e-4)
+    summary = compiled.summary()
+    assert summary["steps"] == {"anchor": 2} and summary["fused_ops"] == 2, summary
+
+
+def test_compiled_model_matches_torch(rng):
+    """conv + batchnorm + relu + residual and a linear head through torch.compile."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.conv2 = torch.nn.Conv2d(8, 8, 1)
+            self.fc = torch.nn.Linear(8 * 9 * 7, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.bn(self.conv(x)))
+            h = torch.relu(self.conv2(h) + h)
+            return self.fc(h.flatten(1))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+        compiled = torch.compile(model, backend="tessera")
+        for _ in range(2):
+            x = torch.randn(2, 3, 9, 7)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).double().numpy(), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,58 @@
+"""The x86 GEMM kernels (tessera.kernels.cpu_gemm) against numpy in float64, odd sizes and tails."""
+
+import numpy as np
+import pytest
+
+from tessera.backend.isa import supports_lanes
+from tessera.errors import ArgumentError
+from tessera.kernels.cpu_gemm import CpuGemmConfig, make_gemm, make_pack_b
+
+CONFIGS = [c for c in (CpuGemmConfig(6, 2, 16, 2), CpuGemmConfig(5, 1, 16, 3), CpuGemmConfig(4, 2, 8, 2))
+           if supports_lanes(c.lanes)]  # fmt: skip
+SHAPES = [(1, 1, 1, 1), (2, 7, 33, 5), (1, 13, 64, 17), (3, 6, 31, 40), (1, 1, 97, 3)]
+
+
+def _run(cfg, src, a, b, rc):
+    batch, m, k = a.shape
+    n = b.shape[2]
+    c = np.full((batch, m, n), np.nan, np.float32)
+    if src == "packed":
+        p = np.full((batch, -(-n // cfg.nr), k, cfg.nr), np.nan, np.float32)
+        make_pack_b(cfg.nr, "kn")(b, p)
+        make_gemm(cfg, src)(a, p, c, rc)
+    else:
+        w = np.full((cfg.threads, k * cfg.nr), np.nan, np.float32)
+        operand = b if src == "kn" else np.ascontiguousarray(b.transpose(0, 2, 1))
+        make_gemm(cfg, src)(a, operand, c, w, rc)
+    return c
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("src", ["kn", "nk", "packed"])
+def test_gemm_matches_numpy(cfg, src):
+    rng = np.random.default_rng(0)
+    for batch, m, n, k in SHAPES:
+        for rc in (1, 3):
+            a = rng.standard_normal((batch, m, k)).astype(np.float32)
+            b = rng.standard_normal((batch, k, n)).astype(np.float32)
+            got = _run(cfg, src, a, b, rc)
+            np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_pack_nk_matches_transpose():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((2, 37, 9)).astype(np.float32)  # [batch, N, K]
+    p = np.full((2, 2, 9, 32), np.nan, np.float32)
+    make_pack_b(32, "nk")(w, p)
+    padded = np.zeros((2, 64, 9), np.float32)
+    padded[:, :37] = w
+    np.testing.assert_array_equal(p, padded.reshape(2, 2, 32, 9).transpose(0, 1, 3, 2))
+
+
+def test_config_checks_registers():
+    with pytest.raises(ArgumentError, match="vector registers"):
+        CpuGemmConfig(16, 2, 16, 1)
+    with pytest.raises(ArgumentError, match="lanes"):
+        CpuGemmConfig(4, 1, 4, 1)
+    with pytest.raises(ArgumentError, match="b_source"):
+        make_gemm(CpuGemmConfig(4, 1, 8, 1), "mn")

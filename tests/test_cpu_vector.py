@@ -1,0 +1,119 @@
+"""SIMD vector types and intrinsics in CPU kernels (tessera.ir.vector), against numpy."""
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import f32
+from tessera.backend.isa import cpu_isa, supports_lanes, vector_lanes
+
+LANES = [n for n in (8, 16) if supports_lanes(n)]
+pytestmark = pytest.mark.skipif(not LANES, reason=f"no SIMD vectors on this CPU ({cpu_isa()})")
+
+
+def _axpy(lanes: int):
+    @ts.kernel(target="cpu", name=f"axpy{lanes}")
+    def axpy(x: f32["N"], y: f32["N"], out: f32["N"], total: f32[1], a: f32):
+        va = ts.vbroadcast(a, lanes)
+        s = ts.vbroadcast(0.0, lanes)
+        for i in range(0, N - N % lanes, lanes):
+            v = ts.vfma(va, ts.vload(x[i], lanes), ts.vload(y[i], lanes))
+            ts.prefetch(x[i + lanes])  # a hint: prefetching past the end is harmless
+            ts.vstore(out[i], v)
+            s = ts.vadd(s, v)
+        r = N % lanes
+        if r > 0:  # the tail: masked loads read, and the masked store writes, only r lanes
+            i0 = N - r
+            v = ts.vfma(va, ts.vload(x[i0], lanes, r), ts.vload(y[i0], lanes, r))
+            ts.vstore(out[i0], v, r)
+            s = ts.vadd(s, v)
+        total[0] = ts.vsum(s)
+
+    return axpy
+
+
+@pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100])
+def test_axpy_with_tail(lanes, n):
+    k = _axpy(lanes)
+    rng = np.random.default_rng(n)
+    for _ in range(2):  # several calls, fresh inputs
+        x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        # guard elements after the end: a masked store must not touch them
+        out = np.full(n + lanes, 7.0, np.float32)
+        total = np.zeros(1, np.float32)
+        a = float(rng.standard_normal())
+        k(x, y, out[:n], total, a)
+        ref = a * x.astype(np.float64) + y
+        np.testing.assert_allclose(out[:n], ref, rtol=1e-5, atol=1e-5)
+        assert (out[n:] == 7.0).all()
+        np.testing.assert_allclose(total[0], ref.sum(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lanes", LANES)
+def test_vector_register_tensor_max_min_mul(lanes):
+    vt = ts.f32x16 if lanes == 16 else ts.f32x8
+
+    @ts.kernel(target="cpu", name=f"mix{lanes}")
+    def mix(x: f32[lanes * 2], out: f32[lanes * 2], mx: f32[1]):
+        regs = ts.register_tensor(vt, [2])
+        regs[0] = ts.vload(x[0], lanes)
+        regs[1] = ts.vload(x[lanes], lanes)
+        ts.vstore(out[0], ts.vmax(regs[0], regs[1]))
+        ts.vstore(out[lanes], ts.vsub(ts.vmul(regs[0], regs[1]), ts.vmin(regs[0], regs[1])))
+        mx[0] = ts.vreduce_max(regs[1])
+
+    x = np.random.default_rng(1).standard_normal(2 * lanes).astype(np.float32)
+    out, mx = np.zeros(2 * lanes, np.float32), np.zeros(1, np.float32)
+    mix(x, out, mx)
+    a, b = x[:lanes], x[lanes:]
+    np.testing.assert_allclose(out[:lanes], np.maximum(a, b))
+    np.testing.assert_allclose(out[lanes:], a * b - np.minimum(a, b), rtol=1e-6)
+    assert mx[0] == b.max()
+
+
+def _parse_error(fn, target="cpu"):
+    with pytest.raises(ts.KernelSyntaxError) as info:
+        ts.kernel(target=target)(fn)
+    return str(info.value)
+
+
+def test_vector_misuse_is_a_clear_error():
+    def mixed(x: f32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vadd(ts.vload(x[0], 16), ts.vload(x[0], 8)))
+
+    assert "one vector type" in _parse_error(mixed)
+
+    def lanes(x: f32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vload(x[0], 4))
+
+    assert "8 or 16 lanes" in _parse_error(lanes)
+
+    def scalar_store(x: f32[16], out: f32[16]):
+        ts.vstore(out[0], x[0])
+
+    assert "vector" in _parse_error(scalar_store)
+
+    def to_scalar(x: f32[16], out: f32[16]):
+        out[0] = ts.vload(x[0], 16)
+
+    assert "vectors do not convert" in _parse_error(to_scalar)
+
+    def ints(x: ts.int32[16], out: ts.int32[16]):
+        ts.vstore(out[0], ts.vload(x[0], 16))
+
+    assert "not supported" in _parse_error(ints)
+
+    def on_gpu(x: f32[16], out: f32[16]):
+        ts.attrs.grid, ts.attrs.block = 1, 32
+        out[0] = ts.vsum(ts.vload(x[0], 16))
+
+    assert "only available in CPU kernels" in _parse_error(on_gpu, "cuda")
+
+
+def test_isa_cap(monkeypatch):
+    monkeypatch.setenv("TESSERA_CPU_ISA", "avx2")
+    assert vector_lanes() in (1, 8)
+    monkeypatch.setenv("TESSERA_CPU_ISA", "sse9")
+    with pytest.raises(ts.ArgumentError, match="TESSERA_CPU_ISA"):
+        cpu_isa()
