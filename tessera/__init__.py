@@ -42,6 +42,7 @@ from tessera.lang.builtins import (
     copy_async_wait,
     copy_vector,
     cos,
+    dequant,
     erf,
     exp,
     exp2,
@@ -100,6 +101,7 @@ __all__ = [
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
     "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster",
+    "dequant",
 ]  # fmt: skip
 
 
@@ -110,4 +112,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("tessera.frontend.onnx" if name == "onnx" else "tessera.graph")
+    if name in ("quant", "quantize"):  # low-bit weights (quantize needs torch)
+        import importlib
+
+        if name == "quant":
+            return importlib.import_module("tessera.quant")
+        return importlib.import_module("tessera.quant.torch_quantize").quantize
     raise AttributeError(f"module 'tessera' has no attribute {name!r}")

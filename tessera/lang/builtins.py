@@ -78,6 +78,8 @@ setmaxnreg = Builtin("setmaxnreg", "instruction")
 syncwarp = Builtin("syncwarp", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
+# Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
+dequant = Builtin("dequant", "instruction")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))

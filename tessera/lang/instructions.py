@@ -77,6 +77,12 @@ def _setmaxnreg(regs: int, increase: bool) -> tuple[tuple, dict]:
     return (), {"regs": regs, "increase": increase}
 
 
+def _dequant(dst: Any, src: Any, scale: Any, bias: Any = None, wtype: Any = None, start: int = 0,
+             count: int = 8) -> tuple[tuple, dict]:  # fmt: skip
+    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None}
+    return (dst, src, scale, scale if bias is None else bias), attrs
+
+
 def _no_operands() -> tuple[tuple, dict]:
     return (), {}
 
@@ -89,7 +95,7 @@ SIGNATURES = {
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
-    "cluster_sync": _no_operands, "load_cluster": _load_cluster,
+    "cluster_sync": _no_operands, "load_cluster": _load_cluster, "dequant": _dequant,
 }  # fmt: skip
 
 
