@@ -96,8 +96,8 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu"], required=True)
-    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
+    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu", "lowbit"], required=True)
+    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only; lowbit: fewer M")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
@@ -130,6 +130,12 @@ def main() -> None:
         rows = gemm_suite(timer, quick=args.quick)
         write_results(args.suite, rows, outdirs, ["vs_cublas", "tflops", "config"])
         print(summary(rows))
+        return
+    if args.suite == "lowbit":
+        from lowbit_suite import lowbit_suite
+
+        rows = lowbit_suite(timer, copy_gbs, quick=args.quick)
+        write_results(args.suite, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
         return
     rows = reduce_suite(timer, copy_gbs)
     for r in rows:

@@ -43,6 +43,7 @@ from tessera.lang.builtins import (
     copy_async_wait,
     copy_vector,
     cos,
+    dequant,
     erf,
     exp,
     exp2,
@@ -114,7 +115,7 @@ __all__ = [
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
     "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "explain",
     "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",
-    "vsum", "vreduce_max", "prefetch",
+    "vsum", "vreduce_max", "prefetch", "dequant",
 ]  # fmt: skip
 
 
@@ -134,4 +135,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("tessera.frontend.onnx" if name == "onnx" else "tessera.graph")
+    if name in ("quant", "quantize"):  # low-bit weights (quantize needs torch)
+        import importlib
+
+        if name == "quant":
+            return importlib.import_module("tessera.quant")
+        return importlib.import_module("tessera.quant.torch_quantize").quantize
     raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -58,19 +58,50 @@ SHARED_HELPERS = """
 {q} uint64_t ts_umod64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
 {q} int64_t ts_index_chk(int64_t i, int64_t n{sp}) {{ if (i < -n || i >= n) {{ {index_flag}return i < 0 ? 0 : n - 1; }} return i < 0 ? i + n : i; }}
 """
+# Packed tensors of storage types (tessera.quant): element i of a b-bit tensor occupies bits
+# [i*b, i*b + b) of the byte stream, least significant bit first (dense, fields may cross
+# bytes).  ts_bits reads the field as unsigned (touching the second byte only when the field
+# crosses into it, so the last element never reads past the end), ts_sbits sign-extends it,
+# ts_small_float decodes a small-float code: nan_rule 0 = finite only (e2m1, e2m3, e3m2),
+# 1 = e4m3fn (S.1111.111 is NaN, no inf), 2 = IEEE (top exponent: inf/NaN; e5m2).
+LOWBIT_HELPERS = """
+{q} uint32_t ts_bits(const uint8_t* p, int64_t i, int b) {{
+  int64_t bit = i * b; const uint8_t* c = p + (bit >> 3); int s = (int)(bit & 7);
+  uint32_t v = c[0]; if (s + b > 8) v |= (uint32_t)c[1] << 8;
+  return (v >> s) & ((1u << b) - 1u);
+}}
+{q} int32_t ts_sbits(const uint8_t* p, int64_t i, int b) {{ return (int32_t)(ts_bits(p, i, b) << (32 - b)) >> (32 - b); }}
+{q} float ts_small_float(uint32_t v, int e, int m, int nan_rule) {{
+  int sign = (v >> (e + m)) & 1, E = (v >> m) & ((1 << e) - 1), M = v & ((1 << m) - 1), bias = (1 << (e - 1)) - 1;
+  float r;
+  if (nan_rule == 2 && E == (1 << e) - 1) r = M ? NAN : INFINITY;
+  else if (nan_rule == 1 && E == (1 << e) - 1 && M == (1 << m) - 1) r = NAN;
+  else if (E == 0) r = ldexpf((float)M, 1 - bias - m);
+  else r = ldexpf((float)((1 << m) | M), E - bias - m);
+  return sign ? -r : r;
+}}
+"""
+
+
+def small_float_rule(t: DataType) -> int:
+    """ts_small_float's nan_rule for the small float `t`."""
+    return {"e4m3": 1, "e5m2": 2}.get(t.name, 0)
+
+
 STATUS = "ts_status"  # the CPU kernels' last parameter: int32_t*, set to a tessera.errors STATUS_* code
 
 
 def shared_helpers(qualifier: str, status: bool) -> str:
     """SHARED_HELPERS for a target; with `status` the checked divisions report to ts_status."""
+    lowbit = LOWBIT_HELPERS.format(q=qualifier).strip()
     if not status:
-        return SHARED_HELPERS.format(q=qualifier, sp="", flag="", index_flag="").strip()
+        return SHARED_HELPERS.format(q=qualifier, sp="", flag="", index_flag="").strip() + "\n" + lowbit
 
     def flag(code: int) -> str:
         return f"__atomic_store_n({STATUS}, {code}, __ATOMIC_RELAXED); "
 
     return SHARED_HELPERS.format(q=qualifier, sp=f", int32_t* {STATUS}", flag=flag(STATUS_DIVISION_BY_ZERO),
-                                 index_flag=flag(STATUS_INDEX_OUT_OF_RANGE)).strip()  # fmt: skip
+                                 index_flag=flag(STATUS_INDEX_OUT_OF_RANGE)).strip() + "\n" + lowbit  # fmt: skip
 
 
 # Generated code names every user identifier (kernels, parameters, locals, buffers) through
@@ -135,14 +166,16 @@ class CLikeCodegen(IRVisitor):
     # ---- hooks for subclasses -----------------------------------------------------------
     def scalar_type(self, t: DataType) -> str:
         """The C type a value of dtype `t` is computed in."""
-        if t.is_subbyte or t.name in ("e4m3", "e5m2"):
-            raise UnsupportedError(f"the {self.target} backend cannot compute with {t} values yet")
+        if t.is_storage_only:  # packed-tensor values compute in int32 / float32
+            return _C_INT[dtypes.compute_type(t).name]
         if t in (dtypes.float16, dtypes.bfloat16):
             return "float"
         return _C_INT[t.name]
 
     def storage_type(self, t: DataType) -> str:
         """The C type of a value of dtype `t` held in memory."""
+        if t.is_storage_only:  # packed bytes (codegen reads fields with ts_bits)
+            return "uint8_t"
         if t in (dtypes.float16, dtypes.bfloat16):
             return "uint16_t"
         return self.scalar_type(t)
@@ -366,9 +399,23 @@ class CLikeCodegen(IRVisitor):
         return self.math_call(e.func, args, e.type)
 
     def visit_Load(self, e: E.Load) -> str:
+        t = e.type
+        if t.is_storage_only:
+            return self.packed_load(t, self.name_of(e.buffer), self.expr(e.indices[0]))
         return self.load_value(e.type, f"{self.name_of(e.buffer)}[{self.expr(e.indices[0])}]")
 
+    def packed_load(self, t: DataType, buf: str, index: str) -> str:
+        """Element `index` of a packed tensor of the storage type `t`, in its compute type."""
+        if t.is_integer:
+            fn = "ts_sbits" if t.kind == "int" else "(int32_t)ts_bits"
+            return f"{fn}({buf}, (int64_t)({index}), {t.nbits})"
+        return (f"ts_small_float(ts_bits({buf}, (int64_t)({index}), {t.nbits}), {t.exponent_bits}, "
+                f"{t.mantissa_bits}, {small_float_rule(t)})")  # fmt: skip
+
     def visit_Address(self, e: E.Address) -> str:
+        if e.buffer.type.dtype.is_storage_only:
+            raise UnsupportedError(f"'{e.buffer.name}' holds packed {e.buffer.type.dtype} values, which have no "
+                                   "element addresses; pass the packed words as a uint32 tensor for vector loads")
         return f"(&{self.name_of(e.buffer)}[{self.expr(e.indices[0])}])"
 
     # ---- statements -------------------------------------------------------------------------
@@ -434,6 +481,12 @@ class CLikeCodegen(IRVisitor):
         self.emit_barrier()
 
     def visit_Instruction(self, s: S.Instruction) -> None:
+        if s.name == "dequant":
+            from tessera.backend.codegen_lowbit import c_statements
+
+            for line in c_statements(s.attrs, *(self.expr(x) for x in s.operands)):
+                self.emit(line)
+            return
         if s.name != "copy_vector":
             raise UnsupportedError(f"{s.name} is not available on the {self.target} target")
         dst, src = (self.expr(x) for x in s.operands)

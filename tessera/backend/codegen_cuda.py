@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
+from tessera.backend import codegen_lowbit
 from tessera.backend.codegen_c_like import CLikeCodegen, shared_helpers, symbol_name
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
@@ -181,7 +182,7 @@ class CudaCodegen(CLikeCodegen):
         return super().scalar_type(t)
 
     def storage_type(self, t: DataType) -> str:
-        return self.scalar_type(t)
+        return "uint8_t" if t.is_storage_only else self.scalar_type(t)
 
     def load_value(self, t: DataType, text: str) -> str:
         return text
@@ -262,6 +263,9 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f'asm volatile("setmaxnreg.{"inc" if a["increase"] else "dec"}.sync.aligned.u32 {a["regs"]};\\n");')
         elif s.name == "wgmma_wait":
             self.emit(f"ts_wgmma_wait<{a['pending']}>();")
+        elif s.name == "dequant":
+            self.helpers.add(codegen_lowbit.cuda_helper(a))
+            self.emit(f"{codegen_lowbit.helper_name(a)}({', '.join(ops)});")
         elif s.name == "mma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
             self.emit(f"ts_mma_{a['shape']}_{kind}({ops[0]}, {ops[1]}, {ops[2]});")

@@ -1,8 +1,10 @@
 """Scalar data types, including the sub-byte integer and small-float types.
 
 Every scalar value in the IR carries one of the `DataType` objects defined here.
-Types narrower than a byte (int1..int7, uint1..uint7, e2m1, e2m3, e3m2) are part of
-the type system now; backends that cannot yet lower them raise a clear error.
+Types narrower than a byte (int1..int7, uint1..uint7, e2m1, e2m3, e3m2) and the 8-bit floats
+(e4m3, e5m2) are *storage* types: they live in packed global tensors (dense, N*K*bits/8 bytes,
+see tessera.quant) and are computed with in their compute type (`compute_type`): int32 for the
+integers, as C promotes char, float32 for the small floats.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class DataType:
     @property
     def is_subbyte(self) -> bool:
         return self.nbits < 8 and not self.is_bool
+
+    @property
+    def is_storage_only(self) -> bool:
+        """Sub-byte types and the 8-bit floats: packed-tensor elements, computed in `compute_type`."""
+        return self.is_subbyte or (self.is_float and self.nbits == 8)
 
     @property
     def nbytes(self) -> int:
@@ -144,6 +151,7 @@ float8_e5m2 = DataType("e5m2", "e5m2", 8, "float", 5, 2)
 i8, i16, i32, i64 = int8, int16, int32, int64
 u8, u16, u32, u64 = uint8, uint16, uint32, uint64
 f16, bf16, f32, f64 = float16, bfloat16, float32, float64
+e2m1, e2m3, e3m2, e4m3, e5m2 = float4_e2m1, float6_e2m3, float6_e3m2, float8_e4m3, float8_e5m2
 
 ALL_DTYPES: tuple[DataType, ...] = (
     boolean, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
@@ -167,13 +175,23 @@ def dtype(name: str | DataType) -> DataType:
         raise ValueError(f"unknown data type {name!r}; known: {sorted(d.name for d in ALL_DTYPES)}") from None
 
 
+def compute_type(t: DataType) -> DataType:
+    """The type values of `t` are computed in: int32 for sub-byte integers, float32 for the
+    small floats (e2m1 .. e5m2), `t` itself otherwise."""
+    if not t.is_storage_only:
+        return t
+    return float32 if t.is_float else int32
+
+
 def promote(a: DataType, b: DataType) -> DataType:
     """The type of a binary arithmetic result, following C-like rules.
 
     Floats win over integers; between floats the wider wins (float16 with bfloat16 gives
     float32, since neither holds the other); between integers the wider wins and, at equal
-    width, unsigned wins.  bool behaves as int32 in arithmetic.
+    width, unsigned wins.  bool behaves as int32 in arithmetic; storage types (sub-byte
+    integers, small floats) as their `compute_type`.
     """
+    a, b = compute_type(a), compute_type(b)
     if a == b:
         return int32 if a.is_bool else a
     if a.is_bool:

@@ -270,7 +270,9 @@ def binary_result_type(op: str, a: Expr, b: Expr) -> DataType:
     if op in BIT_OPS:
         if not ((ta.is_integer or ta.is_bool) and (tb.is_integer or tb.is_bool)):
             raise IRTypeError(f"operator '{op}' needs integer operands, got {ta} and {tb}")
-        return ta if op in ("<<", ">>") and ta.is_integer else dtypes.promote(ta, tb)
+        if op in ("<<", ">>") and ta.is_integer:
+            return dtypes.compute_type(ta)
+        return dtypes.promote(ta, tb)
     if op == "/" and not (ta.is_float or tb.is_float):
         return dtypes.float32
     if op == "//" and (ta.is_float or tb.is_float):

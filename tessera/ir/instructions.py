@@ -132,6 +132,29 @@ def _check_wgmma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+DEQUANT_TYPES = ("int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8", "uint1", "uint2", "uint3", "uint4",
+                 "uint5", "uint6", "uint7", "uint8", "e2m1", "e2m3", "e3m2", "e4m3", "e5m2")  # fmt: skip
+
+
+def _check_dequant(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src, scale, bias = ops
+    t, start, count = attrs["wtype"], attrs["start"], attrs["count"]
+    if not isinstance(t, dtypes.DataType) or t.name not in DEQUANT_TYPES:
+        return f"dequant's wtype= must be one of {', '.join(DEQUANT_TYPES)}, got {t!r}"
+    for name, v in (("start", start), ("count", count)):
+        if not isinstance(v, int) or isinstance(v, bool) or v % 2:
+            return f"dequant's {name}= must be an even compile-time int, got {v!r}"
+    if not (0 <= start and 0 < count and start + count <= 128):
+        return f"dequant reads values [start, start + count) of a 128-value unit, got start={start}, count={count}"
+    if any(x.scope != REGISTER for x in ops):
+        return "dequant's operands are register tensors (dst halves, src uint32 words, scale and bias halves)"
+    if src.type.dtype != dtypes.uint32:
+        return f"dequant reads packed uint32 words, got {src.type.dtype}"
+    if dst.type.dtype != dtypes.float16 or scale.type.dtype != dtypes.float16 or bias.type.dtype != dtypes.float16:
+        return "dequant writes float16 values and takes float16 scales and biases"
+    return None
+
+
 def _ok(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
@@ -257,6 +280,11 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "thread-block cluster (distributed shared memory) into registers"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
+        InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias"), False,
+                        _check_dequant,
+                        "dst[i] = (u - bias[row]) * scale[row] for values [start, start + count) of a low-bit unit "
+                        "(tessera.ir.lowbit: u the code, offset binary for signed ints, or a small float's value "
+                        "* 2**-float_shift; without bias, signed ints subtract their offset); row = (value // 2) % 2"),
         InstructionSpec("setmaxnreg", (), ("regs", "increase"), True, _check_setmaxnreg,
                         "setmaxnreg.inc/dec (SM90a): this warpgroup's register budget; needs attrs.min_blocks"),
     )

@@ -78,6 +78,8 @@ setmaxnreg = Builtin("setmaxnreg", "instruction")
 syncwarp = Builtin("syncwarp", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
+# Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
+dequant = Builtin("dequant", "instruction")
 
 # SIMD vectors (CPU kernels; tessera.ir.vector): values of type f32x16 / f32x8.
 vstore = Builtin("vstore", "instruction")

@@ -126,6 +126,7 @@ class ExpressionParser:
         src = value.dtype
         if src == dtype:
             return value
+        _check_not_storage(dtype, what)
         if src.is_float and (dtype.is_integer or dtype.is_bool):
             raise ParseError(f"{what} has type {dtype} but the value is {src}; convert explicitly with cast(x, {dtype})")
         if isinstance(value, E.Const):
@@ -138,6 +139,7 @@ class ExpressionParser:
     def cast(self, value: Any, dtype: DataType) -> E.Expr:
         """An explicit conversion; a compile-time constant must fit the type (C would truncate it)."""
         x = self.to_ir(value)
+        _check_not_storage(dtype, "cast()")
         if isinstance(x, E.Const) and not dtype.holds(x.value):
             raise ParseError(f"the constant {x.value!r} does not fit in {dtype}; compute the intended value in Python")
         return E.Cast(x, dtype)
@@ -395,8 +397,9 @@ class ExpressionParser:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise ParseError(f"{which}() needs a shape of positive compile-time integers, got {shape}")
         dtype = args[0]
-        if isinstance(dtype, DataType) and dtype.is_subbyte:
-            raise ParseError(f"{which}() of sub-byte type {dtype} is not supported yet")
+        if isinstance(dtype, DataType) and dtype.is_storage_only:
+            raise ParseError(f"{which}() of the storage type {dtype}: {dtype} values live in packed global tensors; "
+                             "keep the packed words in a uint32 tensor and unpack them with ts.dequant()")
         period = 1 << (swizzle.base + swizzle.bits) if swizzle is not None else 1
         if prod(shape[-2:]) % period:
             raise ParseError(f"a {swizzle} layout needs 2-D tiles (last two dims) whose size is a multiple of {period}")
@@ -413,3 +416,9 @@ class ExpressionParser:
         if any(isinstance(e, ast.Slice) for e in elts):
             raise ParseError("slices are not supported; index one element at a time")
         return buf, tuple(self.to_ir(self.expr(e)) for e in elts)
+
+
+def _check_not_storage(dtype: DataType, what: str) -> None:
+    if dtype.is_storage_only:
+        raise ParseError(f"{what} would produce a {dtype} value, but {dtype} is a storage type: its values are read "
+                         f"from packed tensors and computed in {dtypes.compute_type(dtype)}; convert to that instead")

@@ -85,6 +85,12 @@ def _prefetch(address: Any, write: bool = False, locality: int = 3) -> tuple[tup
     return (address,), {"write": write, "locality": locality}
 
 
+def _dequant(dst: Any, src: Any, scale: Any, bias: Any = None, wtype: Any = None, start: int = 0,
+             count: int = 8) -> tuple[tuple, dict]:  # fmt: skip
+    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None}
+    return (dst, src, scale, scale if bias is None else bias), attrs
+
+
 def _no_operands() -> tuple[tuple, dict]:
     return (), {}
 
@@ -98,6 +104,7 @@ SIGNATURES = {
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
+    "dequant": _dequant,
 }  # fmt: skip
 
 

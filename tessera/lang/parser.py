@@ -271,6 +271,7 @@ class KernelParser(ExpressionParser):
             return self.assign_attr(target, value)
         if isinstance(target, ast.Subscript):
             buf, indices = self.subscript_target(target)
+            _check_store(buf)
             return S.Store(buf, indices, self.convert(self.to_ir(value), buf.type.dtype, f"an element of '{buf.name}'"))
         if not isinstance(target, ast.Name):
             raise ParseError(f"cannot assign to `{ast.unparse(target)}`")
@@ -294,7 +295,12 @@ class KernelParser(ExpressionParser):
             return None
         # A scalar literal assigned in the body starts a run-time variable (acc = 0.0).
         value = self.to_ir(value)
-        var = E.Var(name, value.type if isinstance(value.type, VectorType) else value.dtype)
+        if isinstance(value.type, VectorType):
+            var = E.Var(name, value.type)
+        else:
+            if value.dtype.is_storage_only:  # a packed element read into a local computes in its compute type
+                value = E.Cast(value, dtypes.compute_type(value.dtype))
+            var = E.Var(name, value.dtype)
         self.define(name, var)
         return S.DeclareVar(var, value)
 
@@ -344,6 +350,7 @@ class KernelParser(ExpressionParser):
         rhs = self.to_ir(self.expr(node.value))
         if isinstance(node.target, ast.Subscript):
             buf, indices = self.subscript_target(node.target)
+            _check_store(buf)
             value = E.Binary(op, E.Load(buf, indices), rhs)
             return S.Store(buf, indices, self.convert(value, buf.type.dtype, f"an element of '{buf.name}'"))
         if isinstance(node.target, ast.Name):
@@ -505,3 +512,10 @@ def parse_kernel(pyfunc: Callable, target: str = "cpu", name: str | None = None,
     """Parse a Python function into an IR Function for `target`; `scope` adds names visible
     where the function was defined (the decorator passes its caller's locals)."""
     return KernelParser(pyfunc, target, name, scope).parse()
+
+
+def _check_store(buf: E.Var) -> None:
+    dtype = buf.type.dtype
+    if dtype.is_storage_only:
+        raise ParseError(f"'{buf.name}' holds packed {dtype} values, which kernels only read; pack weights on the "
+                         "host with tessera.quant.pack (or write the packed uint32 words of a uint32 tensor)")

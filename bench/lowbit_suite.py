@@ -1,0 +1,99 @@
+"""Suite `lowbit` (issue 12): low-bit weight x fp16 activation GEMM, every weight type, vs cuBLAS
+fp16 weights and torch's tinygemm int4 (`_weight_int4pack_mm`, bf16) in the same run.
+
+Rows: case `M=..,N=..,K=..,w=<type>,g=<group|ch>,fp16`, tessera_us, floor_us (bytes the kernel
+must move: packed weights + scales (+ zero points) + activations + output, over the copy
+bandwidth measured in this run), peers_us, rel_err against float64 on the dequantised weights.
+Humming and Tilus are not run (their wheels do not travel yet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from harness import Timer, rel_err
+
+import tessera as ts
+from tessera.quant import WEIGHT_TYPES
+from tessera.quant.linear import cuda_matmul, prepare
+from tessera.quant.quantize import quantize_weight
+
+N0, K0 = 12288, 4096
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 4096)
+LLAMA3 = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+
+
+def cases(quick: bool) -> list[tuple[int, int, int, str, int | None]]:
+    out = []
+    ms = (1, 16, 4096) if quick else MS
+    for t in WEIGHT_TYPES:
+        for m in ms if t.name == "int4" or not quick else (1, 16):
+            out.append((m, N0, K0, t.name, 128))
+    for g in (32, 64, None):
+        for m in (1, 16):
+            out.append((m, N0, K0, "int4", g))
+    for n, k in LLAMA3:
+        for m in (1, 16):
+            out.append((m, n, k, "int4", 128))
+    return out
+
+
+def _tinygemm(x: torch.Tensor, w: torch.Tensor, group: int):
+    """torch's int4 tinygemm on the same weights (bf16 activations, its own RTN), or None."""
+    try:
+        n, k = w.shape
+        wg = w.float().reshape(n, k // group, group)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = ((hi - lo) / 15).clamp_min(1e-6)
+        zero = lo + scale * 8
+        q = ((wg - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        try:  # torch >= 2.5 takes two codes per byte
+            packed = torch._convert_weight_to_int4pack(((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8), 8)
+        except RuntimeError:
+            packed = torch._convert_weight_to_int4pack(q, 8)
+        sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        fn = lambda: torch._weight_int4pack_mm(xb, packed, group, sz)  # noqa: E731
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001  (API differences between torch versions)
+        print(f"tinygemm unavailable: {type(exc).__name__}: {str(exc)[:120]}")
+        return None
+
+
+def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(0)
+    weights: dict[tuple[int, int], torch.Tensor] = {}
+    prepared: dict[tuple, tuple] = {}
+    for m, n, k, tname, g in cases(quick):
+        t = ts.dtype(tname)
+        wf = weights.get((n, k))
+        if wf is None:
+            wf = weights[(n, k)] = torch.from_numpy(rng.normal(size=(n, k)).astype(np.float32) * 0.02).cuda().half()
+        key = (tname, g, n, k)
+        if key not in prepared:  # one quantisation per weight, shared by the M values
+            prepared.clear()
+            q = quantize_weight(wf.float().cpu().numpy(), t, g)
+            prepared[key] = (q, prepare(q), torch.from_numpy(q.dequantize()).cuda())
+        q, p, wdq = prepared[key]
+        x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+        y = cuda_matmul(x, p)
+        ref = x.double() @ wdq.double().T
+        err = rel_err(y, ref)
+        us = timer(cuda_matmul, x, p)
+        peers = {"cublas": timer(torch.matmul, x, wf.T)}
+        if tname == "int4" and g in (32, 64, 128, 256):
+            tg = _tinygemm(x, wf, g)
+            if tg is not None:
+                peers["tinygemm"] = timer(tg)
+        moved = p.words.numel() * 4 + q.scales.size * 2 + (q.zeros.size * 2 if q.zeros is not None else 0)
+        moved += m * k * 2 + m * n * 2
+        floor = moved / (copy_gbs * 1e9) * 1e6
+        gname = "ch" if g is None else str(g)
+        row = {"case": f"M={m},N={n},K={k},w={tname},g={gname},fp16", "tessera_us": us, "floor_us": floor,
+               "peers_us": peers, "rel_err": err, "vs_floor": us / floor, "vs_cublas": peers["cublas"] / us,
+               "target_us": 1.25 * floor + 1.5, "copy_gbs": copy_gbs}  # fmt: skip
+        print(f"{row['case']}: {us:.1f} us (floor {floor:.1f}, target {row['target_us']:.1f}), peers "
+              f"{ {k2: round(v, 1) for k2, v in peers.items()} }, rel_err {err:.1e}", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows

@@ -1,0 +1,92 @@
+"""Lowerings of the `dequant` instruction (tessera.ir.lowbit describes the register layout).
+
+Both targets rebuild each half2 register with the same shift-and-mask terms
+(`lowbit.register_terms`); CUDA then subtracts and scales with half2 arithmetic (HSUB2, HMUL2),
+C with float arithmetic rounded once to fp16, which gives the same bits (the difference of two
+small integers is exact, and a product of two halves is exact in float).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera.ir import lowbit
+from tessera.ir.dtypes import DataType
+
+
+def _term(word: int, shift: int, mask: int, w: str) -> str:
+    moved = f"({w}[{word}] << {shift})" if shift > 0 else f"({w}[{word}] >> {-shift})" if shift < 0 else f"{w}[{word}]"
+    return f"({moved} & {mask:#x}u)"
+
+
+def register_expr(t: DataType, reg: int, w: str) -> str:
+    """The uint32 bit pattern (two halves) of register `reg` of a unit held in words `w`."""
+    terms = [_term(*term, w) for term in lowbit.register_terms(t, reg)]
+    if t.is_integer:
+        terms.insert(0, f"{lowbit.INT_MAGIC:#x}u")
+    return " | ".join(terms)
+
+
+def int_offset(t: DataType) -> int:
+    """What the dequantisation subtracts from the code without a bias operand: the offset of
+    the signed types' offset-binary codes."""
+    return 1 << (t.nbits - 1) if t.kind == "int" else 0
+
+
+def helper_name(attrs: dict[str, Any]) -> str:
+    t: DataType = attrs["wtype"]
+    return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{'_b' if attrs['has_bias'] else ''}"
+
+
+def cuda_helper(attrs: dict[str, Any]) -> str:
+    t: DataType = attrs["wtype"]
+    first, last = attrs["start"] // 2, (attrs["start"] + attrs["count"]) // 2
+    lines = [
+        f"__device__ __forceinline__ void {helper_name(attrs)}(void* dst, const void* src, const void* scale, const void* bias) {{",
+        "  const uint32_t* w = reinterpret_cast<const uint32_t*>(src);",
+        "  half2* d = reinterpret_cast<half2*>(dst);",
+        "  const half* s = reinterpret_cast<const half*>(scale);",
+        "  const half* b = reinterpret_cast<const half*>(bias);",
+        "  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);",
+    ]  # fmt: skip
+    subtract = True
+    if t.is_integer and attrs["has_bias"]:
+        lines.append("  const half2 k = __float2half2_rn(1024.0f);")
+        lines.append("  const half2 o0 = __hadd2(__half2half2(b[0]), k), o1 = __hadd2(__half2half2(b[1]), k);")
+    elif t.is_integer:
+        lines.append(f"  const half2 o0 = __float2half2_rn({1024 + int_offset(t)}.0f), o1 = o0;")
+    elif attrs["has_bias"]:
+        lines.append("  const half2 o0 = __half2half2(b[0]), o1 = __half2half2(b[1]);")
+    else:
+        subtract = False
+    for reg in range(first, last):
+        row = reg % 2
+        lines.append(f"  {{ uint32_t r = {register_expr(t, reg, 'w')};")
+        value = "*reinterpret_cast<half2*>(&r)"
+        if subtract:
+            value = f"__hsub2({value}, o{row})"
+        lines.append(f"    d[{reg - first}] = __hmul2({value}, s{row}); }}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def c_statements(attrs: dict[str, Any], dst: str, src: str, scale: str, bias: str) -> list[str]:
+    """C lines (one block) for one dequant instruction; halves are uint16_t patterns."""
+    t: DataType = attrs["wtype"]
+    first, last = attrs["start"] // 2, (attrs["start"] + attrs["count"]) // 2
+    out = ["{",
+           f"  const uint32_t* ts_w = (const uint32_t*)({src}); uint16_t* ts_d = (uint16_t*)({dst});",
+           f"  const uint16_t* ts_s = (const uint16_t*)({scale}); const uint16_t* ts_b = (const uint16_t*)({bias});",
+           "  uint32_t ts_r; (void)ts_b;"]  # fmt: skip
+    for reg in range(first, last):
+        row = reg % 2
+        if t.is_integer:
+            off = f"(1024.0f + ts_h2f(ts_b[{row}]))" if attrs["has_bias"] else f"{1024 + int_offset(t)}.0f"
+        else:
+            off = f"ts_h2f(ts_b[{row}])" if attrs["has_bias"] else "0.0f"
+        out.append(f"  ts_r = {register_expr(t, reg, 'ts_w')};")
+        for half, bits in ((0, "(uint16_t)ts_r"), (1, "(uint16_t)(ts_r >> 16)")):
+            i = 2 * (reg - first) + half
+            out.append(f"  ts_d[{i}] = ts_f2h((ts_h2f({bits}) - {off}) * ts_h2f(ts_s[{row}]));")
+    out.append("}")
+    return out

@@ -1,0 +1,100 @@
+"""Register layout of low-bit weights for tensor-core dequantisation (the `dequant` instruction).
+
+One *unit* is what one lane of a warp holds of a 16 x 256 weight tile: 128 values of `bits`
+bits in 4 * bits 32-bit words (so `bits` 16-byte loads), ordered as the lane's half2 registers
+of sixteen m16n8k16 A fragments (value v is half v % 2 of register v // 2).  Any width is
+split into planes of 8, 4, 2 and 1 bits (7 = 4 + 2 + 1, the high code bits in the widest
+plane), each packed densely in its own words: in a plane of p bits a word holds 16 / p
+registers, register j of the word in bits [j*p, j*p + p) (low half) and [16 + j*p, ...)
+(high half).  A register is then rebuilt with one shift and mask per plane and bit group,
+OR-ed into the exponent of an fp16 (Marlin's trick, for any width):
+
+* integers: the code u (offset binary for the signed types: q + 2**(bits-1)) lands in the low
+  mantissa bits of 1024.0, so the half is 1024 + u exactly;
+* small floats: magnitude bits go to fp16 bit 10 - mantissa_bits up, the sign to bit 15, which
+  gives value * 2**-FLOAT_SHIFT[type] exactly (subnormals included): the scale absorbs the power.
+
+The packer (tessera.quant.layout), the C lowering and the CUDA lowering all read this module.
+"""
+
+from __future__ import annotations
+
+from tessera.ir.dtypes import DataType
+
+UNIT_VALUES = 128  # values per lane per unit (16 mma steps x 8 values)
+UNIT_ROWS, UNIT_K = 16, 256  # the warp's weight tile of one unit
+INT_MAGIC = 0x64006400  # two fp16 1024.0
+
+
+def planes(bits: int) -> tuple[int, ...]:
+    """The plane widths of a `bits`-bit code, widest (highest code bits) first."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"low-bit codes are 1 to 8 bits wide, got {bits}")
+    return tuple(p for p in (8, 4, 2, 1) if bits & p)
+
+
+def unit_words(bits: int) -> int:
+    return 4 * bits
+
+
+def plane_layout(bits: int) -> list[tuple[int, int, int]]:
+    """(width p, first word, lowest code bit) of each plane."""
+    out, word, low = [], 0, bits
+    for p in planes(bits):
+        low -= p
+        out.append((p, word, low))
+        word += UNIT_VALUES // 2 // (16 // p)
+    return out
+
+
+def float_shift(t: DataType) -> int:
+    """k such that the dequantised half of a small-float code is its value * 2**-k."""
+    return 15 - ((1 << (t.exponent_bits - 1)) - 1)
+
+
+def register_terms(t: DataType, reg: int) -> list[tuple[int, int, int]]:
+    """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers)
+    is the half2 bit pattern of register `reg` (0..63) of the unit."""
+    bits = t.nbits
+    terms = []
+    for p, first, low in plane_layout(bits):
+        per_word = 16 // p
+        word, pos = first + reg // per_word, (reg % per_word) * p  # field of code bits [low, low + p)
+        groups: dict[int, list[int]] = {}
+        for j in range(low, low + p):  # code bit j -> fp16 bit dest(j)
+            if t.is_float:
+                dest = 15 if j == bits - 1 else 10 - t.mantissa_bits + j
+            else:
+                dest = j
+            groups.setdefault(dest - (pos + j - low), []).append(dest)
+        for shift, dests in groups.items():
+            mask = 0
+            for d in dests:
+                mask |= (1 << d) | (1 << (16 + d))
+            terms.append((word, shift, mask))
+    return terms
+
+
+def value_bit_locations(bits: int, value: int) -> list[tuple[int, int, int, int]]:
+    """(word, bit, code bit, width) of each plane's field of lane value `value` (0..127): the
+    packer's view of the same layout."""
+    reg, half = divmod(value, 2)
+    out = []
+    for p, first, low in plane_layout(bits):
+        per_word = 16 // p
+        out.append((first + reg // per_word, 16 * half + (reg % per_word) * p, low, p))
+    return out
+
+
+def lane_value_position(lane: int, value: int) -> tuple[int, int]:
+    """(row, k) in the unit's 16 x 256 tile of lane `lane`'s value `value`.
+
+    Register r of step s is A-fragment register r of mma step s (rows g and g + 8 alternate,
+    g = lane // 4); the mma's k index is permuted so that lane t = lane % 4 owns k in
+    [64t, 64t + 64): step s, registers 0-1 take k = 64t + 4s + {0, 1}, registers 2-3 take
+    64t + 4s + {2, 3}.  The B fragment (activations, token g) of step s is then the four
+    consecutive halves x[g, 64t + 4s .. 64t + 4s + 3]: 16-byte loads cover two steps."""
+    g, t = divmod(lane, 4)
+    reg, half = divmod(value, 2)
+    s, r = divmod(reg, 4)
+    return g + 8 * (r % 2), 64 * t + 4 * s + 2 * (r // 2) + half

@@ -1,0 +1,202 @@
+"""Low-bit weight x fp16 activation GEMM for decode sizes (M <= 16 per tile), written in tessera.
+
+Y[m, n] = sum_k X[m, k] * W[n, k], W given as codes of any low-bit type (tessera.quant) with a
+scale per (row, group) and optionally a bias (zero point) per (row, group):
+    W[n, k] = (u[n, k] - bias[n, g]) * scale[n, g],   g = k // group_size
+(u: the layout's code, offset binary for signed ints; tessera.ir.lowbit).  The weights are laid
+out at pack time (tessera.quant.layout) so that each warp streams its 16-row tile with 16-byte
+loads, 512 contiguous bytes per warp instruction, and `ts.dequant` turns the words straight
+into m16n8k16 A fragments; the activations are the B operand (8 tokens per mma; the k order
+is permuted so that each lane's activations are 16-byte loads too).  Blocks of a thread-block
+cluster split K and add their partial tiles through distributed shared memory, so one launch
+does everything (no workspace, no second kernel).  Tokens beyond 16 take more tiles in grid.y.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import tessera as ts
+from tessera import f16, f32, u32
+from tessera.errors import UnsupportedError
+from tessera.ir.dtypes import DataType
+from tessera.ir.instructions import DEQUANT_TYPES
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """warps per block (each owns a 16-row tile), split (cluster size along K), unroll (units
+    whose loads are issued together), m_tiles (8-token mma tiles per launch tile: 1 or 2)."""
+
+    warps: int = 4
+    split: int = 4
+    unroll: int = 2
+    m_tiles: int = 2
+    rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
+
+    @staticmethod
+    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
+        """A config for `sms` multiprocessors: about 4 KB of weights in flight per warp
+        (unroll = 8 / bits units), and a split of K that gives every SM several blocks."""
+        unroll = {1: 8, 2: 4, 3: 2, 4: 2}.get(bits, 1)
+        warps, rows = 4, 1 if m <= 8 else 2
+        tiles = -(-n // 16)
+        blocks = -(-tiles // (warps * rows))
+        k_tiles = -(-k // 256)
+        split = 1
+        while split < 8 and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
+            split *= 2
+        return DecodeConfig(warps, split, unroll, 1 if m <= 8 else 2, rows)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.warps not in (1, 2, 4, 8):
+            out.append("warps must be 1, 2, 4 or 8")
+        if self.split not in (1, 2, 4, 8):
+            out.append("split must be 1, 2, 4 or 8 (a portable cluster)")
+        if self.unroll not in (1, 2, 4, 8):
+            out.append("unroll must be 1, 2, 4 or 8")
+        if self.m_tiles not in (1, 2):
+            out.append("m_tiles must be 1 or 2")
+        if self.rows not in (1, 2, 4):
+            out.append("rows must be 1, 2 or 4")
+        return out
+
+    def __str__(self) -> str:
+        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
+
+
+def group_ok(group_size: int) -> bool:
+    """Group sizes the kernel takes: a divisor of 64 that is a multiple of 4, or a multiple of 64."""
+    return group_size > 0 and ((group_size % 64 == 0) or (64 % group_size == 0 and group_size % 4 == 0))
+
+
+@functools.cache
+def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig) -> ts.Kernel:
+    """kernel(X [M, K] f16, Wq [words] u32, S [N, G] f16, B [N, G] f16, Y [M, N] f16, N, KT).
+
+    KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`."""
+    if wtype.name not in DEQUANT_TYPES:
+        raise UnsupportedError(f"the low-bit decode kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
+    if not group_ok(group_size):
+        raise UnsupportedError(f"group size {group_size}: the decode kernel takes multiples of 64 or 4, 8, 16, 32")
+    problems = config.problems()
+    if problems:
+        raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
+    T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
+    WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
+    THREADS = 32 * WARPS
+    WORDS = 4 * BITS  # one lane's words of one unit
+    NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
+    STEPS_PER_GROUP = 16 // NGL
+    STEPS = tuple(range(16))
+    name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}"
+
+    @ts.kernel(target="cuda", name=name)
+    def decode(X: f16["M", "K"], Wq: u32["W"], S: f16["NS", "G"], B: f16["NB", "GB"], Y: f16["M", "N"],
+               KT: ts.int32):  # fmt: skip
+        ts.attrs.grid = (ts.ceil_div(ts.ceil_div(N, 16), WARPS * R) * SPLIT, ts.ceil_div(M, 8 * MT))
+        ts.attrs.block = THREADS
+        if SPLIT > 1:
+            ts.attrs.cluster = (SPLIT, 1, 1)
+        wr = ts.register_tensor(u32, [UNROLL, R, WORDS])
+        xr = ts.register_tensor(f16, [MT, 64])
+        sc = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
+        bz = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
+        a = ts.register_tensor(f16, [8])
+        acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
+        tid = ts.thread_idx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        bx = ts.block_idx.x
+        rank = bx % SPLIT
+        nt0 = ((bx // SPLIT) * WARPS + tid // 32) * R  # this warp's first 16-row tile
+        m_base = ts.block_idx.y * (8 * MT)
+        per_split = ts.ceil_div(KT, SPLIT)
+        u_begin = rank * per_split
+        u_end = min(u_begin + per_split, KT)
+        for c in ts.unroll(2):
+            for r in ts.unroll(R):
+                for i in ts.unroll(MT):
+                    for e in ts.unroll(4):
+                        acc[c, r, i, e] = 0.0
+        if nt0 * 16 < N:
+            for u0 in range(u_begin, u_end, UNROLL):
+                # every load of UNROLL units first (weights, activations, scales), then the math
+                for uu in ts.unroll(UNROLL):
+                    u = u0 + uu
+                    if u < u_end:
+                        for r in ts.unroll(R):
+                            if (nt0 + r) * 16 < N:
+                                for j in ts.unroll(BITS):
+                                    ts.copy_vector(wr[uu, r, 4 * j],
+                                                   Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
+                            for q in ts.unroll(NGL):
+                                grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
+                                for h in ts.unroll(2):
+                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                    sc[uu, r, q, h] = S[row, grp]
+                                    if HAS_BIAS:
+                                        bz[uu, r, q, h] = B[row, grp]
+                for uu in ts.unroll(UNROLL):
+                    if u0 + uu < u_end:
+                        # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
+                        for i in ts.unroll(MT):
+                            m = m_base + i * 8 + g
+                            for j in ts.unroll(8):
+                                k = (u0 + uu) * 256 + t * 64 + j * 8
+                                if m < M and k < K:
+                                    ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                else:
+                                    for e in ts.unroll(8):
+                                        xr[i, j * 8 + e] = 0.0
+                        for s in STEPS:  # a compile-time list: dequant's start is a constant
+                            q = s // STEPS_PER_GROUP
+                            for r in ts.unroll(R):
+                                if HAS_BIAS:
+                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
+                                               start=8 * s, count=8)
+                                else:
+                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                for i in ts.unroll(MT):
+                                    ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+        # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
+        for r in ts.unroll(R):
+            for i in ts.unroll(MT):
+                for e in ts.unroll(4):
+                    acc[0, r, i, e] += acc[1, r, i, e]
+        if SPLIT == 1:
+            for r in ts.unroll(R):
+                for i in ts.unroll(MT):
+                    for e in ts.unroll(4):
+                        m = m_base + i * 8 + 2 * t + e % 2
+                        n = (nt0 + r) * 16 + g + 8 * (e // 2)
+                        if m < M and n < N:
+                            Y[m, n] = acc[0, r, i, e]
+        else:
+            part = ts.shared_tensor(f32, [THREADS, R, MT, 4])
+            for r in ts.unroll(R):
+                for i in ts.unroll(MT):
+                    for e in ts.unroll(4):
+                        part[tid, r, i, e] = acc[0, r, i, e]
+            ts.cluster_sync()
+            if tid % SPLIT == rank:  # each block of the cluster adds and writes 1/SPLIT of the threads' results
+                got = ts.register_tensor(f32, [4])
+                for r in ts.unroll(R):
+                    for i in ts.unroll(MT):
+                        for e in ts.unroll(4):
+                            acc[0, r, i, e] = 0.0
+                        for c in ts.unroll(SPLIT):
+                            ts.load_cluster(got[0], part[tid, r, i, 0], c, 16)
+                            for e in ts.unroll(4):
+                                acc[0, r, i, e] += got[e]
+                        for e in ts.unroll(4):
+                            m = m_base + i * 8 + 2 * t + e % 2
+                            n = (nt0 + r) * 16 + g + 8 * (e // 2)
+                            if m < M and n < N:
+                                Y[m, n] = acc[0, r, i, e]
+            ts.cluster_sync()  # no block leaves while the others read its partials
+
+    return decode

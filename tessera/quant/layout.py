@@ -1,0 +1,64 @@
+"""Pack-time layout of low-bit weights for the tensor-core kernels (tessera.ir.lowbit).
+
+`pack_units(codes, dtype)` turns a [N, K] matrix of codes into uint32 words ordered
+[N / 16][K / 256][bits][32 lanes][4 words]: a warp reads unit (n-tile, k-tile) with `bits`
+16-byte loads, load j of lane l at word ((tile * bits + j) * 32 + l) * 4, each one 512
+contiguous bytes across the warp.  N is padded to a multiple of 16 and K of 256 with code 0
+(value 0 for the floats; any finite value is fine, the kernels read zero activations there),
+so for such shapes the words hold exactly N * K * bits / 8 bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from tessera.ir import lowbit
+from tessera.ir.dtypes import DataType
+
+
+def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
+    """The codes the layout stores: offset binary (q + 2**(bits-1)) for the signed integers."""
+    codes = np.asarray(codes, dtype=np.uint32)
+    return codes ^ (1 << (t.nbits - 1)) if t.kind == "int" else codes
+
+
+@functools.cache
+def _positions() -> tuple[np.ndarray, np.ndarray]:
+    rows = np.empty((32, lowbit.UNIT_VALUES), np.int64)
+    ks = np.empty_like(rows)
+    for lane in range(32):
+        for v in range(lowbit.UNIT_VALUES):
+            rows[lane, v], ks[lane, v] = lowbit.lane_value_position(lane, v)
+    return rows, ks
+
+
+def padded_shape(n: int, k: int) -> tuple[int, int]:
+    return -(-n // lowbit.UNIT_ROWS) * lowbit.UNIT_ROWS, -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
+
+
+def pack_units(codes: np.ndarray, t: DataType) -> np.ndarray:
+    """uint32 words of the [N, K] codes (unsigned, as tessera.quant.codecs.encode gives them)."""
+    codes = np.asarray(codes)
+    n, k = codes.shape
+    npad, kpad = padded_shape(n, k)
+    u = np.zeros((npad, kpad), np.uint32)
+    u[:n, :k] = layout_codes(codes, t)
+    nt, kt = npad // 16, kpad // 256
+    rows, ks = _positions()
+    tiles = u.reshape(nt, 16, kt, 256).transpose(0, 2, 1, 3)[:, :, rows, ks]  # [nt, kt, 32, 128]
+    words = np.zeros((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
+    for v in range(lowbit.UNIT_VALUES):
+        for word, bit, low, width in lowbit.value_bit_locations(t.nbits, v):
+            field = (tiles[:, :, :, v] >> low) & ((1 << width) - 1)
+            words[:, :, :, word] |= field << bit
+    # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
+    return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
+
+
+def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles: int, lane: int) -> np.ndarray:
+    """The 4 * bits words lane `lane` holds of unit (n_tile, k_tile): what the kernels load."""
+    b = t.nbits
+    w = np.asarray(words).reshape(-1, k_tiles, b, 32, 4)
+    return w[n_tile, k_tile, :, lane, :].reshape(-1)

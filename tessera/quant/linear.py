@@ -1,0 +1,140 @@
+"""Low-bit linear layers: y = x @ W^T with W a QuantizedWeight, on CUDA (the decode kernel,
+tessera.kernels.lowbit_decode) and on the CPU (tessera.kernels.lowbit_cpu, the reference path).
+
+`PreparedWeight` holds what the CUDA kernel reads, made once per weight: the words in the
+pack-time layout, float16 scales (times 2**float_shift for the small floats) and float16
+biases (zero point + the signed types' offset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import lowbit
+from tessera.quant.layout import pack_units, padded_shape
+from tessera.quant.quantize import QuantizedWeight
+
+
+@dataclass
+class PreparedWeight:
+    """A QuantizedWeight laid out for the CUDA kernels (torch tensors on one device)."""
+
+    weight: QuantizedWeight
+    words: Any  # uint32 [padded N * padded K * bits / 32]
+    scales: Any  # float16 [N, G]
+    biases: Any  # float16 [N, G], or a [1, 1] placeholder when there are no zero points
+    k_tiles: int
+    kernel_group: int  # the group size the kernel is built for (padded K when per channel)
+    weight_scales: Any  # float16 [N, G], the QuantizedWeight's own (the prefill path reads them)
+    cache: dict = field(default_factory=dict)
+
+
+def kernel_scales_and_biases(w: QuantizedWeight) -> tuple[np.ndarray, np.ndarray | None]:
+    """float16 scales and biases in the dequant instruction's terms: W = (u - bias) * scale."""
+    t = w.dtype
+    if t.is_float:
+        s = w.scales.astype(np.float64) * 2.0 ** lowbit.float_shift(t)
+        s16 = s.astype(np.float16)
+        if not np.all(np.isfinite(s16)):
+            raise UnsupportedError(f"a scale times 2**{lowbit.float_shift(t)} overflows float16 for {t}; the CUDA "
+                                   "kernel cannot take weights this large (rescale them, or run on the CPU)")  # fmt: skip
+        return s16, None
+    if w.zeros is None:
+        return w.scales, None
+    offset = 1 << (t.nbits - 1) if t.kind == "int" else 0
+    return w.scales, (w.zeros.astype(np.float64) + offset).astype(np.float16)
+
+
+def prepare(w: QuantizedWeight, device: str = "cuda") -> PreparedWeight:
+    import torch
+
+    n, k = w.shape
+    _, kpad = padded_shape(n, k)
+    words = pack_units(w.codes.codes(), w.dtype)
+    scales, biases = kernel_scales_and_biases(w)
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    group = kpad if w.group_size >= k else w.group_size
+    return PreparedWeight(w, to(words), to(scales), to(biases if biases is not None else np.zeros((1, 1), np.float16)),
+                          kpad // lowbit.UNIT_K, group, to(w.scales))  # fmt: skip
+
+
+def cpu_matmul(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
+    """x [M, K] float32 @ W^T -> [M, N] float32 with the tessera CPU kernel (packed loads)."""
+    from tessera.kernels.lowbit_cpu import make_linear_cpu
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, k = w.shape
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ArgumentError(f"x must be [M, {k}], got {list(x.shape)}")
+    zeros = w.zeros if w.zeros is not None else np.zeros((1, 1), np.int32)
+    y = np.empty((x.shape[0], n), np.float32)
+    make_linear_cpu(w.dtype, w.zeros is not None)(x, w.codes, w.scales, np.ascontiguousarray(zeros, np.int32), y,
+                                                  w.group_size)  # fmt: skip
+    return y
+
+
+DECODE_MAX_M = 64  # larger M: dequantise to fp16, then the tensor-core GEMM (prefill)
+
+
+def _zeros_operand(p: PreparedWeight) -> Any:
+    z = p.cache.get("zeros")
+    if z is None:
+        import torch
+
+        w = p.weight
+        z = w.zeros if w.zeros is not None else np.zeros((1, 1), np.int32)
+        z = p.cache["zeros"] = torch.from_numpy(np.ascontiguousarray(z.astype(np.int32))).to(p.words.device)
+    return z
+
+
+def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
+    """Prefill sizes: the weights dequantised to fp16 by a tessera kernel, then x @ W16^T on the
+    tensor cores (cuBLAS through torch).  Not yet the fused wgmma kernel the issue asks for."""
+    import torch
+
+    from tessera.kernels.lowbit_cpu import make_dequant_cuda
+
+    w = p.weight
+    codes = p.cache.get("codes")
+    if codes is None:
+        codes = p.cache["codes"] = w.codes.to(str(p.words.device))
+    w16 = torch.empty(w.shape, dtype=torch.float16, device=x.device)
+    make_dequant_cuda(w.dtype, w.zeros is not None)(codes, p.weight_scales, _zeros_operand(p), w16, w.group_size)
+    return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
+
+
+def multiprocessor_count() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) -> Any:
+    """x [M, K] float16 (CUDA) @ W^T -> [M, N] float16, with the decode kernel."""
+    import torch
+
+    from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
+
+    n, k = p.weight.shape
+    if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != k:
+        raise ArgumentError(f"the low-bit CUDA kernel takes float16 x [M, {k}], got {x.dtype} {list(x.shape)}")
+    if k % 8:
+        raise UnsupportedError(f"the low-bit CUDA kernel needs K % 8 == 0 (16-byte activation rows), got K = {k}")
+    if not group_ok(p.kernel_group):
+        raise UnsupportedError(f"group size {p.kernel_group} is not one the CUDA kernel takes")
+    m = x.shape[0]
+    if m > DECODE_MAX_M and config is None:
+        return prefill_matmul(x, p, out)
+    if config is None:
+        key = ("config", m <= 8)
+        config = p.cache.get(key)
+        if config is None:
+            config = p.cache[key] = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
+    kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
+    y = out if out is not None else torch.empty((m, n), dtype=torch.float16, device=x.device)
+    kern(x.contiguous(), p.words, p.scales, p.biases, y, p.k_tiles)
+    return y

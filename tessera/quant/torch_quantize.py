@@ -1,0 +1,112 @@
+"""`tessera.quantize(model, weight="int4", group_size=128, ...)`: low-bit weights for torch modules.
+
+Every `nn.Linear` (but those `skip` names) becomes a `QuantizedLinear` holding a
+`QuantizedWeight` (round-to-nearest, tessera.quant.quantize).  Its forward calls the custom op
+`tessera::lowbit_linear`, which runs tessera's low-bit kernels: on CUDA the decode kernel
+(M <= 64 rows) or dequantise + tensor-core GEMM (prefill), on the CPU the tessera CPU kernel.
+`torch.compile(quantized, backend="tessera")` keeps the op as one node that runs those kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from tessera.errors import ArgumentError
+from tessera.quant import codecs
+from tessera.quant.linear import cpu_matmul, cuda_matmul, prepare
+from tessera.quant.quantize import QuantizedWeight, quantize_weight
+
+_REGISTRY: dict[int, QuantizedLinear] = {}  # the op's integer handle -> layer (weights are not tensors)
+_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+@torch.library.custom_op("tessera::lowbit_linear", mutates_args=())
+def lowbit_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """x [M, K] @ W^T for the QuantizedLinear registered under `handle` (no bias)."""
+    layer = _REGISTRY.get(handle)
+    if layer is None:
+        raise ArgumentError(f"no QuantizedLinear is registered under handle {handle}")
+    return layer.matmul(x)
+
+
+@lowbit_linear.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    layer = _REGISTRY[handle]
+    return x.new_empty((x.shape[0], layer.out_features))
+
+
+class QuantizedLinear(torch.nn.Module):
+    """y = x @ W^T + bias with W stored as low-bit codes, scales and zero points."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight_q = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self._prepared: dict[str, Any] = {}
+        with _LOCK:
+            self.handle = next(_IDS)
+            _REGISTRY[self.handle] = self
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, weight: str = "int4", group_size: int | None = 128,
+                    zero_point: bool | None = None) -> QuantizedLinear:  # fmt: skip
+        w = linear.weight.detach().float().cpu().numpy()
+        return cls(quantize_weight(w, weight, group_size, zero_point), linear.bias)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ArgumentError(f"QuantizedLinear takes [M, {self.in_features}] inputs, got {list(x.shape)}")
+        if x.is_cuda:
+            key = str(x.device)
+            p = self._prepared.get(key)
+            if p is None:
+                p = self._prepared[key] = prepare(self.weight_q, key)
+            y = cuda_matmul(x.to(torch.float16).contiguous(), p)
+            return y.to(x.dtype)
+        y = cpu_matmul(x.detach().float().numpy(), self.weight_q)
+        return torch.from_numpy(y).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = lowbit_linear(x.reshape(-1, x.shape[-1]), self.handle).reshape(*lead, self.out_features)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        w = self.weight_q
+        g = "per channel" if w.group_size >= self.in_features else f"group {w.group_size}"
+        return f"{self.in_features} -> {self.out_features}, {w.dtype}, {g}, zeros={w.zeros is not None}"
+
+
+def quantize(model: torch.nn.Module, weight: str = "int4", group_size: int | None = 128,
+             zero_point: bool | None = None, skip: Iterable[str] = (), inplace: bool = False) -> torch.nn.Module:  # fmt: skip
+    """A copy of `model` (or `model` itself with inplace=True) whose nn.Linear layers hold
+    `weight` codes (any of tessera.quant.WEIGHT_TYPES) with a float16 scale per `group_size`
+    inputs (None: per output channel) and, for integer types, optional zero points (default: uint
+    types have them).  Layers whose qualified name is in `skip` stay as they are."""
+    codecs.weight_type(weight)
+    skip = set(skip)
+    target = model if inplace else copy.deepcopy(model)
+    replaced = 0
+    for name, module in list(target.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, torch.nn.Linear) and full not in skip:
+                setattr(module, child_name, QuantizedLinear.from_linear(child, weight, group_size, zero_point))
+                replaced += 1
+    if not replaced:
+        raise ArgumentError("quantize() found no nn.Linear layer to quantize in the model")
+    return target
+
+
+def dequantized_linear_weight(layer: QuantizedLinear) -> np.ndarray:
+    """The float32 weights the layer's codes stand for (the reference)."""
+    return layer.weight_q.dequantize()

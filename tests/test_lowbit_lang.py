@@ -1,0 +1,244 @@
+"""Low-bit types in the kernel language: packed global tensors of every width (loads, fields
+crossing bytes), small-float decoding, the `dequant` register instruction, against the numpy
+codecs (tessera.quant.codecs); bad uses refused.  CUDA builds with nvcc where installed."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.errors import ArgumentError, KernelSyntaxError
+from tessera.ir import lowbit
+from tessera.quant import WEIGHT_TYPES, PackedTensor, codecs
+from tessera.quant.layout import layout_codes, pack_units
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+IDS = [t.name for t in WEIGHT_TYPES]
+
+
+def random_values(rng, t, shape):
+    if t.is_integer:
+        return rng.integers(t.min_value, t.max_value + 1, size=shape)
+    return rng.normal(size=shape) * t.max_value / 3
+
+
+def random_codes(rng, t, shape):
+    """Codes of finite values (no NaN/inf codes)."""
+    codes = rng.integers(0, 1 << t.nbits, size=shape).astype(np.uint8)
+    if t.is_float:
+        codes = np.where(np.isfinite(codecs.decode(codes, t)), codes, 0).astype(np.uint8)
+    return codes
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_pack_bits_is_dense_and_round_trips(rng, bits):
+    for count in (1, 7, 13, 64, 101):
+        codes = rng.integers(0, 1 << bits, size=count)
+        packed = codecs.pack_bits(codes, bits)
+        assert packed.size == (count * bits + 7) // 8
+        assert np.array_equal(codecs.unpack_bits(packed, bits, count), codes)
+        bit_string = "".join(format(int(c), f"0{bits}b")[::-1] for c in codes)  # LSB first, element after element
+        bit_string += "0" * (8 * packed.size - len(bit_string))
+        assert bytes(packed) == bytes(int(bit_string[i:i + 8][::-1], 2) for i in range(0, len(bit_string), 8))
+
+
+def test_float_codecs_match_torch_float8():
+    torch = pytest.importorskip("torch")
+    for name, tt in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        t = ts.dtype(name)
+        codes = np.arange(256, dtype=np.uint8)
+        ref = torch.from_numpy(codes).view(tt).float().numpy()
+        assert np.array_equal(codecs.decode(codes, t).astype(np.float32), ref, equal_nan=True)
+        x = np.random.default_rng(3).normal(size=4000) * t.max_value / 4
+        x = np.concatenate([x, (codecs.float_table(t)[:100] + codecs.float_table(t)[1:101]) / 2])  # ties
+        x = x[np.isfinite(x)]
+        mine = codecs.encode(x, t)
+        theirs = torch.from_numpy(x).float().to(tt).view(torch.uint8).numpy()
+        assert np.array_equal(mine, theirs)
+
+
+def test_small_float_encoding_rounds_to_nearest_and_saturates():
+    t = ts.dtype("e2m1")
+    table = codecs.float_table(t)
+    assert list(table[:8]) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    assert list(codecs.decode(codecs.encode(np.array([0.74, 0.76, 2.5, 3.5, 5.0, 100.0, -7.0]), t), t)) == [
+        0.5, 1.0, 2.0, 4.0, 4.0, 6.0, -6.0]  # ties to the even code: 2.5 -> 2, 3.5 -> 4, 5 -> 4
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_packed_loads_at_odd_sizes(rng, t):
+    for n, k in ((1, 1), (3, 37), (5, 1), (2, 129)):
+        values = random_values(rng, t, (n, k))
+        w = PackedTensor.from_values(values, t)
+        assert w.nbytes == (n * k * t.nbits + 7) // 8
+
+        @ts.kernel(target="cpu")
+        def widen(W: t["N", "K"], out: ts.f32["N", "K"], bias: ts.int32):
+            for i in ts.parallel(N):
+                for j in range(K):
+                    x = W[i, j]  # a local of a storage type computes in int32 / float32
+                    out[i, j] = ts.cast(x, ts.f32) + ts.cast(bias, ts.f32)
+
+        for bias in (0, 3):
+            out = np.full((n, k), np.nan, np.float32)
+            widen(w, out, bias)
+            assert np.array_equal(out, w.numpy().astype(np.float32) + bias)
+            if t.is_float:
+                assert np.array_equal(w.numpy(), codecs.decode(codecs.encode(values, t), t))
+            else:
+                assert np.array_equal(w.numpy(), values)
+
+
+def test_sub_byte_arithmetic_promotes_like_c():
+    @ts.kernel(target="cpu")
+    def arith(W: ts.int3["N"], U: ts.uint2["N"], out: ts.i32["N"]):
+        for i in range(N):
+            out[i] = W[i] * 100 + (U[i] << 4) - W[i] * U[i]
+
+    rng = np.random.default_rng(0)
+    w, u = rng.integers(-4, 4, size=11), rng.integers(0, 4, size=11)
+    out = np.zeros(11, np.int32)
+    arith(PackedTensor.from_values(w, "int3"), PackedTensor.from_values(u, "uint2"), out)
+    assert np.array_equal(out, w * 100 + (u << 4) - w * u)
+
+
+def _dequant_kernel(t, words, starts):
+    @ts.kernel(target="cpu")
+    def unpack(Wd: ts.u32["L", "WW"], S: ts.f16[2], B: ts.f16[2], out: ts.f16["L", 128]):
+        for lane in range(L):
+            w = ts.register_tensor(ts.u32, [words])
+            for i in range(words):
+                w[i] = Wd[lane, i]
+            s = ts.register_tensor(ts.f16, [2])
+            bb = ts.register_tensor(ts.f16, [2])
+            for i in range(2):
+                s[i] = S[i]
+                bb[i] = B[i]
+            d = ts.register_tensor(ts.f16, [128])
+            for i in range(128):
+                d[i] = 0.0
+            for start, count, biased in starts:  # compile-time list: unrolled
+                if biased:
+                    ts.dequant(d[start], w[0], s[0], bb[0], wtype=t, start=start, count=count)
+                else:
+                    ts.dequant(d[start], w[0], s[0], wtype=t, start=start, count=count)
+            for i in range(128):
+                out[lane, i] = d[i]
+
+    return unpack
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_dequant_instruction_matches_reference(rng, t):
+    """Every lane's 128 values, unpacked with the bit tricks, equal (code - bias) * scale
+    rounded once to fp16 (offset binary for signed ints, value * 2**-float_shift for floats)."""
+    b = t.nbits
+    codes = random_codes(rng, t, (16, 256))
+    words = pack_units(codes, t).reshape(b, 32, 4).transpose(1, 0, 2).reshape(32, 4 * b)
+    rows = np.array([[lowbit.lane_value_position(lane, v)[0] for v in range(128)] for lane in range(32)])
+    ks = np.array([[lowbit.lane_value_position(lane, v)[1] for v in range(128)] for lane in range(32)])
+    c = codes[rows, ks]
+    row = (np.arange(128) // 2) % 2
+    # three instructions over the unit: unbiased, biased, then one covering a single register
+    plan = [(0, 48, False), (48, 78, True), (126, 2, False)]
+    kernel = _dequant_kernel(t, 4 * b, plan)
+    for _ in range(2):  # two calls, fresh scales and biases
+        scale = rng.uniform(-2, 2, size=2).astype(np.float16)
+        bias = rng.integers(0, 1 << b, size=2).astype(np.float16)
+        out = np.zeros((32, 128), np.float16)
+        kernel(np.ascontiguousarray(words), scale, bias, out)
+        if t.is_integer:
+            u = layout_codes(c, t).astype(np.float64)
+            plain = u - ((1 << (b - 1)) if t.kind == "int" else 0)
+        else:
+            u = codecs.decode(c, t) * 2.0 ** -lowbit.float_shift(t)
+            plain = u
+        biased = u - bias.astype(np.float64)[row]
+        value = np.where((np.arange(128) >= 48) & (np.arange(128) < 126), biased, plain)
+        ref = (value * scale.astype(np.float64)[row]).astype(np.float16)
+        assert np.array_equal(out, ref, equal_nan=True)
+
+
+def test_bad_low_bit_uses_are_refused():
+    with pytest.raises(KernelSyntaxError, match="packed int4 values, which kernels only read"):
+        @ts.kernel(target="cpu")
+        def store(W: ts.int4["N"]):
+            W[0] = 1
+
+        store.source  # noqa: B018
+    with pytest.raises(KernelSyntaxError, match="storage type"):
+        @ts.kernel(target="cpu")
+        def to_int4(x: ts.f32["N"], y: ts.f32["N"]):
+            y[0] = ts.cast(ts.cast(x[0], ts.int4), ts.f32)
+
+        to_int4.source  # noqa: B018
+    with pytest.raises(KernelSyntaxError, match="storage type"):
+        @ts.kernel(target="cpu")
+        def regs(y: ts.f32["N"]):
+            r = ts.register_tensor(ts.e2m1, [4])
+            y[0] = r[0]
+
+        regs.source  # noqa: B018
+    with pytest.raises(KernelSyntaxError, match="wtype"):
+        @ts.kernel(target="cpu")
+        def wrong(y: ts.f16["N"]):
+            w = ts.register_tensor(ts.u32, [4])
+            d = ts.register_tensor(ts.f16, [8])
+            ts.dequant(d[0], w[0], d[0], wtype=ts.f16)
+            y[0] = d[0]
+
+        wrong.source  # noqa: B018
+
+    @ts.kernel(target="cpu")
+    def read(W: ts.int4["N"], y: ts.f32["N"]):
+        for i in range(N):
+            y[i] = ts.cast(W[i], ts.f32)
+
+    y = np.zeros(6, np.float32)
+    with pytest.raises(ArgumentError, match="dtype uint8, expected int4"):
+        read(np.zeros(3, np.uint8), y)
+    with pytest.raises(ArgumentError, match="dtype int3, expected int4"):
+        read(PackedTensor.from_values(np.zeros(6), "int3"), y)
+    with pytest.raises(ArgumentError, match="take 3 packed bytes, got 4"):
+        PackedTensor(np.zeros(4, np.uint8), "int4", (6,))
+    with pytest.raises(ArgumentError, match="not a low-bit weight type"):
+        PackedTensor.from_values(np.zeros(6), "float16")
+    with pytest.raises(ArgumentError, match="do not fit int4"):
+        PackedTensor.from_values(np.array([8]), "int4")
+
+
+@needs_nvcc
+def test_low_bit_cuda_kernels_build_with_nvcc():
+    @ts.kernel(target="cuda")
+    def widen(W: ts.e3m2["N"], U: ts.int5["N"], out: ts.f32["N"]):
+        ts.attrs.grid = ts.ceil_div(N, 128)
+        ts.attrs.block = 128
+        i = ts.block_idx.x * 128 + ts.thread_idx.x
+        if i < N:
+            out[i] = W[i] + ts.cast(U[i], ts.f32)
+
+    widen.build()
+    for t in (ts.int3, ts.uint4, ts.e2m1, ts.e4m3, ts.int8):
+        _unpack_cuda(t).build()
+
+
+def _unpack_cuda(t):
+    @ts.kernel(target="cuda")
+    def unpack(Wd: ts.u32["WW"], out: ts.f16["X"]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 32
+        w = ts.register_tensor(ts.u32, [4 * t.nbits])
+        for i in ts.unroll(4 * t.nbits):
+            w[i] = Wd[ts.thread_idx.x * 4 * t.nbits + i]
+        s = ts.register_tensor(ts.f16, [2])
+        s[0] = 1.0
+        s[1] = 2.0
+        d = ts.register_tensor(ts.f16, [8])
+        ts.dequant(d[0], w[0], s[0], s[0], wtype=t, start=8, count=8)
+        for i in ts.unroll(8):
+            out[ts.thread_idx.x * 8 + i] = d[i]
+
+    return unpack

@@ -1,0 +1,212 @@
+"""Low-bit weights above the language: round-to-nearest quantisation of every type, the CPU
+linear kernel, `tessera.quantize` on torch modules (eager and torch.compile), GPTQ and AWQ
+checkpoints the tests write; the CUDA kernels against the same references (GPU tier)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.quant import WEIGHT_TYPES
+from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq, load_quantized_linears
+from tessera.quant.linear import cpu_matmul
+from tessera.quant.quantize import quantize_weight
+
+IDS = [t.name for t in WEIGHT_TYPES]
+# relative error of RTN at group 16 on normal weights: loose bounds that still catch a broken codec
+BOUND = {1: 1.0, 2: 0.8, 3: 0.3, 4: 0.15, 5: 0.07, 6: 0.04, 7: 0.02, 8: 0.01}
+FLOAT_BOUND = {"e2m1": 0.15, "e2m3": 0.05, "e3m2": 0.08, "e4m3": 0.05, "e5m2": 0.08}
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_quantize_weight_semantics(rng, t):
+    w = rng.normal(size=(7, 45)) * 0.1
+    for group, zp in ((16, None), (None, None), (45, False), (7, True)):
+        if zp and t.is_float:
+            with pytest.raises(ArgumentError, match="take no zero points"):
+                quantize_weight(w, t, group, zp)
+            continue
+        q = quantize_weight(w, t, group, zp)
+        gs = 45 if group is None else group
+        assert q.group_size == gs and q.scales.shape == (7, -(-45 // gs)) and q.scales.dtype == np.float16
+        d = q.dequantize()
+        codes = q.codes.numpy()
+        assert codes.min() >= t.min_value and codes.max() <= t.max_value
+        if t.is_integer and t.nbits > 1:  # RTN: within a step of the grid (1 bit is degenerate)
+            step = q.scales.astype(np.float64)[:, np.arange(45) // gs]
+            assert np.all(np.abs(d - w) <= step * 1.0 + 1e-6)
+        bound = BOUND[t.nbits] if t.is_integer else FLOAT_BOUND[t.name]
+        assert np.linalg.norm(d - w) / np.linalg.norm(w) < bound * (2 if group is None else 1.3)
+
+
+def test_quantize_weight_refuses_bad_inputs():
+    with pytest.raises(ArgumentError, match="inf or NaN"):
+        quantize_weight(np.array([[1.0, np.nan]]), "int4")
+    with pytest.raises(ArgumentError, match="not a low-bit weight type"):
+        quantize_weight(np.ones((2, 2)), "int9")
+    with pytest.raises(ArgumentError, match=r"\[N, K\] matrix"):
+        quantize_weight(np.ones(4), "int4")
+    with pytest.raises(ArgumentError, match="group_size must be positive"):
+        quantize_weight(np.ones((2, 4)), "int4", 0)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_cpu_linear_kernel_matches_reference(rng, t):
+    for m, n, k, group in ((1, 5, 37, 16), (3, 1, 64, None), (2, 9, 1, 1)):
+        q = quantize_weight(rng.normal(size=(n, k)), t, group)
+        for _ in range(2):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            y = cpu_matmul(x, q)
+            ref = x.astype(np.float64) @ q.dequantize().astype(np.float64).T
+            assert np.allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def _mlp(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(37, 29), torch.nn.GELU(), torch.nn.Linear(29, 11, bias=False))
+
+
+def _reference(torch, q, x):
+    w0 = torch.from_numpy(q[0].weight_q.dequantize())
+    w2 = torch.from_numpy(q[2].weight_q.dequantize())
+    return torch.nn.functional.gelu(x @ w0.T + q[0].bias) @ w2.T
+
+
+@pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1", "int8"])
+def test_quantize_torch_module_eager_and_compiled(weight):
+    torch = pytest.importorskip("torch")
+    model = _mlp(torch)
+    q = ts.quantize(model, weight=weight, group_size=16)
+    assert isinstance(model[0], torch.nn.Linear)  # not in place
+    assert type(q[0]).__name__ == "QuantizedLinear" and q[0].weight_q.dtype.name == weight
+    compiled = torch.compile(q, backend="tessera")
+    for shape in ((5, 37), (1, 37), (2, 3, 37)):
+        x = torch.randn(*shape)
+        ref = _reference(torch, q, x)
+        assert torch.allclose(q(x), ref, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(compiled(x), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_quantize_refuses_bad_arguments():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ArgumentError, match="not a low-bit weight type"):
+        ts.quantize(_mlp(torch), weight="int12")
+    with pytest.raises(ArgumentError, match="no nn.Linear"):
+        ts.quantize(torch.nn.ReLU())
+    q = ts.quantize(_mlp(torch), skip=["2"])
+    assert isinstance(q[2], torch.nn.Linear) and type(q[0]).__name__ == "QuantizedLinear"
+    with pytest.raises(ArgumentError, match=r"takes \[M, 37\] inputs"):
+        q[0].matmul(torch.randn(2, 36))
+
+
+def _pack_gptq(codes, zeros, zero_offset):
+    """codes [N, K], zeros [N, G] (0..15) -> GPTQ qweight [K/8, N], qzeros [G, N/8] (independent packer)."""
+    n, k = codes.shape
+    qweight = np.zeros((k // 8, n), np.uint32)
+    for j in range(8):
+        qweight |= codes.T[j::8].astype(np.uint32) << (4 * j)
+    z = (zeros.T - zero_offset).astype(np.uint32)  # [G, N]
+    qzeros = np.zeros((z.shape[0], n // 8), np.uint32)
+    for j in range(8):
+        qzeros |= z[:, j::8] << (4 * j)
+    return qweight.view(np.int32), qzeros.view(np.int32)
+
+
+def _pack_awq(codes_kn):
+    """[R, N] 4-bit values -> AWQ words [R, N/8]: nibble i holds column 8c + AWQ_ORDER[i]."""
+    r, n = codes_kn.shape
+    out = np.zeros((r, n // 8), np.uint32)
+    for i, col in enumerate(AWQ_ORDER):
+        out |= codes_kn[:, col::8].astype(np.uint32) << (4 * i)
+    return out.view(np.int32)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq-v2", "awq"])
+def test_int4_checkpoints_load(rng, fmt):
+    torch = pytest.importorskip("torch")
+    n, k, group = 24, 64, 16
+    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    zeros = rng.integers(1, 16, size=(n, k // group))
+    scales = rng.uniform(0.01, 0.1, size=(k // group, n)).astype(np.float16)
+    if fmt == "awq":
+        qweight, qzeros = _pack_awq(codes.T), _pack_awq(zeros.T)
+        w = from_awq(qweight, qzeros, scales)
+        options = {}
+    else:
+        offset = 1 if fmt == "gptq" else 0
+        qweight, qzeros = _pack_gptq(codes, zeros, offset)
+        w = from_gptq(qweight, qzeros, scales, np.arange(k) // group, zero_offset=offset)
+        options = {"zero_offset": offset}
+    assert np.array_equal(w.codes.codes(), codes) and np.array_equal(w.zeros, zeros)
+    ref = (codes.astype(np.float64) - np.repeat(zeros, group, axis=1)) * np.repeat(scales.T.astype(np.float64), group, axis=1)
+    assert np.allclose(w.dequantize(), ref, rtol=1e-6)
+    # a tiny model written as a checkpoint, loaded into a fresh one
+    model = torch.nn.Sequential(torch.nn.Linear(k, n))
+    state = {"0.qweight": torch.from_numpy(qweight), "0.qzeros": torch.from_numpy(qzeros),
+             "0.scales": torch.from_numpy(scales), "0.bias": torch.randn(n)}  # fmt: skip
+    if fmt != "awq":
+        state["0.g_idx"] = torch.arange(k, dtype=torch.int32) // group
+    load_quantized_linears(model, state, "awq" if fmt == "awq" else "gptq", **options)
+    x = torch.randn(3, k)
+    expect = x.double() @ torch.from_numpy(ref).T + state["0.bias"].double()
+    assert torch.allclose(model(x).double(), expect, rtol=1e-4, atol=1e-4)
+
+
+def test_checkpoint_errors():
+    q = np.zeros((8, 16), np.int32)
+    with pytest.raises(UnsupportedError, match="act-order"):
+        from_gptq(q, np.zeros((2, 2), np.int32), np.ones((2, 16), np.float16), np.arange(64) % 2)
+    with pytest.raises(ArgumentError, match="qzeros must be"):
+        from_gptq(q, np.zeros((2, 3), np.int32), np.ones((2, 16), np.float16))
+    with pytest.raises(ArgumentError, match="do not split"):
+        from_awq(np.zeros((10, 2), np.int32), np.zeros((3, 2), np.int32), np.ones((3, 16), np.float16))
+    with pytest.raises(UnsupportedError, match="only 4-bit"):
+        from_gptq(q, np.zeros((2, 2), np.int32), np.ones((2, 16), np.float16), bits=3)
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+GROUPS = (128, 32, 64, None, 8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
+    """Odd sizes (N not a multiple of 16, K not of 256), M from 1 to 16 and past it (grid.y),
+    every group size, with and without zero points, several configs (split-K in clusters)."""
+    torch = pytest.importorskip("torch")
+    from tessera.kernels.lowbit_decode import DecodeConfig
+    from tessera.quant.linear import cuda_matmul, prepare
+
+    configs = (None, DecodeConfig(4, 1, 1, 1, 1), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4))
+    for i, group in enumerate(GROUPS):
+        for zp in ((None, True) if t.is_integer else (None,)):
+            n, k = (40, 520) if i % 2 else (100, 1000)
+            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
+            p = prepare(q)
+            w = torch.from_numpy(q.dequantize()).cuda().double()
+            for m, config in zip((1, 3, 13, 40), configs):
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                y = cuda_matmul(x, p, config)
+                ref = x.double() @ w.T
+                assert float((y.double() - ref).norm() / ref.norm()) < 2e-3, (t, group, zp, m, config)
+
+
+@pytest.mark.cuda
+def test_cuda_prefill_path_and_compiled_module(rng):
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import cuda_matmul, prepare
+
+    for t in ("int4", "uint3", "e4m3"):
+        q = quantize_weight(rng.normal(size=(72, 264)) * 0.05, t, 64)
+        x = torch.randn(130, 264, dtype=torch.float16, device="cuda")
+        y = cuda_matmul(x, prepare(q))
+        ref = x.double() @ torch.from_numpy(q.dequantize()).cuda().double().T
+        assert float((y.double() - ref).norm() / ref.norm()) < 2e-3
+    model = _mlp(torch)
+    q = ts.quantize(model, weight="int4", group_size=16).cuda().half()
+    compiled = torch.compile(q, backend="tessera")
+    x = torch.randn(4, 37, device="cuda", dtype=torch.float16)
+    ref = _reference(torch, q.float().cpu(), x.float().cpu())
+    assert torch.allclose(compiled(x).float().cpu(), ref, rtol=2e-2, atol=2e-2)
