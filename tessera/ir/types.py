@@ -31,6 +31,12 @@ class VectorType:
     dtype: DataType
     lanes: int
 
+    @property
+    def is_storage_only(self) -> bool:
+        """Vectors hold computable lanes, never packed sub-byte fields (the DataType property
+        of the same name, so code that handles both kinds of type can ask either)."""
+        return False
+
     def __str__(self) -> str:
         return f"{self.dtype.short}x{self.lanes}"
 

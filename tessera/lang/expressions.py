@@ -418,7 +418,7 @@ class ExpressionParser:
         return buf, tuple(self.to_ir(self.expr(e)) for e in elts)
 
 
-def _check_not_storage(dtype: DataType, what: str) -> None:
-    if dtype.is_storage_only:
+def _check_not_storage(dtype: Any, what: str) -> None:
+    if isinstance(dtype, DataType) and dtype.is_storage_only:  # (vector types are never storage-only)
         raise ParseError(f"{what} would produce a {dtype} value, but {dtype} is a storage type: its values are read "
                          f"from packed tensors and computed in {dtypes.compute_type(dtype)}; convert to that instead")

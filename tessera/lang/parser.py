@@ -516,6 +516,6 @@ def parse_kernel(pyfunc: Callable, target: str = "cpu", name: str | None = None,
 
 def _check_store(buf: E.Var) -> None:
     dtype = buf.type.dtype
-    if dtype.is_storage_only:
+    if isinstance(dtype, DataType) and dtype.is_storage_only:
         raise ParseError(f"'{buf.name}' holds packed {dtype} values, which kernels only read; pack weights on the "
                          "host with tessera.quant.pack (or write the packed uint32 words of a uint32 tensor)")
