@@ -117,7 +117,7 @@ def test_compiled_graph_runs_norms_on_row_kernels(torch):
     w, bias = b.input("w", (768,), "float16"), b.input("b", (768,), "float16")
     h = b.op("add", x, r)
     y = b.op("cast", b.op("layer_norm", h, w, bias, eps=1e-5), dtype="float32")
-    s = b.op("softmax", b.op("mul", y, 0.5), axis=-1)
+    s = b.op("softmax", b.op("mul", y, b.constant(0.5, dtype="float32")), axis=-1)
     b.output(y)
     b.output(s)
     compiled = compile_graph(b.build(), "cuda", tune=False)
