@@ -163,3 +163,31 @@ def test_tuning_shows_progress(monkeypatch, capfd):
     with progress.progress(False):
         tune("progress-case-2", [3, 1], build=lambda c: c, bench=lambda c, b: float(b), check=lambda c, b: None, template="t")
     assert "tuning" not in capfd.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tune", [False, True])
+def test_report_on_the_gpu_names_templates_configs_and_tuning(tune):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("mlp_fp16", device="cuda")
+    x = b.input("x", [33, 72], "float16")
+    h = b.op("gelu", b.op("linear", x, b.constant(rng.standard_normal((136, 72)).astype(np.float16) * 0.1),
+                          b.constant(rng.standard_normal(136).astype(np.float16))))  # fmt: skip
+    b.output(b.op("softmax", h))
+    g = b.build()
+    compiled = compile_graph(g, "cuda", tune=tune)
+    (pending,) = [k for k in compiled.report().kernels if k.kind == "anchor"]
+    assert "none yet" in pending.how  # anchors are prepared per shape at the first call
+    xv = rng.standard_normal((33, 72)).astype(np.float16)
+    out = compiled(torch.from_numpy(xv).cuda())[0].float().cpu().numpy()
+    expected = g.run(xv)[0].astype(np.float32)
+    assert np.abs(out - expected).max() / np.abs(expected).max() < 1e-2
+    report = compiled.report()
+    (anchor,) = [k for k in report.kernels if k.kind == "anchor"]
+    assert anchor.ops == [f"{op.kind} ({op.name})" for op in compiled.steps[0].group.ops]
+    assert anchor.ops[0].startswith("linear") and any(op.startswith("gelu") for op in anchor.ops)  # the epilogue
+    assert anchor.how == "linear template" and anchor.config and anchor.tuned is tune and anchor.shape.startswith("[33, 72]")
+    assert any(k.kind == "fused" and "cuda-" in k.how for k in report.kernels)
+    assert report.cuda_graph and "replayed as a CUDA graph" in str(report)
+    assert report.timings["anchors"] > 0
