@@ -35,8 +35,10 @@ def _cause(exc: BaseException) -> BaseException:
 
 def test_parse_options_validates_names_types_and_modes():
     assert parse_options(None) == CompileOptions()
-    assert parse_options({"tune": True, "progress": False}) == CompileOptions(tune=True, progress=False)
-    assert parse_options(None, mode="max-autotune").tune and not parse_options(None, mode="reduce-overhead").tune
+    assert parse_options({"tune": False, "progress": False}) == CompileOptions(tune=False, progress=False)
+    assert CompileOptions().tune  # tuning is on by default (cached on disk per shape)
+    assert parse_options(None, mode="max-autotune").tune and parse_options(None, mode="reduce-overhead").cuda_graph
+    assert not parse_options({"tune": False}, mode="reduce-overhead").tune
     assert not parse_options(None, mode="max-autotune-no-cudagraphs").cuda_graph
     with pytest.raises(ArgumentError, match=r"unknown option 'cuda_graphs'.*\n  tune:"):
         parse_options({"cuda_graphs": False})
@@ -61,7 +63,7 @@ def test_torch_compile_options_reach_the_compiler_and_explain_reports_them():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     report = tessera.explain(compiled)
     (graph,) = report.graphs
-    assert graph.options == {"tune": False, "cuda_graph": False} and graph.num_kernels >= 1
+    assert graph.options == {"tune": True, "cuda_graph": False} and graph.num_kernels >= 1  # tune: the default
     assert {"gelu", "softmax"} <= {op.split(" ")[0] for k in graph.kernels for op in k.ops}
     assert graph.plans and graph.plans[0].sizes == {}
     # The reference executor: the same answers, no kernels, said so in the report.
