@@ -146,16 +146,27 @@ __device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map
 """
 
 
-def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
-    """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}](float* d, const void* a, const void* b): d += A @ B^T.
+def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
+    """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}][_rs](float* d, const void* a, const void* b): d += A @ B^T.
 
     The accumulator has n / 2 registers per thread; the asm lists each as an operand.  With
-    `b_chunk_bytes` B is MN-major (the transpose bit set), in 64-column chunks that far apart."""
+    `b_chunk_bytes` B is MN-major (the transpose bit set), in 64-column chunks that far apart.
+    With `a_regs` A is the thread's four 32-bit A-fragment registers (the RS form), not a
+    shared-memory descriptor."""
     regs = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     dlist = ", ".join(f"%{i}" for i in range(regs))
-    name, trans = wgmma_name(n, kind, b_chunk_bytes), int(bool(b_chunk_bytes))
+    name, trans = wgmma_name(n, kind, b_chunk_bytes, a_regs), int(bool(b_chunk_bytes))
     bdesc = f"ts_wgmma_desc_mn(b, {b_chunk_bytes}u)" if b_chunk_bytes else "ts_wgmma_desc(b)"
+    if a_regs:
+        alist = ", ".join(f"%{regs + i}" for i in range(4))
+        return (
+            f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b) {{\n"
+            f"  const uint32_t* x = reinterpret_cast<const uint32_t*>(a);\n"
+            f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
+            f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, {{{alist}}}, %{regs + 4}, p, 1, 1, {trans};\\n}}\\n\"\n"
+            f"    : {outs}\n    : \"r\"(x[0]), \"r\"(x[1]), \"r\"(x[2]), \"r\"(x[3]), \"l\"({bdesc}) : \"memory\");\n}}"
+        )
     return (
         f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b) {{\n"
         f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
@@ -164,8 +175,8 @@ def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
     )
 
 
-def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
-    return f"ts_wgmma_m64n{n}k16_{kind}" + (f"_t{b_chunk_bytes}" if b_chunk_bytes else "")
+def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
+    return f"ts_wgmma_m64n{n}k16_{kind}" + (f"_t{b_chunk_bytes}" if b_chunk_bytes else "") + ("_rs" if a_regs else "")
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 _HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
@@ -243,8 +254,9 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "wgmma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
             chunk = a["b_chunk_bytes"] if a["trans_b"] else 0
-            self.helpers.add(wgmma_helper(a["n"], kind, chunk))
-            self.emit(f"{wgmma_name(a['n'], kind, chunk)}({ops[0]}, {ops[1]}, {ops[2]});")
+            regs = s.operands[1].scope == "register"
+            self.helpers.add(wgmma_helper(a["n"], kind, chunk, regs))
+            self.emit(f"{wgmma_name(a['n'], kind, chunk, regs)}({ops[0]}, {ops[1]}, {ops[2]});")
         elif s.name in ("wgmma_fence", "wgmma_commit", "fence_proxy_async", "fence_mbarrier_init"):
             self.emit(f"ts_{s.name}();")
         elif s.name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait"):

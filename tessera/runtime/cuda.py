@@ -81,6 +81,15 @@ def is_available() -> bool:
         return False
 
 
+@functools.cache
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of GPU 0, from the driver (132 on an H200 SXM)."""
+    driver = _driver()
+    dev, _ = context()
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(check(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"))
+
+
 def synchronize() -> None:
     ensure_current()
     check(_driver().cuCtxSynchronize(), "cuCtxSynchronize (a kernel may have faulted)")
