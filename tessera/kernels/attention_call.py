@@ -143,8 +143,7 @@ class FlashPlan:
         self.kv_view = (s.problems, s.sk, s.d)
         self.boxes = (tensor_map_box(config, "q"), tensor_map_box(config, "k"))
         self.maps: list[dict[int, bytes]] = [{}, {}, {}]
-        kernels = kernels_for(shape, dtype, causal, mask, config, splits)
-        self.kernel_names = [k.ir.name for k in kernels]
+        self.kernels = kernels = kernels_for(shape, dtype, causal, mask, config, splits)
         # Placeholder maps for binding (the kernel checks their type; calls pass their own bytes).
         tmaps = [TensorMap(make_map_type(dtype, self.boxes[min(i, 1)]), bytes(128)) for i in range(3)]
         flash_args, combine_args, keep = launch_arguments(shape, dtype, scale, mask, splits, device, tmaps)
