@@ -1,6 +1,7 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
-Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), models
+Suites: attention (bench/attention_suite.py: flash attention vs torch SDPA's flash and cuDNN
+backends, prefill and decode), gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), models
 (bench/models_suite.py: whole models under torch.compile(backend="tessera") vs eager and
 torch.compile's modes; its own options follow, see `python3 bench/models_suite.py --help`) and
 reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
@@ -94,8 +95,8 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "models"], required=True)
-    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only")
+    ap.add_argument("--suite", choices=["reduce", "gemm", "models", "attention"], required=True)
+    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only; attention: a few shapes")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models suite has options of its own
@@ -117,6 +118,14 @@ def main() -> None:
         rows = gemm_suite(timer, quick=args.quick)
         write_results(args.suite, rows, outdirs, ["vs_cublas", "tflops", "config"])
         print(summary(rows))
+        return
+    if args.suite == "attention":
+        from attention_suite import attention_suite
+        from attention_suite import summary as attention_summary
+
+        rows = attention_suite(timer, quick=args.quick)
+        write_results(args.suite, rows, outdirs, ["tflops", "gbs", "vs_flash", "vs_cudnn", "config"])
+        print(attention_summary(rows))
         return
     rows = reduce_suite(timer, copy_gbs)
     for r in rows:

@@ -62,6 +62,8 @@ from tessera.lang.builtins import (
     mbarrier_wait,
     min_,
     mma,
+    named_barrier_arrive,
+    named_barrier_sync,
     parallel,
     pow_,
     ptr,
@@ -99,7 +101,7 @@ __all__ = [
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster",
+    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "named_barrier_sync", "named_barrier_arrive",
 ]  # fmt: skip
 
 

@@ -264,6 +264,9 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "tma_load":
             coords = ", ".join(reversed(ops[3:]))  # the IR gives them outermost first, TMA innermost first
             self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
+        elif s.name in ("named_barrier_sync", "named_barrier_arrive"):
+            op = "sync" if s.name == "named_barrier_sync" else "arrive"
+            self.emit(f'asm volatile("bar.{op} %0, %1;\\n" :: "r"({ops[0]}), "r"({ops[1]}) : "memory");')
         elif s.name == "syncwarp":
             self.emit("__syncwarp();")
         elif s.name == "cluster_sync":

@@ -230,6 +230,12 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("load_cluster", ("addr", "addr", "int"), ("bytes",), True, _check_load_cluster,
                         "ld.shared::cluster: `bytes` from the same shared-memory offset in block `rank` of this "
                         "thread-block cluster (distributed shared memory) into registers"),
+        InstructionSpec("named_barrier_sync", ("int", "int"), (), True, _ok,
+                        "bar.sync id, threads: wait at named barrier `id` (1..15; 0 is syncthreads') until "
+                        "`threads` threads (a multiple of 32) have arrived or synced there"),
+        InstructionSpec("named_barrier_arrive", ("int", "int"), (), True, _ok,
+                        "bar.arrive id, threads: count this warp at named barrier `id` without waiting (a "
+                        "producer/consumer hand-off, e.g. warpgroups taking turns)"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
         InstructionSpec("setmaxnreg", (), ("regs", "increase"), True, _check_setmaxnreg,

@@ -59,6 +59,17 @@ class FlashConfig:
     consumers: int = 2
     block_n: int = 128
     stages: int = 2
+    # Issue block j's Q K^T and block j-1's P V together, and run j's softmax while P V runs
+    # (FlashAttention-3's intra-warpgroup overlap).
+    overlap: bool = True
+    # Two consumer warpgroups take turns issuing their matmuls (named barriers), so one's
+    # softmax runs while the other's matmuls do (FlashAttention-3's ping-pong); it applies only
+    # with two consumers and overlap (`turns`).
+    pingpong: bool = True
+
+    @property
+    def turns(self) -> bool:
+        return self.pingpong and self.overlap and self.consumers == 2
 
     @property
     def block_m(self) -> int:
@@ -72,7 +83,7 @@ class FlashConfig:
         chunks = padded_dim(head_dim) // 64
         q = self.block_m * 64 * 2 * chunks
         kv = 2 * self.stages * self.block_n * 64 * 2 * chunks
-        return q + kv + 3 * 1024  # + the barrier arrays, 1 KiB aligned each
+        return q + kv + 5 * 1024  # + the five barrier arrays, 1 KiB aligned each
 
     def problems(self, head_dim: int = 128) -> list[str]:
         """Why this configuration cannot be built (empty when it can)."""
@@ -90,7 +101,7 @@ class FlashConfig:
         return out
 
     def __str__(self) -> str:
-        return f"fa_{self.block_m}x{self.block_n}_s{self.stages}"
+        return f"fa_{self.block_m}x{self.block_n}_s{self.stages}{'_o' if self.overlap else ''}{'_pp' if self.turns else ''}"
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,7 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
     BM, BN, STAGES, CONSUMERS = config.block_m, config.block_n, config.stages, config.consumers
     Q_BYTES, KV_BYTES = BM * 64 * 2 * NCH, BN * 64 * 2 * NCH
     REGS = (40, 232) if CONSUMERS == 2 else (0, 0)
+    OVERLAP, PINGPONG = config.overlap, config.turns
     CAUSAL, HAS_MASK = causal, mask is not None
     MT = mask.dtype if HAS_MASK else dtypes.boolean
     BOOL_MASK = HAS_MASK and MT == dtypes.boolean
@@ -179,7 +191,8 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
         qbar = ts.shared_tensor(u64, [1])
         kfull = ts.shared_tensor(u64, [STAGES])
         vfull = ts.shared_tensor(u64, [STAGES])
-        empty = ts.shared_tensor(u64, [STAGES])
+        kempty = ts.shared_tensor(u64, [STAGES])  # K and V are released apart: K once Q K^T is done
+        vempty = ts.shared_tensor(u64, [STAGES])
         tid = ts.thread_idx.x
         wg = tid // 128
         if tid == 0:
@@ -187,7 +200,8 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
             for s in range(STAGES):
                 ts.mbarrier_init(kfull[s], 1)
                 ts.mbarrier_init(vfull[s], 1)
-                ts.mbarrier_init(empty[s], CONSUMERS)
+                ts.mbarrier_init(kempty[s], CONSUMERS)
+                ts.mbarrier_init(vempty[s], CONSUMERS)
             ts.fence_mbarrier_init()
         ts.syncthreads()
         g = ts.block_idx.y  # (batch, kv head)
@@ -213,10 +227,11 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
                 for c in range(NCH):
                     ts.tma_load(Qs[c, 0, 0], tma_q, qbar[0], g, rt0, c * 64)
                 for j in range(j0, j1):
-                    ts.mbarrier_wait(empty[stage], phase ^ 1)
+                    ts.mbarrier_wait(kempty[stage], phase ^ 1)
                     ts.mbarrier_arrive_expect_tx(kfull[stage], KV_BYTES)
                     for c in range(NCH):
                         ts.tma_load(Ks[stage, c, 0, 0], tma_k, kfull[stage], g, j * BN, c * 64)
+                    ts.mbarrier_wait(vempty[stage], phase ^ 1)
                     ts.mbarrier_arrive_expect_tx(vfull[stage], KV_BYTES)
                     for c in range(NCH):
                         ts.tma_load(Vs[stage, c, 0, 0], tma_v, vfull[stage], g, j * BN, c * 64)
@@ -251,86 +266,125 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
             l_a = 0.0
             l_b = 0.0
             ts.mbarrier_wait(qbar[0], 0)
-            for j in range(j0, j1):
-                n0 = j * BN
-                ts.mbarrier_wait(kfull[stage], phase)
-                for e in ts.unroll(BN // 2):
-                    acc_s[e] = 0.0
-                ts.wgmma_fence()
-                for ks in ts.unroll(KSTEPS):
-                    ts.wgmma(acc_s[0], Qs[ks // 4, row0, (ks % 4) * 16], Ks[stage, ks // 4, 0, (ks % 4) * 16], n=BN)
-                ts.wgmma_commit()
-                ts.wgmma_wait(0)
-                for e in ts.unroll(BN // 2):
-                    acc_s[e] = acc_s[e] * scale_log2
-                if HAS_MASK or n0 + BN > SK or (CAUSAL and n0 + BN - 1 > q_min):
+            pstage = 0  # the previous block's stage and phase (its V feeds the overlapped P V)
+            pphase = 0
+            if PINGPONG and wg == 2:
+                ts.named_barrier_arrive(1, 256)  # the first consumer takes the first turn
+            # The first block is peeled off (FIRST): in the main loop every iteration issues
+            # Q K^T of block j and P V of block j - 1 unconditionally, which keeps the wgmma
+            # pipeline analysable for ptxas (no serialisation).
+            for FIRST in (True, False):
+                for j in range(j0 if FIRST else j0 + 1, min(j0 + 1, j1) if FIRST else j1):
+                    n0 = j * BN
+                    ts.mbarrier_wait(kfull[stage], phase)
+                    if PINGPONG:
+                        ts.named_barrier_sync(wg, 256)  # this warpgroup's turn to issue
                     for e in ts.unroll(BN // 2):
-                        col = n0 + (e // 4) * 8 + quad * 2 + e % 2
-                        lower = (e % 4) < 2  # row a, else row b
-                        q = qa if lower else qb
-                        keep = col < SK
-                        if CAUSAL:
-                            keep = keep and col <= q
-                        v = acc_s[e]
-                        if HAS_MASK:
-                            hh = ha if lower else hb
-                            cc = min(col, SK - 1)
-                            i0 = bat * MFULL[0]
-                            i1 = hh * MFULL[1]
-                            i2 = q * MFULL[2]
-                            i3 = cc * MFULL[3]
-                            mv = (M[i0, i1, i2, i3] if MRANK == 4 else M[i1, i2, i3] if MRANK == 3
-                                  else M[i2, i3] if MRANK == 2 else M[i3])  # fmt: skip
-                            if BOOL_MASK:
-                                keep = keep and mv
-                            else:
-                                v = v + ts.cast(mv, f32) * LOG2E
-                        acc_s[e] = ts.select(keep, v, NEG_INF)
-                # Online softmax: the quad of threads that share a row agree on its maximum.
-                mx_a = m_a
-                mx_b = m_b
-                for jj in ts.unroll(BN // 8):
-                    mx_a = max(mx_a, max(acc_s[jj * 4], acc_s[jj * 4 + 1]))
-                    mx_b = max(mx_b, max(acc_s[jj * 4 + 2], acc_s[jj * 4 + 3]))
-                mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(1, i32)))
-                mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(2, i32)))
-                mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(1, i32)))
-                mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(2, i32)))
-                # A row with no visible key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
-                sh_a = ts.select(mx_a == NEG_INF, 0.0, mx_a)
-                sh_b = ts.select(mx_b == NEG_INF, 0.0, mx_b)
-                alpha_a = ts.exp2(m_a - sh_a)
-                alpha_b = ts.exp2(m_b - sh_b)
-                m_a = mx_a
-                m_b = mx_b
-                sum_a = 0.0
-                sum_b = 0.0
-                for jj in ts.unroll(BN // 8):
-                    for k in ts.unroll(2):
-                        pa = ts.exp2(acc_s[jj * 4 + k] - sh_a)
-                        pb = ts.exp2(acc_s[jj * 4 + 2 + k] - sh_b)
-                        sum_a += pa
-                        sum_b += pb
-                        p[jj * 4 + k] = pa
-                        p[jj * 4 + 2 + k] = pb
-                l_a = l_a * alpha_a + sum_a
-                l_b = l_b * alpha_b + sum_b
-                for jj in ts.unroll(DP // 8):
-                    for k in ts.unroll(2):
-                        acc_o[jj * 4 + k] = acc_o[jj * 4 + k] * alpha_a
-                        acc_o[jj * 4 + 2 + k] = acc_o[jj * 4 + 2 + k] * alpha_b
-                ts.mbarrier_wait(vfull[stage], phase)
-                ts.wgmma_fence()
-                for kk in ts.unroll(BN // 16):
-                    ts.wgmma(acc_o[0], p[kk * 8], Vs[stage, 0, kk * 16, 0], n=DP, trans_b=True)
-                ts.wgmma_commit()
-                ts.wgmma_wait(0)
-                if lane == 0:
-                    ts.mbarrier_arrive(empty[stage])
-                stage += 1
-                if stage == STAGES:
-                    stage = 0
-                    phase ^= 1
+                        acc_s[e] = 0.0
+                    ts.wgmma_fence()
+                    for ks in ts.unroll(KSTEPS):
+                        ts.wgmma(acc_s[0], Qs[ks // 4, row0, (ks % 4) * 16], Ks[stage, ks // 4, 0, (ks % 4) * 16], n=BN)
+                    ts.wgmma_commit()
+                    if OVERLAP and not FIRST:
+                        ts.mbarrier_wait(vfull[pstage], pphase)
+                        for kk in ts.unroll(BN // 16):
+                            ts.wgmma(acc_o[0], p[kk * 8], Vs[pstage, 0, kk * 16, 0], n=DP, trans_b=True)
+                        ts.wgmma_commit()
+                    if PINGPONG:
+                        ts.named_barrier_arrive(3 - wg, 256)  # the other warpgroup's turn
+                    if OVERLAP and not FIRST:
+                        ts.wgmma_wait(1)  # Q K^T is done; P V may still run
+                    else:
+                        ts.wgmma_wait(0)
+                    if lane == 0:
+                        ts.mbarrier_arrive(kempty[stage])
+                    for e in ts.unroll(BN // 2):
+                        acc_s[e] = acc_s[e] * scale_log2
+                    if HAS_MASK or n0 + BN > SK or (CAUSAL and n0 + BN - 1 > q_min):
+                        for e in ts.unroll(BN // 2):
+                            col = n0 + (e // 4) * 8 + quad * 2 + e % 2
+                            lower = (e % 4) < 2  # row a, else row b
+                            q = qa if lower else qb
+                            keep = col < SK
+                            if CAUSAL:
+                                keep = keep and col <= q
+                            v = acc_s[e]
+                            if HAS_MASK:
+                                hh = ha if lower else hb
+                                cc = min(col, SK - 1)
+                                i0 = bat * MFULL[0]
+                                i1 = hh * MFULL[1]
+                                i2 = q * MFULL[2]
+                                i3 = cc * MFULL[3]
+                                mv = (M[i0, i1, i2, i3] if MRANK == 4 else M[i1, i2, i3] if MRANK == 3
+                                      else M[i2, i3] if MRANK == 2 else M[i3])  # fmt: skip
+                                if BOOL_MASK:
+                                    keep = keep and mv
+                                else:
+                                    v = v + ts.cast(mv, f32) * LOG2E
+                            acc_s[e] = ts.select(keep, v, NEG_INF)
+                    # Online softmax: the quad of threads that share a row agree on its maximum.
+                    mx_a = m_a
+                    mx_b = m_b
+                    for jj in ts.unroll(BN // 8):
+                        mx_a = max(mx_a, max(acc_s[jj * 4], acc_s[jj * 4 + 1]))
+                        mx_b = max(mx_b, max(acc_s[jj * 4 + 2], acc_s[jj * 4 + 3]))
+                    mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(1, i32)))
+                    mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(2, i32)))
+                    mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(1, i32)))
+                    mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(2, i32)))
+                    # A row with no visible key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
+                    sh_a = ts.select(mx_a == NEG_INF, 0.0, mx_a)
+                    sh_b = ts.select(mx_b == NEG_INF, 0.0, mx_b)
+                    alpha_a = ts.exp2(m_a - sh_a)
+                    alpha_b = ts.exp2(m_b - sh_b)
+                    m_a = mx_a
+                    m_b = mx_b
+                    sum_a = 0.0
+                    sum_b = 0.0
+                    for jj in ts.unroll(BN // 8):
+                        for k in ts.unroll(2):
+                            acc_s[jj * 4 + k] = ts.exp2(acc_s[jj * 4 + k] - sh_a)
+                            acc_s[jj * 4 + 2 + k] = ts.exp2(acc_s[jj * 4 + 2 + k] - sh_b)
+                            sum_a += acc_s[jj * 4 + k]
+                            sum_b += acc_s[jj * 4 + 2 + k]
+                    l_a = l_a * alpha_a + sum_a
+                    l_b = l_b * alpha_b + sum_b
+                    if OVERLAP and not FIRST:
+                        ts.wgmma_wait(0)  # the previous block's P V: O and P are free again
+                        if lane == 0:
+                            ts.mbarrier_arrive(vempty[pstage])
+                    for jj in ts.unroll(DP // 8):
+                        for k in ts.unroll(2):
+                            acc_o[jj * 4 + k] = acc_o[jj * 4 + k] * alpha_a
+                            acc_o[jj * 4 + 2 + k] = acc_o[jj * 4 + 2 + k] * alpha_b
+                    for e in ts.unroll(BN // 2):
+                        p[e] = acc_s[e]
+                    if not OVERLAP:
+                        ts.mbarrier_wait(vfull[stage], phase)
+                        ts.wgmma_fence()
+                        for kk in ts.unroll(BN // 16):
+                            ts.wgmma(acc_o[0], p[kk * 8], Vs[stage, 0, kk * 16, 0], n=DP, trans_b=True)
+                        ts.wgmma_commit()
+                        ts.wgmma_wait(0)
+                        if lane == 0:
+                            ts.mbarrier_arrive(vempty[stage])
+                    pstage = stage
+                    pphase = phase
+                    stage += 1
+                    if stage == STAGES:
+                        stage = 0
+                        phase ^= 1
+            if OVERLAP:
+                if j1 > j0:  # the last block's P V
+                    ts.mbarrier_wait(vfull[pstage], pphase)
+                    ts.wgmma_fence()
+                    for kk in ts.unroll(BN // 16):
+                        ts.wgmma(acc_o[0], p[kk * 8], Vs[pstage, 0, kk * 16, 0], n=DP, trans_b=True)
+                    ts.wgmma_commit()
+                    ts.wgmma_wait(0)
+                    if lane == 0:
+                        ts.mbarrier_arrive(vempty[pstage])
             l_a = l_a + ts.shfl_xor(l_a, ts.cast(1, i32))
             l_a = l_a + ts.shfl_xor(l_a, ts.cast(2, i32))
             l_b = l_b + ts.shfl_xor(l_b, ts.cast(1, i32))

@@ -76,6 +76,8 @@ mbarrier_wait = Builtin("mbarrier_wait", "instruction")
 tma_load = Builtin("tma_load", "instruction")
 setmaxnreg = Builtin("setmaxnreg", "instruction")
 syncwarp = Builtin("syncwarp", "instruction")
+named_barrier_sync = Builtin("named_barrier_sync", "instruction")
+named_barrier_arrive = Builtin("named_barrier_arrive", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
 
