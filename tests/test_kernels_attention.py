@@ -114,12 +114,47 @@ def test_register_sourced_wgmma_is_checked():
             ts.wgmma(acc[0], a[0], b[0], n=64)
 
 
+def test_fmax_and_fast_exp2_intrinsics(rng):
+    """fmax ignores a NaN operand (C's fmax) on the CPU too; fast_exp2 is a CUDA-only intrinsic."""
+    import numpy as np
+
+    import tessera as ts
+
+    @ts.kernel
+    def k(x: ts.f32["n"], y: ts.f32["n"], z: ts.f32["n"]):
+        for i in ts.grid(n):
+            z[i] = ts.fmax(x[i], y[i])
+
+    x = rng.standard_normal(9).astype(np.float32)
+    y = rng.standard_normal(9).astype(np.float32)
+    y[2] = np.nan
+    z = np.zeros(9, np.float32)
+    k(x, y, z)
+    assert np.array_equal(z, np.fmax(x, y))
+    with pytest.raises(KernelSyntaxError, match="fast_exp2"):
+
+        @ts.kernel
+        def bad(x: ts.f32["n"]):
+            for i in ts.grid(n):
+                x[i] = ts.fast_exp2(x[i])
+
+
+def test_fold_scale_refuses_a_float_mask():
+    with pytest.raises(UnsupportedError, match="float mask"):
+        make_flash_attention(f16, 64, mask=MaskSpec(dtypes.float32, (True,)), fold_scale=True)
+    names = [k.ir.name for k in kernels_for(AttentionShape(1, 2, 2, 9, 9, 64), f16, False, None, FlashConfig(), 1, 0.1)]
+    assert names[0].endswith("_fs")
+    names = [k.ir.name for k in kernels_for(AttentionShape(1, 2, 2, 9, 9, 64), f16, False, None, FlashConfig(), 1, -0.1)]
+    assert not names[0].endswith("_fs")  # a negative scale reverses the order of the scores
+
+
 @needs_nvcc
 def test_flash_attention_variants_compile():
     """One kernel of each family builds with nvcc: both dtypes, head dims 64/80/96/128, causal,
     bool and float masks of several ranks, split-KV (decode) and the combine."""
     variants = [
-        make_flash_attention(f16, 128),
+        make_flash_attention(f16, 128, fold_scale=True),
+        make_flash_attention(f16, 128, FlashConfig(2, 128, 2, overlap=False, pingpong=False)),
         make_flash_attention(bf16, 80, causal=True),
         make_flash_attention(f16, 96, FlashConfig(1, 128, 3), partial=True),
         make_flash_attention(bf16, 64, FlashConfig(2, 64, 4), causal=True, mask=MaskSpec(dtypes.float32, (True, True))),
@@ -133,6 +168,8 @@ def test_flash_attention_variants_compile():
         else:
             assert "cp.async.bulk.tensor.3d" in src and "setmaxnreg" in src or "_64x" in k.ir.name
             assert "_rs(" in src  # P V reads P from registers
+            assert "ex2.approx.ftz.f32" in src
+            assert ("bar.sync" in src) == ("_pp" in k.ir.name)
         k.build()
 
 

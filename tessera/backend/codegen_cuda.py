@@ -36,6 +36,7 @@ template <> struct ts_vec<16> { typedef uint4 t; };
 template <int N> __device__ __forceinline__ void ts_copy_vector(void* dst, const void* src) {
   *reinterpret_cast<typename ts_vec<N>::t*>(dst) = *reinterpret_cast<const typename ts_vec<N>::t*>(src);
 }
+__device__ __forceinline__ float ts_fast_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t ts_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 template <int N> __device__ __forceinline__ void ts_copy_async(void* dst, const void* src, bool pred) {
   // src-size 0 reads nothing and zero-fills: out-of-bounds tiles need no separate path.
@@ -227,6 +228,11 @@ class CudaCodegen(CLikeCodegen):
         return super().visit_Call(e)
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
+        if name == "fast_exp2":  # float32 in, float32 out (narrow types round back)
+            if t == dtypes.float64:
+                return f"exp2({args[0]})"
+            out = f"ts_fast_exp2((float)({args[0]}))"
+            return f"{_NARROW[t.name]}({out})" if t.name in _NARROW else out
         if t.name in _NARROW:  # compute in float, round back
             wide = [f"(float)({a})" for a in args]
             return f"{_NARROW[t.name]}({super().math_call(name, wide, dtypes.float32)})"

@@ -139,20 +139,26 @@ def check_problem(dtype: DataType, head_dim: int, config: FlashConfig, mask: Mas
 
 
 def make_flash_attention(dtype: DataType, head_dim: int, config: FlashConfig = FlashConfig(), *, causal: bool = False,
-                         mask: MaskSpec | None = None, partial: bool = False) -> ts.Kernel:  # fmt: skip
+                         mask: MaskSpec | None = None, partial: bool = False, fold_scale: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(Q, K, V, [M,] O or (O_part, LSE), tma_q, tma_k, tma_v, scale_log2, splits).
 
     Q [B, H, Sq, D], K and V [B, Hk, Sk, D]; the tensor maps view them as [B * H(k), rows, D]
     with the boxes of `tensor_map_box`.  Not partial: O [B, H, Sq, D] in `dtype`, grid.z = 1.
     Partial: O_part float32 [splits * B * Hk, R, D] and LSE float32 [splits * B * Hk, R]
-    (R = H / Hk * Sq), combined by `make_attention_combine`.  scale_log2 = scale * log2(e)."""
+    (R = H / Hk * Sq), combined by `make_attention_combine`.  scale_log2 = scale * log2(e).
+
+    `fold_scale` (only for scale > 0 and no float mask) folds the scale into the exponent's
+    FMA instead of scaling every score first: the row maximum of the raw scores times a
+    positive scale is the maximum of the scaled ones."""
     check_problem(dtype, head_dim, config, mask)
-    return _make(dtype, head_dim, config, causal, mask, partial)
+    if fold_scale and mask is not None and mask.dtype != dtypes.boolean:
+        raise UnsupportedError("fold_scale needs the scores unscaled: it does not combine with a float mask")
+    return _make(dtype, head_dim, config, causal, mask, partial, fold_scale)
 
 
 @functools.cache
 def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mask: MaskSpec | None,
-          partial: bool) -> ts.Kernel:  # fmt: skip
+          partial: bool, fold: bool) -> ts.Kernel:  # fmt: skip
     T, D, DP = dtype, head_dim, padded_dim(head_dim)
     NCH = DP // 64  # 64-column chunks of the Q, K and V tiles
     KSTEPS = D // 16  # k16 steps of Q K^T
@@ -174,7 +180,7 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
     TQ = ts.tensor_map(T, tensor_map_box(config, "q"))
     TK = ts.tensor_map(T, tensor_map_box(config, "k"))
     mname = "" if not HAS_MASK else f"_m{'b' if BOOL_MASK else MT.short}{''.join(str(f) for f in MFULL[4 - MRANK:])}"
-    name = f"flash_attention_{T.short}_d{D}_{config}{'_causal' if causal else ''}{mname}{'_split' if partial else ''}"
+    name = f"flash_attention_{T.short}_d{D}_{config}{'_causal' if causal else ''}{mname}{'_split' if partial else ''}{'_fs' if fold else ''}"
 
     @ts.kernel(target="cuda", name=name)
     def flash(Q: T["B", "H", "SQ", D], K: T["B", "HK", "SK", D], V: T["B", "HK", "SK", D], M: MT[M_SHAPE],
@@ -205,7 +211,8 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
             ts.fence_mbarrier_init()
         ts.syncthreads()
         g = ts.block_idx.y  # (batch, kv head)
-        rt0 = ts.block_idx.x * BM
+        # Causal tiles further down see more keys: launch them first (the long ones start early).
+        rt0 = (ts.grid_dim.x - 1 - ts.block_idx.x) * BM if CAUSAL else ts.block_idx.x * BM
         # The tile's queries: with rows of two heads (or a whole head) in one tile, all of 0..Sq-1.
         r_last = min(rt0 + BM, R) - 1
         cross = rt0 // SQ != r_last // SQ
@@ -298,8 +305,9 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
                         ts.wgmma_wait(0)
                     if lane == 0:
                         ts.mbarrier_arrive(kempty[stage])
-                    for e in ts.unroll(BN // 2):
-                        acc_s[e] = acc_s[e] * scale_log2
+                    if not fold:
+                        for e in ts.unroll(BN // 2):
+                            acc_s[e] = acc_s[e] * scale_log2
                     if HAS_MASK or n0 + BN > SK or (CAUSAL and n0 + BN - 1 > q_min):
                         for e in ts.unroll(BN // 2):
                             col = n0 + (e // 4) * 8 + quad * 2 + e % 2
@@ -324,28 +332,38 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
                                     v = v + ts.cast(mv, f32) * LOG2E
                             acc_s[e] = ts.select(keep, v, NEG_INF)
                     # Online softmax: the quad of threads that share a row agree on its maximum.
-                    mx_a = m_a
-                    mx_b = m_b
+                    # (fmax drops a NaN score from the maximum; its exp2 still poisons the row.)
+                    mx_a = NEG_INF
+                    mx_b = NEG_INF
                     for jj in ts.unroll(BN // 8):
-                        mx_a = max(mx_a, max(acc_s[jj * 4], acc_s[jj * 4 + 1]))
-                        mx_b = max(mx_b, max(acc_s[jj * 4 + 2], acc_s[jj * 4 + 3]))
-                    mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(1, i32)))
-                    mx_a = max(mx_a, ts.shfl_xor(mx_a, ts.cast(2, i32)))
-                    mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(1, i32)))
-                    mx_b = max(mx_b, ts.shfl_xor(mx_b, ts.cast(2, i32)))
+                        mx_a = ts.fmax(mx_a, ts.fmax(acc_s[jj * 4], acc_s[jj * 4 + 1]))
+                        mx_b = ts.fmax(mx_b, ts.fmax(acc_s[jj * 4 + 2], acc_s[jj * 4 + 3]))
+                    mx_a = ts.fmax(mx_a, ts.shfl_xor(mx_a, ts.cast(1, i32)))
+                    mx_a = ts.fmax(mx_a, ts.shfl_xor(mx_a, ts.cast(2, i32)))
+                    mx_b = ts.fmax(mx_b, ts.shfl_xor(mx_b, ts.cast(1, i32)))
+                    mx_b = ts.fmax(mx_b, ts.shfl_xor(mx_b, ts.cast(2, i32)))
+                    if fold:  # the raw maximum, scaled (a positive scale keeps the order)
+                        mx_a = mx_a * scale_log2
+                        mx_b = mx_b * scale_log2
+                    mx_a = ts.fmax(mx_a, m_a)
+                    mx_b = ts.fmax(mx_b, m_b)
                     # A row with no visible key yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
                     sh_a = ts.select(mx_a == NEG_INF, 0.0, mx_a)
                     sh_b = ts.select(mx_b == NEG_INF, 0.0, mx_b)
-                    alpha_a = ts.exp2(m_a - sh_a)
-                    alpha_b = ts.exp2(m_b - sh_b)
+                    alpha_a = ts.fast_exp2(m_a - sh_a)
+                    alpha_b = ts.fast_exp2(m_b - sh_b)
                     m_a = mx_a
                     m_b = mx_b
                     sum_a = 0.0
                     sum_b = 0.0
                     for jj in ts.unroll(BN // 8):
                         for k in ts.unroll(2):
-                            acc_s[jj * 4 + k] = ts.exp2(acc_s[jj * 4 + k] - sh_a)
-                            acc_s[jj * 4 + 2 + k] = ts.exp2(acc_s[jj * 4 + 2 + k] - sh_b)
+                            if fold:  # one FMA feeds each exp2
+                                acc_s[jj * 4 + k] = ts.fast_exp2(acc_s[jj * 4 + k] * scale_log2 - sh_a)
+                                acc_s[jj * 4 + 2 + k] = ts.fast_exp2(acc_s[jj * 4 + 2 + k] * scale_log2 - sh_b)
+                            else:
+                                acc_s[jj * 4 + k] = ts.fast_exp2(acc_s[jj * 4 + k] - sh_a)
+                                acc_s[jj * 4 + 2 + k] = ts.fast_exp2(acc_s[jj * 4 + 2 + k] - sh_b)
                             sum_a += acc_s[jj * 4 + k]
                             sum_b += acc_s[jj * 4 + 2 + k]
                     l_a = l_a * alpha_a + sum_a

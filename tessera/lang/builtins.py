@@ -83,6 +83,7 @@ load_cluster = Builtin("load_cluster", "instruction")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
+fast_exp2, fmax = _intrinsics["fast_exp2"], _intrinsics["fmax"]
 sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))
 floor, ceil, round_ = _intrinsics["floor"], _intrinsics["ceil"], _intrinsics["round"]
 pow_, fma = _intrinsics["pow"], _intrinsics["fma"]
