@@ -90,8 +90,8 @@ class FlashConfig:
         out = []
         if self.consumers not in (1, 2):
             out.append("consumers must be 1 or 2 warpgroups")
-        if self.block_n not in (64, 128, 176, 192):
-            out.append("block_n must be 64, 128, 176 or 192 keys")
+        if self.block_n not in (64, 128):  # (the sizes checked on the GPU; wgmma would take 176, 192)
+            out.append("block_n must be 64 or 128 keys")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
         if head_dim in HEAD_DIMS and self.smem_bytes(head_dim) > 227 * 1024:

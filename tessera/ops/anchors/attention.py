@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from math import prod
 from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
@@ -139,7 +140,8 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     return plan
 
 
-def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]) -> str | None:
+def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
+                      mask_shape: Sequence[int] | None = None) -> str | None:  # fmt: skip
     """Why the fused flash kernel does not take these shapes on this machine (None when it does)."""
     from tessera.kernels.attention import HEAD_DIMS
     from tessera.ops.anchors.gemm import _sm90
@@ -151,6 +153,10 @@ def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
         return f"head dim {d} is not one of the fused kernel's {HEAD_DIMS}"
     if dv != d:
         return f"v's head dim {dv} differs from q's {d}"
+    if max(prod(q_shape), prod(k_shape), prod(mask_shape or ())) >= 2**31:
+        return "operands of 2**31 elements or more (the kernel indexes in 32 bits)"
+    if k_shape[0] * k_shape[1] > 65535:
+        return f"batch x kv heads = {k_shape[0] * k_shape[1]} exceeds the grid's 65535 (y dimension)"
     return None
 
 
@@ -219,7 +225,8 @@ def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
     On an SM90 GPU the fused flash kernel runs (a FlashAnchorKernel); where it does not cover
     the problem the reason is logged and the GEMM + softmax + GEMM composition runs.
     """
-    reason = flash_unsupported(q_shape, k_shape, v_shape) if len(q_shape) == len(v_shape) == 4 else "not [B, H, S, D]"
+    reason = (flash_unsupported(q_shape, k_shape, v_shape, mask_shape) if len(q_shape) == len(k_shape) == len(v_shape) == 4
+              else "not [B, H, S, D]")  # fmt: skip
     # The plan validates every argument (and is the fallback); tuned only when it will run.
     plan = plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, mask_shape=mask_shape,
                           mask_dtype=mask_dtype, tune=tune and reason is not None)  # fmt: skip
