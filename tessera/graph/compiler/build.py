@@ -183,7 +183,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
         with recording() as tuning:
             try:
                 kernel = prepare_anchor(group, shapes, tune=tune, target=target)
-                kernel.artifacts = [kernel.kernel.artifact]
+                kernel.artifacts = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
                 kernel = _generic_anchor(group, shapes, target, arch, symbols)
