@@ -34,6 +34,7 @@ class DecodeConfig:
     unroll: int = 2
     m_tiles: int = 2
     rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
+    pipeline: bool = True  # register double buffering of batches (False: load, wait, compute)
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
@@ -64,7 +65,7 @@ class DecodeConfig:
         return out
 
     def __str__(self) -> str:
-        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
+        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}{'_p' if self.pipeline else ''}"
 
 
 def group_ok(group_size: int) -> bool:
@@ -86,6 +87,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
+    PIPELINE = config.pipeline
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
     NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
@@ -104,6 +106,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         xr = ts.register_tensor(f16, [MT, 64])
         sc = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
         bz = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
+        wb = ts.register_tensor(u32, [2 if PIPELINE else 1, UNROLL, R, WORDS])
+        xb = ts.register_tensor(f16, [2 if PIPELINE else 1, MT, 64])
+        sb = ts.register_tensor(f16, [2 if PIPELINE else 1, UNROLL, R, NGL, 2])
+        bb = ts.register_tensor(f16, [2 if PIPELINE else 1, UNROLL, R, NGL, 2])
         a = ts.register_tensor(f16, [8])
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
         tid = ts.thread_idx.x
@@ -122,7 +128,56 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
-        if nt0 * 16 < N:
+        if nt0 * 16 < N and PIPELINE:
+            # Register double buffering: batch `it` (UNROLL units of weights and scales) loads into
+            # buffer it % 2 while batch it - 1 is unpacked and multiplied from the other buffer;
+            # within a batch the activations of unit uu + 1 load while unit uu computes.
+            nbat = ts.ceil_div(u_end - u_begin, UNROLL)
+            for it0 in range(0, nbat + 1, 2):
+                for p in ts.unroll(2):
+                    it = it0 + p
+                    if it < nbat:
+                        for uu in ts.unroll(UNROLL):
+                            u = u_begin + it * UNROLL + uu
+                            if u < u_end:
+                                for r in ts.unroll(R):
+                                    if (nt0 + r) * 16 < N:
+                                        for j in ts.unroll(BITS):
+                                            ts.copy_vector(wb[p, uu, r, 4 * j],
+                                                           Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
+                                    for q in ts.unroll(NGL):
+                                        grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
+                                        for h in ts.unroll(2):
+                                            row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                            sb[p, uu, r, q, h] = S[row, grp]
+                                            if HAS_BIAS:
+                                                bb[p, uu, r, q, h] = B[row, grp]
+                    if it >= 1 and it <= nbat:
+                        for v in ts.unroll(UNROLL + 1):  # load the activations of unit v, compute unit v - 1
+                            u = u_begin + (it - 1) * UNROLL + v
+                            if v < UNROLL and u < u_end:
+                                for i in ts.unroll(MT):
+                                    m = m_base + i * 8 + g
+                                    for j in ts.unroll(8):
+                                        k = u * 256 + t * 64 + j * 8
+                                        if m < M and k < K:
+                                            ts.copy_vector(xb[v % 2, i, j * 8], X[m, k], 16)
+                                        else:
+                                            for e in ts.unroll(8):
+                                                xb[v % 2, i, j * 8 + e] = 0.0
+                            if v >= 1 and u - 1 < u_end:
+                                for s in STEPS:
+                                    q = s // STEPS_PER_GROUP
+                                    for r in ts.unroll(R):
+                                        if HAS_BIAS:
+                                            ts.dequant(a[0], wb[1 - p, v - 1, r, 0], sb[1 - p, v - 1, r, q, 0],
+                                                       bb[1 - p, v - 1, r, q, 0], wtype=T, start=8 * s, count=8)
+                                        else:
+                                            ts.dequant(a[0], wb[1 - p, v - 1, r, 0], sb[1 - p, v - 1, r, q, 0],
+                                                       wtype=T, start=8 * s, count=8)
+                                        for i in ts.unroll(MT):
+                                            ts.mma(acc[s % 2, r, i, 0], a[0], xb[(v - 1) % 2, i, 4 * s])
+        if nt0 * 16 < N and not PIPELINE:
             for u0 in range(u_begin, u_end, UNROLL):
                 # every load of UNROLL units first (weights, activations, scales), then the math
                 for uu in ts.unroll(UNROLL):
