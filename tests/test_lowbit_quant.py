@@ -180,14 +180,15 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     from tessera.kernels.lowbit_decode import DecodeConfig
     from tessera.quant.linear import cuda_matmul, prepare
 
-    configs = (None, DecodeConfig(4, 1, 1, 1, 1), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4))
+    configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
+               DecodeConfig(4, 2, 1, 2, 1))
     for i, group in enumerate(GROUPS):
         for zp in ((None, True) if t.is_integer else (None,)):
             n, k = (40, 520) if i % 2 else (100, 1000)
             q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
             p = prepare(q)
             w = torch.from_numpy(q.dequantize()).cuda().double()
-            for m, config in zip((1, 3, 13, 40), configs):
+            for m, config in zip((1, 3, 13, 40, 9), configs):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 y = cuda_matmul(x, p, config)
                 ref = x.double() @ w.T

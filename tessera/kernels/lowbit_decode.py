@@ -34,21 +34,24 @@ class DecodeConfig:
     unroll: int = 2
     m_tiles: int = 2
     rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
-    pipeline: bool = True  # register double buffering of batches (False: load, wait, compute)
+    x_units: int = 0  # > 0: the block's activations (at most this many units) staged in shared memory
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
         """A config for `sms` multiprocessors: about 4 KB of weights in flight per warp
         (unroll = 8 / bits units), and a split of K that gives every SM several blocks."""
-        unroll = {1: 8, 2: 4, 3: 2, 4: 2}.get(bits, 1)
-        warps, rows = 4, 1 if m <= 8 else 2
+        unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1)
+        warps, rows, m_tiles = 4, 1 if m <= 8 else 2, 1 if m <= 8 else 2
         tiles = -(-n // 16)
         blocks = -(-tiles // (warps * rows))
         k_tiles = -(-k // 256)
-        split = 1
-        while split < 8 and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
+        split, most = 1, 8 if m <= 8 else 2  # (measured on the H200: more tokens, fewer splits)
+        while split < most and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
             split *= 2
-        return DecodeConfig(warps, split, unroll, 1 if m <= 8 else 2, rows)
+        x_units = -(-k_tiles // split)
+        if x_smem_bytes(x_units, m_tiles) > 100 * 1024:
+            x_units = 0  # activations read from global memory instead
+        return DecodeConfig(warps, split, unroll, m_tiles, rows, x_units)
 
     def problems(self) -> list[str]:
         out = []
@@ -62,10 +65,17 @@ class DecodeConfig:
             out.append("m_tiles must be 1 or 2")
         if self.rows not in (1, 2, 4):
             out.append("rows must be 1, 2 or 4")
+        if self.x_units < 0 or x_smem_bytes(self.x_units, self.m_tiles) > 200 * 1024:
+            out.append("x_units must be >= 0 and its shared activations fit 200 KiB")
         return out
 
     def __str__(self) -> str:
-        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}{'_p' if self.pipeline else ''}"
+        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}{f'_x{self.x_units}' if self.x_units else ''}"
+
+
+def x_smem_bytes(x_units: int, m_tiles: int) -> int:
+    """Shared memory of the staged activations (see XROW in make_decode)."""
+    return 8 * m_tiles * (x_units * 288 + (32 if x_units % 2 == 0 else 0)) * 2
 
 
 def group_ok(group_size: int) -> bool:
@@ -87,7 +97,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
-    PIPELINE = config.pipeline
+    XU = config.x_units
+    # shared activations [8 * MT tokens, XU units x 4 lanes' 64 k + 8 halves of padding each]; the
+    # row length keeps a row 64 bytes off the next modulo 128: a warp's 16-byte reads hit no bank twice
+    XROW = XU * 288 + (32 if XU % 2 == 0 else 0)
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
     NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
@@ -106,10 +119,6 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         xr = ts.register_tensor(f16, [MT, 64])
         sc = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
         bz = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
-        wb = ts.register_tensor(u32, [2 if PIPELINE else 1, UNROLL, R, WORDS])
-        xb = ts.register_tensor(f16, [2 if PIPELINE else 1, MT, 64])
-        sb = ts.register_tensor(f16, [2 if PIPELINE else 1, UNROLL, R, NGL, 2])
-        bb = ts.register_tensor(f16, [2 if PIPELINE else 1, UNROLL, R, NGL, 2])
         a = ts.register_tensor(f16, [8])
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
         tid = ts.thread_idx.x
@@ -123,61 +132,27 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         per_split = ts.ceil_div(KT, SPLIT)
         u_begin = rank * per_split
         u_end = min(u_begin + per_split, KT)
+        xs = ts.shared_tensor(f16, [8 * MT, XROW if XU > 0 else 8])
+        if XU > 0:
+            n_units = u_end - u_begin
+            for idx in range(tid, 8 * MT * XU * 32, THREADS):
+                row = idx // (XU * 32)
+                col = idx % (XU * 32)  # 16-byte vector col of the row: unit col // 32, lane t, chunk
+                m = m_base + row
+                k = (u_begin + col // 32) * 256 + (col % 32) * 8
+                dst = (col // 32) * 288 + ((col % 32) // 8) * 72 + (col % 8) * 8
+                if m < M and k < K and col // 32 < n_units:
+                    ts.copy_vector(xs[row, dst], X[m, k], 16)
+                else:
+                    for e in ts.unroll(8):
+                        xs[row, dst + e] = 0.0
+            ts.syncthreads()
         for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
-        if nt0 * 16 < N and PIPELINE:
-            # Register double buffering: batch `it` (UNROLL units of weights and scales) loads into
-            # buffer it % 2 while batch it - 1 is unpacked and multiplied from the other buffer;
-            # within a batch the activations of unit uu + 1 load while unit uu computes.
-            nbat = ts.ceil_div(u_end - u_begin, UNROLL)
-            for it0 in range(0, nbat + 1, 2):
-                for p in ts.unroll(2):
-                    it = it0 + p
-                    if it < nbat:
-                        for uu in ts.unroll(UNROLL):
-                            u = u_begin + it * UNROLL + uu
-                            if u < u_end:
-                                for r in ts.unroll(R):
-                                    if (nt0 + r) * 16 < N:
-                                        for j in ts.unroll(BITS):
-                                            ts.copy_vector(wb[p, uu, r, 4 * j],
-                                                           Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                                    for q in ts.unroll(NGL):
-                                        grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
-                                        for h in ts.unroll(2):
-                                            row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                            sb[p, uu, r, q, h] = S[row, grp]
-                                            if HAS_BIAS:
-                                                bb[p, uu, r, q, h] = B[row, grp]
-                    if it >= 1 and it <= nbat:
-                        for v in ts.unroll(UNROLL + 1):  # load the activations of unit v, compute unit v - 1
-                            u = u_begin + (it - 1) * UNROLL + v
-                            if v < UNROLL and u < u_end:
-                                for i in ts.unroll(MT):
-                                    m = m_base + i * 8 + g
-                                    for j in ts.unroll(8):
-                                        k = u * 256 + t * 64 + j * 8
-                                        if m < M and k < K:
-                                            ts.copy_vector(xb[v % 2, i, j * 8], X[m, k], 16)
-                                        else:
-                                            for e in ts.unroll(8):
-                                                xb[v % 2, i, j * 8 + e] = 0.0
-                            if v >= 1 and u - 1 < u_end:
-                                for s in STEPS:
-                                    q = s // STEPS_PER_GROUP
-                                    for r in ts.unroll(R):
-                                        if HAS_BIAS:
-                                            ts.dequant(a[0], wb[1 - p, v - 1, r, 0], sb[1 - p, v - 1, r, q, 0],
-                                                       bb[1 - p, v - 1, r, q, 0], wtype=T, start=8 * s, count=8)
-                                        else:
-                                            ts.dequant(a[0], wb[1 - p, v - 1, r, 0], sb[1 - p, v - 1, r, q, 0],
-                                                       wtype=T, start=8 * s, count=8)
-                                        for i in ts.unroll(MT):
-                                            ts.mma(acc[s % 2, r, i, 0], a[0], xb[(v - 1) % 2, i, 4 * s])
-        if nt0 * 16 < N and not PIPELINE:
+        if nt0 * 16 < N:
             for u0 in range(u_begin, u_end, UNROLL):
                 # every load of UNROLL units first (weights, activations, scales), then the math
                 for uu in ts.unroll(UNROLL):
@@ -201,12 +176,15 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                         for i in ts.unroll(MT):
                             m = m_base + i * 8 + g
                             for j in ts.unroll(8):
-                                k = (u0 + uu) * 256 + t * 64 + j * 8
-                                if m < M and k < K:
-                                    ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                if XU > 0:
+                                    ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
                                 else:
-                                    for e in ts.unroll(8):
-                                        xr[i, j * 8 + e] = 0.0
+                                    k = (u0 + uu) * 256 + t * 64 + j * 8
+                                    if m < M and k < K:
+                                        ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                    else:
+                                        for e in ts.unroll(8):
+                                            xr[i, j * 8 + e] = 0.0
                         for s in STEPS:  # a compile-time list: dequant's start is a constant
                             q = s // STEPS_PER_GROUP
                             for r in ts.unroll(R):
