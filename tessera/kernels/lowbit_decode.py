@@ -38,20 +38,21 @@ class DecodeConfig:
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """A config for `sms` multiprocessors: about 4 KB of weights in flight per warp
-        (unroll = 8 / bits units), and a split of K that gives every SM several blocks."""
-        unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1)
-        warps, rows, m_tiles = 4, 1 if m <= 8 else 2, 1 if m <= 8 else 2
+        """A config for `sms` multiprocessors, from the H200 sweep at K=4096, N=12288 (commit
+        059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1 from 4 bits on at M <= 8,
+        2 at 4 bits beyond); K split until every SM has several blocks (at most 2 ways beyond
+        8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit weights).  Activations are
+        read from global memory: the shared-memory staging (x_units) is not measured yet."""
+        small = m <= 8
+        unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1 if small or bits > 4 else 2)
+        warps, rows, m_tiles = 4, 1 if small or bits == 1 else 2, 1 if small else 2
         tiles = -(-n // 16)
         blocks = -(-tiles // (warps * rows))
         k_tiles = -(-k // 256)
-        split, most = 1, 8 if m <= 8 else 2  # (measured on the H200: more tokens, fewer splits)
+        split, most = 1, 8 if small else 2
         while split < most and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
             split *= 2
-        x_units = -(-k_tiles // split)
-        if x_smem_bytes(x_units, m_tiles) > 100 * 1024:
-            x_units = 0  # activations read from global memory instead
-        return DecodeConfig(warps, split, unroll, m_tiles, rows, x_units)
+        return DecodeConfig(warps, split, unroll, m_tiles, rows)
 
     def problems(self) -> list[str]:
         out = []
