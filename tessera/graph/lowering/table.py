@@ -105,6 +105,7 @@ NOT_LOWERED: dict[str, str] = {
     "det": "det (an LU factorization) has no kernel",
     "bitcast": "bitcast has no kernel yet",
     "max_pool_with_indices": "max pooling with indices has no kernel yet",
+    "lowbit_linear": "lowbit_linear runs on the CUDA low-bit kernel (an anchor); elsewhere on its reference",
 }
 
 
