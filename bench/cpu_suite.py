@@ -86,7 +86,7 @@ def rel_err(out: Any, ref: Any) -> float:
 
 
 # ---- GEMM --------------------------------------------------------------------------------------------------------
-def gemm_cases(rounds: int) -> list[dict]:
+def gemm_cases(rounds: int, tune: bool) -> list[dict]:
     import numpy as np
     import torch
 
@@ -98,7 +98,7 @@ def gemm_cases(rounds: int) -> list[dict]:
         a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         t0 = time.perf_counter()
-        kernel = plan_cpu_matmul((m, k), (k, n)).load()
+        kernel = plan_cpu_matmul((m, k), (k, n), tune=tune).load()
         compile_s = time.perf_counter() - t0
         out = np.empty((m, n), np.float32)
         systems = {"tessera": lambda k=kernel, a=a, b=b, o=out: k([a, b], o),
@@ -147,7 +147,7 @@ def build_model(name: str) -> tuple[Any, tuple]:
     raise ValueError(f"unknown model {name!r}; known: {CASES[1:]}")
 
 
-def model_case(name: str, rounds: int) -> dict:
+def model_case(name: str, rounds: int, tune: bool) -> dict:
     import torch
 
     model, inputs = build_model(name)
@@ -159,7 +159,7 @@ def model_case(name: str, rounds: int) -> dict:
         inductor = torch.compile(model)
         inductor(*inputs)
         torch._dynamo.reset()
-        tessera = torch.compile(model, backend="tessera")
+        tessera = torch.compile(model, backend="tessera", options={"tune": tune})
         t0 = time.perf_counter()
         got = tessera(*inputs)
         compile_s = time.perf_counter() - t0
@@ -186,7 +186,7 @@ def _row(case: str, times: dict[str, list[float]], err: float, compile_s: float,
 
 
 # ---- results -----------------------------------------------------------------------------------------------------
-def write(rows: list[dict], outdirs: list[Path], threads: int) -> None:
+def write(rows: list[dict], outdirs: list[Path], threads: int, errors: dict[str, str]) -> None:
     import torch
 
     commit = os.environ.get("TESSERA_COMMIT")
@@ -209,6 +209,8 @@ def write(rows: list[dict], outdirs: list[Path], threads: int) -> None:
         cells = [r["case"], f"{r['tessera_us'] / 1e3:.2f}", *[f"{r['peers_us'].get(p, float('nan')) / 1e3:.2f}" for p in peers],
                  f"{r['vs_best_torch']:.2f}", f"{r['compile_s']:.1f}", f"{r['noise']['tessera']:.2f}", f"{r['rel_err']:.1e}"]  # fmt: skip
         table.append("| " + " | ".join(cells) + " |")
+    if errors:
+        table += ["", "Cases that failed in this run:", *[f"- {c}: `{e}`" for c, e in errors.items()]]
     for d in outdirs:
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{stem}.jsonl").write_text("\n".join(lines) + "\n")
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-tune", action="store_true",
+                    help="use the GEMM cost model instead of timing the register tiles once per shape (cached)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
@@ -233,10 +237,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"{cpu_name()}, torch {torch.__version__}, {args.threads} threads, load average {os.getloadavg()}")
     rows: list[dict] = []
+    errors: dict[str, str] = {}
+    tune = not args.no_tune
     for c in cases:
-        rows += gemm_cases(args.rounds) if c == "gemm" else [model_case(c, args.rounds)]
+        try:
+            rows += gemm_cases(args.rounds, tune) if c == "gemm" else [model_case(c, args.rounds, tune)]
+        except Exception as exc:  # noqa: BLE001  (one failing case must not lose the others)
+            print(f"{c}: FAILED: {type(exc).__name__}: {exc}", flush=True)
+            errors[c] = f"{type(exc).__name__}: {str(exc)[:300]}"
     outdirs = [BENCH / "results"] + ([Path(args.out)] if args.out else [])
-    write(rows, outdirs, args.threads)
+    write(rows, outdirs, args.threads, errors)
 
 
 if __name__ == "__main__":

@@ -108,3 +108,21 @@ def test_compiled_model_matches_torch(rng):
         for _ in range(2):
             x = torch.randn(2, 3, 9, 7)
             np.testing.assert_allclose(compiled(x).numpy(), model(x).double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
+    from tessera.ops.anchors import cpu_gemm
+
+    x, w, b = _f32(rng, 7, 33), _f32(rng, 21, 33), _f32(rng, 21)
+    kernel = plan_cpu_linear(x.shape, w.shape, bias=True, weight=w, tune=True).load()
+    out = np.full((7, 21), np.nan, np.float32)
+    kernel([x, w, b], out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + b, rtol=1e-4, atol=1e-4)
+    assert str(kernel.config) in {str(cpu_gemm.CpuGemmConfig(mr, nv, kernel.config.lanes, kernel.config.threads))
+                                  for mr, nv in cpu_gemm.TILES[kernel.config.lanes]}  # fmt: skip
+
+    def no_builds(*args, **kwargs):
+        raise AssertionError("a cached tuning record must not build candidates again")
+
+    monkeypatch.setattr(cpu_gemm, "plan_cpu_gemm", no_builds)
+    assert cpu_gemm.tuned_config(7, 21, 33, 1, "packed") == kernel.config

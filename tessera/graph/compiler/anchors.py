@@ -85,7 +85,7 @@ def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
             "dilation": _pair(attrs["dilation"], "dilation")}  # fmt: skip
 
 
-def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) -> Any:
+def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, tune: bool) -> Any:
     """The CPU GEMM plan of op, its constant weight packed once (tessera.ops.anchors.cpu_gemm)."""
     from tessera.ops.anchors import cpu_gemm
 
@@ -93,11 +93,11 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) 
     weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
     if op.kind == "linear":
         return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
-                                        weight=weight).load()  # fmt: skip
+                                        weight=weight, tune=tune).load()  # fmt: skip
     if op.kind == "matmul":
-        return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight).load()
+        return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight, tune=tune).load()
     return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
-                                    weight=weight, **_conv_geometry(op.attrs)).load()  # fmt: skip
+                                    weight=weight, tune=tune, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 
 def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False,
@@ -113,7 +113,7 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     operands = [position[t] for t in op.inputs]
     extras = [position[t] for t in extra_t]
     if target == "cpu":
-        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue)
+        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue, tune)
 
         def run_cpu(arrays: Any, outputs: Any) -> None:
             cpu_kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])
