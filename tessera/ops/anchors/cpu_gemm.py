@@ -34,6 +34,16 @@ from tessera.ops.anchors.rewrite import i32, remap_operand, rename, specialize, 
 TILES = {16: [(8, 3), (14, 2), (6, 2), (4, 4), (12, 2), (4, 6)], 8: [(6, 2), (4, 3), (3, 3)]}
 
 
+# GEMMs below this many multiply-adds run on one thread: an OpenMP team's start and join cost
+# more than the work (tens of microseconds when quiet, milliseconds on a loaded machine).
+MIN_PARALLEL_MACS = 1 << 20
+
+
+def gemm_threads(m: int, n: int, k: int, batch: int) -> int:
+    """Workers for a GEMM of this size: all of cpu_threads(), or 1 for a small one."""
+    return cpu_threads() if batch * m * n * k >= MIN_PARALLEL_MACS else 1
+
+
 def cpu_threads() -> int:
     """OpenMP workers for the CPU kernels: OMP_NUM_THREADS if set, else the CPUs this process may use."""
     env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
@@ -63,7 +73,7 @@ def estimate(cfg: CpuGemmConfig, m: int, n: int, k: int, batch: int) -> float:
 
 def heuristic_config(m: int, n: int, k: int, batch: int = 1) -> CpuGemmConfig:
     """The best-scored register tile for this problem at this machine's vector width."""
-    lanes, threads = _lanes(), cpu_threads()
+    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     return min(cands, key=lambda c: (estimate(c, m, n, k, batch), -c.mr * c.nv))
 
@@ -82,7 +92,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str) -> CpuGemmCo
     from tessera.kernels import cpu_gemm as template
     from tessera.tune import tune
 
-    lanes, threads = _lanes(), cpu_threads()
+    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     rng = np.random.default_rng(0)
     a = rng.standard_normal((batch, m, k)).astype(np.float32)
@@ -118,7 +128,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str) -> CpuGemmCo
         return sorted(times)[2] * 1e6
 
     key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}"
-    return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=threads).best
+    return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
 
 
 def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
