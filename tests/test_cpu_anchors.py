@@ -126,3 +126,23 @@ def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
 
     monkeypatch.setattr(cpu_gemm, "plan_cpu_gemm", no_builds)
     assert cpu_gemm.tuned_config(7, 21, 33, 1, "packed") == kernel.config
+
+
+@pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),
+                                               ((1, 2, 1, 5, 5, 3), True, (5, 5))])
+def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
+    from tessera.ops.anchors.attention import plan_attention
+
+    b, h, hk, sq, sk, d = shape
+    q, k, v = _f32(rng, b, h, sq, d), _f32(rng, b, hk, sk, d), _f32(rng, b, hk, sk, d)
+    m = None if mask is None else _f32(rng, *mask)
+    kernel = plan_attention(q.shape, k.shape, v.shape, "float32", causal=causal, mask_shape=mask,
+                            mask_dtype=None if mask is None else "float32", target="cpu").load()  # fmt: skip
+    out = np.full(kernel.out_shape, np.nan, np.float32)
+    kernel([q, k, v] + ([] if m is None else [m]), out)
+    rep = h // hk
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        torch.from_numpy(q).double(), torch.from_numpy(k).double().repeat_interleave(rep, 1),
+        torch.from_numpy(v).double().repeat_interleave(rep, 1), is_causal=causal,
+        attn_mask=None if m is None else torch.from_numpy(m).double())  # fmt: skip
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)

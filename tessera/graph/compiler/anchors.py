@@ -40,8 +40,14 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
 def _is_cpu_anchor(op: Operator) -> bool:
     from tessera.backend.isa import vector_lanes
 
-    if op.kind not in ("matmul", "linear", "conv2d") or vector_lanes() == 1:
+    if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
+    if op.kind == "scaled_dot_product_attention":
+        qkv, mask = op.inputs[:3], op.inputs[3:]
+        static = all(isinstance(d, int) for t in op.inputs for d in t.shape)
+        return (static and op.outputs[0].dtype == dtypes.float32 and len(op.inputs) in (3, 4)
+                and all(t.ndim == 4 and t.dtype == dtypes.float32 for t in qkv)
+                and all(1 <= t.ndim <= 4 and t.dtype in (dtypes.boolean, dtypes.float32) for t in mask))  # fmt: skip
     if any(t.dtype != dtypes.float32 for t in (*op.inputs, *op.outputs)):
         return False
     # A template is specialised to its shapes; symbolic sizes stay on the generic kernels, which
@@ -94,6 +100,15 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
     if op.kind == "linear":
         return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
                                         weight=weight, tune=tune).load()  # fmt: skip
+    if op.kind == "scaled_dot_product_attention":
+        from tessera.ops.anchors.attention import plan_attention
+
+        if epilogue is not None:
+            raise UnsupportedError("the attention template takes no epilogue")
+        masked = len(op.inputs) == 4
+        return plan_attention(*in_shapes[:3], dtypes.float32, causal=bool(op.attrs.get("causal", False)),
+                              scale=op.attrs.get("scale"), mask_shape=in_shapes[3] if masked else None,
+                              mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, target="cpu").load()  # fmt: skip
     if op.kind == "matmul":
         return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight, tune=tune).load()
     return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,

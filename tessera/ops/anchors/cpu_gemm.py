@@ -36,7 +36,7 @@ TILES = {16: [(8, 3), (14, 2), (6, 2), (4, 4), (12, 2), (4, 6)], 8: [(6, 2), (4,
 
 # GEMMs below this many multiply-adds run on one thread: an OpenMP team's start and join cost
 # more than the work (tens of microseconds when quiet, milliseconds on a loaded machine).
-MIN_PARALLEL_MACS = 1 << 20
+MIN_PARALLEL_MACS = 1 << 22
 
 
 def gemm_threads(m: int, n: int, k: int, batch: int) -> int:
@@ -173,6 +173,14 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
     if plan is None:
         plan = AnchorPlan(name, [], out_shape, dtypes.float32, num_inputs, 0, target="cpu")
     plan.out_dtype, plan.num_extras = ep.output.dtype, len(epilogue.extras) if epilogue else 0
+    plan.config = add_cpu_gemm(plan, p, ep, ep_slots, name, weight=weight, config=config, tune=tune)
+    return plan
+
+
+def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[Slot], name: str, *,
+                 weight: np.ndarray | None = None, config: CpuGemmConfig | None = None, tune: bool = False,
+                 out_slot: Slot = (OUTPUT, 0)) -> CpuGemmConfig:  # fmt: skip
+    """Append the GEMM's launch to `plan`, `ep` fused into its stores into `out_slot`; the config used."""
     if config is None and tune:
         config = tuned_config(p.m, p.n, p.k, p.batch, "packed" if weight is not None else p.layout)
     cfg = config or heuristic_config(p.m, p.n, p.k, p.batch)
@@ -187,6 +195,7 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
         f = make_gemm(cfg, "packed").ir
         shapes["B"] = plan.constants[-1].shape
     else:
+        b_slot = p.b.slot
         f = make_gemm(cfg, p.layout).ir
         shapes["B"] = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
         shapes["W"] = (cfg.threads, p.k * cfg.nr)
@@ -195,12 +204,11 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
     if weight is None:
         f = remap_operand(f, "B", p.b.shape, p.b.index)
     f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}")
-    slots = [p.a.slot, b_slot, (OUTPUT, 0)] if weight is not None else [p.a.slot, p.b.slot, (OUTPUT, 0)]
+    slots = [p.a.slot, b_slot, out_slot]
     if weight is None:
         slots.append(plan.workspace(shapes["W"], dtypes.float32))
     plan.launches.append(Launch(f, slots + ep_slots))
-    plan.config = cfg
-    return plan
+    return cfg
 
 
 def _check_f32(dtype: DataType | str, op: str) -> DataType:
