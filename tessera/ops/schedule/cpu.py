@@ -63,9 +63,32 @@ def lower_elementwise_cpu(plan: KernelPlan, buffers: Buffers) -> S.Stmt:
     return _parallel(shape[:-1], body, _static_size(shape[-1:]))
 
 
+class SimdSums(Workers):
+    """One thread per outer index; a floating-point sum's innermost loop is a SIMD loop (gcc may
+    vectorise it, reassociating the sum as `#pragma omp simd reduction` allows)."""
+
+    def loop(self, vars_, extents, body: S.Stmt, name: str) -> S.Stmt:  # noqa: ANN001
+        nest = super().loop(vars_, extents, body, name)
+        is_sum = (isinstance(body, S.Assign) and isinstance(body.value, E.Binary) and body.value.op == "+"
+                  and body.value.a is body.var and body.var.dtype.is_float)  # fmt: skip
+        if not is_sum:
+            return nest
+        return _mark_innermost(nest, body)
+
+
+def _mark_innermost(s: S.Stmt, body: S.Stmt) -> S.Stmt:
+    if isinstance(s, S.For):
+        if s.body is body:
+            return S.For(s.var, s.start, s.stop, s.step, s.body, S.SIMD)
+        return S.For(s.var, s.start, s.stop, s.step, _mark_innermost(s.body, body), s.kind)
+    if isinstance(s, S.Seq):
+        return S.Seq([_mark_innermost(x, body) for x in s.stmts])
+    return s
+
+
 def lower_reduction_cpu(plan: KernelPlan, buffers: Buffers) -> S.Stmt:
     assert plan.outer is not None
-    workers = Workers()
+    workers = SimdSums()
     return _parallel(outer_extents(plan), lambda c: row_body(plan, dict(zip(plan.outer, c)), workers, buffers),
                      _row_work(plan))  # fmt: skip
 
