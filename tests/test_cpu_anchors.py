@@ -146,3 +146,20 @@ def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
         torch.from_numpy(v).double().repeat_interleave(rep, 1), is_causal=causal,
         attn_mask=None if m is None else torch.from_numpy(m).double())  # fmt: skip
     np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_zero_dim_tensor_from_a_torch_segment():
+    """A 0-d tensor made by an op that runs in torch (new_ones) feeds a compiled segment
+    (GPT-2's attention mask does this): it must arrive 0-d, not as shape (1,)."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            s = x.new_ones(())
+            return torch.relu(x * (s + 1.0) - 0.5)
+
+    model = M()
+    compiled = torch.compile(model, backend="tessera")
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 5)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6)
