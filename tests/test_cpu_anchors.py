@@ -163,3 +163,16 @@ def test_zero_dim_tensor_from_a_torch_segment():
         for _ in range(2):
             x = torch.randn(3, 5)
             np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_avx2_code_path(rng, monkeypatch):
+    """With the ISA capped at AVX2 the anchors use 8-lane tiles, and stay correct."""
+    monkeypatch.setenv("TESSERA_CPU_ISA", "avx2")
+    if vector_lanes() != 8:
+        pytest.skip("this CPU has no AVX2")
+    x, w, b = _f32(rng, 11, 29), _f32(rng, 13, 29), _f32(rng, 13)
+    kernel = plan_cpu_linear(x.shape, w.shape, bias=True).load()
+    assert kernel.config.lanes == 8 and "__m256" in kernel.source and "__m512" not in kernel.source.split("ts_kernel_")[1]
+    out = np.full((11, 13), np.nan, np.float32)
+    kernel([x, w, b], out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + b, rtol=1e-4, atol=1e-4)
