@@ -207,7 +207,8 @@ def write(rows: list[dict], outdirs: list[Path], threads: int, errors: dict[str,
     lines = [json.dumps({"suite": "cpu", **r, **env}) for r in rows]
     peers = sorted({p for r in rows for p in r["peers_us"]})
     head = (f"# cpu — {env['gpu']}, {env['date']}, torch {env['torch']}, {threads} threads, commit {commit[:12]}\n\n"
-            "Medians of interleaved rounds (ms); noise = (p75 - p25) / median per system; x = best torch / tessera.\n\n")  # fmt: skip
+            "Medians of interleaved rounds (ms); noise = (p75 - p25) / median per system; x = best torch / tessera.\n"
+            f"Load average when written: {env['load_avg_1m']:.1f} on {os.cpu_count()} CPUs (other processes share them).\n\n")  # fmt: skip
     cols = ["case", "tessera", *peers, "x best torch", "compile s", "noise (tessera)", "rel_err"]
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
