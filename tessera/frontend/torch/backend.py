@@ -97,7 +97,8 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(torch_to_numpy(t))
+    a = torch_to_numpy(t)
+    return np.ascontiguousarray(a) if a.ndim else a  # ascontiguousarray makes a 0-d array 1-d
 
 
 def _leaves(value: Any) -> list:
