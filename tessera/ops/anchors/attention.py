@@ -158,11 +158,18 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     return plan
 
 
+def _sm90() -> bool:
+    """Whether this machine has a Hopper GPU (read from the driver; False without one)."""
+    from tessera.runtime.cuda import device_properties
+
+    props = device_properties()
+    return props.from_driver and props.capability == (9, 0)
+
+
 def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
                       mask_shape: Sequence[int] | None = None) -> str | None:  # fmt: skip
     """Why the fused flash kernel does not take these shapes on this machine (None when it does)."""
     from tessera.kernels.attention import HEAD_DIMS
-    from tessera.ops.anchors.gemm import _sm90
 
     if not _sm90():
         return "the fused kernel needs an SM90 GPU (TMA, wgmma)"
