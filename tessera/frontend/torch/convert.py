@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from tessera.errors import UnsupportedError
+from tessera.frontend.torch.sizes import dim_from_sym
 from tessera.graph import FlowGraph, Operator, Tensor
-from tessera.graph.symbolic import Dim, Sym, fresh_dim
+from tessera.graph.symbolic import Dim, Sym
 from tessera.ir import dtypes
 
 Handler = Callable[["Converter", list, dict], Any]
@@ -70,36 +71,8 @@ def dtype_of(dt: torch.dtype) -> dtypes.DataType:
 
 
 def sym_to_dim(value: Any) -> Dim:
-    """A torch int / SymInt as an int or a monomial Sym (an opaque size for anything else)."""
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.SymInt):
-        expr = value.node.expr
-        return _sympy_dim(expr)
-    raise UnsupportedError(f"{value!r} is not a size")
-
-
-def _sympy_dim(expr: Any) -> Dim:
-    import sympy
-
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Symbol:
-        return Sym.var(str(expr))
-    if expr.is_Mul:
-        out: Dim = 1
-        for f in expr.args:
-            d = _sympy_dim(f)
-            out = d * out if isinstance(d, Sym) else (out * d)
-        return out
-    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
-        base = _sympy_dim(expr.base)
-        out = 1
-        for _ in range(int(expr.exp)):
-            out = base * out if isinstance(base, Sym) else out * base
-        return out
-    _ = sympy
-    return fresh_dim("e")
+    """A torch int / SymInt as a tessera size (`sizes.dim_from_sym`)."""
+    return dim_from_sym(value)
 
 
 def scalar_from_meta(value: Any) -> Any:

@@ -19,7 +19,7 @@ from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
-from tessera.ops.common import monomial, static
+from tessera.ops.common import numel_equal, static
 from tessera.ops.transform import add_dims
 
 _INT32_MAX = 2**31 - 1
@@ -55,7 +55,7 @@ def narrow(x: TensorNode, axis: int, first: E.Expr, length: E.Expr, step: int = 
 def reshape(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
     target: list[Any] = [-1 if isinstance(d, int) and d == -1 else ctx.attr_dim(d) for d in ctx.attrs["shape"]]
-    if -1 not in target and monomial(target) != monomial(x.shape):
+    if -1 not in target and not numel_equal(target, x.shape):
         # The sizes agree at run time but not as expressions (concrete input shapes against a
         # symbolic target): let the one symbolic entry be inferred from the element count.
         symbolic = [k for k, d in enumerate(target) if static(d) is None]

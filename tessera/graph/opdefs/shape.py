@@ -11,7 +11,6 @@ from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import (
     Dim,
     ShapeError,
-    Sym,
     broadcast_shapes,
     dim_add,
     dim_div,
@@ -19,6 +18,7 @@ from tessera.graph.symbolic import (
     numel,
 )  # fmt: skip
 from tessera.ir import dtypes
+from tessera.ir.symbolic import floordiv, nonneg
 
 BIG = 2**62  # "to the end" in slice bounds
 
@@ -80,13 +80,25 @@ register("permute", infer=_permute_infer, category="injective", attrs={"perm": R
 
 # ---- slicing ------------------------------------------------------------------------------
 def _slice_len(dim: Dim, start, end, step) -> Dim:
+    """Python's slice length, symbolically.  Negative bounds count from the end (a symbolic bound
+    is negative when all its coefficients are).  Where the size algebra cannot decide whether a
+    bound lies inside [0, dim] (`x[:, :4]` on a symbolic length), the graph *assumes* it does,
+    as torch's shape environment does, and `shape_check` confirms it at run time.  A symbolic
+    size with a negative step is opaque."""
     if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
         return len(range(*slice(start, end, step).indices(dim)))
     if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
         return dim
-    if step == 1 and isinstance(start, int) and start >= 0 and end == dim and isinstance(dim, Sym):
-        return dim_add(dim, -start)
-    return fresh_dim("l")
+    if not isinstance(step, int) or step < 0:
+        return fresh_dim("l")
+
+    def clamp(b: Dim) -> Dim:
+        b = b + dim if (b < 0 if isinstance(b, int) else nonneg(-b)) else b
+        return 0 if nonneg(-b) else dim if nonneg(b - dim) else b
+
+    stop = dim if isinstance(end, int) and end >= BIG else clamp(end)
+    length = floordiv(stop - clamp(start) + step - 1, step)
+    return 0 if nonneg(-length) else length
 
 
 def _slice_infer(xs, a):
