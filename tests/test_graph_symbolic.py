@@ -97,3 +97,34 @@ def test_bind_shapes_solves_sums():
         bind_shapes({}, [((parse_dim("past + seq"),), (1,), "k"), ((seq,), (2,), "ids")])
     with pytest.raises(ShapeError, match=r"sizes \['past', 'seq'\] are bound by no input's shape"):
         bind_shapes({}, [((parse_dim("past + seq"),), (4,), "k")])
+
+
+def _mlp_graph():
+    b = GraphBuilder("mlp")
+    x = b.input("x", ["n", 16])
+    w = b.constant(np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32))
+    h = b.op("relu", b.op("matmul", x, w))
+    b.output(b.op("reduce_sum", b.op("exp", b.op("mul", h, b.constant(np.float32(0.1)))), axes=[1]))
+    return b.build(), w
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_plans_share_one_arena_sized_by_the_largest(rng, target):
+    """Plans per length share one arena: memory follows the largest shape seen, not the sum;
+    a length seen before the arena grew is planned again and still right."""
+    g, w = _mlp_graph()
+    compiled = compile_graph(g, target)
+    wv = w.data.astype(np.float64)
+    sizes = []
+    for n in (3, 5, 9, 17, 5, 3, 33, 9):
+        xv = rng.standard_normal((n, 16)).astype(np.float32)
+        for _ in range(2):  # the second call replays the CUDA graph on the GPU
+            got = compiled(xv)[0]
+            got = got.cpu().numpy() if hasattr(got, "cpu") else got
+            want = np.exp(np.maximum(xv.astype(np.float64) @ wv, 0) * 0.1).sum(1)
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        sizes.append(compiled.summary()["shared_arena_bytes"])
+    largest = max(p.arena_bytes for p in compiled._plans.values())
+    assert sizes == sorted(sizes) and sizes[-1] >= largest
+    assert all(p.arena is compiled._arena for p in compiled._plans.values())
+    assert sizes[-1] <= 1.5 * largest + 4096

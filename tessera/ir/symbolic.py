@@ -15,8 +15,8 @@ sizes.  `x % y` is `x - y * (x // y)`.  Every operation returns the canonical fo
   (`a // 2 // 3` is `a // 6`); one by a symbolic size divides exactly where the polynomial
   allows (`(a*b + a) // a` is `b + 1`);
 - `min`/`max` flatten, drop duplicates and the arguments whose difference to another has
-  a known sign (`max(n, n + 1)` is `n + 1`, `max(0, min(n, 4))` is `min(n, 4)`: named sizes
-  are never negative), and fold constants.
+  a known sign (`max(n, n + 1)` is `n + 1`, `min(1, n)` is `1`: named sizes are sizes of
+  non-empty tensors, at least 1), and fold constants.
 
 Equal canonical forms mean equal values for every binding; different forms may still be equal
 for all bindings (`(2*a) // 2` is `a`, but nothing decides `min(a, b) + max(a, b) == a + b`).
@@ -30,6 +30,7 @@ expressions the kernels index with.  `broadcast_shapes` is the broadcasting rule
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -355,21 +356,33 @@ def _minmax(kind: str, args: Iterable[Dim]) -> Dim:
     return _atom(MinMax(kind, tuple(sorted(kept, key=dim_key))))
 
 
+@functools.lru_cache(maxsize=4096)
 def nonneg(d: Dim) -> bool:
-    """Whether d >= 0 for every binding, knowing that named sizes are >= 0 (a sufficient test:
-    non-negative coefficients over non-negative atoms)."""
+    """Whether d >= 0 for every value of its names, which are sizes of non-empty tensors (>= 1;
+    tessera's kernels refuse empty tensors, and run-time shape checks catch a size of 0).
+
+    A sufficient test: with every name n written as 1 + m (m >= 0), the polynomial has
+    non-negative coefficients over non-negative atoms."""
     if isinstance(d, int):
         return d >= 0
-    return all(c >= 0 and all(_atom_nonneg(a) for a, _ in mono) for mono, c in d.terms)
+    shifted = substitute(d, {n: Sym.var(n) + 1 for n in free_names(d)})
+    return _nonneg0(shifted)
 
 
-def _atom_nonneg(a: Atom) -> bool:
+def _nonneg0(d: Dim) -> bool:
+    """d >= 0 for names >= 0 (the shifted names of `nonneg`)."""
+    if isinstance(d, int):
+        return d >= 0
+    return all(c >= 0 and all(_atom_nonneg0(a) for a, _ in mono) for mono, c in d.terms)
+
+
+def _atom_nonneg0(a: Atom) -> bool:
     if isinstance(a, Name):
         return True
     if isinstance(a, FloorDiv):
-        return nonneg(a.num) and nonneg(a.den)
+        return _nonneg0(a.num) and _nonneg0(a.den)
     assert isinstance(a, MinMax)
-    return (all if a.kind == "min" else any)(nonneg(x) for x in a.args)
+    return (all if a.kind == "min" else any)(_nonneg0(x) for x in a.args)
 
 
 # ---- evaluation, substitution, names -------------------------------------------------------------------------------

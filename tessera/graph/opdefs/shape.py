@@ -18,7 +18,7 @@ from tessera.graph.symbolic import (
     numel,
 )  # fmt: skip
 from tessera.ir import dtypes
-from tessera.ir.symbolic import floordiv, nonneg
+from tessera.ir.symbolic import floordiv, nonneg, sym_max, sym_min
 
 BIG = 2**62  # "to the end" in slice bounds
 
@@ -80,11 +80,10 @@ register("permute", infer=_permute_infer, category="injective", attrs={"perm": R
 
 # ---- slicing ------------------------------------------------------------------------------
 def _slice_len(dim: Dim, start, end, step) -> Dim:
-    """Python's slice length, symbolically.  Negative bounds count from the end (a symbolic bound
-    is negative when all its coefficients are).  Where the size algebra cannot decide whether a
-    bound lies inside [0, dim] (`x[:, :4]` on a symbolic length), the graph *assumes* it does,
-    as torch's shape environment does, and `shape_check` confirms it at run time.  A symbolic
-    size with a negative step is opaque."""
+    """Python's slice length, symbolically and exactly: negative bounds count from the end (a
+    symbolic bound is negative when all its coefficients are), bounds clamp to [0, dim], an
+    empty slice has length 0; the size algebra drops the clamps it can decide (`x[:, :1]` on a
+    symbolic length is 1).  A symbolic size with a negative step is opaque."""
     if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
         return len(range(*slice(start, end, step).indices(dim)))
     if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
@@ -94,11 +93,10 @@ def _slice_len(dim: Dim, start, end, step) -> Dim:
 
     def clamp(b: Dim) -> Dim:
         b = b + dim if (b < 0 if isinstance(b, int) else nonneg(-b)) else b
-        return 0 if nonneg(-b) else dim if nonneg(b - dim) else b
+        return sym_min(sym_max(b, 0), dim)
 
     stop = dim if isinstance(end, int) and end >= BIG else clamp(end)
-    length = floordiv(stop - clamp(start) + step - 1, step)
-    return 0 if nonneg(-length) else length
+    return sym_max(0, floordiv(stop - clamp(start) + step - 1, step))
 
 
 def _slice_infer(xs, a):
