@@ -47,6 +47,7 @@ def test_model_matches_torch_with_dynamic_batch(name):
     assert stats["graphs"] - before["graphs"] == 1
     assert stats["builds"] - before["builds"] == 1
     assert stats["eager_nodes"] == before["eager_nodes"]
+    assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
     # Compiled to generated kernels: nothing left to the numpy references.
     assert stats["kernels"] > before["kernels"]
     assert stats["reference_ops"] == before["reference_ops"]

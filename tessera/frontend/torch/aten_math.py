@@ -245,7 +245,7 @@ def _convert(cv, a):
     return cv.cast(a["a"], a["dtype"])
 
 
-@lowers("aten.copy")
+@lowers("aten.copy", "aten.copy_")
 def _copy(cv, a):
     src = cv.cast(a["src"], cv.meta.dtype)
     shape = list(a["self"].shape)

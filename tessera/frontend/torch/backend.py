@@ -49,7 +49,8 @@ from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
 
 log = logging.getLogger("tessera")
 
-stats = {"graphs": 0, "builds": 0, "segments": 0, "eager_nodes": 0, "kernels": 0, "reference_ops": 0}
+stats = {"graphs": 0, "builds": 0, "segments": 0, "eager_nodes": 0, "kernels": 0, "reference_ops": 0,
+         "whole_graph_fallbacks": 0}
 _logged: set[str] = set()
 
 
@@ -164,8 +165,9 @@ class CompiledGraph:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         index = {n: i for i, n in enumerate(self.placeholders)}
-        # (input index, node with its new value): the graph's updates of its inputs
-        self.mutations = [(index[n.args[0]], n.args[1]) for n in gm.graph.nodes if _is_input_mutation(n)]
+        # (input index, copy_ node): the graph's updates of its inputs.  The copy_ nodes lower
+        # like aten.copy (the new value, cast and broadcast to the input); the call writes it.
+        self.mutations = [(index[n.args[0]], n) for n in gm.graph.nodes if _is_input_mutation(n)]
         mutated = {i for i, _ in self.mutations}
         self._state = {i: t for i, t in state.items() if i not in mutated}
         self._logged: set[str] = set()  # each op that runs in torch is logged once per graph
@@ -190,6 +192,7 @@ class CompiledGraph:
             self.steps = self._plan(values)
         except Exception as e:  # noqa: BLE001  (any failure here must leave torch's result intact)
             self.fallback_reason = f"{type(e).__name__}: {e}"
+            stats["whole_graph_fallbacks"] += 1
             log.warning("tessera: running the whole graph in torch: %s", self.fallback_reason)
             self.steps = []
 
@@ -212,7 +215,7 @@ class CompiledGraph:
         unsupported: dict[torch.fx.Node, str] = {}
         scalar: set[torch.fx.Node] = set()
         for n in gm.graph.nodes:
-            if n.op in ("placeholder", "output") or _is_input_mutation(n):
+            if n.op in ("placeholder", "output"):
                 continue
             meta = meta_of(n)
             if n.op == "get_attr":
@@ -229,8 +232,7 @@ class CompiledGraph:
                 cv.env[n] = self._stand_in(cv, n, meta, reason)
         results = [self.output.args[0], *(v for _, v in self.mutations)]
         if not unsupported:
-            seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")
-                            and not _is_input_mutation(n)])  # fmt: skip
+            seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
             self._finish(seg, cv, results)
@@ -248,8 +250,7 @@ class CompiledGraph:
 
     def _segments(self, unsupported: dict, scalar: set, values: list[Any]) -> list:
         gm, output = self.gm, self.output
-        calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")
-                 and not _is_input_mutation(n)]  # fmt: skip
+        calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
         mutation_sources = {v for _, v in self.mutations}
         # Scalar nodes that eager code or the output reads must run in the interpreter too.
         needed: set[torch.fx.Node] = set()
@@ -390,7 +391,8 @@ class CompiledGraph:
             else:
                 values[step] = self._run_node(step, values)
         for i, n in self.mutations:
-            args[i].copy_(values[n])  # on the input's device: no round trip through the host
+            if values[n] is not args[i]:  # (a copy_ that ran in torch has written it already)
+                args[i].copy_(values[n])  # on the input's device: no round trip through the host
         if self.output in values:  # the whole graph was one segment
             return values[self.output]
         return torch.fx.node.map_arg(self.output.args[0], lambda n: values[n])
