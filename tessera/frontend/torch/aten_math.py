@@ -186,7 +186,7 @@ def _rsub(cv, a):
     return cv.op("sub", y, x)
 
 
-@lowers("aten.div")
+@lowers("aten.div", "aten.true_divide")  # true_divide: dynamic=True passes Python floats as 0-d tensors
 def _div(cv, a):
     mode = a.get("rounding_mode")
     dt = compute_dtype(cv, "self", "other")

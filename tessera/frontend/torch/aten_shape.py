@@ -16,7 +16,7 @@ from tessera.frontend.torch.aten_nn import reshape
 from tessera.frontend.torch.convert import Converter, lowers
 from tessera.graph import Tensor
 from tessera.graph.opdefs.shape import BIG
-from tessera.graph.symbolic import dim_mul
+from tessera.graph.symbolic import Sym, dim_mul
 
 
 def _axis(d: int, ndim: int) -> int:
@@ -149,7 +149,8 @@ def _repeat(cv, a):
 @lowers("aten.tril", "aten.triu")
 def _tri(cv, a):
     kind = "tril" if "tril" in str(cv.node.target) else "triu"
-    return cv.op(kind, a["self"], diagonal=int(a["diagonal"]))
+    d = a["diagonal"]  # symbolic under dynamic shapes (a causal mask over `past + seq` keys)
+    return cv.op(kind, a["self"], diagonal=d if isinstance(d, Sym) else int(d))
 
 
 @lowers("aten.constant_pad_nd")

@@ -44,7 +44,8 @@ from tessera.graph import Executor, FlowGraph, Tensor
 from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
 from tessera.graph.compiler import compile_graph
 from tessera.graph.passes import optimize
-from tessera.graph.symbolic import Sym, contains_sym
+from tessera.graph.symbolic import Sym, bind_shapes, contains_sym
+from tessera.ir.symbolic import evaluate_dim
 from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
 
 log = logging.getLogger("tessera")
@@ -150,6 +151,7 @@ class _Segment:
         self.executor: Executor | TesseraCompiledGraph | None = None
         self.on_device = False  # a CUDA graph: torch tensors in and out
         self.devices: list[torch.device] = []
+        self.size_outputs = False  # outputs include symbolic sizes (evaluated per call)
         self.sym_inputs: dict[str, int] = {}  # symbol name -> index of a SymInt placeholder
 
 
@@ -329,13 +331,18 @@ class CompiledGraph:
                 return ("tensor", len(outs) - 1)
             if value is None or isinstance(value, (bool, int, float)):
                 return ("const", value)
-            if isinstance(value, Sym):
-                raise UnsupportedError(f"a symbolic size {value} as a graph output")
+            if isinstance(value, Sym):  # a size (dynamic shapes): evaluated from the bindings of each call
+                return ("size", value)
             raise UnsupportedError(f"graph output of type {type(value).__name__}")
 
         seg.output_structure = [index(v) for v in values]
         graph = cv.build(outs)
         optimize(graph)
+        sizes = [v for v in _leaves(seg.output_structure) if isinstance(v, Sym)]
+        unbound = {n for v in sizes for n in v.names} - set(graph.symbols()) - set(self._sym_placeholders())
+        if unbound:
+            raise UnsupportedError(f"graph outputs sizes over {sorted(unbound)}, which no input carries")
+        seg.size_outputs = bool(sizes)
         for op in graph.operators:
             if contains_sym(list(op.attrs.values())):
                 names = {n for v in _leaves(list(op.attrs.values())) if isinstance(v, Sym) for n in v.names}
@@ -405,6 +412,8 @@ class CompiledGraph:
                     arrays.append(v if seg.on_device else _to_numpy(v))
         symbols = {name: int(args[i]) for name, i in seg.sym_inputs.items()}
         results = seg.executor.execute(arrays, symbols)
+        if seg.size_outputs:
+            bind_shapes(symbols, [(t.shape, tuple(a.shape), t.name) for t, a in zip(seg.graph.inputs, arrays)])
         if seg.on_device:
             tensors = list(results)
         else:
@@ -413,8 +422,8 @@ class CompiledGraph:
         def rebuild(s: Any) -> Any:
             if isinstance(s, list):
                 return [rebuild(x) for x in s]
-            if isinstance(s, tuple) and len(s) == 2 and s[0] in ("tensor", "const"):
-                return tensors[s[1]] if s[0] == "tensor" else s[1]
+            if isinstance(s, tuple) and len(s) == 2 and s[0] in ("tensor", "const", "size"):
+                return tensors[s[1]] if s[0] == "tensor" else s[1] if s[0] == "const" else evaluate_dim(s[1], symbols)
             if isinstance(s, tuple):
                 return tuple(rebuild(x) for x in s)
             return s

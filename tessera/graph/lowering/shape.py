@@ -14,6 +14,7 @@ from tessera import ops
 from tessera.graph.lowering.core import Ctx, LoweringError, cast, copy, i32, python_value, view
 from tessera.graph.lowering.elementwise import full_like_value
 from tessera.graph.opdefs._common import norm_axes, norm_axis
+from tessera.graph.opdefs.shape import slice_window
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
@@ -21,20 +22,6 @@ from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
 from tessera.ops.common import numel_equal, static
 from tessera.ops.transform import add_dims
-
-_INT32_MAX = 2**31 - 1
-
-
-def _min(a: E.Expr, b: E.Expr) -> E.Expr:
-    if static(a) is not None and static(b) is not None:
-        return i32(min(static(a), static(b)))
-    return E.Call("min", (a, b), dtypes.int32)
-
-
-def _max(a: E.Expr, b: E.Expr) -> E.Expr:
-    if static(a) is not None and static(b) is not None:
-        return i32(max(static(a), static(b)))
-    return E.Call("max", (a, b), dtypes.int32)
 
 
 def narrow(x: TensorNode, axis: int, first: E.Expr, length: E.Expr, step: int = 1) -> TensorNode:
@@ -112,7 +99,8 @@ def flip(ctx: Ctx) -> list[TensorNode]:
 
 def tri(ctx: Ctx) -> list[TensorNode]:
     fn = ops.tril if ctx.kind == "tril" else ops.triu
-    return ctx.finish([fn(ctx.x(), int(ctx.attrs["diagonal"]))])
+    d = ctx.attrs["diagonal"]
+    return ctx.finish([fn(ctx.x(), ctx.attr_dim(d) if isinstance(d, Sym) else int(d))])
 
 
 def check_static_attrs(*names: str):
@@ -127,20 +115,6 @@ def check_static_attrs(*names: str):
 
 
 # ---- slicing and joining -----------------------------------------------------------------------------------------
-def _bound(ctx: Ctx, v: Any, n: E.Expr, default: E.Expr) -> E.Expr:
-    """A Python slice bound (step > 0) clamped into [0, n] like slice.indices."""
-    if v is None:
-        return default
-    if isinstance(v, Sym):  # symbolic sizes are never negative
-        return _min(ctx.attr_dim(v), n)
-    v = int(v)
-    if v >= _INT32_MAX:
-        return n
-    if v <= -_INT32_MAX:
-        return i32(0)
-    return _max(i32(0), n + v) if v < 0 else _min(i32(v), n)
-
-
 def slice_op(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
     a = ctx.attrs
@@ -157,11 +131,8 @@ def slice_op(ctx: Ctx) -> list[TensorNode]:
             continue
         if step < 0:
             raise LoweringError("slice with a negative step over a symbolic size is not lowered")
-        first = _bound(ctx, start, n, i32(0))
-        last = _bound(ctx, end, n, n)
-        span = last if static(first) == 0 else last - first
-        length = span if step == 1 else (span + (step - 1)) // step
-        x = narrow(x, ax, first, _max(i32(0), length) if static(first) != 0 else length, step)
+        first, length = slice_window(ctx.op.inputs[0].shape[ax], start, end, step)  # the graph's own rule
+        x = narrow(x, ax, ctx.attr_dim(first), ctx.attr_dim(length), step)
     return ctx.finish([x])
 
 

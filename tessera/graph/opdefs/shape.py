@@ -79,24 +79,30 @@ register("permute", infer=_permute_infer, category="injective", attrs={"perm": R
 
 
 # ---- slicing ------------------------------------------------------------------------------
-def _slice_len(dim: Dim, start, end, step) -> Dim:
-    """Python's slice length, symbolically and exactly: negative bounds count from the end (a
-    symbolic bound is negative when all its coefficients are), bounds clamp to [0, dim], an
-    empty slice has length 0; the size algebra drops the clamps it can decide (`x[:, :1]` on a
-    symbolic length is 1).  A symbolic size with a negative step is opaque."""
-    if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
-        return len(range(*slice(start, end, step).indices(dim)))
-    if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
-        return dim
-    if not isinstance(step, int) or step < 0:
-        return fresh_dim("l")
+def slice_window(dim: Dim, start, end, step: int) -> tuple[Dim, Dim]:
+    """(first index, length) of Python's slice start:end:step (step > 0) on an axis of size dim,
+    symbolically and exactly: negative bounds count from the end (a symbolic bound is negative
+    when all its coefficients are), bounds clamp to [0, dim], an empty slice has length 0; the
+    size algebra drops the clamps it can decide (`x[:, :1]` on a symbolic length is 1).  The
+    one rule for shape inference and lowering."""
 
     def clamp(b: Dim) -> Dim:
         b = b + dim if (b < 0 if isinstance(b, int) else nonneg(-b)) else b
         return sym_min(sym_max(b, 0), dim)
 
+    first = clamp(start)
     stop = dim if isinstance(end, int) and end >= BIG else clamp(end)
-    return sym_max(0, floordiv(stop - clamp(start) + step - 1, step))
+    return first, sym_max(0, floordiv(stop - first + step - 1, step))
+
+
+def _slice_len(dim: Dim, start, end, step) -> Dim:
+    if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
+        return len(range(*slice(start, end, step).indices(dim)))
+    if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
+        return dim
+    if not isinstance(step, int) or step < 0:
+        return fresh_dim("l")  # reversing a symbolic axis
+    return slice_window(dim, start, end, step)[1]
 
 
 def _slice_infer(xs, a):
