@@ -158,3 +158,21 @@ def test_transformers_dynamic_shapes_match_eager_cuda(name):
             torch.testing.assert_close(_output(name, compiled(**kwargs)), _output(name, model(**kwargs)),
                                        rtol=1e-4, atol=1e-4)  # fmt: skip
     assert tb.stats["eager_nodes"] == breaks0
+
+
+def test_automatic_dynamic_shapes_recompile_once():
+    """Without dynamic=True dynamo compiles the first size statically, then marks the changed sizes
+    dynamic (automatic dynamic shapes): one more graph serves every later size."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = _tiny("bert").eval()
+    compiled = torch.compile(model, backend="tessera")
+    breaks0, graphs0 = _count_breaks_and_graphs()
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for seq in (6, 11, 17, 9):
+            ids = torch.randint(0, 100, (2, seq), generator=gen)
+            torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state,
+                                       model(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-5)  # fmt: skip
+    breaks, graphs = _count_breaks_and_graphs()
+    assert breaks == breaks0 and graphs - graphs0 == 2

@@ -98,8 +98,12 @@ def _infer_missing(x: TensorNode, dims: list[E.Expr | None]) -> list[E.Expr]:
     return [filled if d is None else d for d in dims]
 
 
-def reshape(x: TensorNode, shape: Sequence[int | E.Expr]) -> Compute:
-    """x with a new shape of the same element count, row-major; one entry may be -1."""
+def reshape(x: TensorNode, shape: Sequence[int | E.Expr], counts_checked: bool = False) -> Compute:
+    """x with a new shape of the same element count, row-major; one entry may be -1.
+
+    The counts must be equal in the size algebra.  `counts_checked=True` is for callers that
+    check at run time that they agree (the graph compiler's shape check does): counts that are
+    not provably equal (`6*n` against `(n//2) * (6*n // (n//2))`) are then accepted."""
     check_tensor(x, "reshape")
     dims: list[E.Expr | None] = []
     for d in shape:
@@ -113,7 +117,7 @@ def reshape(x: TensorNode, shape: Sequence[int | E.Expr]) -> Compute:
     if dims.count(None) > 1:
         raise ArgumentError(f"reshape: at most one dimension may be -1, got {tuple(shape)}")
     out = _infer_missing(x, dims) if None in dims else [d for d in dims if d is not None]
-    if numel_of(out) != numel_of(x.shape):
+    if numel_of(out) != numel_of(x.shape) and not (counts_checked and not isinstance(numel_of(out) - numel_of(x.shape), int)):
         raise ArgumentError(f"reshape: cannot reshape '{x.name}' of shape {dim_str(x.shape)} ({numel_of(x.shape)} "
                             f"elements) into {dim_str(out)} ({numel_of(out)}): the element counts differ")  # fmt: skip
     # Dimensions shared at the front and back map directly; only the middle needs div/mod.

@@ -41,14 +41,19 @@ def narrow(x: TensorNode, axis: int, first: E.Expr, length: E.Expr, step: int = 
 # ---- reshapes and axes ------------------------------------------------------------------------------------------
 def reshape(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
-    target: list[Any] = [-1 if isinstance(d, int) and d == -1 else ctx.attr_dim(d) for d in ctx.attrs["shape"]]
+    # The graph's output shape (its -1 inferred by the graph's rule), not the attribute: the same
+    # sizes, and the run-time shape check confirms that the element counts agree.
+    try:
+        target: list[Any] = [ctx.attr_dim(d) for d in ctx.op.outputs[0].shape]
+    except LoweringError:  # a size no input binds (data-dependent): infer it from the attribute's -1
+        target = [-1 if isinstance(d, int) and d == -1 else ctx.attr_dim(d) for d in ctx.attrs["shape"]]
     if -1 not in target and not numel_equal(target, x.shape):
         # The sizes agree at run time but not as expressions (concrete input shapes against a
         # symbolic target): let the one symbolic entry be inferred from the element count.
         symbolic = [k for k, d in enumerate(target) if static(d) is None]
         if len(symbolic) == 1:
             target[symbolic[0]] = -1
-    return ctx.finish([ops.reshape(x, target)])
+    return ctx.finish([ops.reshape(x, target, counts_checked=True)])
 
 
 def flatten(ctx: Ctx) -> list[TensorNode]:
