@@ -75,12 +75,16 @@ def _squeeze(cv, a):
 
 @lowers("aten.cat")
 def _cat(cv, a):
-    parts = [t for t in a["tensors"] if not (t.ndim == 1 and t.shape[0] == 0)]  # torch skips legacy empties
+    dim = int(a["dim"])
+    # torch skips legacy empty tensors ([0]); parts empty along the axis add nothing
+    parts = [t for t in a["tensors"] if not (t.ndim == 1 and t.shape[0] == 0) and t.shape[_axis(dim, t.ndim)] != 0]
+    if not parts:
+        raise UnsupportedError("concatenation of empty tensors")
     dt = cv.meta.dtype
     parts = [cv.cast(t, dt) for t in parts]
     if len(parts) == 1:
         return parts[0]
-    return cv.op("concat", *parts, axis=_axis(int(a["dim"]), parts[0].ndim))
+    return cv.op("concat", *parts, axis=_axis(dim, parts[0].ndim))
 
 
 @lowers("aten.split_with_sizes", "aten.split.Tensor", "aten.split_with_sizes_copy")
