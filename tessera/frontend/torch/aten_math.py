@@ -114,10 +114,14 @@ def _leaky(cv, a):
 
 @lowers("aten.elu")
 def _elu(cv, a):
+    # torch: scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))
     x = a["self"]
-    if a["input_scale"] != 1:
-        x = cv.op("mul", x, cv.tensor(float(a["input_scale"]), x.dtype))
-    y = cv.op("elu", x, alpha=float(a["alpha"]))
+    if a["input_scale"] == 1:
+        y = cv.op("elu", x, alpha=float(a["alpha"]))
+    else:
+        neg = cv.op("expm1", cv.op("mul", x, cv.tensor(float(a["input_scale"]), x.dtype)))
+        neg = cv.op("mul", neg, cv.tensor(float(a["alpha"]), x.dtype))
+        y = cv.op("where", cv.op("gt", x, cv.tensor(0.0, x.dtype)), x, neg)
     return y if a["scale"] == 1 else cv.op("mul", y, cv.tensor(float(a["scale"]), x.dtype))
 
 

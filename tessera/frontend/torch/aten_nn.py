@@ -313,3 +313,68 @@ def _dropout(cv, a):
     if a["train"] is not False and a["p"]:
         raise UnsupportedError("dropout in training mode (random)")
     return (a["input"], cv.op("full", shape=list(a["input"].shape), value=True, dtype="bool"))
+
+
+# ---- torch.nn's fused transformer fast paths --------------------------------------------------
+def _mha(cv: Converter, q_in: Tensor, k_in: Tensor, v_in: Tensor, heads: int, qkv_w: Tensor, qkv_b: Tensor,
+         proj_w: Tensor, proj_b: Tensor, mask: Tensor | None) -> Tensor:  # fmt: skip
+    """Multi-head attention over [B, L, E] inputs with packed in-projection weights [3E, E]."""
+    if q_in.ndim != 3:
+        raise UnsupportedError("fused multi-head attention on unbatched inputs")
+    e = q_in.shape[-1]
+    if not isinstance(e, int) or e % heads:
+        raise UnsupportedError(f"embedding size {e} for {heads} heads")
+    d = e // heads
+    w_parts = cv.op_multi("split", qkv_w, axis=0, sizes=[e, e, e])
+    b_parts = cv.op_multi("split", qkv_b, axis=0, sizes=[e, e, e])
+    projected = []
+    for x, w, b in zip((q_in, k_in, v_in), w_parts, b_parts):
+        y = cv.op("linear", x, w, b)
+        y = reshape(cv, y, [y.shape[0], y.shape[1], heads, d])
+        projected.append(cv.op("permute", y, perm=[0, 2, 1, 3]))
+    if mask is not None:
+        if not mask.dtype.is_bool:
+            raise UnsupportedError("fused attention with a float mask")
+        mask = cv.op("logical_not", mask)  # torch's masks mark what to ignore; tessera's what to keep
+        if mask.ndim == 2 and tuple(mask.shape) == (q_in.shape[0], k_in.shape[1]):  # key padding [B, S]
+            mask = reshape(cv, mask, [mask.shape[0], 1, 1, mask.shape[1]])
+    o = _attention(cv, *projected, mask, False, None)
+    o = reshape(cv, cv.op("permute", o, perm=[0, 2, 1, 3]), [q_in.shape[0], q_in.shape[1], e])
+    return cv.op("linear", o, proj_w, proj_b)
+
+
+@lowers("aten._native_multi_head_attention")
+def _native_mha(cv, a):
+    if a["need_weights"]:
+        raise UnsupportedError("multi-head attention returning its weights")
+    if a["mask"] is not None and a["mask_type"] not in (None, 0, 1):
+        raise UnsupportedError(f"fused attention mask type {a['mask_type']}")
+    out = _mha(cv, a["query"], a["key"], a["value"], int(a["num_head"]), a["qkv_weight"], a["qkv_bias"],
+               a["proj_weight"], a["proj_bias"], a["mask"])  # fmt: skip
+    return (out, Opaque("attention weights are not computed"))
+
+
+@lowers("aten._transformer_encoder_layer_fwd")
+def _encoder_layer(cv, a):
+    if a["mask"] is not None:
+        # with a padding mask the fast path returns zeros at padded positions (nested tensors)
+        raise UnsupportedError("the fast path of TransformerEncoderLayer with a mask")
+    x, eps = a["src"], float(a["eps"])
+
+    def norm(h, k):
+        return cv.op("layer_norm", h, a[f"norm_weight_{k}"], a[f"norm_bias_{k}"], num_axes=1, eps=eps)
+
+    def attention(h):
+        return _mha(cv, h, h, h, int(a["num_heads"]), a["qkv_weight"], a["qkv_bias"], a["proj_weight"],
+                    a["proj_bias"], None)  # fmt: skip
+
+    def ffn(h):
+        h = cv.op("linear", h, a["ffn_weight_1"], a["ffn_bias_1"])
+        h = cv.op("gelu", h) if a["use_gelu"] else cv.op("relu", h)
+        return cv.op("linear", h, a["ffn_weight_2"], a["ffn_bias_2"])
+
+    if a["norm_first"]:
+        x = cv.op("add", x, attention(norm(x, 1)))
+        return cv.op("add", x, ffn(norm(x, 2)))
+    x = norm(cv.op("add", x, attention(x)), 1)
+    return norm(cv.op("add", x, ffn(x)), 2)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tessera.errors import UnsupportedError
 from tessera.frontend.torch.aten_nn import reshape
 from tessera.frontend.torch.convert import Converter, lowers
@@ -73,12 +75,16 @@ def _squeeze(cv, a):
 
 @lowers("aten.cat")
 def _cat(cv, a):
-    parts = [t for t in a["tensors"] if not (t.ndim == 1 and t.shape[0] == 0)]  # torch skips legacy empties
+    dim = int(a["dim"])
+    # torch skips legacy empty tensors ([0]); parts empty along the axis add nothing
+    parts = [t for t in a["tensors"] if not (t.ndim == 1 and t.shape[0] == 0) and t.shape[_axis(dim, t.ndim)] != 0]
+    if not parts:
+        raise UnsupportedError("concatenation of empty tensors")
     dt = cv.meta.dtype
     parts = [cv.cast(t, dt) for t in parts]
     if len(parts) == 1:
         return parts[0]
-    return cv.op("concat", *parts, axis=_axis(int(a["dim"]), parts[0].ndim))
+    return cv.op("concat", *parts, axis=_axis(dim, parts[0].ndim))
 
 
 @lowers("aten.split_with_sizes", "aten.split.Tensor", "aten.split_with_sizes_copy")
@@ -307,14 +313,66 @@ def _select_scatter(cv, a):
     return cv.op("where", hit, src, x)
 
 
-@lowers("aten.scatter.src", "aten.scatter.value")
+def _src_like_index(cv: Converter, src: Tensor, index: Tensor) -> Tensor:
+    """src cut to index's shape: torch reads only src[i] for the positions i of index."""
+    if tuple(src.shape) == tuple(index.shape):
+        return src
+    axes = [ax for ax in range(src.ndim) if src.shape[ax] != index.shape[ax]]
+    return cv.op("slice", src, axes=axes, starts=[0] * len(axes), ends=[index.shape[ax] for ax in axes],
+                 steps=[1] * len(axes))  # fmt: skip
+
+
+_SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@lowers("aten.scatter.src", "aten.scatter.value", "aten.scatter_add", "aten.scatter_reduce.two")
 def _scatter(cv, a):
-    x = a["self"]
+    x, index = a["self"], cv.cast(a["index"], "int64")
     src = a.get("src")
     if src is None:
-        src = cv.op("full", shape=list(a["index"].shape), value=a["value"], dtype=x.dtype.name)
-    return cv.op("scatter_elements", x, cv.cast(a["index"], "int64"), cv.cast(src, x.dtype),
-                 axis=_axis(int(a["dim"]), x.ndim))  # fmt: skip
+        src = cv.op("full", shape=list(index.shape), value=a["value"], dtype=x.dtype.name)
+    reduction = "add" if "scatter_add" in str(cv.node.target) else "none"
+    if "reduce" in a and a["reduce"] is not None:
+        if a["reduce"] not in _SCATTER_REDUCTIONS or not a["include_self"]:
+            raise UnsupportedError(f"scatter_reduce {a['reduce']!r} with include_self={a['include_self']}")
+        reduction = _SCATTER_REDUCTIONS[a["reduce"]]
+    return cv.op("scatter_elements", x, index, _src_like_index(cv, cv.cast(src, x.dtype), index),
+                 axis=_axis(int(a["dim"]), x.ndim), reduction=reduction)  # fmt: skip
+
+
+@lowers("aten.masked_scatter")
+def _masked_scatter(cv, a):
+    x, mask, source = a["self"], cv.cast(a["mask"], "bool"), cv.cast(a["source"], cv.meta.dtype)
+    shape = list(cv.meta.shape)
+    from tessera.frontend.torch.symbols import dim_from_sym
+
+    shape = [dim_from_sym(d) for d in shape]
+    mask = cv.op("expand", mask, shape=shape) if tuple(mask.shape) != tuple(shape) else mask
+    x = cv.op("expand", x, shape=shape) if tuple(x.shape) != tuple(shape) else x
+    # the k-th True position (row-major) takes source's k-th element
+    order = cv.op("cumsum", cv.cast(reshape(cv, mask, [-1]), "int64"), axis=0)
+    flat_source = reshape(cv, source, [-1])
+    n = flat_source.shape[0]
+    last = (n - 1) if isinstance(n, int) else cv.op("sub", cv.tensor(n, "int64"), cv.tensor(1, "int64"))
+    pick = cv.op("minimum", cv.op("maximum", cv.op("sub", order, cv.tensor(1, "int64")), cv.tensor(0, "int64")),
+                 cv.tensor(last, "int64"))  # fmt: skip
+    taken = reshape(cv, cv.op("take", flat_source, pick, axis=0), shape)
+    return cv.op("where", mask, taken, x)
+
+
+@lowers("aten.diagonal")
+def _diagonal(cv, a):
+    x, offset = a["self"], int(a["offset"])
+    d1, d2 = _axis(int(a["dim1"]), x.ndim), _axis(int(a["dim2"]), x.ndim)
+    n1, n2 = x.shape[d1], x.shape[d2]
+    if not isinstance(n1, int) or not isinstance(n2, int):
+        raise UnsupportedError("diagonal of symbolic sizes")
+    rest = [i for i in range(x.ndim) if i not in (d1, d2)]
+    moved = cv.op("permute", x, perm=[*rest, d1, d2])
+    flat = reshape(cv, moved, [*(x.shape[i] for i in rest), n1 * n2])
+    rows = range(max(0, -offset), min(n1, n2 - offset)) if n2 - offset > 0 else range(0)
+    index = Tensor.constant(np.asarray([r * n2 + r + offset for r in rows], dtype=np.int64).reshape(-1))
+    return cv.op("take", flat, index, axis=len(rest))
 
 
 @lowers("aten.masked_fill")

@@ -7,6 +7,9 @@ because tessera has one operator (and a dedicated kernel or fused schedule) for 
 CompositeImplicit ops (`F.linear`, `F.layer_norm`, `F.group_norm`) decompose while tracing
 whatever the table says; their core results (`addmm`, `native_layer_norm`,
 `native_group_norm`) are kept whole by not being in the table in the first place.
+RMS norm arrives decomposed (pow, mean, add, rsqrt, mul: `_fused_rms_norm` has no fake kernel,
+so tracing decomposes it whatever the table says; transformers writes it out by hand anyway);
+the ops scheduler fuses the reduction with its prologue and epilogue into one kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import torch
 KEEP: dict[str, str] = {
     "aten._scaled_dot_product_flash_attention_for_cpu.default":
         "attention is an anchor: one scaled_dot_product_attention kernel instead of bmm, softmax, bmm",
-    "aten._fused_rms_norm.default": "RMS norm is one fused reduction kernel (rms_norm)",
     "aten.silu.default": "one elementwise op instead of x * sigmoid(x)",
     "aten.hardswish.default": "one elementwise op instead of a clamp chain",
     "aten.hardsigmoid.default": "one elementwise op instead of a clamp chain",
