@@ -152,7 +152,7 @@ def test_transformers_dynamic_shapes_match_eager_cuda(name):
     compiled = torch.compile(model, backend="tessera", dynamic=True)
     breaks0 = tb.stats["eager_nodes"]
     with torch.no_grad():
-        for batch, seq in SIZES + SIZES:  # the second pass replays the CUDA graphs per shape
+        for batch, seq in SIZES + SIZES + SIZES:  # per shape: eager, capture, replay
             ids = torch.randint(0, 100, (batch, seq), device="cuda")
             kwargs = {"input_ids": ids} if name == "bert" else {"input_ids": ids, "use_cache": False}
             torch.testing.assert_close(_output(name, compiled(**kwargs)), _output(name, model(**kwargs)),
@@ -176,3 +176,78 @@ def test_automatic_dynamic_shapes_recompile_once():
                                        model(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-5)  # fmt: skip
     breaks, graphs = _count_breaks_and_graphs()
     assert breaks == breaks0 and graphs - graphs0 == 2
+
+
+# ---- the model zoo of the front end's tests, under dynamic=True ------------------------------------------------------
+def _zoo_cases():
+    import zoo
+
+    blocks = {
+        "convnext": (zoo.ConvNeXtBlock, lambda b, g: (torch.randn(b, 24, 13, 11, generator=g),)),
+        "swin": (zoo.SwinBlock, lambda b, g: (torch.randn(b, 8, 12, 24, generator=g),)),
+        "regnet": (zoo.RegNetBlock, lambda b, g: (torch.randn(b, 16, 15, 13, generator=g),)),
+        "mobilenet": (zoo.MobileNetBlock, lambda b, g: (torch.randn(b, 16, 11, 9, generator=g) * 3,)),
+        "conv1d_speech": (zoo.SpeechBlock, lambda b, g: (torch.randn(b, 203, generator=g),)),
+        "group_norm": (zoo.GroupNormNet, lambda b, g: (torch.randn(b, 6, 7, 5, generator=g),)),
+        "multihead_attention": (zoo.MHA, lambda b, g: (torch.randn(b, 9, 24, generator=g),
+                                                       torch.rand(b, 9, generator=g) > 0.7)),
+        "transformer_encoder_layer": (zoo.encoder_layer, lambda b, g: (torch.randn(b, 9, 24, generator=g),)),
+    }  # fmt: skip
+    return zoo, blocks
+
+
+ZOO_BLOCKS = ["convnext", "swin", "regnet", "mobilenet", "conv1d_speech", "group_norm", "multihead_attention",
+              "transformer_encoder_layer"]  # fmt: skip
+ZOO_HF = ["gpt2", "bert", "distilbert", "llama", "mistral", "phi3", "bart", "clip", "vit"]
+
+
+def _main_tensor(value):
+    """A model output's main tensor (transformers' last_hidden_state or logits, else the first)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    for key in ("last_hidden_state", "logits"):
+        if getattr(value, key, None) is not None:
+            return getattr(value, key)
+    return value[0]
+
+
+def _compare_dynamic(model, make_inputs, sizes) -> None:
+    """model under dynamic=True against eager on fresh inputs for each size: at most one graph per
+    two sizes (the sizes stay symbolic), nothing in torch or in numpy references."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tessera", dynamic=True)
+    before = dict(tb.stats)
+    with torch.no_grad():
+        for k, size in enumerate(sizes):
+            args, kwargs = make_inputs(size, torch.Generator().manual_seed(10 + k))
+            out, ref = compiled(*args, **kwargs), model(*args, **kwargs)
+            out, ref = _main_tensor(out), _main_tensor(ref)
+            assert out.shape == ref.shape, (size, out.shape, ref.shape)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert tb.stats["eager_nodes"] == before["eager_nodes"], "an op ran in torch"
+    assert tb.stats["reference_ops"] == before["reference_ops"], "an op ran in its numpy reference"
+    assert tb.stats.get("whole_graph_fallbacks", 0) == before.get("whole_graph_fallbacks", 0)
+    assert tb.stats["graphs"] - before["graphs"] < len(sizes), "a graph per size: the sizes did not stay symbolic"
+
+
+@pytest.mark.parametrize("name", ZOO_BLOCKS)
+def test_zoo_blocks_dynamic_batch(name):
+    _, blocks = _zoo_cases()
+    make, inputs = blocks[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    for m in model.modules():  # batchnorm statistics that are not the identity
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    _compare_dynamic(model, lambda b, g: (inputs(b, g), {}), [2, 3, 5])
+
+
+@pytest.mark.parametrize("name", ZOO_HF)
+def test_zoo_transformers_dynamic_shapes(name):
+    zoo, _ = _zoo_cases()
+    torch.manual_seed(0)
+    model, kind = zoo.hf_model(name)
+    model.eval()
+    sizes = [(2, 9), (3, 14), (2, 19)] if kind != "pixels" else [(2, 0), (3, 0), (5, 0)]
+    _compare_dynamic(model, lambda s, g: ((), zoo.hf_inputs(model, kind, s[0], s[1], g)), sizes)

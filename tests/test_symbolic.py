@@ -11,22 +11,8 @@ from tessera.errors import ShapeError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.evaluate import evaluate as eval_expr
-from tessera.ir.symbolic import (
-    BoundDim,
-    Sym,
-    broadcast_shapes,
-    evaluate_dim,
-    floordiv,
-    from_expr,
-    mod,
-    nonneg,
-    parse_dim,
-    solve,
-    substitute,
-    sym_max,
-    sym_min,
-    to_expr,
-)
+from tessera.ir.shapes import BoundDim, broadcast_shapes, from_expr, to_expr
+from tessera.ir.symbolic import Sym, evaluate_dim, floordiv, mod, nonneg, parse_dim, solve, substitute, sym_max, sym_min
 
 a, b, c = Sym.var("a"), Sym.var("b"), Sym.var("c")
 NAMES = ("a", "b", "c")

@@ -15,23 +15,8 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.errors import ShapeError
-from tessera.ir.symbolic import (
-    BoundDim,
-    Dim,
-    Shape,
-    Sym,
-    as_dim,
-    broadcast_shapes,
-    evaluate_dim,
-    floordiv,
-    format_shape,
-    is_static,
-    numel,
-    parse_dim,
-    solve,
-    sym_max,
-    sym_min,
-)
+from tessera.ir.shapes import BoundDim, as_dim, broadcast_shapes, format_shape, is_static, numel
+from tessera.ir.symbolic import Dim, Shape, Sym, evaluate_dim, floordiv, parse_dim, solve, sym_max, sym_min
 
 __all__ = ["BoundDim", "Dim", "Shape", "ShapeError", "Sym", "as_dim", "as_shape", "bind_shape", "bind_shapes",
            "broadcast_shapes", "contains_sym", "dim_add", "dim_div", "dim_mul", "evaluate", "format_shape",

@@ -16,8 +16,9 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorElement, TensorNode, as_dim
 from tessera.ir.dtypes import DataType
-from tessera.ir.symbolic import Dim, from_expr, numel, to_expr
-from tessera.ir.symbolic import broadcast_shapes as sym_broadcast
+from tessera.ir.shapes import broadcast_shapes as sym_broadcast
+from tessera.ir.shapes import from_expr, numel, to_expr
+from tessera.ir.symbolic import Dim
 
 Scalar = Union[bool, int, float]
 TensorOrScalar = Union[TensorNode, bool, int, float]

@@ -4,9 +4,11 @@ replayed as one CUDA graph).
 Per distinct set of symbol values (batch, sequence...) the compiled graph makes a *plan*:
 concrete shapes (the graph's symbolic sizes evaluated), buffer offsets for every intermediate
 tensor and kernel temporary (placed by liveness, tessera.graph.memory_plan), and the anchors
-prepared for those shapes.  On the GPU the first call of a plan runs the steps eagerly and
-then captures them into a CUDA graph; later calls copy the inputs into the plan's static input
-buffers, replay the graph and hand back copies of the static outputs (callers own what they get).
+prepared for those shapes.  On the GPU the first call of a plan runs the steps eagerly; the
+second captures them into a CUDA graph (its warm-up run gives that call's results), so a shape
+seen once -- each step of a growing KV cache -- costs no capture; later calls copy the inputs
+into the plan's static input buffers, replay the graph and hand back copies of the static
+outputs (callers own what they get).
 
 Plans run one at a time, so they share memory (as Grape shares it between the CUDA graphs of a
 dynamic model): every plan places its buffers -- on the GPU its static inputs and outputs too --
@@ -113,14 +115,14 @@ class CompiledGraph:
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
                 self._plans.popitem(last=False)
-            outs = self._run_eager(plan, arrays)
-            if self.use_cuda_graph:
-                with _plan_owned(self.target):
-                    self._capture(plan, arrays)
-            return outs
+            return self._run_eager(plan, arrays)
         self._plans.move_to_end(key)
         if plan.cuda_graph is not None:
             return self._replay(plan, arrays)
+        if self.use_cuda_graph:  # the plan's second call: capture (its warm-up run computes this call)
+            with _plan_owned(self.target):
+                self._capture(plan, arrays)
+            return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
         return self._run_eager(plan, arrays)
 
     def _check_input(self, t: Tensor, a: Any) -> Any:

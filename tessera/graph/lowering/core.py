@@ -32,7 +32,7 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
 from tessera.ir.dtypes import DataType
-from tessera.ir.symbolic import to_expr
+from tessera.ir.shapes import to_expr
 from tessera.ops.common import same_dim, static
 
 I32 = dtypes.int32
