@@ -100,3 +100,31 @@ def test_autograd_runs_in_torch():
     out = compiled(x)
     out.sum().backward()
     assert model.weight.grad is not None
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x) * 2
+        idx = torch.nonzero(y > 0)  # output shape from the data
+        z = y[y > 0.5]  # boolean-mask indexing
+        flag = (y.sum() > 0).item()  # a Python value steering control flow
+        return (idx.float().sum() + z.sum() + (1.0 if flag else -1.0)) * y.mean()
+
+
+def test_graph_breaks_only_for_data_dependent_shapes_logged_once(caplog):
+    from torch._dynamo.utils import counters
+
+    from tessera.frontend.torch.backend import _logged
+
+    counters["graph_break"].clear(), _logged.clear()  # "once" is per process: forget earlier tests' breaks
+    torch._dynamo.reset()
+    compiled = torch.compile(DataDependent(), backend="tessera")
+    g = torch.Generator().manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="tessera"), torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5, 7, generator=g)
+            _check(compiled(x), DataDependent()(x))
+    breaks = [r.getMessage() for r in caplog.records if "graph break" in r.getMessage()]
+    assert len(breaks) == len(set(breaks)) >= 2  # each reason once, however many calls and recompiles
+    assert any("nonzero" in b for b in breaks) and any("item()" in b for b in breaks)
+    assert not [r for r in caplog.records if "runs in torch" in r.getMessage()]

@@ -190,9 +190,9 @@ def _rsub(cv, a):
     return cv.op("sub", y, x)
 
 
-@lowers("aten.div")
+@lowers("aten.div", "aten.true_divide", "aten.floor_divide")
 def _div(cv, a):
-    mode = a.get("rounding_mode")
+    mode = "floor" if "floor_divide" in str(cv.node.target) else a.get("rounding_mode")
     dt = compute_dtype(cv, "self", "other")
     if mode is None and not dt.is_floating_point:
         dt = cv.meta.dtype  # true division of integers gives the default float dtype
