@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from tessera.errors import UnsupportedError
 from tessera.frontend.torch.convert import Converter, dtype_of, lowers
 from tessera.graph import Tensor
 from tessera.graph.symbolic import Sym
@@ -238,9 +237,8 @@ def _clamp(cv, a):
 @lowers("aten._to_copy", "aten.clone", "aten.alias", "aten.lift_fresh_copy", "aten.detach", "aten.contiguous",
         "aten._assert_tensor_metadata")  # fmt: skip
 def _copy_like(cv, a):
-    dev = a.get("device")
-    if dev is not None and torch.device(dev).type != cv.arg_meta("self").device.type:
-        raise UnsupportedError(f"copy to another device ({dev})")
+    # A device change (a CPU constant moved to the GPU) needs nothing: the compiled graph runs
+    # every operator on its target and keeps its constants there.
     return cv.cast(a["self"], cv.meta.dtype) if isinstance(cv.meta, torch.Tensor) else None
 
 

@@ -97,6 +97,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: 
     `collect` (a list that receives each CompiledGraph, for tests and tools)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
+    options = {**(options.pop("options", None) or {}), **options}  # torch.compile(..., options={...}) nests them
     _log_graph_breaks()
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         log.info("tessera: autograd is needed (grad mode on, inputs require grad); running in torch")
