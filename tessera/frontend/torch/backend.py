@@ -263,7 +263,9 @@ class CompiledGraph:
                 log_once(f"{op_name(n.target)} runs in torch: {reason}", self._logged)
                 cv.env[n] = self._stand_in(cv, n, meta, reason)
         results = [self.output.args[0], *(v for _, v in self.mutations)]
-        if not unsupported:
+        # symbolic sizes among the outputs are computed by running their FX nodes (segmented path)
+        sym_outputs = any(isinstance(cv.env.get(x), Sym) for x in _leaves(self.output.args[0]))
+        if not unsupported and not sym_outputs:
             seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
