@@ -28,14 +28,12 @@ def _meta_scalar(v: Any) -> Any:
 
 
 def compute_dtype(cv: Converter, *names: str) -> torch.dtype:
-    """torch's promoted dtype of the current node's arguments `names`."""
+    """torch's promoted dtype of the current node's arguments `names` (tensors and scalars)."""
     metas = [_meta_scalar(cv.arg_meta(n)) for n in names]
-    out = metas[0]
-    if len(metas) == 1:
-        return out.dtype if isinstance(out, torch.Tensor) else torch.result_type(torch.tensor(out), out)
     dt = torch.result_type(metas[0], metas[1])
     for m in metas[2:]:
-        dt = torch.promote_types(dt, m.dtype if isinstance(m, torch.Tensor) else torch.result_type(torch.tensor(0, dtype=dt), m))
+        dt = torch.result_type(torch.empty((), dtype=dt), m) if not isinstance(m, torch.Tensor) else \
+            torch.promote_types(dt, m.dtype)  # fmt: skip
     return dt
 
 
@@ -222,7 +220,8 @@ def _clamp(cv, a):
     x = a["self"]
     lo = a.get("min")
     hi = a.get("max")
-    if isinstance(lo, Tensor) or isinstance(hi, Tensor) or not x.dtype.is_float and isinstance(lo or hi, float):
+    if isinstance(lo, Tensor) or isinstance(hi, Tensor) or not x.dtype.is_float and any(
+            isinstance(v, float) for v in (lo, hi)):
         dt = cv.meta.dtype
         x = cv.cast(x, dt)
         if lo is not None:
@@ -337,6 +336,12 @@ def _max_min_dim(cv, a):
     kind = "max" if "max" in str(cv.node.target) else "min"
     x, d, k = a["self"], int(a["dim"]), bool(a["keepdim"])
     return (cv.op(f"reduce_{kind}", x, axes=[d], keepdim=k), cv.op(f"arg{kind}", x, axis=d, keepdim=k))
+
+
+@lowers("aten.max.other", "aten.min.other")
+def _max_min_other(cv, a):
+    x, y = _promoted(cv, a, "self", "other")
+    return cv.op("maximum" if "max" in str(cv.node.target) else "minimum", x, y)
 
 
 @lowers("aten.max.default", "aten.min.default")
