@@ -129,7 +129,10 @@ def _slice_rule(cv, a):
 def _select(cv, a):
     x = a["self"]
     dim, i = _axis(int(a["dim"]), x.ndim), a["index"]
-    end = i + 1 if isinstance(i, int) and i != -1 else BIG
+    if not isinstance(x.shape[dim], int) or not isinstance(i, int):
+        # a gather of one position: its shape needs no slice length of a symbolic size
+        return cv.op("take", x, cv.const(i, "int64"), axis=dim)
+    end = i + 1 if i != -1 else BIG
     return cv.op("squeeze", _slice(cv, x, dim, i, end), axes=[dim])
 
 
