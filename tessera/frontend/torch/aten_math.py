@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from tessera.errors import UnsupportedError
 from tessera.frontend.torch.convert import Converter, dtype_of, lowers
 from tessera.graph import Tensor
 from tessera.graph.symbolic import Sym
@@ -29,14 +28,12 @@ def _meta_scalar(v: Any) -> Any:
 
 
 def compute_dtype(cv: Converter, *names: str) -> torch.dtype:
-    """torch's promoted dtype of the current node's arguments `names`."""
+    """torch's promoted dtype of the current node's arguments `names` (tensors and scalars)."""
     metas = [_meta_scalar(cv.arg_meta(n)) for n in names]
-    out = metas[0]
-    if len(metas) == 1:
-        return out.dtype if isinstance(out, torch.Tensor) else torch.result_type(torch.tensor(out), out)
     dt = torch.result_type(metas[0], metas[1])
     for m in metas[2:]:
-        dt = torch.promote_types(dt, m.dtype if isinstance(m, torch.Tensor) else torch.result_type(torch.tensor(0, dtype=dt), m))
+        dt = torch.result_type(torch.empty((), dtype=dt), m) if not isinstance(m, torch.Tensor) else \
+            torch.promote_types(dt, m.dtype)  # fmt: skip
     return dt
 
 
@@ -190,9 +187,9 @@ def _rsub(cv, a):
     return cv.op("sub", y, x)
 
 
-@lowers("aten.div", "aten.true_divide")  # true_divide: dynamic=True passes Python floats as 0-d tensors
+@lowers("aten.div", "aten.true_divide", "aten.floor_divide")
 def _div(cv, a):
-    mode = a.get("rounding_mode")
+    mode = "floor" if "floor_divide" in str(cv.node.target) else a.get("rounding_mode")
     dt = compute_dtype(cv, "self", "other")
     if mode is None and not dt.is_floating_point:
         dt = cv.meta.dtype  # true division of integers gives the default float dtype
@@ -223,7 +220,8 @@ def _clamp(cv, a):
     x = a["self"]
     lo = a.get("min")
     hi = a.get("max")
-    if isinstance(lo, Tensor) or isinstance(hi, Tensor) or not x.dtype.is_float and isinstance(lo or hi, float):
+    if isinstance(lo, Tensor) or isinstance(hi, Tensor) or not x.dtype.is_float and any(
+            isinstance(v, float) for v in (lo, hi)):
         dt = cv.meta.dtype
         x = cv.cast(x, dt)
         if lo is not None:
@@ -238,9 +236,8 @@ def _clamp(cv, a):
 @lowers("aten._to_copy", "aten.clone", "aten.alias", "aten.lift_fresh_copy", "aten.detach", "aten.contiguous",
         "aten._assert_tensor_metadata")  # fmt: skip
 def _copy_like(cv, a):
-    dev = a.get("device")
-    if dev is not None and torch.device(dev).type != cv.arg_meta("self").device.type:
-        raise UnsupportedError(f"copy to another device ({dev})")
+    # A device change (a CPU constant moved to the GPU) needs nothing: the compiled graph runs
+    # every operator on its target and keeps its constants there.
     return cv.cast(a["self"], cv.meta.dtype) if isinstance(cv.meta, torch.Tensor) else None
 
 
@@ -339,6 +336,12 @@ def _max_min_dim(cv, a):
     kind = "max" if "max" in str(cv.node.target) else "min"
     x, d, k = a["self"], int(a["dim"]), bool(a["keepdim"])
     return (cv.op(f"reduce_{kind}", x, axes=[d], keepdim=k), cv.op(f"arg{kind}", x, axis=d, keepdim=k))
+
+
+@lowers("aten.max.other", "aten.min.other")
+def _max_min_other(cv, a):
+    x, y = _promoted(cv, a, "self", "other")
+    return cv.op("maximum" if "max" in str(cv.node.target) else "minimum", x, y)
 
 
 @lowers("aten.max.default", "aten.min.default")

@@ -130,13 +130,11 @@ def _slice_rule(cv, a):
 def _select(cv, a):
     x = a["self"]
     dim, i = _axis(int(a["dim"]), x.ndim), a["index"]
-    end = BIG if isinstance(i, int) and i == -1 else i + 1  # (a symbolic -s + 1 counts from the end too)
-    y = _slice(cv, x, dim, i, end)
-    if y.shape[dim] == 1:
-        return cv.op("squeeze", y, axes=[dim])
-    # On a symbolic axis the slice's length is 1 only for sizes large enough (`min(3, s) - min(2, s)`),
-    # which torch guarantees (its guards): drop the axis by a reshape, which the run-time check confirms.
-    return reshape(cv, y, [*x.shape[:dim], *x.shape[dim + 1:]])
+    if not isinstance(x.shape[dim], int) or not isinstance(i, int):
+        # a gather of one position: its shape needs no slice length of a symbolic size
+        return cv.op("take", x, cv.const(i, "int64"), axis=dim)
+    end = i + 1 if i != -1 else BIG
+    return cv.op("squeeze", _slice(cv, x, dim, i, end), axes=[dim])
 
 
 @lowers("aten.narrow")

@@ -38,7 +38,15 @@ import torch
 
 from tessera.errors import TesseraError, UnsupportedError
 from tessera.frontend.torch import aten_math, aten_nn, aten_shape  # noqa: F401  (register the rules)
-from tessera.frontend.torch.convert import Converter, Opaque, has_tensor, meta_of, op_name, scalar_from_meta
+from tessera.frontend.torch.convert import (
+    Converter,
+    NodeError,
+    Opaque,
+    has_tensor,
+    meta_of,
+    op_name,
+    scalar_from_meta,
+)
 from tessera.frontend.torch.decompositions import decomposition_table
 from tessera.graph import Executor, FlowGraph, Tensor
 from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
@@ -63,11 +71,15 @@ def log_once(message: str, seen: set[str] = _logged) -> None:
 
 
 def _log_graph_breaks() -> None:
-    """dynamo's graph breaks since the last call, each reason logged once."""
+    """dynamo's graph breaks since the last call, each reason logged once: its first line and
+    dynamo's debug context (which names the op)."""
     from torch._dynamo.utils import counters
 
     for reason in list(counters.get("graph_break", {})):
-        log_once(f"graph break (dynamo): {reason}")
+        lines = [x.strip() for x in reason.splitlines() if x.strip()]
+        context = next((x.removeprefix("Developer debug context:").strip() for x in lines
+                        if x.startswith("Developer debug context:")), "")  # fmt: skip
+        log_once(f"graph break (dynamo): {lines[0] if lines else reason}" + (f" [{context}]" if context else ""))
 
 
 def _is_module_state(node: torch.fx.Node, value: Any) -> bool:
@@ -86,6 +98,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: 
     `collect` (a list that receives each CompiledGraph, for tests and tools)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
+    options = {**(options.pop("options", None) or {}), **options}  # torch.compile(..., options={...}) nests them
     _log_graph_breaks()
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         log.info("tessera: autograd is needed (grad mode on, inputs require grad); running in torch")
@@ -211,6 +224,21 @@ class CompiledGraph:
                 cv.env[n] = scalar_from_meta(meta)
 
     def _plan(self, values: list[Any]) -> list:
+        """The steps: lowered segments and nodes that run in torch.  A node whose lowering makes
+        its segment uncompilable (a size no input carries) joins the nodes that run in torch."""
+        forced: dict[torch.fx.Node, str] = {}
+        for _ in range(8):
+            try:
+                return self._plan_once(values, forced)
+            except NodeError as e:
+                if e.node in forced:
+                    raise
+                reason = str(e)
+                forced[e.node] = reason
+                log_once(f"{op_name(e.node.target)} runs in torch: {reason}", self._logged)
+        return self._plan_once(values, forced)
+
+    def _plan_once(self, values: list[Any], forced: dict[torch.fx.Node, str]) -> list:
         gm = self.gm
         cv = Converter(self.name)
         self._seed(cv, values)
@@ -218,6 +246,10 @@ class CompiledGraph:
         scalar: set[torch.fx.Node] = set()
         for n in gm.graph.nodes:
             if n.op in ("placeholder", "output"):
+                continue
+            if n in forced:
+                unsupported[n] = forced[n]
+                cv.env[n] = self._stand_in(cv, n, meta_of(n), forced[n])
                 continue
             meta = meta_of(n)
             if n.op == "get_attr":
@@ -233,15 +265,18 @@ class CompiledGraph:
                 log_once(f"{op_name(n.target)} runs in torch: {reason}", self._logged)
                 cv.env[n] = self._stand_in(cv, n, meta, reason)
         results = [self.output.args[0], *(v for _, v in self.mutations)]
-        if not unsupported:
+        # symbolic sizes among the outputs are computed by running their FX nodes (segmented path)
+        sym_outputs = any(isinstance(cv.env.get(x), Sym) for x in _leaves(self.output.args[0]))
+        if not unsupported and not sym_outputs:
             seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
             self._finish(seg, cv, results)
             stats["segments"] += 1
             return [seg]
+        steps = self._segments(unsupported, scalar, values)
         stats["eager_nodes"] += len(unsupported)
-        return self._segments(unsupported, scalar, values)
+        return steps
 
     def _stand_in(self, cv: Converter, n: torch.fx.Node, meta: Any, reason: str) -> Any:
         if isinstance(meta, torch.Tensor):
@@ -343,12 +378,13 @@ class CompiledGraph:
         if unbound:
             raise UnsupportedError(f"graph outputs sizes over {sorted(unbound)}, which no input carries")
         seg.size_outputs = bool(sizes)
+        bound = set(graph.symbols()) | set(self._sym_placeholders())
         for op in graph.operators:
             if contains_sym(list(op.attrs.values())):
                 names = {n for v in _leaves(list(op.attrs.values())) if isinstance(v, Sym) for n in v.names}
-                bound = set(graph.symbols()) | set(self._sym_placeholders())
                 if names - bound:
-                    raise UnsupportedError(f"{op.kind} depends on sizes {sorted(names - bound)} that no input carries")
+                    reason = f"{op.kind} depends on sizes {sorted(names - bound)} that no input carries"
+                    raise NodeError(cv.origin[op], reason) if op in cv.origin else UnsupportedError(reason)
         seg.graph = graph
         seg.devices = [torch.device(t.device) for t in outs]
         if self.options.get("backends") is not None or self.options.get("executor") == "reference":

@@ -98,6 +98,15 @@ def has_tensor(value: Any) -> bool:
     return False
 
 
+class NodeError(UnsupportedError):
+    """A lowered graph that cannot be compiled because of what one FX node became: that node
+    runs in torch instead."""
+
+    def __init__(self, node: torch.fx.Node, reason: str):
+        super().__init__(reason)
+        self.node = node
+
+
 class Opaque:
     """A value the graph cannot compute (an unused output of a multi-output op, or the
     result of an op that runs in torch while probing); using it raises its reason."""
@@ -132,6 +141,7 @@ class Converter:
         self.env: dict[torch.fx.Node, Any] = {}
         self.node: torch.fx.Node | None = None
         self.args: dict[str, Any] = {}  # the current node's schema-bound FX arguments (metadata access)
+        self.origin: dict[Operator, torch.fx.Node] = {}  # the FX node each operator was lowered from
 
     # ---- helpers for rules -----------------------------------------------------------------
     def op(self, kind: str, *inputs: Tensor, **attrs: Any) -> Tensor:
@@ -143,6 +153,8 @@ class Converter:
     def op_multi(self, kind: str, *inputs: Tensor, **attrs: Any) -> list[Tensor]:
         op = Operator.create(kind, [self.tensor(t) for t in inputs], attrs)
         self.operators.append(op)
+        if self.node is not None:
+            self.origin[op] = self.node
         return op.outputs
 
     def const(self, value: Any, dtype: Any) -> Tensor:

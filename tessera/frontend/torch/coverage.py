@@ -54,6 +54,10 @@ for _op in ("_adaptive_avg_pool2d_backward", "avg_pool2d_backward", "convolution
     REASONS[f"aten.{_op}.default"] = ("falls back", _TRAINING)
 
 
+_REFERENCE = " (to `scatter_elements`, which has no generated kernel yet: it runs its numpy reference, on the host)"
+NOTES = {f"aten.{n}": _REFERENCE for n in ("scatter.src", "scatter.value", "scatter_add.default", "scatter_reduce.two")}
+
+
 def core_ops() -> list[torch._ops.OpOverload]:
     """Every ATen overload tagged core, sorted by name (from the dispatcher's registry: the
     attributes of torch.ops.aten appear only once accessed)."""
@@ -86,7 +90,7 @@ def status(op: torch._ops.OpOverload) -> tuple[str, str]:
     rule = rule_for(op)
     if rule is not None:
         module = rule.__module__.rsplit(".", 1)[-1]
-        return "lowered", f"`{module}.{rule.__name__}`"
+        return "lowered", f"`{module}.{rule.__name__}`" + NOTES.get(name, "")
     if name in REASONS:
         return REASONS[name]
     return "falls back", "no lowering yet"
