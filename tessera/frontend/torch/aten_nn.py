@@ -322,6 +322,8 @@ def _mha(cv: Converter, q_in: Tensor, k_in: Tensor, v_in: Tensor, heads: int, qk
     if q_in.ndim != 3:
         raise UnsupportedError("fused multi-head attention on unbatched inputs")
     e = q_in.shape[-1]
+    if not isinstance(e, int):  # symbolic under dynamic=True: the weights fix it ([3E, E])
+        e = qkv_w.shape[-1]
     if not isinstance(e, int) or e % heads:
         raise UnsupportedError(f"embedding size {e} for {heads} heads")
     d = e // heads

@@ -17,8 +17,9 @@ from tessera.errors import UnsupportedError
 from tessera.frontend.torch.aten_nn import reshape
 from tessera.frontend.torch.convert import Converter, lowers
 from tessera.graph import Tensor
-from tessera.graph.opdefs.shape import BIG
+from tessera.graph.opdefs.shape import BIG, slice_window
 from tessera.graph.symbolic import Sym, dim_mul
+from tessera.ir.symbolic import nonneg
 
 
 def _axis(d: int, ndim: int) -> int:
@@ -277,20 +278,17 @@ def _index_copy(cv, a):
 def _slice_scatter(cv, a):
     x, src = a["self"], cv.cast(a["src"], cv.meta.dtype)
     dim = _axis(int(a["dim"]), x.ndim)
-    start, end, step = a["start"], a["end"], a["step"]
-    n = x.shape[dim]
-    start = 0 if start is None else start
-    end = n if end is None or (isinstance(end, int) and isinstance(n, int) and end > n) else end
-    if isinstance(start, int) and start < 0 and isinstance(n, int):
-        start += n
-    if isinstance(end, int) and end < 0 and isinstance(n, int):
-        end += n
-    if start == 0 and end == n and step == 1:
+    step, n = a["step"], x.shape[dim]
+    # the graph's slice rule: negative and out-of-range bounds, symbolic sizes (`r[-4:-2] = v` on a
+    # dynamic length) alike
+    start, length = slice_window(n, 0 if a["start"] is None else a["start"], BIG if a["end"] is None else a["end"],
+                                 step)  # fmt: skip
+    if start == 0 and length == n and step == 1:
         return src
     positions = cv.op("arange", start=0, end=n, step=1, dtype="int64")
     offset = cv.op("sub", positions, cv.tensor(start, "int64"))
     inside = cv.op("logical_and", cv.op("ge", offset, cv.tensor(0, "int64")),
-                   cv.op("lt", positions, cv.tensor(end, "int64")))  # fmt: skip
+                   cv.op("lt", offset, cv.tensor(length * step, "int64")))  # fmt: skip
     if step != 1:
         inside = cv.op("logical_and", inside,
                        cv.op("eq", cv.op("remainder", offset, cv.tensor(step, "int64")), cv.tensor(0, "int64")))
@@ -308,8 +306,8 @@ def _select_scatter(cv, a):
     x = a["self"]
     dim = _axis(int(a["dim"]), x.ndim)
     i = a["index"]
-    if isinstance(i, int) and i < 0 and isinstance(x.shape[dim], int):
-        i += x.shape[dim]
+    if i < 0 if isinstance(i, int) else nonneg(-i):  # from the end, also of a symbolic size
+        i = i + x.shape[dim]
     src = cv.op("unsqueeze", cv.cast(a["src"], cv.meta.dtype), axes=[dim])
     positions = cv.op("arange", start=0, end=x.shape[dim], step=1, dtype="int64")
     hit = reshape(cv, cv.op("eq", positions, cv.tensor(i, "int64")), [x.shape[dim]] + [1] * (x.ndim - dim - 1))
