@@ -272,19 +272,27 @@ def _index_copy(cv, a):
     return _scatter_axis(cv, x, axis, reshape(cv, idx, [-1]), cv.cast(a["source"], x.dtype), False)
 
 
+def _position(cv: Converter, v: Any, n: Any) -> Any:
+    """A slice bound or index v along an axis of size n, negatives counted from the end: an int,
+    or an int64 scalar tensor when n is symbolic."""
+    if not isinstance(v, int) or v >= 0:
+        return v
+    if isinstance(n, int):
+        return max(v + n, 0)
+    return cv.op("maximum", cv.op("add", cv.tensor(n, "int64"), cv.tensor(v, "int64")), cv.tensor(0, "int64"))
+
+
 @lowers("aten.slice_scatter")
 def _slice_scatter(cv, a):
     x, src = a["self"], cv.cast(a["src"], cv.meta.dtype)
     dim = _axis(int(a["dim"]), x.ndim)
-    start, end, step = a["start"], a["end"], a["step"]
+    step = a["step"]
     n = x.shape[dim]
-    start = 0 if start is None else start
-    end = n if end is None or (isinstance(end, int) and isinstance(n, int) and end > n) else end
-    if isinstance(start, int) and start < 0 and isinstance(n, int):
-        start += n
-    if isinstance(end, int) and end < 0 and isinstance(n, int):
-        end += n
-    if start == 0 and end == n and step == 1:
+    start = _position(cv, 0 if a["start"] is None else a["start"], n)
+    end = n if a["end"] is None or (isinstance(a["end"], int) and a["end"] >= BIG) else _position(cv, a["end"], n)
+    if isinstance(start, int) and isinstance(end, int) and isinstance(n, int) and end > n:
+        end = n
+    if start == 0 and (end == n) and step == 1 and tuple(src.shape) == tuple(x.shape):
         return src
     positions = cv.op("arange", start=0, end=n, step=1, dtype="int64")
     offset = cv.op("sub", positions, cv.tensor(start, "int64"))
@@ -306,9 +314,7 @@ def _slice_scatter(cv, a):
 def _select_scatter(cv, a):
     x = a["self"]
     dim = _axis(int(a["dim"]), x.ndim)
-    i = a["index"]
-    if isinstance(i, int) and i < 0 and isinstance(x.shape[dim], int):
-        i += x.shape[dim]
+    i = _position(cv, a["index"], x.shape[dim])
     src = cv.op("unsqueeze", cv.cast(a["src"], cv.meta.dtype), axes=[dim])
     positions = cv.op("arange", start=0, end=x.shape[dim], step=1, dtype="int64")
     hit = reshape(cv, cv.op("eq", positions, cv.tensor(i, "int64")), [x.shape[dim]] + [1] * (x.ndim - dim - 1))

@@ -40,10 +40,14 @@ def _sympy_dim(expr: Any) -> Dim:
         out: Dim = 1
         for f in expr.args:
             d = _sympy_dim(f)
+            if isinstance(d, Sym) and any(n.startswith("_") for n in d.names):
+                return fresh_dim("e")  # one opaque size, bound from a shape, not a product of unbound ones
             out = d * out if isinstance(d, Sym) else out * d
         return out
     if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
         base = _sympy_dim(expr.base)
+        if isinstance(base, Sym) and any(n.startswith("_") for n in base.names):
+            return fresh_dim("e")
         out = 1
         for _ in range(int(expr.exp)):
             out = base * out if isinstance(base, Sym) else out * base
