@@ -274,16 +274,6 @@ def _index_copy(cv, a):
     return _scatter_axis(cv, x, axis, reshape(cv, idx, [-1]), cv.cast(a["source"], x.dtype), False)
 
 
-def _position(cv: Converter, v: Any, n: Any) -> Any:
-    """A slice bound or index v along an axis of size n, negatives counted from the end: an int,
-    or an int64 scalar tensor when n is symbolic."""
-    if not isinstance(v, int) or v >= 0:
-        return v
-    if isinstance(n, int):
-        return max(v + n, 0)
-    return cv.op("maximum", cv.op("add", cv.tensor(n, "int64"), cv.tensor(v, "int64")), cv.tensor(0, "int64"))
-
-
 @lowers("aten.slice_scatter")
 def _slice_scatter(cv, a):
     x, src = a["self"], cv.cast(a["src"], cv.meta.dtype)
