@@ -380,3 +380,20 @@ def _encoder_layer(cv, a):
         return cv.op("add", x, ffn(norm(x, 2)))
     x = norm(cv.op("add", x, attention(x)), 1)
     return norm(cv.op("add", x, ffn(x)), 2)
+
+
+@lowers("tessera.lowbit_linear")
+def _lowbit_linear(cv, a):
+    """tessera.quantize's layers (the custom op tessera::lowbit_linear): float16 activations
+    become the lowbit_linear anchor (the CUDA low-bit kernel); others run in torch, where the
+    op calls tessera's CPU kernel."""
+    from tessera.ir import dtypes
+    from tessera.quant.torch_quantize import layer_of
+
+    x = cv.tensor(a["x"])
+    if x.dtype != dtypes.float16:
+        raise UnsupportedError(f"lowbit_linear on {x.dtype} activations runs in torch (tessera's CPU kernel)")
+    consts, attrs = layer_of(int(a["handle"])).graph_operands()
+    weights = [Tensor.constant(np.ascontiguousarray(c), dtypes.dtype(d))
+               for c, d in zip(consts, ("uint32", "float16", "float16"))]  # fmt: skip
+    return cv.op("lowbit_linear", x, *weights, **attrs)
