@@ -280,12 +280,13 @@ def _inputs(names, seed, dtype, device):
 
 
 @functools.cache
-def _compiled_group(group, dtype, device):
+def _compiled_group(group, dtype, device, dynamic=False):
     """(names, results per call as (inputs, outputs), set of op names in the ATen graphs, ops run in torch)."""
     names = [n for n in NAMES if GROUPS[n] == group and not (device == "cuda" and "cpu" in CASES[n][2])]
     collected = []
     torch._dynamo.reset()
-    compiled = torch.compile(_Group(names), backend=lambda gm, ex: backend(gm, ex, collect=collected))
+    compiled = torch.compile(_Group(names), backend=lambda gm, ex: backend(gm, ex, collect=collected),
+                             dynamic=dynamic or None)  # fmt: skip
     calls = []
     with torch.no_grad():
         for seed in (1, 2):
@@ -301,10 +302,11 @@ def _leaves(x):
     return [t for v in x for t in _leaves(v)] if isinstance(x, (list, tuple)) else [x]
 
 
-def _check(name, dtype, device):
-    names, calls, seen, in_torch = _compiled_group(GROUPS[name], dtype, device)
-    assert name in seen, f"{name} is not in the ATen graph (seen: {sorted(seen)})"
-    assert name not in in_torch and not any(s.startswith("whole graph") for s in in_torch), in_torch
+def _check(name, dtype, device, dynamic=False):
+    names, calls, seen, in_torch = _compiled_group(GROUPS[name], dtype, device, dynamic)
+    if not dynamic:  # (under dynamic=True an op may run in torch: only its results are checked)
+        assert name in seen, f"{name} is not in the ATen graph (seen: {sorted(seen)})"
+        assert name not in in_torch and not any(s.startswith("whole graph") for s in in_torch), in_torch
     fn, makers, flags = CASES[name]
     start = sum(len(CASES[n][1]) for n in names[: names.index(name)])
     low = dtype in (torch.float16, torch.bfloat16)
@@ -335,6 +337,12 @@ def _check(name, dtype, device):
 @pytest.mark.parametrize("name", NAMES)
 def test_op_fp32_cpu(name):
     _check(name, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_fp32_cpu_symbolic_sizes(name):
+    """The same cases with every input size symbolic (dynamic=True): the lowerings' symbolic paths."""
+    _check(name, torch.float32, "cpu", dynamic=True)
 
 
 @pytest.mark.cuda

@@ -123,6 +123,22 @@ def test_fallback_to_reference_is_logged_and_correct(rng, cache_dir, monkeypatch
     np.testing.assert_allclose(compiled(xv)[0], expected, rtol=1e-4, atol=1e-6)
 
 
+def test_reference_step_of_an_op_reading_one_tensor_twice(rng, cache_dir, monkeypatch):
+    """concat(x, y, x) run by its reference gets x twice (the step's inputs are distinct tensors)."""
+    import tessera.graph.lowering as lowering
+
+    original = lowering.lowering_error
+    monkeypatch.setattr(lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "concat" else original(op))
+    b = GraphBuilder("twice")
+    x, y = b.input("x", [3, 2], "float32"), b.input("y", [3, 5], "float32")
+    b.output(b.op("concat", x, y, x, axis=1))
+    g = b.build()
+    xv, yv = _f32(rng, 3, 2), _f32(rng, 3, 5)
+    compiled = compile_graph(g, "cpu")
+    assert compiled.summary()["reference_ops"] == ["concat: pretend unsupported"]
+    np.testing.assert_array_equal(compiled(xv, yv)[0], np.concatenate([xv, yv, xv], axis=1))
+
+
 def test_bad_inputs_are_reported(rng, cache_dir):
     compiled = compile_graph(_mlp(rng), "cpu")
     with pytest.raises(ArgumentError, match="takes 1 inputs"):

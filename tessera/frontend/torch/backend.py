@@ -227,7 +227,7 @@ class CompiledGraph:
         """The steps: lowered segments and nodes that run in torch.  A node whose lowering makes
         its segment uncompilable (a size no input carries) joins the nodes that run in torch."""
         forced: dict[torch.fx.Node, str] = {}
-        for _ in range(8):
+        for _ in range(len(self.gm.graph.nodes)):
             try:
                 return self._plan_once(values, forced)
             except NodeError as e:
@@ -304,6 +304,9 @@ class CompiledGraph:
                 steps.append(n)
             elif n in scalar:
                 if n in needed:
+                    if current and set(n.all_input_nodes) & set(current):  # it reads the open segment
+                        steps.append(_Segment(current))
+                        current = []
                     steps.append(n)
             else:
                 current.append(n)

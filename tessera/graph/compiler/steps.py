@@ -128,7 +128,8 @@ class ReferenceStep:
         return []
 
     def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
-        results = self.kernel([_to_numpy(a) for a in arrays], symbols)
+        by_tensor = dict(zip(self.inputs, arrays))  # the group's inputs are distinct; the op may repeat one
+        results = self.kernel([_to_numpy(by_tensor[t]) for t in self.op.inputs], symbols)
         for t, r, out in zip(self.outputs, results, outs):
             _copy_into(out, r, f"{self.op.name} ({self.op.kind}) output {t.name}")
 
