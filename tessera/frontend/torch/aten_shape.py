@@ -283,7 +283,7 @@ def _slice_scatter(cv, a):
     # dynamic length) alike
     start, length = slice_window(n, 0 if a["start"] is None else a["start"], BIG if a["end"] is None else a["end"],
                                  step)  # fmt: skip
-    if start == 0 and length == n and step == 1:
+    if start == 0 and length == n and step == 1 and tuple(src.shape) == tuple(x.shape):
         return src
     positions = cv.op("arange", start=0, end=n, step=1, dtype="int64")
     offset = cv.op("sub", positions, cv.tensor(start, "int64"))
