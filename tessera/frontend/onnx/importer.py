@@ -246,6 +246,12 @@ class Importer:
         outputs = [self.tensor(self._value(o.name, "a graph output")) for o in g.output]
         return FlowGraph(self.inputs, outputs, self.operators, _clean(g.name or "onnx_graph")).verify()
 
+    def declared_inputs(self) -> list[Tensor]:
+        """The model's inputs (not initializers) as graph tensors of their declared dtype and
+        shape (named dims as symbolic sizes), without importing a node."""
+        initializers = {i.name for i in self.model.graph.initializer}
+        return [self._graph_input(vi) for vi in self.model.graph.input if vi.name not in initializers]
+
     def _graph_input(self, vi: Any) -> Tensor:
         tt = vi.type.tensor_type
         if vi.type.WhichOneof("value") != "tensor_type":
