@@ -61,11 +61,22 @@ def _tinygemm(x: torch.Tensor, w: torch.Tensor, group: int):
 
 
 def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False) -> list[dict]:
+    """Rows for every case; with TESSERA_BENCH_BUDGET_S set, the cases started within that many
+    seconds (a partial run says so in its printout)."""
+    import os
+    import time
+
+    budget = float(os.environ.get("TESSERA_BENCH_BUDGET_S", "inf"))
+    start = time.monotonic()
     rows = []
     rng = np.random.default_rng(0)
     weights: dict[tuple[int, int], torch.Tensor] = {}
     prepared: dict[tuple, tuple] = {}
-    for m, n, k, tname, g in cases(quick):
+    todo = cases(quick)
+    for i, (m, n, k, tname, g) in enumerate(todo):
+        if time.monotonic() - start > budget:
+            print(f"time budget of {budget:.0f} s spent: {len(todo) - i} of {len(todo)} cases not run")
+            break
         t = ts.dtype(tname)
         wf = weights.get((n, k))
         if wf is None:

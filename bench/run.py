@@ -1,6 +1,7 @@
 """Run a benchmark suite on the GPU: `python bench/run.py --suite reduce [--out DIR]`.
 
-Suites: gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), gemm-graph
+Suites: attention (bench/attention_suite.py: flash attention vs torch SDPA's flash and cuDNN
+backends, prefill and decode), gemm (bench/gemm_suite.py: tuned tensor-core GEMM vs cuBLAS and torch.compile), gemm-graph
 (the same file: the anchors the graph compiler emits for the suite models' GEMMs, fused epilogues
 included, vs cuBLAS, torch eager and torch.compile; --quick skips ResNet-50's convolutions), models
 (bench/models_suite.py: whole models under torch.compile(backend="tessera") vs eager and
@@ -96,8 +97,10 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu", "lowbit"], required=True)
-    ap.add_argument("--quick", action="store_true", help="gemm: the first six shapes only; lowbit: fewer M")
+    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu", "lowbit", "attention"],
+                    required=True)  # fmt: skip
+    ap.add_argument("--quick", action="store_true",
+                    help="gemm: the first six shapes only; lowbit: fewer M; attention: a few shapes")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
@@ -136,6 +139,14 @@ def main() -> None:
 
         rows = lowbit_suite(timer, copy_gbs, quick=args.quick)
         write_results(args.suite, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
+        return
+    if args.suite == "attention":
+        from attention_suite import attention_suite
+        from attention_suite import summary as attention_summary
+
+        rows = attention_suite(timer, quick=args.quick)
+        write_results(args.suite, rows, outdirs, ["tflops", "gbs", "vs_flash", "vs_cudnn", "config"])
+        print(attention_summary(rows))
         return
     rows = reduce_suite(timer, copy_gbs)
     for r in rows:

@@ -10,9 +10,12 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    """Every test builds into its own cache under tmp_path, never ~/.cache/tessera."""
+    """Every test builds into its own cache under tmp_path, never ~/.cache/tessera; and tunes
+    nothing unless it asks (tune=True): with a fresh cache per test, the default (tuning on)
+    would time every GEMM's schedule space again in every test."""
     d = tmp_path / "tessera-cache"
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(d))
+    monkeypatch.setenv("TESSERA_TUNE", "0")
     return d
 
 

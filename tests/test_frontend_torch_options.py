@@ -35,8 +35,9 @@ def _cause(exc: BaseException) -> BaseException:
 
 def test_parse_options_validates_names_types_and_modes():
     assert parse_options(None) == CompileOptions()
-    assert parse_options({"tune": True, "progress": False}) == CompileOptions(tune=True, progress=False)
-    assert parse_options(None, mode="max-autotune").tune and not parse_options(None, mode="reduce-overhead").tune
+    assert parse_options({"tune": False, "progress": False}) == CompileOptions(tune=False, progress=False)
+    assert parse_options(None, mode="max-autotune").tune and parse_options(None, mode="reduce-overhead").cuda_graph
+    assert not parse_options({"tune": False}, mode="reduce-overhead").tune
     assert not parse_options(None, mode="max-autotune-no-cudagraphs").cuda_graph
     with pytest.raises(ArgumentError, match=r"unknown option 'cuda_graphs'.*\n  tune:"):
         parse_options({"cuda_graphs": False})
@@ -61,7 +62,7 @@ def test_torch_compile_options_reach_the_compiler_and_explain_reports_them():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     report = tessera.explain(compiled)
     (graph,) = report.graphs
-    assert graph.options == {"tune": False, "cuda_graph": False} and graph.num_kernels >= 1
+    assert graph.options == {"tune": False, "cuda_graph": False} and graph.num_kernels >= 1  # tune: $TESSERA_TUNE=0
     assert {"gelu", "softmax"} <= {op.split(" ")[0] for k in graph.kernels for op in k.ops}
     assert graph.plans and graph.plans[0].sizes == {}
     # The reference executor: the same answers, no kernels, said so in the report.
@@ -95,3 +96,13 @@ def test_explain_lists_every_graph_of_a_model_with_graph_breaks():
     ops = [op.split(" ")[0] for g in report.graphs for k in g.kernels for op in k.ops]
     assert "gelu" in ops and "softmax" in ops
     assert len(tessera.frontend.torch.compiled_graphs()) >= 2
+
+
+def test_tuning_is_on_by_default_unless_the_environment_says_off(monkeypatch):
+    monkeypatch.delenv("TESSERA_TUNE", raising=False)
+    assert CompileOptions().tune and parse_options(None).tune
+    monkeypatch.setenv("TESSERA_TUNE", "off")
+    assert not CompileOptions().tune and parse_options({"tune": True}).tune  # an explicit option wins
+    monkeypatch.setenv("TESSERA_TUNE", "sometimes")
+    with pytest.raises(ArgumentError, match=r"\$TESSERA_TUNE='sometimes': use 1/on"):
+        CompileOptions()

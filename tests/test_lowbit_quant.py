@@ -79,6 +79,7 @@ def test_quantize_torch_module_eager_and_compiled(weight):
     torch = pytest.importorskip("torch")
     model = _mlp(torch)
     q = ts.quantize(model, weight=weight, group_size=16)
+    torch._dynamo.reset()
     assert isinstance(model[0], torch.nn.Linear)  # not in place
     assert type(q[0]).__name__ == "QuantizedLinear" and q[0].weight_q.dtype.name == weight
     compiled = torch.compile(q, backend="tessera")
@@ -179,14 +180,15 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     from tessera.kernels.lowbit_decode import DecodeConfig
     from tessera.quant.linear import cuda_matmul, prepare
 
-    configs = (None, DecodeConfig(4, 1, 1, 1, 1), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4))
+    configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
+               DecodeConfig(4, 2, 1, 2, 1))
     for i, group in enumerate(GROUPS):
         for zp in ((None, True) if t.is_integer else (None,)):
             n, k = (40, 520) if i % 2 else (100, 1000)
             q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
             p = prepare(q)
             w = torch.from_numpy(q.dequantize()).cuda().double()
-            for m, config in zip((1, 3, 13, 40), configs):
+            for m, config in zip((1, 3, 13, 40, 9), configs):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 y = cuda_matmul(x, p, config)
                 ref = x.double() @ w.T
@@ -210,3 +212,82 @@ def test_cuda_prefill_path_and_compiled_module(rng):
     x = torch.randn(4, 37, device="cuda", dtype=torch.float16)
     ref = _reference(torch, q.float().cpu(), x.float().cpu())
     assert torch.allclose(compiled(x).float().cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+# ---- the graph operator ------------------------------------------------------------------
+@pytest.mark.parametrize("t", ["int1", "int5", "uint7", "e3m2", "e5m2"])
+def test_layout_unpack_inverts_pack(rng, t):
+    from tessera.quant.layout import layout_codes, pack_units, unpack_units
+
+    dt = ts.dtype(t)
+    for n, k in ((1, 1), (17, 300), (16, 256)):
+        codes = rng.integers(0, 1 << dt.nbits, size=(n, k))
+        words = pack_units(codes, dt)
+        assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
+        assert np.array_equal(unpack_units(words, dt, n, k), layout_codes(codes, dt))
+
+
+@pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1"])
+def test_compiled_float16_model_uses_the_lowbit_graph_operator(weight, monkeypatch):
+    """float16 activations: torch.compile turns the layers into lowbit_linear operators (the CUDA
+    anchor on a GPU; here their reference), equal to the eager layers (tessera's CPU kernel)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.ReLU(), torch.nn.Linear(40, 24))
+    q = ts.quantize(model, weight=weight, group_size=32).half()
+    torch._dynamo.reset()  # a fresh cache: earlier tests' recompilations count towards dynamo's limit
+    from tessera.graph.opdefs import lowbit as lowbit_op
+
+    calls = []
+    dequantized = lowbit_op.dequantized_weight
+    monkeypatch.setattr(lowbit_op, "dequantized_weight", lambda *c: calls.append(c[-1]["wtype"]) or dequantized(*c))
+    compiled = torch.compile(q, backend="tessera")
+    for m in (3, 1):
+        x = torch.randn(m, 64, dtype=torch.float16)
+        y = compiled(x)
+        assert torch.equal(y, q(x))
+    assert calls and set(calls) == {weight}  # the graph operator ran, not the torch fallback
+
+
+def test_graph_operator_reference_matches_quantized_weight(rng):
+    from tessera.graph.opdefs.lowbit import dequantized_weight
+    from tessera.quant.torch_quantize import QuantizedLinear
+
+    for t in ("int3", "uint6", "e4m3"):
+        w = quantize_weight(rng.normal(size=(20, 70)), t, 16)
+        consts, attrs = QuantizedLinear(w).graph_operands()
+        assert np.allclose(dequantized_weight(*consts, attrs), w.dequantize(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
+def test_lowbit_anchor_with_fused_epilogue_builds():
+    from tessera.ir import dtypes
+    from tessera.ir import expr as E
+    from tessera.ir.compute import Placeholder, compute
+    from tessera.ops.anchors.epilogue import Epilogue
+    from tessera.quant.anchor import plan_lowbit_linear
+
+    acc = Placeholder("acc", (5, 40), dtypes.float32)
+    bias = Placeholder("bias", (40,), dtypes.float16)
+    out = compute((5, 40), lambda i, j: E.Cast(acc[(i, j)] + E.Cast(bias[(j,)], dtypes.float32), dtypes.float16),
+                  "bias_add", dtypes.float16)  # fmt: skip
+    attrs = {"wtype": "int3", "n": 40, "k": 264, "group_size": 64, "has_bias": True}
+    plan = plan_lowbit_linear((5, 264), attrs, 3 * 2 * 3 * 128, (40, 5), (40, 5), Epilogue(acc, out, [bias]))
+    assert "ep0_bias" in plan.source
+    plan.build()
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(264, 72), torch.nn.GELU(), torch.nn.Linear(72, 40))
+    for weight in ("int4", "uint3", "e2m1"):
+        q = ts.quantize(model, weight=weight, group_size=64).cuda().half()
+        torch._dynamo.reset()
+        compiled = torch.compile(q, backend="tessera")
+        for m in (1, 5, 17):
+            x = torch.randn(m, 264, dtype=torch.float16, device="cuda")
+            ref = q(x).float()
+            got = compiled(x).float()
+            assert float((got - ref).norm() / ref.norm()) < 5e-3

@@ -637,3 +637,24 @@ def test_attention_fully_masked_rows_match_the_reference(torch, mask_dtype):
     assert empty[0, :, 5].all() and empty[1, :, 3].all() and not empty[1, :, 2].any()
     assert torch.equal(torch.isnan(out), empty)
     check(torch.where(empty, 0, out.double()), torch.where(empty, 0, ref), "float16")
+
+
+@pytest.mark.cuda
+def test_attention_anchor_runs_the_fused_kernel_on_sm90(torch, caplog):
+    """On an SM90 GPU the anchor is the flash kernel (prefill and split-KV decode, repeated calls on
+    fresh inputs); a head dim it does not take falls back to the composition, and says why."""
+    import logging
+
+    from tessera.ops.anchors.attention import FlashAnchorKernel
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused kernel needs an SM90 GPU")
+    for (b, h, sq, d), hk, sk, causal in [((2, 8, 129, 128), 2, 129, True), ((2, 32, 1, 64), 8, 3000, False)]:
+        kernel = prepare_attention((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d), "float16", causal=causal)
+        assert isinstance(kernel, FlashAnchorKernel) and kernel.kernels[0].startswith("flash_attention")
+        for _ in range(2):
+            q, k, v = rand(torch, (b, h, sq, d), "float16"), rand(torch, (b, hk, sk, d), "float16"), rand(torch, (b, hk, sk, d), "float16")
+            run_anchor(torch, kernel, [q, k, v], [], sdpa_reference(torch, q, k, v, None, causal), "float16")
+    with caplog.at_level(logging.INFO, logger="tessera"):
+        kernel = prepare_attention((1, 2, 16, 32), (1, 2, 16, 32), (1, 2, 16, 32), "float16")
+    assert not isinstance(kernel, FlashAnchorKernel) and "head dim 32" in caplog.text

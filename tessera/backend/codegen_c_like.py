@@ -24,7 +24,7 @@ _C_INT = {"int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "in
           "bool": "bool", "float32": "float", "float64": "double"}  # fmt: skip
 _C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
            "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "nearbyint", "pow": "pow",
-           "fma": "fma", "abs": "fabs", "max": "ts_max", "min": "ts_min", "fmod": "fmod", "asin": "asin", "acos": "acos",
+           "fma": "fma", "abs": "fabs", "max": "ts_max", "min": "ts_min", "fmod": "fmod", "fmax": "fmax", "asin": "asin", "acos": "acos",
            "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh"}  # fmt: skip
 # Helpers both preludes need, with the target's function qualifier as {q}.  ts_max/ts_min
 # propagate NaN like numpy and torch (fmax/fmin would drop it); the floor helpers give integer

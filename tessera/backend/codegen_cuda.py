@@ -46,6 +46,7 @@ template <> struct ts_vec<16> { typedef uint4 t; };
 template <int N> __device__ __forceinline__ void ts_copy_vector(void* dst, const void* src) {
   *reinterpret_cast<typename ts_vec<N>::t*>(dst) = *reinterpret_cast<const typename ts_vec<N>::t*>(src);
 }
+__device__ __forceinline__ float ts_fast_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ uint32_t ts_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 template <int N> __device__ __forceinline__ void ts_copy_async(void* dst, const void* src, bool pred) {
   // src-size 0 reads nothing and zero-fills: out-of-bounds tiles need no separate path.
@@ -156,16 +157,27 @@ __device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map
 """
 
 
-def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
-    """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}](float* d, const void* a, const void* b): d += A @ B^T.
+def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
+    """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}][_rs](float* d, const void* a, const void* b): d += A @ B^T.
 
     The accumulator has n / 2 registers per thread; the asm lists each as an operand.  With
-    `b_chunk_bytes` B is MN-major (the transpose bit set), in 64-column chunks that far apart."""
+    `b_chunk_bytes` B is MN-major (the transpose bit set), in 64-column chunks that far apart.
+    With `a_regs` A is the thread's four 32-bit A-fragment registers (the RS form), not a
+    shared-memory descriptor."""
     regs = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     dlist = ", ".join(f"%{i}" for i in range(regs))
-    name, trans = wgmma_name(n, kind, b_chunk_bytes), int(bool(b_chunk_bytes))
+    name, trans = wgmma_name(n, kind, b_chunk_bytes, a_regs), int(bool(b_chunk_bytes))
     bdesc = f"ts_wgmma_desc_mn(b, {b_chunk_bytes}u)" if b_chunk_bytes else "ts_wgmma_desc(b)"
+    if a_regs:
+        alist = ", ".join(f"%{regs + i}" for i in range(4))
+        return (
+            f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b) {{\n"
+            f"  const uint32_t* x = reinterpret_cast<const uint32_t*>(a);\n"
+            f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
+            f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, {{{alist}}}, %{regs + 4}, p, 1, 1, {trans};\\n}}\\n\"\n"
+            f"    : {outs}\n    : \"r\"(x[0]), \"r\"(x[1]), \"r\"(x[2]), \"r\"(x[3]), \"l\"({bdesc}) : \"memory\");\n}}"
+        )
     return (
         f"__device__ __forceinline__ void {name}(float* d, const void* a, const void* b) {{\n"
         f"  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
@@ -174,8 +186,8 @@ def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
     )
 
 
-def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0) -> str:
-    return f"ts_wgmma_m64n{n}k16_{kind}" + (f"_t{b_chunk_bytes}" if b_chunk_bytes else "")
+def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
+    return f"ts_wgmma_m64n{n}k16_{kind}" + (f"_t{b_chunk_bytes}" if b_chunk_bytes else "") + ("_rs" if a_regs else "")
 
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_idx": "__shfl_sync"}
 _HW = {"threadIdx": "threadIdx", "blockIdx": "blockIdx", "blockDim": "blockDim", "gridDim": "gridDim"}
@@ -226,6 +238,11 @@ class CudaCodegen(CLikeCodegen):
         return super().visit_Call(e)
 
     def math_call(self, name: str, args: list[str], t: DataType) -> str:
+        if name == "fast_exp2":  # float32 in, float32 out (narrow types round back)
+            if t == dtypes.float64:
+                return f"exp2({args[0]})"
+            out = f"ts_fast_exp2((float)({args[0]}))"
+            return f"{_NARROW[t.name]}({out})" if t.name in _NARROW else out
         if t.name in _NARROW:  # compute in float, round back
             wide = [f"(float)({a})" for a in args]
             return f"{_NARROW[t.name]}({super().math_call(name, wide, dtypes.float32)})"
@@ -253,8 +270,9 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "wgmma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
             chunk = a["b_chunk_bytes"] if a["trans_b"] else 0
-            self.helpers.add(wgmma_helper(a["n"], kind, chunk))
-            self.emit(f"{wgmma_name(a['n'], kind, chunk)}({ops[0]}, {ops[1]}, {ops[2]});")
+            regs = s.operands[1].scope == "register"
+            self.helpers.add(wgmma_helper(a["n"], kind, chunk, regs))
+            self.emit(f"{wgmma_name(a['n'], kind, chunk, regs)}({ops[0]}, {ops[1]}, {ops[2]});")
         elif s.name in ("wgmma_fence", "wgmma_commit", "fence_proxy_async", "fence_mbarrier_init"):
             self.emit(f"ts_{s.name}();")
         elif s.name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait"):
@@ -262,6 +280,9 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "tma_load":
             coords = ", ".join(reversed(ops[3:]))  # the IR gives them outermost first, TMA innermost first
             self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
+        elif s.name in ("named_barrier_sync", "named_barrier_arrive"):
+            op = "sync" if s.name == "named_barrier_sync" else "arrive"
+            self.emit(f'asm volatile("bar.{op} %0, %1;\\n" :: "r"({ops[0]}), "r"({ops[1]}) : "memory");')
         elif s.name == "syncwarp":
             self.emit("__syncwarp();")
         elif s.name == "cluster_sync":

@@ -125,8 +125,9 @@ def _check_wgmma(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
             return "wgmma with trans_b=True and n > 64 needs n a multiple of 64 (whole 64-column chunks)"
     if d.scope != REGISTER or d.type.dtype != dtypes.float32:
         return "wgmma accumulates into a float32 register tensor (n / 2 elements per thread)"
-    if a.scope != SHARED or b.scope != SHARED:
-        return "wgmma reads A and B from shared memory (K-major tiles with the 128-byte swizzle)"
+    if a.scope not in (SHARED, REGISTER) or b.scope != SHARED:
+        return ("wgmma reads B from shared memory and A from shared memory (K-major tiles with the 128-byte "
+                "swizzle) or from registers (a register tensor: 8 elements per thread, the m64k16 A fragment)")
     if a.type.dtype not in (dtypes.float16, dtypes.bfloat16) or b.type.dtype != a.type.dtype:
         return f"wgmma multiplies float16 or bfloat16 tiles of one type, got {a.type.dtype} and {b.type.dtype}"
     return None
@@ -253,7 +254,9 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("wgmma", ("addr", "addr", "addr"), ("n", "trans_b", "b_chunk_bytes"), True, _check_wgmma,
                         "wgmma.mma_async m64n{n}k16 (SM90), float32 accumulate, A [64, 16] and B [n, 16] K-major "
                         "in shared memory laid out with Swizzle(3, 3, 3) in 1024-byte aligned 8-row groups; with "
-                        "trans_b B is [k, n] (MN-major) stored as 64-column chunks b_chunk_bytes apart"),
+                        "trans_b B is [k, n] (MN-major) stored as 64-column chunks b_chunk_bytes apart; A may be a "
+                        "register tensor element (the thread's 8 A-fragment values, laid out like an m64n16 "
+                        "accumulator: fragments.wgmma_m64_c(16), as flash attention feeds P from its scores)"),
         InstructionSpec("wgmma_fence", (), (), True, _ok, "wgmma.fence: order register accesses before wgmma"),
         InstructionSpec("wgmma_commit", (), (), True, _ok, "wgmma.commit_group"),
         InstructionSpec("wgmma_wait", (), ("pending",), True, _check_wait,
@@ -278,6 +281,12 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("load_cluster", ("addr", "addr", "int"), ("bytes",), True, _check_load_cluster,
                         "ld.shared::cluster: `bytes` from the same shared-memory offset in block `rank` of this "
                         "thread-block cluster (distributed shared memory) into registers"),
+        InstructionSpec("named_barrier_sync", ("int", "int"), (), True, _ok,
+                        "bar.sync id, threads: wait at named barrier `id` (1..15; 0 is syncthreads') until "
+                        "`threads` threads (a multiple of 32) have arrived or synced there"),
+        InstructionSpec("named_barrier_arrive", ("int", "int"), (), True, _ok,
+                        "bar.arrive id, threads: count this warp at named barrier `id` without waiting (a "
+                        "producer/consumer hand-off, e.g. warpgroups taking turns)"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
         InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias"), False,

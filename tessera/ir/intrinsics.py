@@ -49,6 +49,12 @@ INTRINSICS |= {
     # checked_index(i, n): i (negative counts from the end) if -n <= i < n; otherwise the CPU
     # kernel reports an out-of-range index (the runtime raises) and CUDA clamps into [0, n).
     "checked_index": Intrinsic("checked_index", 2, "same"),
+    # max of two floats that ignores a NaN operand (C's fmax: one instruction, where "max"
+    # propagates NaN as numpy and torch do).
+    "fmax": Intrinsic("fmax", 2, "float"),
+    # 2**x by the GPU's special-function unit (ex2.approx.ftz: ~2 ulp, results below 2**-126
+    # flushed to 0); CUDA only.  The softmax of flash attention feeds it.
+    "fast_exp2": Intrinsic("fast_exp2", 1, "float"),
     # Warp shuffles (CUDA only): exchange a value among the 32 lanes of a warp.
     "shfl_xor": Intrinsic("shfl_xor", 2, "first"),
     "shfl_down": Intrinsic("shfl_down", 2, "first"),
@@ -57,7 +63,7 @@ INTRINSICS |= {
 # Two more calls are made only by tessera.ops, with an explicit result type, and are not
 # kernel builtins: ipow(a, n) (exact integer power, see backend SHARED_HELPERS) and
 # bitcast(x) (x's bits as the call's type, of the same width).
-GPU_ONLY = frozenset({"shfl_xor", "shfl_down", "shfl_idx"})
+GPU_ONLY = frozenset({"shfl_xor", "shfl_down", "shfl_idx", "fast_exp2"})
 
 
 def lookup(name: str) -> Intrinsic:

@@ -34,20 +34,25 @@ class DecodeConfig:
     unroll: int = 2
     m_tiles: int = 2
     rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
+    x_units: int = 0  # > 0: the block's activations (at most this many units) staged in shared memory
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """A config for `sms` multiprocessors: about 4 KB of weights in flight per warp
-        (unroll = 8 / bits units), and a split of K that gives every SM several blocks."""
-        unroll = {1: 8, 2: 4, 3: 2, 4: 2}.get(bits, 1)
-        warps, rows = 4, 1 if m <= 8 else 2
+        """A config for `sms` multiprocessors, from the H200 sweep at K=4096, N=12288 (commit
+        059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1 from 4 bits on at M <= 8,
+        2 at 4 bits beyond); K split until every SM has several blocks (at most 2 ways beyond
+        8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit weights).  Activations are
+        read from global memory: the shared-memory staging (x_units) is not measured yet."""
+        small = m <= 8
+        unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1 if small or bits > 4 else 2)
+        warps, rows, m_tiles = 4, 1 if small or bits == 1 else 2, 1 if small else 2
         tiles = -(-n // 16)
         blocks = -(-tiles // (warps * rows))
         k_tiles = -(-k // 256)
-        split = 1
-        while split < 8 and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
+        split, most = 1, 8 if small else 2
+        while split < most and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
             split *= 2
-        return DecodeConfig(warps, split, unroll, 1 if m <= 8 else 2, rows)
+        return DecodeConfig(warps, split, unroll, m_tiles, rows)
 
     def problems(self) -> list[str]:
         out = []
@@ -61,10 +66,17 @@ class DecodeConfig:
             out.append("m_tiles must be 1 or 2")
         if self.rows not in (1, 2, 4):
             out.append("rows must be 1, 2 or 4")
+        if self.x_units < 0 or x_smem_bytes(self.x_units, self.m_tiles) > 200 * 1024:
+            out.append("x_units must be >= 0 and its shared activations fit 200 KiB")
         return out
 
     def __str__(self) -> str:
-        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
+        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}{f'_x{self.x_units}' if self.x_units else ''}"
+
+
+def x_smem_bytes(x_units: int, m_tiles: int) -> int:
+    """Shared memory of the staged activations (see XROW in make_decode)."""
+    return 8 * m_tiles * (x_units * 288 + (32 if x_units % 2 == 0 else 0)) * 2
 
 
 def group_ok(group_size: int) -> bool:
@@ -86,6 +98,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
+    XU = config.x_units
+    # shared activations [8 * MT tokens, XU units x 4 lanes' 64 k + 8 halves of padding each]; the
+    # row length keeps a row 64 bytes off the next modulo 128: a warp's 16-byte reads hit no bank twice
+    XROW = XU * 288 + (32 if XU % 2 == 0 else 0)
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
     NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
@@ -117,6 +133,21 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         per_split = ts.ceil_div(KT, SPLIT)
         u_begin = rank * per_split
         u_end = min(u_begin + per_split, KT)
+        xs = ts.shared_tensor(f16, [8 * MT, XROW if XU > 0 else 8])
+        if XU > 0:
+            n_units = u_end - u_begin
+            for idx in range(tid, 8 * MT * XU * 32, THREADS):
+                row = idx // (XU * 32)
+                col = idx % (XU * 32)  # 16-byte vector col of the row: unit col // 32, lane t, chunk
+                m = m_base + row
+                k = (u_begin + col // 32) * 256 + (col % 32) * 8
+                dst = (col // 32) * 288 + ((col % 32) // 8) * 72 + (col % 8) * 8
+                if m < M and k < K and col // 32 < n_units:
+                    ts.copy_vector(xs[row, dst], X[m, k], 16)
+                else:
+                    for e in ts.unroll(8):
+                        xs[row, dst + e] = 0.0
+            ts.syncthreads()
         for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
@@ -146,12 +177,15 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                         for i in ts.unroll(MT):
                             m = m_base + i * 8 + g
                             for j in ts.unroll(8):
-                                k = (u0 + uu) * 256 + t * 64 + j * 8
-                                if m < M and k < K:
-                                    ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                if XU > 0:
+                                    ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
                                 else:
-                                    for e in ts.unroll(8):
-                                        xr[i, j * 8 + e] = 0.0
+                                    k = (u0 + uu) * 256 + t * 64 + j * 8
+                                    if m < M and k < K:
+                                        ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                    else:
+                                        for e in ts.unroll(8):
+                                            xr[i, j * 8 + e] = 0.0
                         for s in STEPS:  # a compile-time list: dequant's start is a constant
                             q = s // STEPS_PER_GROUP
                             for r in ts.unroll(R):

@@ -76,6 +76,8 @@ mbarrier_wait = Builtin("mbarrier_wait", "instruction")
 tma_load = Builtin("tma_load", "instruction")
 setmaxnreg = Builtin("setmaxnreg", "instruction")
 syncwarp = Builtin("syncwarp", "instruction")
+named_barrier_sync = Builtin("named_barrier_sync", "instruction")
+named_barrier_arrive = Builtin("named_barrier_arrive", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
 # Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
@@ -93,6 +95,7 @@ vsum, vreduce_max = Builtin("vsum", "vector"), Builtin("vreduce_max", "vector")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
+fast_exp2, fmax = _intrinsics["fast_exp2"], _intrinsics["fmax"]
 sqrt, rsqrt, sin, cos, tanh, erf = (_intrinsics[n] for n in ("sqrt", "rsqrt", "sin", "cos", "tanh", "erf"))
 floor, ceil, round_ = _intrinsics["floor"], _intrinsics["ceil"], _intrinsics["round"]
 pow_, fma = _intrinsics["pow"], _intrinsics["fma"]

@@ -73,6 +73,10 @@ def _load_cluster(dst: Any, src: Any, rank: Any, bytes: int = 16) -> tuple[tuple
     return (dst, src, rank), {"bytes": bytes}
 
 
+def _named_barrier(id: Any, threads: Any) -> tuple[tuple, dict]:
+    return (id, threads), {}
+
+
 def _setmaxnreg(regs: int, increase: bool) -> tuple[tuple, dict]:
     return (), {"regs": regs, "increase": increase}
 
@@ -104,7 +108,7 @@ SIGNATURES = {
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
-    "dequant": _dequant,
+    "dequant": _dequant, "named_barrier_sync": _named_barrier, "named_barrier_arrive": _named_barrier,
 }  # fmt: skip
 
 

@@ -111,17 +111,34 @@ def packed_nbytes(count: int, bits: int) -> int:
 
 def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack the flattened `codes` (each < 2**bits) densely, LSB first: a uint8 array of packed_nbytes bytes."""
-    c = np.asarray(codes).reshape(-1).astype(np.uint64)
-    if c.size and int(c.max()) >> bits:
+    c = np.asarray(codes).reshape(-1)
+    n = c.size
+    if n and int(c.max()) >> bits:
         raise ArgumentError(f"a code does not fit in {bits} bits")
-    bit_planes = ((c[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8).reshape(-1)
-    return np.packbits(bit_planes, bitorder="little")[: packed_nbytes(c.size, bits)]
+    # eight fields fill exactly `bits` bytes: build them as one little-endian uint64 each
+    groups = np.zeros(-(-n // 8) * 8, np.uint64)
+    groups[:n] = c
+    groups = groups.reshape(-1, 8)
+    word = np.zeros(groups.shape[0], np.uint64)
+    for j in range(8):
+        word |= groups[:, j] << np.uint64(bits * j)
+    return word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :bits].reshape(-1)[: packed_nbytes(n, bits)].copy()
 
 
 def unpack_bits(data: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The first `count` `bits`-bit fields of the densely packed bytes `data`, as uint8 codes."""
     data = np.asarray(data, dtype=np.uint8).reshape(-1)
-    if data.size < packed_nbytes(count, bits):
+    need = packed_nbytes(count, bits)
+    if data.size < need:
         raise ArgumentError(f"{data.size} bytes hold fewer than {count} fields of {bits} bits")
-    planes = np.unpackbits(data, bitorder="little")[: count * bits].reshape(count, bits).astype(np.uint8)
-    return (planes << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
+    groups = -(-count // 8)
+    raw = np.zeros((groups, 8), np.uint8)
+    flat = np.zeros(groups * bits, np.uint8)
+    flat[:need] = data[:need]
+    raw[:, :bits] = flat.reshape(groups, bits)
+    word = raw.reshape(-1).view("<u8")
+    mask = np.uint64((1 << bits) - 1)
+    out = np.empty((groups, 8), np.uint8)
+    for j in range(8):
+        out[:, j] = (word >> np.uint64(bits * j)) & mask
+    return out.reshape(-1)[:count]

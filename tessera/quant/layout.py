@@ -62,3 +62,18 @@ def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles:
     b = t.nbits
     w = np.asarray(words).reshape(-1, k_tiles, b, 32, 4)
     return w[n_tile, k_tile, :, lane, :].reshape(-1)
+
+
+def unpack_units(words: np.ndarray, t: DataType, n: int, k: int) -> np.ndarray:
+    """The [n, k] layout codes (`layout_codes`) that `pack_units` stored in `words`."""
+    npad, kpad = padded_shape(n, k)
+    nt, kt = npad // 16, kpad // 256
+    w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
+    tiles = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
+    for v in range(lowbit.UNIT_VALUES):
+        for word, bit, low, width in lowbit.value_bit_locations(t.nbits, v):
+            tiles[:, :, :, v] |= ((w[:, :, :, word] >> bit) & ((1 << width) - 1)) << low
+    rows, ks = _positions()
+    u = np.zeros((nt, kt, 16, 256), np.uint32)
+    u[:, :, rows, ks] = tiles
+    return u.transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]

@@ -107,12 +107,6 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
     return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
 
 
-def multiprocessor_count() -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
 def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) -> Any:
     """x [M, K] float16 (CUDA) @ W^T -> [M, N] float16, with the decode kernel."""
     import torch
@@ -133,7 +127,12 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
         key = ("config", m <= 8)
         config = p.cache.get(key)
         if config is None:
+            from tessera.runtime.cuda import multiprocessor_count
+
             config = p.cache[key] = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
+    if config.x_units and config.x_units < -(-p.k_tiles // config.split):
+        raise ArgumentError(f"config {config} stages {config.x_units} units of activations, but a block of split "
+                            f"{config.split} reads {-(-p.k_tiles // config.split)} of K = {k}")  # fmt: skip
     kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
     y = out if out is not None else torch.empty((m, n), dtype=torch.float16, device=x.device)
     kern(x.contiguous(), p.words, p.scales, p.biases, y, p.k_tiles)

@@ -92,10 +92,10 @@ def quantize_weight(w: np.ndarray, dtype: DataType | str, group_size: int | None
     if zero_point and t.is_float:
         raise ArgumentError(f"{t} weights take no zero points (zero_point=True is for integer types)")
     g = -(-k // gs)
-    pad = np.full((n, g * gs), np.nan)
-    pad[:, :k] = w
+    # a short last group is padded with copies of its last value: its min and max stay the same
+    pad = w if g * gs == k else np.pad(w, ((0, 0), (0, g * gs - k)), mode="edge")
     groups = pad.reshape(n, g, gs)
-    lo, hi = np.nanmin(groups, axis=2), np.nanmax(groups, axis=2)
+    lo, hi = groups.min(axis=2), groups.max(axis=2)
     absmax = np.maximum(np.abs(lo), np.abs(hi))
     zeros = None
     if t.is_float:
@@ -119,10 +119,10 @@ def quantize_weight(w: np.ndarray, dtype: DataType | str, group_size: int | None
     safe = np.where(scale > 0, scale, 1.0)
     x = groups / safe[:, :, None]
     if t.is_float:
-        codes = codecs.encode(np.nan_to_num(x), t)
+        codes = codecs.encode(x, t)
     else:
         zz = zeros if zeros is not None else np.full((n, g), _int_zero_free(t))
-        q = np.clip(np.round(np.nan_to_num(x)) + zz[:, :, None], t.min_value, t.max_value)
+        q = np.clip(np.round(x) + zz[:, :, None], t.min_value, t.max_value)
         codes = codecs.encode(q, t)
     codes = codes.reshape(n, g * gs)[:, :k]
     zeros_out = zeros if zeros is not None else (None if t.kind == "int" or t.is_float else np.full((n, g), _int_zero_free(t), np.int32))

@@ -31,10 +31,7 @@ _LOCK = threading.Lock()
 @torch.library.custom_op("tessera::lowbit_linear", mutates_args=())
 def lowbit_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
     """x [M, K] @ W^T for the QuantizedLinear registered under `handle` (no bias)."""
-    layer = _REGISTRY.get(handle)
-    if layer is None:
-        raise ArgumentError(f"no QuantizedLinear is registered under handle {handle}")
-    return layer.matmul(x)
+    return layer_of(handle).matmul(x)
 
 
 @lowbit_linear.register_fake
@@ -61,6 +58,21 @@ class QuantizedLinear(torch.nn.Module):
                     zero_point: bool | None = None) -> QuantizedLinear:  # fmt: skip
         w = linear.weight.detach().float().cpu().numpy()
         return cls(quantize_weight(w, weight, group_size, zero_point), linear.bias)
+
+    def graph_operands(self) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """The lowbit_linear graph operator's constants (words, scales, biases) and attributes."""
+        if "graph" not in self._prepared:
+            from tessera.quant.layout import pack_units
+            from tessera.quant.linear import kernel_scales_and_biases
+
+            w = self.weight_q
+            scales, biases = kernel_scales_and_biases(w)
+            consts = [pack_units(w.codes.codes(), w.dtype), np.ascontiguousarray(scales),
+                      np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16)]  # fmt: skip
+            attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
+                     "group_size": w.group_size, "has_bias": biases is not None}  # fmt: skip
+            self._prepared["graph"] = (consts, attrs)
+        return self._prepared["graph"]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
@@ -105,6 +117,13 @@ def quantize(model: torch.nn.Module, weight: str = "int4", group_size: int | Non
     if not replaced:
         raise ArgumentError("quantize() found no nn.Linear layer to quantize in the model")
     return target
+
+
+def layer_of(handle: int) -> QuantizedLinear:
+    layer = _REGISTRY.get(handle)
+    if layer is None:
+        raise ArgumentError(f"no QuantizedLinear is registered under handle {handle}")
+    return layer
 
 
 def dequantized_linear_weight(layer: QuantizedLinear) -> np.ndarray:

@@ -124,6 +124,11 @@ def device_properties() -> DeviceProperties:
     )  # fmt: skip
 
 
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of GPU 0 (device_properties().sms; 132 on an H200 SXM)."""
+    return device_properties().sms
+
+
 def synchronize() -> None:
     ensure_current()
     check(_driver().cuCtxSynchronize(), "cuCtxSynchronize (a kernel may have faulted)")

@@ -17,6 +17,7 @@ import torch
 from tessera.errors import UnsupportedError
 from tessera.frontend.torch.convert import Converter, dtype_of, handles
 from tessera.graph import Tensor
+from tessera.ir import dtypes
 
 _MISSING = object()
 
@@ -258,6 +259,21 @@ def _linear(cv, args, kwargs):
     a = bind(args, kwargs, "input, weight, bias=None")
     ins = [a["input"], a["weight"]] + ([a["bias"]] if a["bias"] is not None else [])
     return cv.op("linear", *ins)
+
+
+@handles("torch._ops.tessera.lowbit_linear.default")
+def _lowbit_linear(cv, args, kwargs):
+    """tessera.quantize's layers: float16 activations become the lowbit_linear anchor (the CUDA
+    low-bit kernel); others run in torch, where the op calls tessera's CPU kernel."""
+    from tessera.quant.torch_quantize import layer_of
+
+    x, handle = bind(args, kwargs, "x, handle").values()
+    x = cv.tensor(x)
+    if x.dtype != dtypes.float16:
+        raise UnsupportedError(f"lowbit_linear on {x.dtype} activations runs in torch (tessera's CPU kernel)")
+    consts, attrs = layer_of(handle).graph_operands()
+    return cv.op("lowbit_linear", x, *(cv.const(c, dtype=d) for c, d in zip(consts, ("uint32", "float16", "float16"))),
+                 **attrs)  # fmt: skip
 
 
 @handles("torch.addmm", "torch.baddbmm")

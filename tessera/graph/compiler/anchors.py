@@ -14,7 +14,7 @@ from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 
-ANCHOR_KINDS = ("matmul", "linear", "conv2d", "scaled_dot_product_attention")
+ANCHOR_KINDS = ("matmul", "linear", "conv2d", "scaled_dot_product_attention", "lowbit_linear")
 ROW_KINDS = {"layer_norm": 3, "rms_norm": 2, "softmax": 1}  # kind -> inputs the row kernel takes
 _TEMPLATE_DTYPES = (dtypes.float16, dtypes.bfloat16)
 _ROW_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
@@ -42,6 +42,8 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
         return True
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
+    if op.kind == "lowbit_linear":  # float16 x [M, K] with constant low-bit weights
+        return op.inputs[0].ndim == 2 and all(t.is_constant for t in op.inputs[1:])
     if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D] q, k, v, optional mask
         qkv, mask = op.inputs[:3], op.inputs[3:]  # infer checked that the mask broadcasts to [B, H, Sq, Sk]
         mask_dtypes = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
@@ -154,6 +156,10 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=a["stride"],
                                         padding=a["padding"], dilation=a["dilation"],
                                         groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune)  # fmt: skip
+    elif op.kind == "lowbit_linear":
+        from tessera.quant.anchor import prepare_lowbit_linear
+
+        kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue)
     elif op.kind == "scaled_dot_product_attention":
         if epilogue is not None:
             raise UnsupportedError("the attention template takes no epilogue")

@@ -38,7 +38,7 @@ log = logging.getLogger("tessera")
 
 
 def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = True, cuda_graph: bool = True,
-                  tune: bool = True, arch: str | None = None, progress: bool | None = None,
+                  tune: bool | None = None, arch: str | None = None, progress: bool | None = None,
                   arrays: str = "auto") -> CompiledGraph:  # fmt: skip
     """Compile `graph` for "cpu" or "cuda".
 
@@ -46,7 +46,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     cuda_graph: capture each shape's run into a CUDA graph and replay it.
     tune: time the GEMM schedule space once per shape (candidates compiled in parallel, each
     run once to check and timed; the winner cached on disk, so a warm compile times nothing)
-    instead of ranking it with the cost model.  On by default: compile time is part of it.
+    instead of ranking it with the cost model.  None: on, unless $TESSERA_TUNE=0.
     progress: progress bars (True/False; None: $TESSERA_PROGRESS, else only on a terminal).
     arrays (target "cuda"): "torch" runs on torch CUDA tensors, "native" on tessera's own
     DeviceArrays without torch (inputs from DLPack or host arrays), "auto" picks torch when it
@@ -54,8 +54,8 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
     from tessera.graph.compiler.options import parse_options
 
-    opts = parse_options({"cuda_graph": cuda_graph, "tune": tune, "progress": progress, "arrays": arrays},
-                         where="compile_graph")  # fmt: skip
+    given = {"cuda_graph": cuda_graph, "progress": progress, "arrays": arrays, **({} if tune is None else {"tune": tune})}
+    opts = parse_options(given, where="compile_graph")
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
     with show_progress(opts.progress):
@@ -183,7 +183,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
         with recording() as tuning:
             try:
                 kernel = prepare_anchor(group, shapes, tune=tune, target=target)
-                kernel.artifacts = [kernel.kernel.artifact]
+                kernel.artifacts = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
                 kernel = _generic_anchor(group, shapes, target, arch, symbols)

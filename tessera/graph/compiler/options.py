@@ -10,19 +10,33 @@ An unknown option, or a value of the wrong type, raises ArgumentError listing th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tessera.errors import ArgumentError
 from tessera.graph.compiler.memory import ARRAY_KINDS
+
+TUNE_ENV = "TESSERA_TUNE"
+
+
+def default_tune() -> bool:
+    """Tuning's default: on, unless $TESSERA_TUNE says 0/off (CI machines, quick experiments)."""
+    value = os.environ.get(TUNE_ENV, "").strip().lower()
+    if value in ("", "1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ArgumentError(f"${TUNE_ENV}={os.environ[TUNE_ENV]!r}: use 1/on to tune GEMM and attention schedules by "
+                        "timing them, 0/off to choose them by the cost model (unset: on)")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     """What the compiler may do.  Each field is documented in OPTION_DOCS."""
 
-    tune: bool = True
+    tune: bool = field(default_factory=default_tune)
     cuda_graph: bool = True
     progress: bool | None = None
     executor: str = "compiled"
@@ -31,7 +45,7 @@ class CompileOptions:
 
 OPTION_DOCS = {
     "tune": "time the GEMM/attention schedule space per shape (slow the first time, cached on disk) instead of "
-            "choosing a schedule by the cost model (default True)",
+            "choosing a schedule by the cost model (default True; $TESSERA_TUNE=0 turns the default off)",
     "cuda_graph": "on the GPU, capture each shape's run into a CUDA graph and replay it (default True)",
     "progress": "progress bars on stderr: True, False, or None = $TESSERA_PROGRESS, else only on a terminal "
                 "(default None)",

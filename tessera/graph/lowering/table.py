@@ -105,7 +105,9 @@ LOWERINGS: dict[str, Lowering] = {
 }  # fmt: skip
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
-NOT_LOWERED: dict[str, str] = {}
+NOT_LOWERED: dict[str, str] = {
+    "lowbit_linear": "lowbit_linear runs on the CUDA low-bit kernel (an anchor); elsewhere on its reference",
+}
 
 
 def lowering_error(op: Operator) -> str | None:

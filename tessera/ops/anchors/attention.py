@@ -17,11 +17,19 @@ Both score workspaces are allocated once at prepare: B*H*Sq*Sk*(4 + 2) bytes.
 
 A fully masked row has all scores -inf; its softmax is 0/0 = NaN, as in the reference
 (`scaled_dot_product_attention`'s numpy definition), so such rows come out NaN.
+
+On an SM90 GPU `prepare_attention` runs the fused flash-attention kernel instead
+(tessera.kernels.attention: scores never in HBM, split-KV for decode) whenever it covers the
+problem (head dim 64/80/96/128, v's head dim equal to q's); otherwise it logs why and
+prepares the composition above.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from math import prod
+from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
@@ -30,9 +38,10 @@ from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.ops.anchors.epilogue import Epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, build_gemm, check_dtype, check_shape
-from tessera.ops.anchors.kernel import INPUT, AnchorKernel, AnchorPlan, ops_launches
+from tessera.ops.anchors.kernel import INPUT, AnchorPlan, ops_launches
 from tessera.ops.anchors.rewrite import i32, unravel
 
+log = logging.getLogger("tessera")
 _MASK_DTYPES = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 
@@ -131,9 +140,79 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     return plan
 
 
+def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
+                      mask_shape: Sequence[int] | None = None) -> str | None:  # fmt: skip
+    """Why the fused flash kernel does not take these shapes on this machine (None when it does)."""
+    from tessera.kernels.attention import HEAD_DIMS
+    from tessera.ops.anchors.gemm import _sm90
+
+    if not _sm90():
+        return "the fused kernel needs an SM90 GPU (TMA, wgmma)"
+    d, dv = q_shape[-1], v_shape[-1]
+    if d not in HEAD_DIMS:
+        return f"head dim {d} is not one of the fused kernel's {HEAD_DIMS}"
+    if dv != d:
+        return f"v's head dim {dv} differs from q's {d}"
+    if max(prod(q_shape), prod(k_shape), prod(mask_shape or ())) >= 2**31:
+        return "operands of 2**31 elements or more (the kernel indexes in 32 bits)"
+    if k_shape[0] * k_shape[1] > 65535:
+        return f"batch x kv heads = {k_shape[0] * k_shape[1]} exceeds the grid's 65535 (y dimension)"
+    return None
+
+
+class FlashAnchorKernel:
+    """The fused flash-attention kernel behind the anchor interface: `kernel(inputs, out, extras)`
+    with inputs [q, k, v] or [q, k, v, mask] (contiguous, the prepared shapes), on torch's
+    current stream, allocating nothing per call (its split-KV workspaces belong to it)."""
+
+    def __init__(self, q_shape: tuple[int, ...], k_shape: tuple[int, ...], dtype: DataType, causal: bool, scale: float,
+                 mask_shape: tuple[int, ...] | None, mask_dtype: DataType | None):  # fmt: skip
+        import torch
+
+        from tessera.kernels.attention_call import AttentionShape, FlashPlan, choose_config, choose_splits, mask_spec
+        from tessera.runtime.cuda import ensure_current, multiprocessor_count
+
+        b, h, sq, d = q_shape
+        shape = AttentionShape(b, h, k_shape[1], sq, k_shape[2], d)
+        spec = mask_spec(mask_shape, mask_dtype, (b, h, sq, k_shape[2])) if mask_shape is not None else None
+        self.config = choose_config(shape)
+        splits = choose_splits(shape, self.config, multiprocessor_count(), causal)
+        ensure_current()
+        self._plan = FlashPlan(shape, dtype, causal, scale, spec, self.config, splits, torch.device("cuda", torch.cuda.current_device()))
+        self.out_shape: tuple[int, ...] = tuple(q_shape)
+        self.out_dtype = dtype
+        self._num_inputs = 3 if spec is None else 4
+        self._current_stream = torch.cuda.current_stream
+        from tessera.backend import build_cuda, detect_cuda_arch
+
+        arch = detect_cuda_arch()
+        self._kernels = self._plan.kernels
+        self.artifacts = [str(build_cuda(k.source, arch)) for k in self._kernels]  # (cached: the plan built them)
+        self.artifact = self.artifacts[0]
+
+    @property
+    def kernels(self) -> list[str]:
+        return [k.ir.name for k in self._kernels]
+
+    @property
+    def source(self) -> str:
+        return "\n".join(k.source for k in self._kernels)
+
+    def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
+        if len(inputs) != self._num_inputs or extras:
+            raise ArgumentError(f"attention: takes {self._num_inputs} inputs and no extras, got {len(inputs)} and {len(extras)}")
+        # TMA reads from 16-byte aligned addresses: an unaligned view is copied (rare: planned buffers are aligned).
+        q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in inputs[:3])
+        mask = inputs[3] if self._num_inputs == 4 else None
+        self._plan(q, k, v, mask, out, self._current_stream(out.device).cuda_stream)
+
+    def __repr__(self) -> str:
+        return f"<FlashAnchorKernel attention -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
+
+
 def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
                       causal: bool = False, scale: float | None = None, mask_shape: Sequence[int] | None = None,
-                      mask_dtype: DataType | str | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
+                      mask_dtype: DataType | str | None = None, tune: bool = False) -> Any:  # fmt: skip
     """softmax(q @ k^T * scale [causal] [mask]) @ v for [B, H, S, D] q and [B, Hk, S, D] k, v (grouped heads).
 
     Inputs at call time: ``[q, k, v]``, or ``[q, k, v, mask]`` when `mask_shape` and
@@ -142,6 +221,21 @@ def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
     broadcasts to [B, H, Sq, Sk] (e.g. [B, 1, 1, Sk], [B, 1, Sq, Sk], [Sq, Sk]): a bool mask
     keeps True entries, a float mask (any float dtype) is added to the scaled scores; it
     combines with `causal`.  Fully masked rows give NaN, as the graph op's reference does.
+
+    On an SM90 GPU the fused flash kernel runs (a FlashAnchorKernel); where it does not cover
+    the problem the reason is logged and the GEMM + softmax + GEMM composition runs.
     """
-    return plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, mask_shape=mask_shape,
-                          mask_dtype=mask_dtype, tune=tune).load()  # fmt: skip
+    reason = (flash_unsupported(q_shape, k_shape, v_shape, mask_shape) if len(q_shape) == len(k_shape) == len(v_shape) == 4
+              else "not [B, H, S, D]")  # fmt: skip
+    # The plan validates every argument (and is the fallback); tuned only when it will run.
+    plan = plan_attention(q_shape, k_shape, v_shape, dtype, causal=causal, scale=scale, mask_shape=mask_shape,
+                          mask_dtype=mask_dtype, tune=tune and reason is not None)  # fmt: skip
+    if reason is None:
+        q, k = tuple(int(x) for x in q_shape), tuple(int(x) for x in k_shape)
+        mdt = dtypes.dtype(mask_dtype) if mask_dtype is not None else None
+        mshape = tuple(int(x) for x in mask_shape) if mask_shape is not None else None
+        return FlashAnchorKernel(q, k, dtypes.dtype(dtype), causal, q[-1] ** -0.5 if scale is None else float(scale),
+                                 mshape, mdt)  # fmt: skip
+    log.info("tessera: attention q %s, k %s, v %s runs as GEMM + softmax + GEMM: %s", list(q_shape), list(k_shape),
+             list(v_shape), reason)  # fmt: skip
+    return plan.load()

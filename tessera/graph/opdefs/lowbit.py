@@ -1,0 +1,58 @@
+"""lowbit_linear: y = x @ W^T with W held as low-bit codes in the tensor-core layout.
+
+Inputs: x [M, K] (float16), words uint32 (tessera.quant.layout.pack_units of the codes),
+scales float16 [N, G] and biases float16 [N, G] (or [1, 1] when `has_bias` is False), in the
+terms of the `dequant` instruction: W[n, k] = (u - bias[n, g]) * scale[n, g], g = k //
+group_size, u the layout code (offset binary for signed ints; for the small floats u stands
+for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias.
+On the GPU it is an anchor (tessera.quant.anchor: the decode kernel with the epilogue fused).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.graph.registry import REQUIRED, register
+from tessera.graph.symbolic import ShapeError
+from tessera.ir import dtypes
+
+
+def _infer(xs, a):
+    x, words, scales, biases = xs
+    if x.ndim != 2:
+        raise ShapeError(f"lowbit_linear takes x [M, K], got {x.shape}")
+    if isinstance(x.shape[1], int) and x.shape[1] != a["k"]:
+        raise ShapeError(f"lowbit_linear: x has {x.shape[1]} columns but the weight has {a['k']}")
+    if x.dtype != dtypes.float16:
+        raise ShapeError(f"lowbit_linear takes float16 activations, got {x.dtype}")
+    if words.dtype != dtypes.uint32 or scales.dtype != dtypes.float16 or biases.dtype != dtypes.float16:
+        raise ShapeError("lowbit_linear takes uint32 words and float16 scales and biases")
+    return [((x.shape[0], a["n"]), x.dtype)]
+
+
+def dequantized_weight(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, a: dict) -> np.ndarray:
+    """The float64 [N, K] weights the operator's constants stand for."""
+    from tessera.ir import lowbit
+    from tessera.quant import codecs
+    from tessera.quant.layout import unpack_units
+
+    t = dtypes.dtype(a["wtype"])
+    n, k, gs = a["n"], a["k"], a["group_size"]
+    u = unpack_units(words, t, n, k).astype(np.int64)
+    cols = np.arange(k) // gs
+    s = scales.astype(np.float64)[:, cols]
+    if t.is_float:
+        return codecs.decode(u, t) * 2.0 ** -lowbit.float_shift(t) * s
+    bias = biases.astype(np.float64)[:, cols] if a["has_bias"] else (1 << (t.nbits - 1) if t.kind == "int" else 0)
+    return (u - bias) * s
+
+
+def _reference(xs, a):
+    x, words, scales, biases = xs
+    w = dequantized_weight(words, scales, biases, a)
+    return [(x.astype(np.float64) @ w.T).astype(x.dtype)]
+
+
+register("lowbit_linear", infer=_infer, reference=_reference, category="anchor", num_inputs=4,
+         attrs={"wtype": REQUIRED, "n": REQUIRED, "k": REQUIRED, "group_size": REQUIRED, "has_bias": REQUIRED},
+         doc="x @ W^T with low-bit W in the tensor-core layout (tessera.quant); see the module docstring")  # fmt: skip

@@ -1,0 +1,282 @@
+"""`flash_attention`: the SM90 flash-attention kernels on torch CUDA tensors.
+
+The launch plan of one signature (shapes, dtype, causal, mask kind, config) is resolved once:
+the kernels are compiled and bound, the split-KV workspaces allocated; later calls only
+encode the tensor maps of new addresses (cached) and launch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.kernels.attention import (
+    LOG2E,
+    FlashConfig,
+    MaskSpec,
+    check_problem,
+    make_attention_combine,
+    make_flash_attention,
+    tensor_map_box,
+)
+
+MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention problem: q [b, h, sq, d], k and v [b, hk, sk, d]."""
+
+    b: int
+    h: int
+    hk: int
+    sq: int
+    sk: int
+    d: int
+
+    @property
+    def rows(self) -> int:
+        """Packed rows per (batch, kv head): the group's query heads times sq."""
+        return self.h // self.hk * self.sq
+
+    @property
+    def problems(self) -> int:
+        return self.b * self.hk
+
+
+def choose_config(shape: AttentionShape) -> FlashConfig:
+    """Two consumer warpgroups (128 rows) when there are rows for them, else one (64 rows:
+    decode); 128-key blocks, two stages (three for head dim 64 and for decode, where loads
+    dominate)."""
+    consumers = 2 if shape.rows > 64 else 1
+    stages = 3 if shape.d <= 64 or consumers == 1 else 2
+    cfg = FlashConfig(consumers, 128, stages)
+    return cfg if not cfg.problems(shape.d) else FlashConfig(consumers, 128, 2)
+
+
+def choose_splits(shape: AttentionShape, config: FlashConfig, sms: int, causal: bool = False) -> int:
+    """KV splits: the count that minimises waves x key blocks per split (one thread block per
+    SM: the kernels use most of its shared memory), the fewest on ties.  Row tiles that fill
+    the machine give 1; a decode step over a long cache gives many."""
+    tiles = -(-shape.rows // config.block_m) * shape.problems
+    blocks = -(-shape.sk // config.block_n)
+    if causal:
+        blocks = min(blocks, -(-shape.sq // config.block_n))
+    if tiles >= 0.8 * sms:
+        return 1
+    best, best_cost = 1, None
+    for splits in range(1, min(blocks, MAX_SPLITS) + 1):
+        per = -(-blocks // splits)
+        if -(-blocks // per) != splits:  # some split would be empty
+            continue
+        cost = -(-tiles * splits // sms) * per
+        if best_cost is None or cost < best_cost:
+            best, best_cost = splits, cost
+    return best
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        raise UnsupportedError("tessera.kernels.attention_call works on torch CUDA tensors; install torch") from None
+    return torch
+
+
+def mask_spec(mask_shape: tuple[int, ...], mask_dtype: Any, full: tuple[int, int, int, int]) -> MaskSpec:
+    """The MaskSpec of a mask of `mask_shape` broadcasting to `full` = (B, H, Sq, Sk)."""
+    if not 1 <= len(mask_shape) <= 4:
+        raise ArgumentError(f"attention: the mask must have rank 1..4, got shape {list(mask_shape)}")
+    tail = full[4 - len(mask_shape):]
+    if any(m not in (1, f) for m, f in zip(mask_shape, tail)):
+        raise ArgumentError(f"attention: mask shape {list(mask_shape)} does not broadcast to [B, H, Sq, Sk] = {list(full)}")
+    return MaskSpec(dtypes.dtype(mask_dtype), tuple(m == f for m, f in zip(mask_shape, tail)))
+
+
+def kernels_for(shape: AttentionShape, dtype: Any, causal: bool, mask: MaskSpec | None, config: FlashConfig,
+                splits: int, scale: float = 1.0) -> list[Any]:  # fmt: skip
+    """The tessera kernels one call runs: the flash kernel, and the combine when split.  The
+    scale is folded into the exponent when it is positive and no float mask is added."""
+    fold = scale > 0 and (mask is None or mask.dtype == dtypes.boolean)
+    out = [make_flash_attention(dtype, shape.d, config, causal=causal, mask=mask, partial=splits > 1, fold_scale=fold)]
+    return out + [make_attention_combine(dtype, shape.d)] if splits > 1 else out
+
+
+def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: MaskSpec | None, splits: int,
+                     device: Any, maps: Sequence[Any]) -> tuple[tuple, tuple | None, dict[str, Any]]:  # fmt: skip
+    """Arguments of the flash kernel and of the combine (None unless split) for a signature,
+    over placeholder tensors on `device`, and the buffers a plan keeps ("o_part", "lse",
+    "dummy"); `maps` are the three tensor maps (q, k, v)."""
+    torch = _torch()
+    s = shape
+    tdt = getattr(torch, dtype.name)
+    q = torch.empty((s.b, s.h, s.sq, s.d), dtype=tdt, device=device)
+    kv = torch.empty((s.b, s.hk, s.sk, s.d), dtype=tdt, device=device)
+    keep: dict[str, Any] = {"dummy": torch.zeros(1, dtype=torch.bool, device=device)}
+    if mask is not None:
+        mshape = tuple(f if full else 1 for f, full in zip((s.b, s.h, s.sq, s.sk)[4 - mask.rank:], mask.full))
+        m = torch.empty(mshape, dtype=getattr(torch, mask.dtype.name), device=device)
+    else:
+        m = keep["dummy"]
+    scale_log2 = float(scale) * LOG2E
+    if splits == 1:
+        keep["lse"] = torch.zeros(1, dtype=torch.float32, device=device)
+        return (q, kv, kv, m, torch.empty_like(q), keep["lse"], *maps, scale_log2, 1), None, keep
+    keep["o_part"] = torch.empty((splits * s.problems, s.rows, s.d), dtype=torch.float32, device=device)
+    keep["lse"] = torch.empty((splits * s.problems, s.rows), dtype=torch.float32, device=device)
+    flash = (q, kv, kv, m, keep["o_part"], keep["lse"], *maps, scale_log2, splits)
+    return flash, (keep["o_part"], keep["lse"], torch.empty_like(q), splits), keep
+
+
+class FlashPlan:
+    """The bound launches of one signature."""
+
+    def __init__(self, shape: AttentionShape, dtype: Any, causal: bool, scale: float, mask: MaskSpec | None,
+                 config: FlashConfig, splits: int, device: Any):  # fmt: skip
+        from tessera.runtime.tensor_map import TensorMap
+
+        s = shape
+        self.shape, self.dtype, self.config, self.splits = shape, dtype, config, splits
+        self.q_view = (s.problems, s.rows, s.d)
+        self.kv_view = (s.problems, s.sk, s.d)
+        self.boxes = (tensor_map_box(config, "q"), tensor_map_box(config, "k"))
+        self.maps: list[dict[int, bytes]] = [{}, {}, {}]
+        self.kernels = kernels = kernels_for(shape, dtype, causal, mask, config, splits, scale)
+        # Placeholder maps for binding (the kernel checks their type; calls pass their own bytes).
+        tmaps = [TensorMap(make_map_type(dtype, self.boxes[min(i, 1)]), bytes(128)) for i in range(3)]
+        flash_args, combine_args, keep = launch_arguments(shape, dtype, scale, mask, splits, device, tmaps)
+        self.dummy, self.lse, self.o_part = keep["dummy"], keep["lse"], keep.get("o_part")
+        self.flash = kernels[0].compile().bind(flash_args)
+        self.combine = kernels[1].compile().bind(combine_args) if combine_args is not None else None
+
+    def _map(self, which: int, ptr: int) -> bytes:
+        """Tensor map bytes of operand `which` (0 q, 1 k, 2 v) at device address `ptr` (cached)."""
+        cache = self.maps[which]
+        raw = cache.get(ptr)
+        if raw is None:
+            from tessera.runtime.tensor_map import TensorMap
+
+            if len(cache) >= 32:
+                cache.pop(next(iter(cache)))
+            shape = self.q_view if which == 0 else self.kv_view
+            raw = cache[ptr] = TensorMap.from_pointer(ptr, self.dtype, shape, self.boxes[min(which, 1)]).raw
+        return raw
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any, out: Any, stream: int) -> None:
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        mp = mask.data_ptr() if mask is not None else self.dummy.data_ptr()
+        maps = (self._map(0, qp), self._map(1, kp), self._map(2, vp))
+        if self.combine is None:
+            self.flash((qp, kp, vp, mp, out.data_ptr(), self.lse.data_ptr()), maps, stream)
+        else:
+            self.flash((qp, kp, vp, mp, self.o_part.data_ptr(), self.lse.data_ptr()), maps, stream)
+            self.combine((self.o_part.data_ptr(), self.lse.data_ptr(), out.data_ptr()), (), stream)
+
+
+def make_map_type(dtype: Any, box: tuple[int, ...]) -> Any:
+    from tessera.ir.types import tensor_map
+
+    return tensor_map(dtype, box)
+
+
+_PLANS: dict[tuple, FlashPlan] = {}
+_TORCH_DTYPES = ("float16", "bfloat16")
+
+
+def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None, mask: Any = None,
+                    config: FlashConfig | None = None, splits: int | None = None, out: Any = None) -> Any:  # fmt: skip
+    """softmax(q @ k^T * scale [causal] [+ mask]) @ v on SM90 tensor cores, for torch CUDA tensors.
+
+    q [B, H, Sq, D], k and v [B, Hk, Sk, D] (H a multiple of Hk: grouped / multi-query heads),
+    float16 or bfloat16, D in 64, 80, 96, 128.  `causal` is top-left aligned (torch's
+    is_causal); `mask` is a bool (keep True) or float (added) tensor broadcasting to
+    [B, H, Sq, Sk], combinable with causal; `scale` defaults to D ** -0.5.  `splits` forces the
+    number of KV splits (default: chosen from the SM count).  Returns `out` (a contiguous
+    [B, H, Sq, D] tensor of q's dtype) or a new tensor.  Non-contiguous operands are copied."""
+    torch = _torch()
+    fast = _FAST.get(_fast_key(torch, q, k, v, causal, scale, mask, config, splits)) if out is None else None
+    if fast is not None:  # a signature seen before with contiguous operands: straight to the launch
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        fast(q, k, v, mask, out, _stream(torch, q))
+        return out
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            raise ArgumentError(f"flash_attention: {name} must be a torch CUDA tensor")
+        if t.ndim != 4:
+            raise ArgumentError(f"flash_attention: {name} must be [B, heads, S, D], got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or str(q.dtype).removeprefix("torch.") not in _TORCH_DTYPES:
+        raise UnsupportedError(f"flash_attention takes float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b, h, sq, d = q.shape
+    bk, hk, sk, dk = k.shape
+    if bk != b or dk != d or tuple(v.shape) != (b, hk, sk, d):
+        raise ArgumentError(f"flash_attention: shapes do not match: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
+                            "(k and v [B, Hk, Sk, D] with q's B and D)")  # fmt: skip
+    if h % hk:
+        raise ArgumentError(f"flash_attention: {h} query heads are not a multiple of {hk} key/value heads")
+    if min(b, h, sq, sk) == 0:
+        raise ArgumentError("flash_attention: empty operands")
+    dtype = dtypes.dtype(str(q.dtype).removeprefix("torch."))
+    shape = AttentionShape(b, h, hk, sq, sk, d)
+    spec = None
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.device != q.device:
+            raise ArgumentError("flash_attention: mask must be a torch tensor on q's device")
+        if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+            raise ArgumentError(f"flash_attention: the mask must be bool (keep True) or floating point (added), not {mask.dtype}")
+        spec = mask_spec(tuple(mask.shape), str(mask.dtype).removeprefix("torch."), (b, h, sq, sk))
+        mask = mask.contiguous()
+    scale_arg, splits_arg = scale, splits
+    cfg = config or choose_config(shape)
+    check_problem(dtype, d, cfg, spec)
+    if splits is None:
+        from tessera.runtime.cuda import multiprocessor_count
+
+        splits = choose_splits(shape, cfg, multiprocessor_count(), causal)
+    if not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS:
+        raise ArgumentError(f"flash_attention: splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
+    scale = d**-0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ArgumentError(f"flash_attention: scale must be finite, got {scale}")
+    key = (shape, dtype, bool(causal), scale, spec, cfg, splits, q.device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        from tessera.runtime.cuda import ensure_current
+
+        ensure_current()
+        plan = _PLANS[key] = FlashPlan(shape, dtype, bool(causal), scale, spec, cfg, splits, q.device)
+    fkey = _fast_key(torch, q, k, v, causal, scale_arg, mask, config, splits_arg)
+    if fkey is not None and len(_FAST) < 256:
+        _FAST[fkey] = plan
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if out is None:
+        out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+    elif not (isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+              and out.device == q.device and out.is_contiguous()):  # fmt: skip
+        raise ArgumentError(f"flash_attention: out must be a contiguous {q.dtype} tensor of shape {list(q.shape)} on q's device")
+    plan(q, k, v, mask, out, _stream(torch, q))
+    return out
+
+
+def _fast_key(torch: Any, q: Any, k: Any, v: Any, causal: Any, scale: Any, mask: Any, config: Any, splits: Any) -> Any:
+    """The key of a call whose operands need no checking beyond their signature (plain
+    contiguous CUDA tensors), or None."""
+    ts = (q, k, v) if mask is None else (q, k, v, mask)
+    if not all(type(t) is torch.Tensor and t.is_contiguous() for t in ts) or not q.is_cuda:
+        return None
+    sig = tuple((t.shape, t.dtype, t.device) for t in ts)
+    return (sig, causal, scale, config, splits)
+
+
+def _stream(torch: Any, t: Any) -> int:
+    """torch's current stream on t's device, as a raw handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(t.get_device()))
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+_FAST: dict[Any, FlashPlan] = {}

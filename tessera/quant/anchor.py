@@ -1,0 +1,57 @@
+"""The graph compiler's lowbit_linear anchor: the decode kernel with the epilogue fused into its
+output stores (tessera.ops.anchors.epilogue), one launch per call.
+
+Inputs at call time: [x [M, K] float16, words, scales, biases] (tessera.graph.opdefs.lowbit);
+the epilogue's `acc` is the float32 product.  Every M runs on the decode kernel (tiles of 16
+rows in grid.y); the prefill kernel is not written yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera.errors import UnsupportedError
+from tessera.ir import dtypes, lowbit
+from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
+from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
+from tessera.ops.anchors.rewrite import rename, specialize
+from tessera.quant.layout import padded_shape
+
+
+def _sms() -> int:
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    except Exception:  # noqa: BLE001  (planning without a GPU: the H200's count)
+        return 132
+
+
+def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: int, scales: tuple[int, int],
+                       biases: tuple[int, int], epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
+    from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
+
+    t = dtypes.dtype(attrs["wtype"])
+    n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
+    m = x_shape[0]
+    if len(x_shape) != 2 or x_shape[1] != k:
+        raise UnsupportedError(f"lowbit_linear takes x [M, {k}], got {list(x_shape)}")
+    if k % 8:
+        raise UnsupportedError(f"the low-bit kernel needs K % 8 == 0, got {k}")
+    kpad = padded_shape(n, k)[1]
+    group = kpad if gs >= k else gs
+    if not group_ok(group):
+        raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
+    config = DecodeConfig.default(t.nbits, m, n, k, _sms())
+    f = make_decode(t, group, bool(attrs["has_bias"]), config).ir
+    f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
+                   {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
+    ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32, dtypes.float16)
+    f = rename(fuse_epilogue(f, "Y", lambda i, j: (i, j), ep), f"lowbit_linear_{t.name}_{config}")
+    slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
+    return AnchorPlan(f.name, [Launch(f, slots)], (m, n), ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
+                      config=config)  # fmt: skip
+
+
+def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
+    return plan_lowbit_linear(*args, **kwargs).load()
