@@ -215,6 +215,8 @@ def test_scatter_index_out_of_range_raises_on_the_cpu(kind):
     ("int32", (2, 11, 3), 1, 5),                # many ties: lower index first
     ("float64", (1, 5), 1, 1),
     ("float32", (6,), 0, 3),
+    ("float32", (2, 3001), 1, 7),               # long rows: chunks' candidates first (two stages)
+    ("int32", (2101, 2), 0, 40),
 ])  # fmt: skip
 def test_topk(largest, dt, shape, axis, k):
     g = _graph("topk", [("x", list(shape), dt)], n_out=2, k=k, axis=axis, largest=largest)
@@ -286,6 +288,8 @@ def _program_graphs():
                                   _values(r, "int64", (5, 3, 2))), True))  # fmt: skip
     g = _graph("topk", [("x", [3, 9, 2], "float32")], n_out=2, k=4, axis=1, largest=False)
     out.append((g, lambda r: (r.integers(-3, 4, (3, 9, 2)).astype(np.float32),), True))
+    g = _graph("topk", [("x", [2, 4099], "float32")], n_out=2, k=9, axis=1)  # two stages
+    out.append((g, lambda r: (r.integers(-50, 50, (2, 4099)).astype(np.float32),), True))
     g = _graph("det", [("x", [2, 1, 5, 5], "float32")])
     out.append((g, lambda r: (r.standard_normal((2, 1, 5, 5)).astype(np.float32),), False))
     g = _graph("max_pool_with_indices", [("x", [2, 3, 7, 6], "float32")], n_out=2, kernel=[3, 2], stride=[2, 1],

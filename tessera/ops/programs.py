@@ -11,7 +11,8 @@ gives each its own thread -- no atomics, and every result is deterministic:
   order undefined).
 * `scatter_nd`: one task per element of the scattered slices (data's trailing dims); it walks
   the index tuples in order (repeated tuples: the last wins, or all are reduced in order).
-* `topk`: one task per row; selection k times (O(k n)), the order being value then index.
+* `topk`: one task per row; selection k times (O(k n)), the order being value then index;
+  long rows first keep each chunk's k best (one task per chunk), then select among those.
 * `det`: one task per matrix: LU with partial pivoting in a local buffer, in float64.
 
 Indices outside [-n, n) raise IndexOutOfRangeError after a CPU kernel (`safe_index`); CUDA
@@ -20,6 +21,8 @@ element of its axis -- never outside the tensor.
 """
 
 from __future__ import annotations
+
+import math
 
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
@@ -33,6 +36,7 @@ from tessera.ops.transform import safe_index
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 MAX_DET_SIZE = 64  # det keeps one n x n float64 matrix per task in registers / the stack
+TOPK_TWO_STAGE = 2048  # rows at least this long (a constant length) select topk in two stages
 
 
 def _check_indices(idx: TensorNode, op: str) -> None:
@@ -114,23 +118,50 @@ def scatter_nd(data: TensorNode, indices: TensorNode, updates: TensorNode, reduc
     return program(data.shape, data.dtype, tail, body, init=lambda *i: data[i], name=fresh_name("scatter_nd"))
 
 
-def _before(x: TensorNode, at, a: E.Expr, b: E.Expr, largest: bool) -> E.Expr:
-    """Whether element a comes before element b in topk's order: the larger (smaller) value
-    first, NaN after every number, equal values by the lower index (numpy's stable sort)."""
-    va, vb = x[at(a)], x[at(b)]
+def _before(va: E.Expr, vb: E.Expr, a: E.Expr, b: E.Expr, largest: bool) -> E.Expr:
+    """Whether the element at position a (value va) comes before the one at b in topk's order:
+    the larger (smaller) value first, NaN after every number, equal values by the lower
+    position (numpy's stable sort)."""
     first = E.Binary(">" if largest else "<", va, vb)
     tie = E.Binary("&&", E.Binary("==", va, vb), E.Binary("<", a, b))
     order = E.Binary("||", first, tie)
-    if not x.dtype.is_float:
+    if not va.dtype.is_float:
         return order
     nan_a, nan_b = E.Binary("!=", va, va), E.Binary("!=", vb, vb)
     both_nan = E.Binary("&&", E.Binary("&&", nan_a, nan_b), E.Binary("<", a, b))
     return E.Binary("||", E.Binary("&&", E.Unary("!", nan_a), E.Binary("||", nan_b, order)), both_nan)
 
 
+def _select(k: int, m: E.Expr, before, valid, store) -> S.Stmt:
+    """The first k of m candidates in topk's order, by selection: pass j takes the best
+    candidate after pass j-1's pick (the order is total, so nothing is taken twice);
+    store(j, c) gets candidate c, or -1 once fewer than j + 1 are valid."""
+    j, i = E.Var("j", dtypes.int32), E.Var("i", dtypes.int32)
+    prev, best = E.Var("prev", dtypes.int32), E.Var("best", dtypes.int32)
+    cond = E.Binary("&&", E.Binary("||", E.Binary("<", prev, i32(0)), before(prev, i)),
+                    E.Binary("||", E.Binary("<", best, i32(0)), before(i, best)))  # fmt: skip
+    if valid is not None:
+        cond = E.Binary("&&", valid(i), cond)
+    scan = S.For(i, i32(0), m, i32(1), S.If(cond, S.Assign(best, i)))
+    keep = S.If(E.Binary(">=", best, i32(0)), S.Assign(prev, best))
+    pick = S.seq(S.DeclareVar(best, i32(-1)), scan, store(j, best), keep)
+    return S.seq(S.DeclareVar(prev, i32(-1)), S.For(j, i32(0), i32(k), i32(1), pick))
+
+
+def _chunks(n: int | None, k: int) -> int:
+    """How many chunks a row of n is split into for topk's first stage (1: one stage)."""
+    if n is None or n < TOPK_TWO_STAGE:
+        return 1
+    return max(2, math.isqrt(n // k))
+
+
 def topk_indices(x: TensorNode, k: int, axis: int = -1, largest: bool = True) -> Program:
     """The int64 positions along axis of the k largest (smallest) elements of each row, in order
-    (values descending, or ascending; NaN last; ties by the lower index)."""
+    (values descending, or ascending; NaN last; ties by the lower index).
+
+    One task per row selects them (k passes over the row).  Rows of a constant length of at
+    least TOPK_TWO_STAGE are first cut into about sqrt(n / k) chunks, one task each keeping its
+    chunk's k best positions; the row's task then selects among those candidates."""
     check_tensor(x, "topk")
     a = normalize_axis(axis, x.rank, "topk")
     n = x.shape[a]
@@ -138,20 +169,39 @@ def topk_indices(x: TensorNode, k: int, axis: int = -1, largest: bool = True) ->
         raise ArgumentError(f"topk: k must be an int in [1, {dim_text(n)}], got {k!r}")
     shape = [i32(k) if d == a else s for d, s in enumerate(x.shape)]
     rows = [s for d, s in enumerate(x.shape) if d != a]
+    chunks = _chunks(static(n), k)
 
-    def body(out: E.Var, *r: E.Var) -> S.Stmt:
-        def at(i: E.Expr) -> tuple[E.Expr, ...]:
-            return (*r[:a], i, *r[a:])
+    def at(r, i: E.Expr) -> tuple[E.Expr, ...]:
+        return (*r[:a], i, *r[a:])
 
-        j, i = E.Var("j", dtypes.int32), E.Var("i", dtypes.int32)
-        prev, best = E.Var("prev", dtypes.int32), E.Var("best", dtypes.int32)
-        after_prev = E.Binary("||", E.Binary("<", prev, i32(0)), _before(x, at, prev, i, largest))
-        better = E.Binary("||", E.Binary("<", best, i32(0)), _before(x, at, i, best, largest))
-        scan = S.For(i, i32(0), n, i32(1), S.If(E.Binary("&&", after_prev, better), S.Assign(best, i)))
-        pick = S.seq(S.DeclareVar(best, i32(-1)), scan, S.Store(out, at(j), E.Cast(best, dtypes.int64)), S.Assign(prev, best))
-        return S.seq(S.DeclareVar(prev, i32(-1)), S.For(j, i32(0), i32(k), i32(1), pick))
+    def position_order(r):
+        return lambda p, q: _before(x[at(r, p)], x[at(r, q)], p, q, largest)
 
-    return program(shape, dtypes.int64, rows, body, name=fresh_name("topk"))
+    if chunks == 1:
+        def body(out: E.Var, *r: E.Var) -> S.Stmt:
+            return _select(k, n, position_order(r), None, lambda j, c: S.Store(out, at(r, j), E.Cast(c, dtypes.int64)))
+
+        return program(shape, dtypes.int64, rows, body, name=fresh_name("topk"))
+
+    size = -(-static(n) // chunks)
+    cand_shape = [i32(chunks * k) if d == a else s for d, s in enumerate(x.shape)]
+
+    def stage1(out: E.Var, *t: E.Var) -> S.Stmt:
+        r, c = t[:-1], t[-1]
+        start = c * size
+        order = position_order(r)
+        return _select(k, i32(size), lambda p, q: order(start + p, start + q), lambda p: start + p < n,
+                       lambda j, p: S.Store(out, at(r, c * k + j), E.Select(p < i32(0), p, start + p)))  # fmt: skip
+
+    cand = program(cand_shape, dtypes.int32, [*rows, i32(chunks)], stage1, name=fresh_name("topk_candidates"))
+
+    def stage2(out: E.Var, *r: E.Var) -> S.Stmt:
+        order = position_order(r)
+        pos = lambda c: cand[at(r, c)]  # noqa: E731
+        return _select(k, i32(chunks * k), lambda p, q: order(pos(p), pos(q)), lambda p: pos(p) >= i32(0),
+                       lambda j, c: S.Store(out, at(r, j), E.Cast(pos(c), dtypes.int64)))  # fmt: skip
+
+    return program(shape, dtypes.int64, rows, stage2, name=fresh_name("topk"))
 
 
 def dim_text(d: E.Expr) -> str:
