@@ -58,6 +58,11 @@ class ArgumentError(TesseraError, TypeError):
     """A kernel was called with arguments of the wrong dtype, shape, device or layout."""
 
 
+class ShapeError(TesseraError, ValueError):
+    """Shapes, sizes or attributes that do not fit together (graph shape inference, run-time
+    shapes that break the graph's assumptions, a symbolic size no input binds)."""
+
+
 class DeviceError(TesseraError):
     """No usable CUDA driver or GPU, or a CUDA call failed."""
 

@@ -108,3 +108,71 @@ def test_compiled_model_matches_torch(rng):
         for _ in range(2):
             x = torch.randn(2, 3, 9, 7)
             np.testing.assert_allclose(compiled(x).numpy(), model(x).double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
+    from tessera.ops.anchors import cpu_gemm
+
+    x, w, b = _f32(rng, 7, 33), _f32(rng, 21, 33), _f32(rng, 21)
+    kernel = plan_cpu_linear(x.shape, w.shape, bias=True, weight=w, tune=True).load()
+    out = np.full((7, 21), np.nan, np.float32)
+    kernel([x, w, b], out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + b, rtol=1e-4, atol=1e-4)
+    assert str(kernel.config) in {str(cpu_gemm.CpuGemmConfig(mr, nv, kernel.config.lanes, kernel.config.threads))
+                                  for mr, nv in cpu_gemm.TILES[kernel.config.lanes]}  # fmt: skip
+
+    def no_builds(*args, **kwargs):
+        raise AssertionError("a cached tuning record must not build candidates again")
+
+    monkeypatch.setattr(cpu_gemm, "plan_cpu_gemm", no_builds)
+    assert cpu_gemm.tuned_config(7, 21, 33, 1, "packed") == kernel.config
+
+
+@pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),
+                                               ((1, 2, 1, 5, 5, 3), True, (5, 5))])
+def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
+    from tessera.ops.anchors.attention import plan_attention
+
+    b, h, hk, sq, sk, d = shape
+    q, k, v = _f32(rng, b, h, sq, d), _f32(rng, b, hk, sk, d), _f32(rng, b, hk, sk, d)
+    m = None if mask is None else _f32(rng, *mask)
+    kernel = plan_attention(q.shape, k.shape, v.shape, "float32", causal=causal, mask_shape=mask,
+                            mask_dtype=None if mask is None else "float32", target="cpu").load()  # fmt: skip
+    out = np.full(kernel.out_shape, np.nan, np.float32)
+    kernel([q, k, v] + ([] if m is None else [m]), out)
+    rep = h // hk
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        torch.from_numpy(q).double(), torch.from_numpy(k).double().repeat_interleave(rep, 1),
+        torch.from_numpy(v).double().repeat_interleave(rep, 1), is_causal=causal,
+        attn_mask=None if m is None else torch.from_numpy(m).double())  # fmt: skip
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_zero_dim_tensor_from_a_torch_segment():
+    """A 0-d tensor made by an op that runs in torch (new_ones) feeds a compiled segment
+    (GPT-2's attention mask does this): it must arrive 0-d, not as shape (1,)."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            s = x.new_ones(())
+            return torch.relu(x * (s + 1.0) - 0.5)
+
+    model = M()
+    compiled = torch.compile(model, backend="tessera")
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 5)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_avx2_code_path(rng, monkeypatch):
+    """With the ISA capped at AVX2 the anchors use 8-lane tiles, and stay correct."""
+    monkeypatch.setenv("TESSERA_CPU_ISA", "avx2")
+    if vector_lanes() != 8:
+        pytest.skip("this CPU has no AVX2")
+    x, w, b = _f32(rng, 11, 29), _f32(rng, 13, 29), _f32(rng, 13)
+    kernel = plan_cpu_linear(x.shape, w.shape, bias=True).load()
+    assert kernel.config.lanes == 8 and "__m256" in kernel.source and "__m512" not in kernel.source.split("ts_kernel_")[1]
+    out = np.full((11, 13), np.nan, np.float32)
+    kernel([x, w, b], out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + b, rtol=1e-4, atol=1e-4)

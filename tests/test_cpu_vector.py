@@ -117,3 +117,21 @@ def test_isa_cap(monkeypatch):
     monkeypatch.setenv("TESSERA_CPU_ISA", "sse9")
     with pytest.raises(ts.ArgumentError, match="TESSERA_CPU_ISA"):
         cpu_isa()
+
+
+@pytest.mark.parametrize("n", [1, 7, 769])
+def test_float_sums_are_simd_reductions(n):
+    """The auto-scheduler's float sums become `omp simd` reductions (vectorised, reassociated);
+    integer sums and maxima stay ordinary loops.  Results match numpy, tails included."""
+    from tessera import ops
+
+    x = ops.placeholder((3, n), "float32", "x")
+    y = ops.add(ops.sum(x, -1), ops.max(x, -1))
+    src = ops.generate([y], [x], "cpu", name="s").source
+    assert src.count("#pragma omp simd reduction(+:") == (n > 1)  # a 1-element sum has no loop
+    xi = ops.placeholder((3, n), "int32", "xi")
+    assert "omp simd" not in ops.generate([ops.sum(xi, -1)], [xi], "cpu", name="si").source
+    op = ops.build([y], [x], "cpu", name="s")
+    for seed in range(2):
+        a = np.random.default_rng(seed).standard_normal((3, n)).astype(np.float32)
+        np.testing.assert_allclose(op(a), a.astype(np.float64).sum(-1) + a.max(-1), rtol=1e-5, atol=1e-5)

@@ -46,6 +46,7 @@ def test_inference_mode(name, dynamic):
         assert _rel(compiled(*ins), model(*ins)) < 1e-5
     assert stats["kernels"] > before["kernels"]
     assert stats["eager_nodes"] == before["eager_nodes"]
+    assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
 
 
 def test_model_built_in_inference_mode_sees_in_place_updates(caplog):
@@ -89,6 +90,7 @@ def test_bfloat16_module_compiles_to_kernels(name):
     # Compiled, not handed back to torch: segments built into kernels, nothing left to references.
     assert stats["segments"] > before["segments"] and stats["kernels"] > before["kernels"]
     assert stats["eager_nodes"] == before["eager_nodes"]
+    assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
     assert stats["reference_ops"] == before["reference_ops"]
 
 

@@ -414,7 +414,7 @@ def model_graphs(name):
     sys.path.insert(0, str(Path(__file__).parent))
     import models as M
 
-    from tessera.frontend.torch.backend import CompiledGraph
+    from tessera.frontend.torch import backend
 
     cls, make_inputs = MODEL_CASES[name]
     torch.manual_seed(0)
@@ -425,15 +425,14 @@ def model_graphs(name):
     captured = []
 
     def capture(gm, example_inputs):
-        captured.append(CompiledGraph(gm, list(example_inputs), executor="reference"))
-        return gm.forward
+        return backend(gm, example_inputs, executor="reference", collect=captured)
 
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         torch.compile(model, backend=capture, dynamic=True)(*make_inputs(2, 11, g, torch))
     torch._dynamo.reset()
-    graphs = [step.graph for cg in captured for step in cg.steps if getattr(step, "graph", None) is not None]
+    graphs = [g for cg in captured for g in cg.graphs]
     assert graphs, f"{name}: the front end made no graph"
     return graphs, lambda b, s: [t.numpy() for t in make_inputs(b, s, g, torch)]
 

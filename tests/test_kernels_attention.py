@@ -283,13 +283,13 @@ def test_flash_attention_rejects_bad_operands():
 
 def test_anchor_says_why_the_fused_kernel_does_not_apply(monkeypatch):
     """The attention anchor's fallback reasons (checked as if on an SM90 GPU)."""
-    from tessera.ops.anchors import attention, gemm
+    from tessera.ops.anchors import attention
 
-    monkeypatch.setattr(gemm, "_sm90", lambda: True)
+    monkeypatch.setattr(attention, "_sm90", lambda: True)
     assert attention.flash_unsupported((2, 8, 9, 128), (2, 2, 9, 128), (2, 2, 9, 128)) is None
     assert "head dim 32" in attention.flash_unsupported((2, 8, 9, 32), (2, 2, 9, 32), (2, 2, 9, 32))
     assert "differs" in attention.flash_unsupported((2, 8, 9, 64), (2, 2, 9, 64), (2, 2, 9, 32))
     assert "2**31" in attention.flash_unsupported((1, 8, 9, 64), (1, 8, 9, 64), (1, 8, 9, 64), (64, 64, 1 << 20, 9))
     assert "65535" in attention.flash_unsupported((70000, 1, 9, 64), (70000, 1, 9, 64), (70000, 1, 9, 64))
-    monkeypatch.setattr(gemm, "_sm90", lambda: False)
+    monkeypatch.setattr(attention, "_sm90", lambda: False)
     assert "SM90" in attention.flash_unsupported((2, 8, 9, 128), (2, 2, 9, 128), (2, 2, 9, 128))

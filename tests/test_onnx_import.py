@@ -214,21 +214,46 @@ def test_shape_like_graph_inputs_specialise_with_a_guard(rng, caplog):
     np.testing.assert_allclose(c[0], x.reshape(3, 8, 1).sum(0), rtol=1e-6)
 
 
-def test_shape_arithmetic_beyond_symbolic_sizes_specialises_on_input_shapes(rng):
-    """n // 2 of a symbolic n is not a size the graph can name: compile per input shape instead."""
+def test_shape_arithmetic_on_symbolic_sizes_compiles_once(rng):
+    """n // 2, n % 2 and min(n, 6) of a symbolic n are sizes of tessera's algebra: one graph for every n."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Div", ["n", "two"], ["h"]), helper.make_node("Mod", ["n", "two"], ["r"]),
              helper.make_node("Add", ["r", "two"], ["two2"]),
              helper.make_node("Concat", ["h", "two2", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"]),
+             helper.make_node("Min", ["n", "six"], ["k"]),
+             helper.make_node("Slice", ["x", "zero", "k", "zero"], ["z"])]  # fmt: skip
+    c = lambda n, v: helper.make_tensor(n, I64, [1], [v])  # noqa: E731
+    inits = [c("zero", 0), c("two", 2), c("minus1", -1), c("six", 6)]
+    m = model(nodes, [("x", F, ["n", 6])], [("y", F, None), ("z", F, None)], initializers=inits)
+    graph = tessera.onnx.load(m)
+    assert [op.kind for op in graph.operators] == ["reshape", "slice"]
+    assert str(graph.outputs[1].shape[0]) == "min(6, n)"
+    compiled = tessera.onnx.compile(m)
+    for n in (4, 8, 5, 4, 10):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        y, z = compiled(x)
+        np.testing.assert_array_equal(y, x.reshape(n // 2, n % 2 + 2, -1))
+        np.testing.assert_array_equal(z, x[: min(n, 6)])
+    assert not compiled.by_input_shapes and compiled.specializations == 1
+
+
+def test_shape_arithmetic_beyond_the_size_algebra_specialises_on_input_shapes(rng):
+    """A size that is not an integer expression (n cast to float, scaled, floored) makes compile
+    specialise on the input shapes."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Cast", ["n"], ["nf"], to=F), helper.make_node("Mul", ["nf", "half"], ["hf"]),
+             helper.make_node("Floor", ["hf"], ["hfl"]), helper.make_node("Cast", ["hfl"], ["h"], to=I64),
+             helper.make_node("Concat", ["h", "minus1"], ["target"], axis=0),
              helper.make_node("Reshape", ["x", "target"], ["y"])]  # fmt: skip
     c = lambda n, v: helper.make_tensor(n, I64, [1], [v])  # noqa: E731
-    m = model(nodes, [("x", F, ["n", 6])], [("y", F, None)], initializers=[c("zero", 0), c("two", 2), c("minus1", -1)])
+    inits = [c("zero", 0), c("minus1", -1), helper.make_tensor("half", F, [1], [0.5])]
+    m = model(nodes, [("x", F, ["n", 6])], [("y", F, None)], initializers=inits)
     compiled = tessera.onnx.compile(m)
-    assert compiled.by_input_shapes
     for n in (4, 8, 4):
         x = rng.standard_normal((n, 6)).astype(np.float32)
-        np.testing.assert_array_equal(compiled(x)[0], x.reshape(n // 2, 2, -1))
-    assert compiled.specializations == 2
+        np.testing.assert_array_equal(compiled(x)[0], x.reshape(n // 2, -1))
+    assert compiled.by_input_shapes and compiled.specializations == 2
 
 
 def test_clip_bounds_fed_at_run_time_need_no_specialisation(rng):

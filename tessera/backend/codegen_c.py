@@ -16,6 +16,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
+from tessera.ir.functor import IRVisitor
 from tessera.ir.types import TensorType, VectorType
 from tessera.ir.vector import VECTOR_CALLS
 
@@ -195,6 +196,9 @@ class CCodegen(CLikeCodegen):
     def visit_For(self, s: S.For) -> None:
         if s.kind == S.UNROLL and isinstance(s.start, E.Const) and isinstance(s.stop, E.Const):
             self.emit(f"#pragma GCC unroll {max(1, min(64, s.stop.value - s.start.value))}")
+        if s.kind == S.SIMD:
+            sums = _sum_accumulators(s.body)
+            self.emit("#pragma omp simd" + (f" reduction(+:{', '.join(self.name_of(v) for v in sums)})" if sums else ""))
         super().visit_For(s)
 
     def status_argument(self) -> str:
@@ -214,6 +218,20 @@ class CCodegen(CLikeCodegen):
         self.depth -= 1
         self.emit("}")
         return "\n".join(self.lines)
+
+
+def _sum_accumulators(body: S.Stmt) -> list[E.Var]:
+    """Scalar variables a SIMD loop body updates as `v = v + e` (its reductions)."""
+    found: list[E.Var] = []
+
+    class Finder(IRVisitor):
+        def visit_Assign(self, a: S.Assign) -> None:
+            v = a.value
+            if isinstance(v, E.Binary) and v.op == "+" and v.a is a.var and a.var not in found:
+                found.append(a.var)
+
+    Finder().visit(body)
+    return found
 
 
 def generate_c(funcs: list[Function]) -> str:

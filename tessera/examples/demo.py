@@ -30,8 +30,9 @@ def _build(name: str, device: str) -> tuple[Any, Any]:
                             kv_heads=4 if big else 2, ffn=2816 if big else 344, layers=4 if big else 2)  # fmt: skip
         x = torch.randint(0, 1000, (1, 128 if big else 32))
     elif name == "bert":
-        model = M.BertLayer(hidden=768 if big else 96, heads=12 if big else 4)
-        x = torch.randn(1, 128 if big else 24, 768 if big else 96)
+        model = M.BertLayer(vocab=1000, hidden=768 if big else 96, heads=12 if big else 4, ffn=3072 if big else 384,
+                            max_len=128)  # fmt: skip
+        x = torch.randint(0, 1000, (1, 128 if big else 24))
     else:
         model = M.randomize_batchnorm(M.ResNet18())
         x = torch.randn(1, 3, 64, 64)
@@ -48,6 +49,17 @@ def _median_ms(fn: Any, sync: Any, repeat: int = 20) -> float:
         sync()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2] * 1e3
+
+
+def _load_note() -> str:
+    """What else the CPU is doing: CPU timings are only as good as the machine is quiet."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return f"{os.cpu_count()} CPUs"
+    return f"{os.cpu_count()} CPUs, load average {load:.1f}{'; busy machine, timings noisy' if load > 0.5 * (os.cpu_count() or 1) else ''}"
 
 
 def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
@@ -82,4 +94,8 @@ def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
           f"segments {stats['segments']}, nodes left to torch {stats['eager_nodes']}")  # fmt: skip
     print(f"  max relative error vs torch float32: {err:.2e} ({'ok' if ok else 'ABOVE'} tolerance {tolerance:g})")
     print(f"  latency: tessera {tessera_ms:.3f} ms, torch eager {eager_ms:.3f} ms (host-timed medians of 20)")
+    speedup = eager_ms / tessera_ms
+    verdict = "faster than" if speedup >= 1.0 else "SLOWER than"
+    print(f"  speed-up: {speedup:.2f}x -- tessera is {verdict} torch eager on this model and machine"
+          + ("" if device == "cuda" else f" ({_load_note()})"))
     return ok

@@ -11,7 +11,7 @@ on the concrete shapes of a run, in graph order, and compares each result with t
 shape evaluated on the bindings.  Symbolic sizes enter as `BoundDim`s, which broadcasting never
 stretches, so a symbolic size that is 1 at run time and meets a different size is refused like
 every other broken assumption: with a ShapeError naming the operator, the sizes and the fix.
-It also binds the graph's opaque sizes (`_s3`, the result of a concat of symbolic sizes) to
+It also binds the graph's opaque sizes (`_n3`, a size that depends on data) to
 their run-time values.
 """
 
@@ -63,9 +63,9 @@ def _match(t: Tensor, actual: tuple[int, ...], bindings: dict[str, int]) -> bool
         if not unbound:
             if d.evaluate(bindings) != a:
                 return False
-        elif d.coeff == 1 and d.factors == ((unbound[0], 1),):
-            bindings[unbound[0]] = a
-        # else: a product with sizes nothing binds; nothing to compare it with
+        elif d.name is not None:
+            bindings[d.name] = a
+        # else: an expression with sizes nothing binds; nothing to compare it with
     return True
 
 

@@ -11,8 +11,9 @@ from tessera.ir.types import REGISTER, SHARED, TensorType
 if TYPE_CHECKING:
     from tessera.ir.mapping import TaskMapping
 
-# Loop kinds: how a `For` is executed.
-SERIAL, UNROLL, PARALLEL = "serial", "unroll", "parallel"
+# Loop kinds: how a `For` is executed.  SIMD: serial, but the iterations may run in vector lanes,
+# and sum accumulators the body updates (`acc = acc + e`, acc declared outside) may be reassociated.
+SERIAL, UNROLL, PARALLEL, SIMD = "serial", "unroll", "parallel", "simd"
 
 
 class Stmt:

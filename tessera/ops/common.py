@@ -1,22 +1,24 @@
 """Shared helpers of the operator library: argument checks, shapes, broadcasting and dtype promotion.
 
-Dimensions are int32 IR expressions (`tessera.ir.compute.as_dim`).  Two dimensions are the
-same when they are structurally equal: equal constants, the same `Var`, or the same
-arithmetic on them.  Symbolic sizes therefore broadcast only against themselves or 1; the
-graph layer must reuse one `Var` for one dynamic size.
+Dimensions are int32 IR expressions (`tessera.ir.compute.as_dim`); two are the same size when
+they are equal in tessera's size algebra (`tessera.ir.symbolic`: `2*(n + 1)` is `2*n + 2`),
+which identifies shape symbols by name: one `Var` per dynamic size.  Symbolic sizes broadcast
+only against an equal size or 1.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Union
 
-from tessera.errors import ArgumentError, UnsupportedError
+from tessera.errors import ArgumentError, ShapeError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorElement, TensorNode, as_dim
 from tessera.ir.dtypes import DataType
+from tessera.ir.shapes import broadcast_shapes as sym_broadcast
+from tessera.ir.shapes import from_expr, numel, to_expr
+from tessera.ir.symbolic import Dim
 
 Scalar = Union[bool, int, float]
 TensorOrScalar = Union[TensorNode, bool, int, float]
@@ -65,9 +67,25 @@ def normalize_axes(axes: int | Sequence[int] | None, rank: int, op: str) -> tupl
 
 
 # ---- dimensions -----------------------------------------------------------------------------------------------------
+# Dimensions are int32 IR expressions (what kernels index with); every question about sizes (is
+# it constant, are two equal, what is a product or a quotient) is answered in tessera's one size
+# algebra, `tessera.ir.symbolic`, which names shape symbols by their Var's name.
+def size_of(d: E.Expr) -> Dim | None:
+    """The canonical size of a dimension expression, None if it is not one (a load, a float)."""
+    if isinstance(d, E.Const):
+        return int(d.value)
+    try:
+        return from_expr(d)
+    except TypeError:
+        return None
+
+
 def static(d: E.Expr) -> int | None:
     """The value of a constant dimension, None for a symbolic one."""
-    return int(d.value) if isinstance(d, E.Const) else None
+    if isinstance(d, E.Const):
+        return int(d.value)
+    v = size_of(d)
+    return v if isinstance(v, int) else None
 
 
 def expr_key(e: Any) -> Any:
@@ -92,77 +110,82 @@ def expr_key(e: Any) -> Any:
 
 
 def same_dim(a: E.Expr, b: E.Expr) -> bool:
-    return expr_key(a) == expr_key(b)
+    """Whether two dimensions are the same size: equal in the size algebra (`2*(n + 1)` is `2*n + 2`)."""
+    sa, sb = size_of(a), size_of(b)
+    if sa is None or sb is None:
+        return expr_key(a) == expr_key(b)
+    return sa == sb
 
 
 def dim_str(shape: Sequence[E.Expr]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "(" + ", ".join(_dim_text(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _dim_text(d: E.Expr) -> str:
+    s = size_of(d)
+    return str(d) if s is None else str(s)
+
+
+def shape_vars(dims: Sequence[E.Expr]) -> dict[str, E.Expr]:
+    """The int32 Vars that dimensions use, by name (one Var per shape symbol)."""
+    out: dict[str, E.Expr] = {}
+
+    def walk(e: E.Expr) -> None:
+        if isinstance(e, E.Var):
+            out.setdefault(e.name, e)
+        for child in (getattr(e, "a", None), getattr(e, "b", None), getattr(e, "value", None)):
+            if isinstance(child, E.Expr):
+                walk(child)
+        for child in getattr(e, "args", ()) or ():
+            walk(child)
+
+    for d in dims:
+        walk(d)
+    return out
+
+
+def size_expr(d: Dim, like: Sequence[E.Expr]) -> E.Expr:
+    """A size as a dimension expression over the Vars that the dimensions `like` use."""
+    return to_expr(d, shape_vars(like))
+
+
+def _sizes(dims: Sequence[E.Expr], op: str) -> list[Dim]:
+    out = []
+    for d in dims:
+        s = size_of(d)
+        if s is None:
+            raise ArgumentError(f"{op}: {d} is not a size expression (ints, int32 variables, + - * // %, min, max)")
+        out.append(s)
+    return out
 
 
 def mul_dims(dims: Sequence[E.Expr]) -> E.Expr:
-    """The product of dimensions, with constants folded."""
-    coeff, rest = 1, []
-    for d in dims:
-        if isinstance(d, E.Const):
-            coeff *= int(d.value)
-        else:
-            rest.append(d)
-    out: E.Expr | None = None
-    for d in rest:
-        out = d if out is None else out * d
-    if out is None:
-        return as_dim(coeff)
-    return out if coeff == 1 else out * coeff if coeff else as_dim(0)
+    """The product of dimensions, canonical."""
+    return size_expr(numel(_sizes(dims, "product of sizes")), dims)
 
 
-def _factors(d: E.Expr) -> tuple[int, Counter]:
-    if isinstance(d, E.Const):
-        return int(d.value), Counter()
-    if isinstance(d, E.Binary) and d.op == "*":
-        ca, fa = _factors(d.a)
-        cb, fb = _factors(d.b)
-        return ca * cb, fa + fb
-    return 1, Counter({expr_key(d): 1})
-
-
-def monomial(dims: Sequence[E.Expr]) -> tuple[int, Counter]:
-    """The product of `dims` as (constant, multiset of symbolic factors)."""
-    coeff, factors = 1, Counter()
-    for d in dims:
-        c, f = _factors(d)
-        coeff *= c
-        factors += f
-    return coeff, factors
+def numel_of(dims: Sequence[E.Expr]) -> Dim:
+    """The element count of a shape, as a size."""
+    return numel(_sizes(dims, "element count"))
 
 
 def numel_equal(a: Sequence[E.Expr], b: Sequence[E.Expr]) -> bool:
-    return monomial(a) == monomial(b)
+    return numel_of(a) == numel_of(b)
 
 
 # ---- broadcasting ------------------------------------------------------------------------------------------------
 def broadcast_shapes(shapes: Sequence[Sequence[E.Expr]], op: str) -> tuple[E.Expr, ...]:
-    """numpy broadcasting of shapes: right-aligned; a dimension of 1 stretches."""
-    rank = max((len(s) for s in shapes), default=0)
-    out: list[E.Expr] = []
-    for k in range(rank):
-        dim: E.Expr | None = None
-        for s in shapes:
-            j = k - (rank - len(s))
-            if j < 0:
-                continue
-            d = s[j]
-            if dim is None or static(dim) == 1:
-                dim = d
-            elif static(d) == 1 or same_dim(d, dim):
-                continue
-            else:
-                listed = ", ".join(dim_str(s) for s in shapes)
-                hint = "" if static(d) is not None and static(dim) is not None else (
-                    "; symbolic sizes broadcast only against the same symbol or 1")  # fmt: skip
-                raise ArgumentError(f"{op}: shapes {listed} cannot be broadcast together: dimension {k} is {dim} "
-                                    f"in one and {d} in another{hint}")  # fmt: skip
-        out.append(dim if dim is not None else as_dim(1))
-    return tuple(out)
+    """numpy broadcasting of shapes by tessera's one rule (`tessera.ir.symbolic.broadcast_shapes`):
+    right-aligned, a literal 1 stretches, other sizes must be equal in the size algebra.  The ops
+    library cannot check sizes assumed equal at run time, so it refuses them (the graph layer
+    assumes and checks them, then hands ops shapes expressed alike)."""
+    sizes = [_sizes(s, op) for s in shapes]
+    try:
+        result = sym_broadcast(*sizes, assume=False)
+    except ShapeError as e:
+        raise ArgumentError(f"{op}: {e}") from None
+    like = [d for s in shapes for d in s]
+    return tuple(size_expr(d, like) if not isinstance(d, int) else as_dim(d) for d in result)
 
 
 def broadcast_read(x: TensorNode, out_shape: Sequence[E.Expr], axes: Sequence[E.Var]) -> TensorElement:

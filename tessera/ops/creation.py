@@ -43,8 +43,10 @@ def arange(n: int | E.Expr, dtype: DataType | str = "int64", start: int | float 
                    fresh_name("arange"), dt)  # fmt: skip
 
 
-def _band(x: TensorNode, diagonal: int, lower: bool, op: str) -> Compute:
+def _band(x: TensorNode, diagonal: int | E.Expr, lower: bool, op: str) -> Compute:
     check_tensor(x, op)
+    if isinstance(diagonal, bool) or not isinstance(diagonal, (int, E.Expr)):
+        raise ArgumentError(f"{op}: diagonal must be an int or an int32 size expression, got {diagonal!r}")
     if x.rank < 2:
         raise ArgumentError(f"{op}: needs at least 2 dimensions, got '{x.name}' of rank {x.rank}")
 
@@ -56,12 +58,12 @@ def _band(x: TensorNode, diagonal: int, lower: bool, op: str) -> Compute:
     return compute(x.shape, fn, fresh_name(op), x.dtype)
 
 
-def tril(x: TensorNode, diagonal: int = 0) -> Compute:
+def tril(x: TensorNode, diagonal: int | E.Expr = 0) -> Compute:
     """x with the elements above the `diagonal`-th diagonal set to zero (torch.tril)."""
     return _band(x, diagonal, True, "tril")
 
 
-def triu(x: TensorNode, diagonal: int = 0) -> Compute:
+def triu(x: TensorNode, diagonal: int | E.Expr = 0) -> Compute:
     """x with the elements below the `diagonal`-th diagonal set to zero (torch.triu)."""
     return _band(x, diagonal, False, "triu")
 

@@ -13,7 +13,18 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, TensorNode, compute, fresh_name, reduce
-from tessera.ops.common import check_float, check_tensor, compute_type, dim_str, promote_types, same_dim, static
+from tessera.ir.symbolic import floordiv, sym_min
+from tessera.ops.common import (
+    check_float,
+    check_tensor,
+    compute_type,
+    dim_str,
+    promote_types,
+    same_dim,
+    size_expr,
+    size_of,
+    static,
+)
 from tessera.ops.creation import causal_mask
 from tessera.ops.elementwise import add, mul, neg, where
 from tessera.ops.linalg import matmul
@@ -35,14 +46,13 @@ def _out_size(n: E.Expr, k: int, s: int, p: int, d: int, op: str, ceil_mode: boo
     span = d * (k - 1) + 1
     nn = static(n)
     if nn is None:
-        if not ceil_mode:
-            if s == 1:  # keep the size expressions of deep networks short: n + 2p - span + 1
-                return n if 2 * p - span + 1 == 0 else n + (2 * p - span + 1)
-            return (n + (2 * p - span)) // s + 1
-        out = (n + (2 * p - span + s - 1)) // s + 1
-        # As below: drop a last window that would start in the right padding.
-        late = E.Select((out - 1) * s >= n + p, E.Const(1, dtypes.int32), E.Const(0, dtypes.int32))
-        return out - late
+        size = size_of(n)
+        if size is None:
+            raise ArgumentError(f"{op}: input size {n} is not a size expression")
+        out = floordiv(size + 2 * p - span + (s - 1 if ceil_mode else 0), s) + 1
+        if ceil_mode:  # as below: the last window must start inside the input or the left padding
+            out = sym_min(out, floordiv(size + p - 1, s) + 1)
+        return size_expr(out, [n])
     if nn + 2 * p < span:
         raise ArgumentError(f"{op}: the window ({span}) is larger than the padded input ({nn + 2 * p})")
     if ceil_mode:

@@ -17,16 +17,17 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, TensorNode, as_dim, compute, fresh_name
+from tessera.ir.symbolic import exact_div
 from tessera.ops.common import (
     check_tensor,
     dim_str,
-    expr_key,
-    monomial,
     mul_dims,
     normalize_axes,
     normalize_axis,
+    numel_of,
     promote_types,
     same_dim,
+    size_expr,
     static,
 )
 
@@ -90,29 +91,19 @@ def transpose(x: TensorNode, dim0: int = -2, dim1: int = -1) -> Compute:
 def _infer_missing(x: TensorNode, dims: list[E.Expr | None]) -> list[E.Expr]:
     """Fill the one -1 entry so that the element counts match (symbolic factors cancel exactly)."""
     known = [d for d in dims if d is not None]
-    in_coeff, in_f = monomial(x.shape)
-    k_coeff, k_f = monomial(known)
-    if k_coeff == 0 or in_coeff % k_coeff or any(k_f[f] > in_f[f] for f in k_f):
+    missing = exact_div(numel_of(x.shape), numel_of(known))
+    if missing is None:
         raise ArgumentError(f"reshape: cannot infer -1: {dim_str(x.shape)} is not a multiple of the other dims {dim_str(known)}")
-    rest = in_f - k_f
-    exprs = {expr_key(d): d for d in _flat_factors(x.shape)}
-    factors = [exprs[key] for key, n in rest.items() for _ in range(n)]
-    missing = mul_dims([*factors, _i32(in_coeff // k_coeff)])
-    return [missing if d is None else d for d in dims]
+    filled = size_expr(missing, [*x.shape, *known])
+    return [filled if d is None else d for d in dims]
 
 
-def _flat_factors(dims: Sequence[E.Expr]) -> list[E.Expr]:
-    out: list[E.Expr] = []
-    for d in dims:
-        if isinstance(d, E.Binary) and d.op == "*":
-            out += _flat_factors([d.a, d.b])
-        elif static(d) is None:
-            out.append(d)
-    return out
+def reshape(x: TensorNode, shape: Sequence[int | E.Expr], counts_checked: bool = False) -> Compute:
+    """x with a new shape of the same element count, row-major; one entry may be -1.
 
-
-def reshape(x: TensorNode, shape: Sequence[int | E.Expr]) -> Compute:
-    """x with a new shape of the same element count, row-major; one entry may be -1."""
+    The counts must be equal in the size algebra.  `counts_checked=True` is for callers that
+    check at run time that they agree (the graph compiler's shape check does): counts that are
+    not provably equal (`6*n` against `(n//2) * (6*n // (n//2))`) are then accepted."""
     check_tensor(x, "reshape")
     dims: list[E.Expr | None] = []
     for d in shape:
@@ -126,9 +117,9 @@ def reshape(x: TensorNode, shape: Sequence[int | E.Expr]) -> Compute:
     if dims.count(None) > 1:
         raise ArgumentError(f"reshape: at most one dimension may be -1, got {tuple(shape)}")
     out = _infer_missing(x, dims) if None in dims else [d for d in dims if d is not None]
-    if monomial(out) != monomial(x.shape):
-        raise ArgumentError(f"reshape: cannot reshape '{x.name}' of shape {dim_str(x.shape)} ({monomial(x.shape)[0]}"
-                            f"-element factor) into {dim_str(out)}: the element counts differ")  # fmt: skip
+    if numel_of(out) != numel_of(x.shape) and not (counts_checked and not isinstance(numel_of(out) - numel_of(x.shape), int)):
+        raise ArgumentError(f"reshape: cannot reshape '{x.name}' of shape {dim_str(x.shape)} ({numel_of(x.shape)} "
+                            f"elements) into {dim_str(out)} ({numel_of(out)}): the element counts differ")  # fmt: skip
     # Dimensions shared at the front and back map directly; only the middle needs div/mod.
     lead = 0
     while lead < builtins.min(len(out), x.rank) and same_dim(out[lead], x.shape[lead]):

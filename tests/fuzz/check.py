@@ -270,8 +270,8 @@ def _as_input(spec: GraphSpec, ref: str) -> GraphSpec | None:
     for d in t.shape:
         if isinstance(d, int):
             shape.append(d)
-        elif d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1 and not d.names[0].startswith("_"):
-            shape.append(d.names[0])
+        elif d.name is not None and not d.name.startswith("_"):
+            shape.append(d.name)
         else:
             return None
     dt = t.dtype.name

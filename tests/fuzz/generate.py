@@ -274,10 +274,8 @@ class Gen:
     def partner_shape(self, a: TInfo) -> list[Any]:
         """A shape that broadcasts with a's: the same, trailing dims of it with some set to 1,
         a scalar, or more leading dims."""
-        dims = [d if isinstance(d, int) or (d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1
-                                            and not d.names[0].startswith("_")) else 1
+        dims = [d if isinstance(d, int) else d.name if d.name is not None and not d.name.startswith("_") else 1
                 for d in a.tensor.shape]  # fmt: skip
-        dims = [d if isinstance(d, int) else d.names[0] for d in dims]
         how = self.int(0, 4)
         if how == 0 or not dims:
             return dims if how == 0 else []
@@ -449,8 +447,8 @@ def graph_specs(draw: Any, max_ops: int = 10) -> GraphSpec:
 
 def sym_name(d: Any) -> str | None:
     """The symbol name of a bare symbolic dim that inputs can carry (not opaque), else None."""
-    if isinstance(d, Sym) and d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1 and d.names[0][0] != "_":
-        return d.names[0]
+    if isinstance(d, Sym) and d.name is not None and d.name[0] != "_":
+        return d.name
     return None
 
 

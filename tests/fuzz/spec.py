@@ -17,6 +17,7 @@ import numpy as np
 
 from tessera.graph import GraphBuilder, Sym, Tensor
 from tessera.graph.symbolic import parse_dim
+from tessera.ir.symbolic import substitute
 
 # Value domains of inputs: (low, high, smallest magnitude) of the values drawn.  Never 0: a zero
 # input hides indexing bugs (a wrong element is as likely to be 0) and divides by zero.
@@ -158,7 +159,7 @@ def rename(d: Any, prefix: str) -> Any:
     v = parse_dim(str(d))
     if isinstance(v, int):
         return v
-    renamed = Sym(v.coeff, tuple(sorted((prefix + n, p) for n, p in v.factors)))
+    renamed = substitute(v, {n: Sym.var(prefix + n) for n in v.names})
     return str(renamed)
 
 

@@ -7,7 +7,8 @@ import numpy as np
 from tessera.errors import UnsupportedError
 from tessera.frontend.onnx.importer import ONNX_DTYPES, Known, rule
 from tessera.graph import Tensor
-from tessera.graph.symbolic import dim_add, dim_div, dim_mul
+from tessera.graph.symbolic import dim_add, dim_mul
+from tessera.ir.symbolic import floordiv, mod, nonneg, sym_max, sym_min
 
 # ---- unary ---------------------------------------------------------------------------------------------------------
 _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
@@ -71,7 +72,8 @@ def _hardsigmoid(im, node, args, attrs):
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
            "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
            "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}  # fmt: skip
-_KNOWN_BINARY = {"Add": dim_add, "Mul": dim_mul, "Sub": lambda a, b: dim_add(a, dim_mul(b, -1)), "Div": None}
+_KNOWN_BINARY = {"Add": dim_add, "Mul": dim_mul, "Sub": lambda a, b: dim_add(a, dim_mul(b, -1)), "Div": None,
+                 "Mod": mod, "Max": sym_max, "Min": sym_min}  # fmt: skip
 
 
 def _known_binary(im, op_type, a, b):
@@ -87,14 +89,17 @@ def _known_binary(im, op_type, a, b):
     out = []
     for i in range(n):
         x, y = va[i if len(va) > 1 else 0], vb[i if len(vb) > 1 else 0]
-        if op_type == "Div":
+        if op_type == "Div":  # integer Div truncates: the floor division of sizes where both are >= 0
             if isinstance(x, int) and isinstance(y, int):
-                out.append(int(x / y))
-            else:
-                try:
-                    out.append(dim_div(x, y))
-                except Exception:  # noqa: BLE001  (not an exact division of sizes)
+                if y == 0:
                     return None
+                out.append(int(x / y))
+            elif nonneg(x) and nonneg(y) and y != 0:
+                out.append(floordiv(x, y))
+            else:
+                return None
+        elif op_type == "Mod" and y == 0:
+            return None
         else:
             out.append(_KNOWN_BINARY[op_type](x, y))
     return Known(out, scalar=ka.scalar and kb.scalar)
@@ -183,6 +188,10 @@ def _pow(im, node, args, attrs):
 
 @rule("Mod", attrs=("fmod",))
 def _mod(im, node, args, attrs):
+    if not attrs.get("fmod", 0):
+        k = _known_binary(im, "Mod", args[0], args[1])
+        if k is not None:
+            return k
     if attrs.get("fmod", 0):
         return im.op("fmod", args[0], args[1])  # C's fmod: the sign of the dividend
     return im.op("remainder", args[0], args[1])  # Python's %: the sign of the divisor
@@ -191,6 +200,10 @@ def _mod(im, node, args, attrs):
 @rule("Max", "Min", "Sum", "Mean")
 def _variadic(im, node, args, attrs):
     kind = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
+    if node.op_type in ("Max", "Min") and len(args) == 2:  # of shape values: min(seq, 512)
+        k = _known_binary(im, node.op_type, args[0], args[1])
+        if k is not None:
+            return k
     y = im.tensor(args[0])
     for a in args[1:]:
         y = im.op(kind, y, a)

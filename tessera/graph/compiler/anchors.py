@@ -59,8 +59,14 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
 def _is_cpu_anchor(op: Operator) -> bool:
     from tessera.backend.isa import vector_lanes
 
-    if op.kind not in ("matmul", "linear", "conv2d") or vector_lanes() == 1:
+    if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
+    if op.kind == "scaled_dot_product_attention":
+        qkv, mask = op.inputs[:3], op.inputs[3:]
+        static = all(isinstance(d, int) for t in op.inputs for d in t.shape)
+        return (static and op.outputs[0].dtype == dtypes.float32 and len(op.inputs) in (3, 4)
+                and all(t.ndim == 4 and t.dtype == dtypes.float32 for t in qkv)
+                and all(1 <= t.ndim <= 4 and t.dtype in (dtypes.boolean, dtypes.float32) for t in mask))  # fmt: skip
     if any(t.dtype != dtypes.float32 for t in (*op.inputs, *op.outputs)):
         return False
     # A template is specialised to its shapes; symbolic sizes stay on the generic kernels, which
@@ -104,7 +110,7 @@ def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
             "dilation": _pair(attrs["dilation"], "dilation")}  # fmt: skip
 
 
-def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) -> Any:
+def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, tune: bool) -> Any:
     """The CPU GEMM plan of op, its constant weight packed once (tessera.ops.anchors.cpu_gemm)."""
     from tessera.ops.anchors import cpu_gemm
 
@@ -112,11 +118,20 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any) 
     weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
     if op.kind == "linear":
         return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
-                                        weight=weight).load()  # fmt: skip
+                                        weight=weight, tune=tune).load()  # fmt: skip
+    if op.kind == "scaled_dot_product_attention":
+        from tessera.ops.anchors.attention import plan_attention
+
+        if epilogue is not None:
+            raise UnsupportedError("the attention template takes no epilogue")
+        masked = len(op.inputs) == 4
+        return plan_attention(*in_shapes[:3], dtypes.float32, causal=bool(op.attrs.get("causal", False)),
+                              scale=op.attrs.get("scale"), mask_shape=in_shapes[3] if masked else None,
+                              mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, target="cpu").load()  # fmt: skip
     if op.kind == "matmul":
-        return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight).load()
+        return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight, tune=tune).load()
     return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
-                                    weight=weight, **_conv_geometry(op.attrs)).load()  # fmt: skip
+                                    weight=weight, tune=tune, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 
 def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False,
@@ -132,7 +147,7 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     operands = [position[t] for t in op.inputs]
     extras = [position[t] for t in extra_t]
     if target == "cpu":
-        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue)
+        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue, tune)
 
         def run_cpu(arrays: Any, outputs: Any) -> None:
             cpu_kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])

@@ -2,11 +2,21 @@
 replayed as one CUDA graph).
 
 Per distinct set of symbol values (batch, sequence...) the compiled graph makes a *plan*:
-concrete shapes, one arena holding every intermediate tensor and kernel temporary (placed
-by liveness, tessera.graph.memory_plan), and the anchors prepared for those shapes.  On the
-GPU the first call of a plan runs the steps eagerly and then captures them into a CUDA
-graph; later calls copy the inputs into the plan's static input buffers, replay the graph
-and hand back copies of the static outputs (callers own what they get).
+concrete shapes (the graph's symbolic sizes evaluated), buffer offsets for every intermediate
+tensor and kernel temporary (placed by liveness, tessera.graph.memory_plan), and the anchors
+prepared for those shapes.  On the GPU the first call of a plan runs the steps eagerly; the
+second captures them into a CUDA graph (its warm-up run gives that call's results), so a shape
+seen once -- each step of a growing KV cache -- costs no capture; later calls copy the inputs
+into the plan's static input buffers, replay the graph and hand back copies of the static
+outputs (callers own what they get).
+
+Plans run one at a time, so they share memory (as Grape shares it between the CUDA graphs of a
+dynamic model): every plan places its buffers -- on the GPU its static inputs and outputs too --
+in one arena per compiled graph, sized by the largest plan.  When a new plan needs more, the
+arena grows (by at least half, so a sweep of growing lengths reallocates rarely) and the plans
+made on the old arena are dropped; a later call with their sizes plans (and captures) again,
+with no compiling.  So the memory a dynamic-shape model holds is that of its largest shape,
+not the sum over the shapes it has seen.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ log = logging.getLogger("tessera")
 
 ALIGN = 256
 MAX_PLANS = 16
+ARENA_GROWTH = 1.5  # a GPU arena that must grow takes at least this factor
 
 
 def _nbytes(shape: Sequence[int], dt: DataType) -> int:
@@ -53,9 +64,11 @@ class _Plan:
         self.arena: Any = None
         self.arena_bytes = 0
         self.unshared_bytes = 0  # what the buffers would take without reuse
+        self.generation = -1  # the arena generation the buffers are views of
         self.static_inputs: list[Any] | None = None
         self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
+        self.io: dict[Tensor, Any] = {}  # static input and output buffers of a CUDA-graph plan
 
 
 class CompiledGraph:
@@ -77,6 +90,9 @@ class CompiledGraph:
             self.use_cuda_graph = False
         self._constants: dict[Tensor, Any] = {}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
+        self._arena: Any = None  # shared by every plan (see the module docstring)
+        self._arena_size = 0
+        self._generation = 0
         # The index of the last step reading each tensor, for liveness.
         self._last_use: dict[Tensor, int] = {}
         for i, s in enumerate(steps):
@@ -106,14 +122,14 @@ class CompiledGraph:
             self._plans[key] = plan
             if len(self._plans) > MAX_PLANS:
                 self._plans.popitem(last=False)
-            outs = self._run_eager(plan, arrays)
-            if self.use_cuda_graph:
-                with self.memory.owned():
-                    self._capture(plan, arrays)
-            return outs
+            return self._run_eager(plan, arrays)
         self._plans.move_to_end(key)
         if plan.cuda_graph is not None:
             return self._replay(plan, arrays)
+        if self.use_cuda_graph:  # the plan's second call: capture (its warm-up run computes this call)
+            with self.memory.owned():
+                self._capture(plan, arrays)
+            return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
         return self._run_eager(plan, arrays)
 
     def _check_input(self, t: Tensor, a: Any) -> Any:
@@ -156,7 +172,17 @@ class CompiledGraph:
                 lifetimes[(i, j)] = (i, i)
         offsets, plan.arena_bytes = place_buffers(sizes, lifetimes)
         plan.unshared_bytes = sum(sizes.values())
-        plan.arena = self.memory.arena(plan.arena_bytes)
+        io_offsets: dict[Tensor, int] = {}
+        if self.use_cuda_graph:  # the capture's static inputs and outputs live after the intermediates
+            end = plan.arena_bytes
+            for t in [*self.graph.inputs, *(t for t in self.graph.outputs if t.producer is not None)]:
+                if t not in io_offsets:
+                    io_offsets[t] = end
+                    end += _nbytes(plan.shapes[t], t.dtype)
+            plan.arena_bytes = end
+        plan.arena = self._shared_arena(plan.arena_bytes)
+        plan.generation = self._generation
+        plan.io = {t: self.memory.view(plan.arena, off, plan.shapes[t], t.dtype) for t, off in io_offsets.items()}
         for t in dtypes:
             plan.buffers[t] = self.memory.view(plan.arena, offsets[t], plan.shapes[t], t.dtype)
         for i, specs in enumerate(temp_specs):
@@ -173,6 +199,20 @@ class CompiledGraph:
             for step in steps:
                 step.bind(shapes)
         self._add_time("anchors", time.perf_counter() - start)
+
+    def _shared_arena(self, nbytes: int) -> Any:
+        """The arena every plan places its buffers in, grown (dropping the plans on the old one)
+        when this plan needs more than it holds."""
+        if self._arena is None or nbytes > self._arena_size:
+            size = max(nbytes, 1)
+            if self._arena is not None and self.target == "cuda":
+                size = max(size, int(self._arena_size * ARENA_GROWTH))
+            self._plans.clear()  # their buffers and captured graphs point into the old arena
+            self._arena = None  # free it before allocating the new one
+            self._arena = self.memory.arena(size)
+            self._arena_size = size
+            self._generation += 1
+        return self._arena
 
     def _add_time(self, phase: str, seconds: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + seconds
@@ -201,8 +241,11 @@ class CompiledGraph:
         return self.memory.clone(source)
 
     def _capture(self, plan: _Plan, arrays: Sequence[Any]) -> None:
-        plan.static_inputs = [self.memory.clone(a) for a in arrays]
-        outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        plan.static_inputs = [plan.io[t] for t in self.graph.inputs]
+        for static, a in zip(plan.static_inputs, arrays):
+            self.memory.copy_into(static, a)
+        outs = {t: plan.io[t] for t in self.graph.outputs if t.producer is not None}
+        # The capture's warm-up run computes this call's results (see the module docstring).
         plan.cuda_graph = self.memory.capture(lambda: self._run_steps(plan, plan.static_inputs, outs))
         plan.static_outputs = outs
 
@@ -260,6 +303,7 @@ class CompiledGraph:
             "fused_ops": sum(len(s.group.ops) - 1 for s in self.steps if s.kind == "anchor"),
             "cuda_graph": self.use_cuda_graph,
             "arena_bytes": {str(dict(k)): p.arena_bytes for k, p in self._plans.items()},
+            "shared_arena_bytes": self._arena_size,
         }
 
     def report(self) -> Any:

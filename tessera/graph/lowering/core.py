@@ -1,21 +1,20 @@
 """The machinery every lowering rule shares: graph sizes as int32 expressions (`dim_expr`), and
 `Ctx`, which carries one operator's inputs, attributes and size bindings while it is lowered.
 
-How graph sizes map to expressions.  A graph dimension is an int or a `Sym` monomial over
-named sizes.  Names that appear in the graph shapes of the operator's inputs are bound to
-what the matching input nodes actually have there (`Ctx.env`): an int32 `Var` when the
-caller built symbolic placeholders, a constant when it built them for concrete shapes, or
-an expression computed by an earlier lowering (the output size of a convolution over a
-symbolic image size, which the graph only knows as an opaque `_w3`).  Sizes in attributes
-that the inputs do not bind become `Var`s of `symbols`, which the caller must bind at run
-time.  Opaque names (a leading "_") are never invented as `Var`s: nothing could bind them.
+How graph sizes map to expressions.  A graph dimension is an int or a `Sym` of tessera's size
+algebra (`tessera.ir.symbolic`), converted by `to_expr`.  Names that appear in the graph shapes
+of the operator's inputs as whole dimensions are bound to what the matching input nodes
+actually have there (`Ctx.env`): an int32 `Var` when the caller built symbolic placeholders, a
+constant when it built them for concrete shapes.  Sizes in attributes that the inputs do not
+bind become `Var`s of `symbols`, which the caller must bind at run time.  Opaque names (a
+leading "_", sizes that depend on data) are never invented as `Var`s: nothing could bind them.
 
-Why outputs are re-viewed ("conformed").  The graph and the ops library decide that two
-sizes are equal differently: the graph by name (and it keeps the first of two symbolic sizes
-that broadcast), ops by the structure of the expressions.  Every lowered output therefore gets
-exactly the shape the graph gives it, expressed canonically, by wrapping it in a free
-injective view when ops built the same size another way; inputs that the graph says share
-a size are conformed the same way before they reach an ops function that checks it.
+Why outputs are re-viewed ("conformed").  Graph and ops compare sizes in the same algebra, but
+the graph *assumes* sizes equal where a broadcast or contraction meets two it cannot prove
+equal (checked at run time), and ops refuses those.  Every lowered output therefore gets
+exactly the shape the graph gives it by wrapping it in a free injective view where ops built a
+different size; inputs that the graph says share a size are conformed the same way before they
+reach an ops function that checks it.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
 from tessera.ir.dtypes import DataType
-from tessera.ops.common import mul_dims, same_dim, static
+from tessera.ir.shapes import to_expr
+from tessera.ops.common import same_dim, static
 
 I32 = dtypes.int32
 
@@ -52,22 +52,14 @@ def is_opaque(name: str) -> bool:
 
 
 def dim_expr(d: Dim, symbols: dict[str, E.Expr]) -> E.Expr:
-    """A graph dimension as an int32 expression: ints become constants, a monomial
-    coeff * prod(name^p) becomes the product of int32 `Var`s taken (or created) by name in `symbols`.
+    """A graph dimension as an int32 expression (`tessera.ir.symbolic.to_expr`): ints become
+    constants, names become the int32 `Var`s taken (or created) by name in `symbols`.
 
     `symbols` may also map a name to a constant (an int32 `Const`) when the caller lowers for
     known sizes; that size then folds into the expressions."""
     if isinstance(d, bool) or not isinstance(d, (int, Sym)):
         raise TypeError(f"a graph dimension is an int or a Sym, got {d!r}")
-    if isinstance(d, int):
-        return i32(d)
-    factors: list[E.Expr] = []
-    for name, power in d.factors:
-        var = symbols.get(name)
-        if var is None:
-            var = symbols[name] = E.Var(name, I32)
-        factors += [var] * power
-    return mul_dims([*factors, i32(d.coeff)])
+    return to_expr(d, symbols)
 
 
 def _rank(e: E.Expr) -> int:
@@ -125,8 +117,8 @@ class Ctx:
             if node.rank != t.ndim:
                 raise LoweringError(f"{op.name}: input {t.name} is {t.type_str()} but its node has rank {node.rank}")
             for d, e in zip(t.shape, node.shape):
-                if isinstance(d, Sym) and d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
-                    name = d.factors[0][0]
+                name = d.name if isinstance(d, Sym) else None
+                if name is not None:
                     if name not in self.env or _rank(e) < _rank(self.env[name]):
                         self.env[name] = e
         self.inputs: list[TensorNode] = [view(n, self.shape(t.shape, n.shape)) for t, n in zip(op.inputs, inputs)]
@@ -134,14 +126,9 @@ class Ctx:
     # ---- sizes ---------------------------------------------------------------------------------------------------
     def size(self, d: Dim) -> E.Expr | None:
         """d in terms of what the inputs bind; None if some name in d is not bound by them."""
-        if isinstance(d, int):
-            return i32(d)
-        factors: list[E.Expr] = []
-        for name, power in d.factors:
-            if name not in self.env:
-                return None
-            factors += [self.env[name]] * power
-        return mul_dims([*factors, i32(d.coeff)])
+        if isinstance(d, Sym) and any(n not in self.env for n in d.names):
+            return None
+        return to_expr(d, dict(self.env))
 
     def shape(self, dims: Sequence[Dim], fallback: Sequence[E.Expr]) -> list[E.Expr]:
         """Graph dims as expressions; where a dim is not bound by the inputs, the fallback's entry."""
@@ -160,15 +147,15 @@ class Ctx:
             if d < 0:
                 raise LoweringError(f"{self.op.name} ({self.kind}): negative size {d}")
             return i32(int(d))
-        factors: list[E.Expr] = []
-        for name, power in d.factors:
+        names: dict[str, E.Expr] = {}
+        for name in d.names:
             e = self.env.get(name)
             if e is None:
                 if is_opaque(name) and name not in self.symbols:
                     raise LoweringError(f"{self.op.name} ({self.kind}): size {d} depends on {name}, which no input binds")
                 e = dim_expr(Sym.var(name), self.symbols)
-            factors += [e] * power
-        return mul_dims([*factors, i32(d.coeff)])
+            names[name] = e
+        return to_expr(d, names)
 
     # ---- operands ------------------------------------------------------------------------------------------------
     def x(self, k: int = 0) -> TensorNode:

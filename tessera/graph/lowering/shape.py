@@ -14,27 +14,14 @@ from tessera import ops
 from tessera.graph.lowering.core import Ctx, LoweringError, cast, copy, i32, python_value, view
 from tessera.graph.lowering.elementwise import full_like_value
 from tessera.graph.opdefs._common import norm_axes, norm_axis
+from tessera.graph.opdefs.shape import slice_window
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
-from tessera.ops.common import monomial, static
+from tessera.ops.common import numel_equal, static
 from tessera.ops.transform import add_dims
-
-_INT32_MAX = 2**31 - 1
-
-
-def _min(a: E.Expr, b: E.Expr) -> E.Expr:
-    if static(a) is not None and static(b) is not None:
-        return i32(min(static(a), static(b)))
-    return E.Call("min", (a, b), dtypes.int32)
-
-
-def _max(a: E.Expr, b: E.Expr) -> E.Expr:
-    if static(a) is not None and static(b) is not None:
-        return i32(max(static(a), static(b)))
-    return E.Call("max", (a, b), dtypes.int32)
 
 
 def narrow(x: TensorNode, axis: int, first: E.Expr, length: E.Expr, step: int = 1) -> TensorNode:
@@ -54,14 +41,19 @@ def narrow(x: TensorNode, axis: int, first: E.Expr, length: E.Expr, step: int = 
 # ---- reshapes and axes ------------------------------------------------------------------------------------------
 def reshape(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
-    target: list[Any] = [-1 if isinstance(d, int) and d == -1 else ctx.attr_dim(d) for d in ctx.attrs["shape"]]
-    if -1 not in target and monomial(target) != monomial(x.shape):
+    # The graph's output shape (its -1 inferred by the graph's rule), not the attribute: the same
+    # sizes, and the run-time shape check confirms that the element counts agree.
+    try:
+        target: list[Any] = [ctx.attr_dim(d) for d in ctx.op.outputs[0].shape]
+    except LoweringError:  # a size no input binds (data-dependent): infer it from the attribute's -1
+        target = [-1 if isinstance(d, int) and d == -1 else ctx.attr_dim(d) for d in ctx.attrs["shape"]]
+    if -1 not in target and not numel_equal(target, x.shape):
         # The sizes agree at run time but not as expressions (concrete input shapes against a
         # symbolic target): let the one symbolic entry be inferred from the element count.
         symbolic = [k for k, d in enumerate(target) if static(d) is None]
         if len(symbolic) == 1:
             target[symbolic[0]] = -1
-    return ctx.finish([ops.reshape(x, target)])
+    return ctx.finish([ops.reshape(x, target, counts_checked=True)])
 
 
 def flatten(ctx: Ctx) -> list[TensorNode]:
@@ -112,7 +104,8 @@ def flip(ctx: Ctx) -> list[TensorNode]:
 
 def tri(ctx: Ctx) -> list[TensorNode]:
     fn = ops.tril if ctx.kind == "tril" else ops.triu
-    return ctx.finish([fn(ctx.x(), int(ctx.attrs["diagonal"]))])
+    d = ctx.attrs["diagonal"]
+    return ctx.finish([fn(ctx.x(), ctx.attr_dim(d) if isinstance(d, Sym) else int(d))])
 
 
 def check_static_attrs(*names: str):
@@ -127,20 +120,6 @@ def check_static_attrs(*names: str):
 
 
 # ---- slicing and joining -----------------------------------------------------------------------------------------
-def _bound(ctx: Ctx, v: Any, n: E.Expr, default: E.Expr) -> E.Expr:
-    """A Python slice bound (step > 0) clamped into [0, n] like slice.indices."""
-    if v is None:
-        return default
-    if isinstance(v, Sym):  # symbolic sizes are never negative
-        return _min(ctx.attr_dim(v), n)
-    v = int(v)
-    if v >= _INT32_MAX:
-        return n
-    if v <= -_INT32_MAX:
-        return i32(0)
-    return _max(i32(0), n + v) if v < 0 else _min(i32(v), n)
-
-
 def slice_op(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
     a = ctx.attrs
@@ -157,11 +136,8 @@ def slice_op(ctx: Ctx) -> list[TensorNode]:
             continue
         if step < 0:
             raise LoweringError("slice with a negative step over a symbolic size is not lowered")
-        first = _bound(ctx, start, n, i32(0))
-        last = _bound(ctx, end, n, n)
-        span = last if static(first) == 0 else last - first
-        length = span if step == 1 else (span + (step - 1)) // step
-        x = narrow(x, ax, first, _max(i32(0), length) if static(first) != 0 else length, step)
+        first, length = slice_window(ctx.op.inputs[0].shape[ax], start, end, step)  # the graph's own rule
+        x = narrow(x, ax, ctx.attr_dim(first), ctx.attr_dim(length), step)
     return ctx.finish([x])
 
 

@@ -8,8 +8,9 @@ import math
 import numpy as np
 
 from tessera.graph.registry import REQUIRED, register
-from tessera.graph.symbolic import ShapeError, Sym, fresh_dim
+from tessera.graph.symbolic import ShapeError, Sym
 from tessera.ir import dtypes
+from tessera.ir.symbolic import floordiv, sym_max
 
 
 def _np_dtype(name):
@@ -28,7 +29,10 @@ def _arange_infer(xs, a):
     if step == 0:
         raise ShapeError("arange step cannot be 0")
     if isinstance(end, Sym) or isinstance(start, Sym):
-        n = end if start == 0 and step == 1 else fresh_dim("r")
+        if not isinstance(step, int):
+            raise ShapeError(f"arange with symbolic bounds needs an integer step, got {step!r}")
+        # ceil((end - start) / step), and 0 for an empty range
+        n = sym_max(0, floordiv(end - start + step - 1, step) if step > 0 else floordiv(start - end - step - 1, -step))
     else:
         n = max(0, math.ceil((end - start) / step))
     return [((n,), dtypes.dtype(a["dtype"]))]

@@ -7,15 +7,18 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tessera.graph.opdefs._common import norm_axis, pair, require_float, upcast
 from tessera.graph.registry import REQUIRED, register
-from tessera.graph.symbolic import Dim, ShapeError, Sym, fresh_dim
+from tessera.graph.symbolic import Dim, ShapeError, Sym
 from tessera.ir import dtypes
+from tessera.ir.symbolic import floordiv, sym_min
 
 
 def _window_out(size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: bool = False) -> Dim:
     """Output length of a sliding window, with torch's rule that a ceil-mode window must
     start inside the input or its left padding."""
     if isinstance(size, Sym):
-        return fresh_dim("w")
+        out = floordiv(size + p0 + p1 - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0), s) + 1
+        # ceil mode: the last window starts at (out - 1) * s < size + p0
+        return sym_min(out, floordiv(size + p0 - 1, s) + 1) if ceil_mode else out
     span = size + p0 + p1 - d * (k - 1) - 1
     if span < 0:
         raise ShapeError(f"window {k} (dilation {d}) does not fit input size {size} with padding {p0}+{p1}")

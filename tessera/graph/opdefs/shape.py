@@ -11,7 +11,6 @@ from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import (
     Dim,
     ShapeError,
-    Sym,
     broadcast_shapes,
     dim_add,
     dim_div,
@@ -19,6 +18,7 @@ from tessera.graph.symbolic import (
     numel,
 )  # fmt: skip
 from tessera.ir import dtypes
+from tessera.ir.symbolic import floordiv, nonneg, sym_max, sym_min
 
 BIG = 2**62  # "to the end" in slice bounds
 
@@ -79,14 +79,30 @@ register("permute", infer=_permute_infer, category="injective", attrs={"perm": R
 
 
 # ---- slicing ------------------------------------------------------------------------------
+def slice_window(dim: Dim, start, end, step: int) -> tuple[Dim, Dim]:
+    """(first index, length) of Python's slice start:end:step (step > 0) on an axis of size dim,
+    symbolically and exactly: negative bounds count from the end (a symbolic bound is negative
+    when all its coefficients are), bounds clamp to [0, dim], an empty slice has length 0; the
+    size algebra drops the clamps it can decide (`x[:, :1]` on a symbolic length is 1).  The
+    one rule for shape inference and lowering."""
+
+    def clamp(b: Dim) -> Dim:
+        b = b + dim if (b < 0 if isinstance(b, int) else nonneg(-b)) else b
+        return sym_min(sym_max(b, 0), dim)
+
+    first = clamp(start)
+    stop = dim if isinstance(end, int) and end >= BIG else clamp(end)
+    return first, sym_max(0, floordiv(stop - first + step - 1, step))
+
+
 def _slice_len(dim: Dim, start, end, step) -> Dim:
     if isinstance(dim, int) and isinstance(start, int) and isinstance(end, int):
         return len(range(*slice(start, end, step).indices(dim)))
     if step == 1 and start == 0 and (end == dim or (isinstance(end, int) and end >= BIG)):
         return dim
-    if step == 1 and isinstance(start, int) and start >= 0 and end == dim and isinstance(dim, Sym):
-        return dim_add(dim, -start)
-    return fresh_dim("l")
+    if not isinstance(step, int) or step < 0:
+        return fresh_dim("l")  # reversing a symbolic axis
+    return slice_window(dim, start, end, step)[1]
 
 
 def _slice_infer(xs, a):

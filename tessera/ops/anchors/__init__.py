@@ -12,6 +12,10 @@ nvcc run.  The resulting `AnchorKernel` is called on torch CUDA tensors without 
     k = prepare_linear((16, 1024), (4096, 1024), "float16", bias=True,
                        epilogue=Epilogue(acc, ops.gelu(acc), []))
     k([x, w, b], out)            # out = gelu(x @ w.T + b), one GEMM kernel
+
+On the CPU, `tessera.ops.anchors.cpu_gemm` (`plan_cpu_linear`, `plan_cpu_matmul`,
+`plan_cpu_conv2d`; `plan_attention(..., target="cpu")`) does the same for float32 on the x86
+micro-kernel of tessera.kernels.cpu_gemm; `.load()` gives a CpuAnchorKernel called on numpy arrays.
 """
 
 from tessera.ops.anchors.attention import plan_attention, prepare_attention

@@ -69,11 +69,18 @@ def _mask_operand(mask_shape: Sequence[int] | None, mask_dtype: DataType | str |
 def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
                    causal: bool = False, scale: float | None = None, mask_shape: Sequence[int] | None = None,
                    mask_dtype: DataType | str | None = None, tune: bool = False,
-                   wgmma: bool | None = None) -> AnchorPlan:  # fmt: skip
-    """The uncompiled plan of prepare_attention."""
+                   wgmma: bool | None = None, target: str = "cuda") -> AnchorPlan:  # fmt: skip
+    """The uncompiled plan of prepare_attention.  target="cpu": float32, the two GEMMs on the x86
+    micro-kernel (tessera.ops.anchors.cpu_gemm) and the softmax as a CPU row kernel."""
     from tessera import ops
 
-    dt = check_dtype(dtype, "attention")
+    cpu = target == "cpu"
+    if cpu:
+        dt = dtypes.dtype(dtype)
+        if dt != dtypes.float32:
+            raise UnsupportedError(f"attention: the CPU template takes float32, not {dt}")
+    else:
+        dt = check_dtype(dtype, "attention")
     q_shape, k_shape, v_shape = (check_shape(s, w, "attention") for s, w in ((q_shape, "q"), (k_shape, "k"), (v_shape, "v")))
     if not len(q_shape) == len(k_shape) == len(v_shape) == 4:
         raise UnsupportedError(f"attention: the template takes [B, H, S, D] q, k and v, got {q_shape}, {k_shape}, {v_shape}")
@@ -85,9 +92,20 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
         raise ArgumentError(f"attention: {h} query heads are not a multiple of {hk} key/value heads")
     dv, rep = v_shape[3], h // hk
     scale = d**-0.5 if scale is None else float(scale)
-    skp = -(-sk // 8) * 8
+    skp = sk if cpu else -(-sk // 8) * 8  # rows for 16-byte copies on the GPU
     mask = _mask_operand(mask_shape, mask_dtype, (b, h, sq, sk))
-    plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3 if mask is None else 4, 0)
+    plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3 if mask is None else 4, 0, target=target)
+    if cpu:
+        from tessera.ops.anchors.cpu_gemm import add_cpu_gemm
+
+        def gemm(p, ep, ep_slots, name, out_slot=None):  # noqa: ANN001, ANN202
+            kw = {} if out_slot is None else {"out_slot": out_slot}
+            return add_cpu_gemm(plan, p, ep, ep_slots, name, tune=tune, **kw)
+    else:
+
+        def gemm(p, ep, ep_slots, name, out_slot=None):  # noqa: ANN001, ANN202
+            kw = {} if out_slot is None else {"out_slot": out_slot}
+            return build_gemm(plan, p, ep, ep_slots, name, tune, wgmma, **kw)
 
     def heads(bi: E.Expr) -> list[E.Expr]:
         return unravel(bi, (b, h))
@@ -116,7 +134,7 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
                      lambda z, r, c: (*heads(z), r, c), d % 8 == 0)  # fmt: skip
     ep = Epilogue(acc, compute(acc.shape, scaled, "scores", dtypes.float32), [] if mask is None else [mask])
     ep_slots = [] if mask is None else [(INPUT, 3)]
-    cfg_qk = build_gemm(plan, qk, ep, ep_slots, "attention_qk", tune, wgmma, out_slot=scores_slot)
+    cfg_qk = gemm(qk, ep, ep_slots, "attention_qk", scores_slot)
 
     # 2. softmax rows, zero-padded to skp columns
     probs_slot = plan.workspace((b, h, sq, skp), dt)
@@ -127,7 +145,7 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     else:
         probs = compute((b, h, sq, skp), lambda *i: E.Select(i[3] < i32(sk), sm[(*i[:3], i[3])], E.Const(0, dtypes.float32)),
                         "probs", dt)  # fmt: skip
-    ops_launches(plan, [probs], [sc], {sc: scores_slot, probs: probs_slot}, "attention_softmax")
+    ops_launches(plan, [probs], [sc], {sc: scores_slot, probs: probs_slot}, "attention_softmax", target=target)
 
     # 3. probs @ v
     last = i32(sk - 1)
@@ -135,16 +153,23 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
                      Operand(probs_slot, (b, h, sq, skp), lambda bi, r, c: (*heads(bi), r, c)),
                      Operand((INPUT, 2), v_shape, lambda bi, r, c: (*kv_head(bi), r if skp == sk else E.Select(r < i32(sk), r, last), c)),
                      lambda z, r, c: (*heads(z), r, c), dv % 8 == 0)  # fmt: skip
-    cfg_pv = build_gemm(plan, pv, identity_epilogue((b, h, sq, dv), dt), [], "attention_pv", tune, wgmma)
+    cfg_pv = gemm(pv, identity_epilogue((b, h, sq, dv), dt), [], "attention_pv")
     plan.config = (cfg_qk, cfg_pv)
     return plan
+
+
+def _sm90() -> bool:
+    """Whether this machine has a Hopper GPU (read from the driver; False without one)."""
+    from tessera.runtime.cuda import device_properties
+
+    props = device_properties()
+    return props.from_driver and props.capability == (9, 0)
 
 
 def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
                       mask_shape: Sequence[int] | None = None) -> str | None:  # fmt: skip
     """Why the fused flash kernel does not take these shapes on this machine (None when it does)."""
     from tessera.kernels.attention import HEAD_DIMS
-    from tessera.ops.anchors.gemm import _sm90
 
     if not _sm90():
         return "the fused kernel needs an SM90 GPU (TMA, wgmma)"

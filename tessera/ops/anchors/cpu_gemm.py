@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from math import prod
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,16 @@ from tessera.ops.anchors.rewrite import i32, remap_operand, rename, specialize, 
 
 # (mr, nv) register tiles by vector width: MR x NV accumulators + NV B vectors + 1 broadcast fit the registers.
 TILES = {16: [(8, 3), (14, 2), (6, 2), (4, 4), (12, 2), (4, 6)], 8: [(6, 2), (4, 3), (3, 3)]}
+
+
+# GEMMs below this many multiply-adds run on one thread: an OpenMP team's start and join cost
+# more than the work (tens of microseconds when quiet, milliseconds on a loaded machine).
+MIN_PARALLEL_MACS = 1 << 22
+
+
+def gemm_threads(m: int, n: int, k: int, batch: int) -> int:
+    """Workers for a GEMM of this size: all of cpu_threads(), or 1 for a small one."""
+    return cpu_threads() if batch * m * n * k >= MIN_PARALLEL_MACS else 1
 
 
 def cpu_threads() -> int:
@@ -62,9 +73,62 @@ def estimate(cfg: CpuGemmConfig, m: int, n: int, k: int, batch: int) -> float:
 
 def heuristic_config(m: int, n: int, k: int, batch: int = 1) -> CpuGemmConfig:
     """The best-scored register tile for this problem at this machine's vector width."""
-    lanes, threads = _lanes(), cpu_threads()
+    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     return min(cands, key=lambda c: (estimate(c, m, n, k, batch), -c.mr * c.nv))
+
+
+def tuned_config(m: int, n: int, k: int, batch: int, b_source: str) -> CpuGemmConfig:
+    """The fastest register tile for this GEMM, timed once on this machine and cached.
+
+    Every candidate of the schedule space (register tiles x this machine's vector width x its
+    threads) is compiled (in parallel), checked against numpy, timed (median of a few calls)
+    and the winner recorded by tessera.tune under a key of the shape, the B source, the ISA and
+    the threads, and the hash of the kernel template's source."""
+    import inspect
+    import time
+
+    from tessera.backend.isa import cpu_isa
+    from tessera.kernels import cpu_gemm as template
+    from tessera.tune import tune
+
+    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
+    cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    b_arg = b if b_source == "kn" else np.ascontiguousarray(b.transpose(0, 2, 1))
+    ref = a.astype(np.float64) @ b
+
+    def build(cfg: CpuGemmConfig) -> Any:
+        p, _ = matmul_problem((batch, m, k), (batch, k, n), dtypes.float32, "kn")
+        if b_source == "nk":
+            p.layout, p.b = "nk", Operand((INPUT, 1), (batch, n, k), lambda bi, r, c: (bi, r, c))
+        packed = b_source == "packed" and batch == 1
+        weight = (b[0] if packed else None)
+        return plan_cpu_gemm("tune", p, (batch, m, n), 2, None, None, -1, weight=weight, config=cfg).load()
+
+    def run(kernel: Any) -> np.ndarray:
+        out = np.empty((batch, m, n), np.float32)
+        kernel([a, b_arg], out)
+        return out
+
+    def check(cfg: CpuGemmConfig, kernel: Any) -> str | None:
+        err = float(np.abs(run(kernel) - ref).max() / max(np.abs(ref).max(), 1e-30))
+        return None if err < 1e-4 else f"relative error {err:.2e}"
+
+    def bench(cfg: CpuGemmConfig, kernel: Any) -> float:
+        out = np.empty((batch, m, n), np.float32)
+        kernel([a, b_arg], out)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            kernel([a, b_arg], out)
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[2] * 1e6
+
+    key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}"
+    return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
 
 
 def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
@@ -89,11 +153,12 @@ def pack_weight(weight: np.ndarray, nr: int, layout: str) -> np.ndarray:
 
 def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inputs: int, epilogue: Epilogue | None,
                   bias_slot: Slot | None, channel_axis: int, *, weight: np.ndarray | None = None,
-                  config: CpuGemmConfig | None = None, plan: AnchorPlan | None = None) -> AnchorPlan:  # fmt: skip
+                  config: CpuGemmConfig | None = None, plan: AnchorPlan | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
     """The plan of a CPU GEMM anchor with `epilogue` (after the bias, if any) fused into its stores.
 
     `weight`: the constant data of operand B as a 2-D array in `p.layout` ([K, N] or [N, K]);
-    it is packed once here and the plan never reads B's slot."""
+    it is packed once here and the plan never reads B's slot.  The register tile is `config`,
+    else the tuned one (`tune`: timed once per shape and cached), else the cost model's."""
     check_epilogue(epilogue, out_shape, name)
     if p.dtype != dtypes.float32:
         raise UnsupportedError(f"{name}: the CPU GEMM computes float32, not {p.dtype}")
@@ -108,6 +173,16 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
     if plan is None:
         plan = AnchorPlan(name, [], out_shape, dtypes.float32, num_inputs, 0, target="cpu")
     plan.out_dtype, plan.num_extras = ep.output.dtype, len(epilogue.extras) if epilogue else 0
+    plan.config = add_cpu_gemm(plan, p, ep, ep_slots, name, weight=weight, config=config, tune=tune)
+    return plan
+
+
+def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[Slot], name: str, *,
+                 weight: np.ndarray | None = None, config: CpuGemmConfig | None = None, tune: bool = False,
+                 out_slot: Slot = (OUTPUT, 0)) -> CpuGemmConfig:  # fmt: skip
+    """Append the GEMM's launch to `plan`, `ep` fused into its stores into `out_slot`; the config used."""
+    if config is None and tune:
+        config = tuned_config(p.m, p.n, p.k, p.batch, "packed" if weight is not None else p.layout)
     cfg = config or heuristic_config(p.m, p.n, p.k, p.batch)
     rc = row_chunks(cfg, p.m, p.n, p.batch)
     shapes: dict[str, tuple[int, ...]] = {"A": (p.batch, p.m, p.k), "C": (p.batch, p.m, p.n)}
@@ -120,6 +195,7 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
         f = make_gemm(cfg, "packed").ir
         shapes["B"] = plan.constants[-1].shape
     else:
+        b_slot = p.b.slot
         f = make_gemm(cfg, p.layout).ir
         shapes["B"] = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
         shapes["W"] = (cfg.threads, p.k * cfg.nr)
@@ -128,12 +204,11 @@ def plan_cpu_gemm(name: str, p: GemmProblem, out_shape: tuple[int, ...], num_inp
     if weight is None:
         f = remap_operand(f, "B", p.b.shape, p.b.index)
     f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}")
-    slots = [p.a.slot, b_slot, (OUTPUT, 0)] if weight is not None else [p.a.slot, p.b.slot, (OUTPUT, 0)]
+    slots = [p.a.slot, b_slot, out_slot]
     if weight is None:
         slots.append(plan.workspace(shapes["W"], dtypes.float32))
     plan.launches.append(Launch(f, slots + ep_slots))
-    plan.config = cfg
-    return plan
+    return cfg
 
 
 def _check_f32(dtype: DataType | str, op: str) -> DataType:
@@ -145,7 +220,7 @@ def _check_f32(dtype: DataType | str, op: str) -> DataType:
 
 def plan_cpu_linear(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str = "float32", *,
                     bias: bool = False, epilogue: Epilogue | None = None, weight: np.ndarray | None = None,
-                    config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+                    config: CpuGemmConfig | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
     """x @ w.T (+ bias) on the CPU: inputs [x, w] or [x, w, bias]; x [..., K], w [N, K].
     With `weight` (w's constant data) the weight is packed once and its input is never read."""
     dt = _check_f32(dtype, "linear")
@@ -159,12 +234,12 @@ def plan_cpu_linear(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
     b = Operand((INPUT, 1), w_shape, lambda bi, r, c: (r, c))
     p = GemmProblem(dt, "nk", 1, m, n, k, a, b, lambda z, r, c: (*unravel(r, lead), c), False)
     return plan_cpu_gemm("linear", p, (*lead, n), 3 if bias else 2, epilogue, (INPUT, 2) if bias else None, -1,
-                         weight=weight, config=config)  # fmt: skip
+                         weight=weight, config=config, tune=tune)  # fmt: skip
 
 
 def plan_cpu_matmul(a_shape: Sequence[int], b_shape: Sequence[int], dtype: DataType | str = "float32", *,
                     epilogue: Epilogue | None = None, weight: np.ndarray | None = None,
-                    config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+                    config: CpuGemmConfig | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
     """a @ b with numpy matmul semantics on the CPU (b as [..., K, N]); `weight`: b's constant data (2-D)."""
     dt = _check_f32(dtype, "matmul")
     a_shape, b_shape = check_shape(a_shape, "a", "matmul"), check_shape(b_shape, "b", "matmul")
@@ -173,13 +248,14 @@ def plan_cpu_matmul(a_shape: Sequence[int], b_shape: Sequence[int], dtype: DataT
     p, out_shape = matmul_problem(a_shape, b_shape, dt, "kn")
     if weight is not None and (len(b_shape) != 2 or p.batch != 1):
         weight = None  # only a plain 2-D weight is packed ahead
-    return plan_cpu_gemm("matmul", p, out_shape, 2, epilogue, None, -1, weight=weight, config=config)
+    return plan_cpu_gemm("matmul", p, out_shape, 2, epilogue, None, -1, weight=weight, config=config, tune=tune)
 
 
 def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str = "float32", *,
                     stride: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0, 0, 0, 0),
                     dilation: tuple[int, int] = (1, 1), bias: bool = False, epilogue: Epilogue | None = None,
-                    weight: np.ndarray | None = None, config: CpuGemmConfig | None = None) -> AnchorPlan:  # fmt: skip
+                    weight: np.ndarray | None = None, config: CpuGemmConfig | None = None,
+                    tune: bool = False) -> AnchorPlan:  # fmt: skip
     """NCHW conv2d (groups 1) as an implicit GEMM: out[pixel, o] = col[pixel, :] @ W[o, :] over the
     output pixels of all images, the weight (constant: packed once, `weight=`) as the B panels.
 
@@ -226,5 +302,5 @@ def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
     p = GemmProblem(dt, "nk", 1, n * pixels, o, k, a, b, out_map, False)
     return plan_cpu_gemm("conv2d", p, (n, o, oh, ow), plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 1,
                          weight=None if weight is None else np.asarray(weight).reshape(o, k),
-                         config=config, plan=plan)  # fmt: skip
+                         config=config, plan=plan, tune=tune)  # fmt: skip
 
