@@ -329,7 +329,7 @@ def test_errors_name_the_op_node_and_opset():
     with pytest.raises(UnsupportedError, match=r"FooBar \(node 'fb', opset 17\) is not supported"):
         tessera.onnx.load(unknown)
     bad = model([helper.make_node("Add", ["x", "z"], ["y"], name="add1")], [("x", F, [3]), ("z", F, [4])], [("y", F, [3])])
-    with pytest.raises(FileFormatError, match=r"Add \(node 'add1', opset 21\) is malformed.*do not broadcast"):
+    with pytest.raises(FileFormatError, match=r"Add \(node 'add1', opset 21\) is malformed.*ShapeError: add"):
         tessera.onnx.load(bad)
     pad = model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad1", mode="foo")],
                 [("x", F, [3]), ("p", TensorProto.INT64, [2])], [("y", F, None)])  # fmt: skip
