@@ -81,9 +81,16 @@ class IndexOutOfRangeError(ArgumentError, IndexError):
     clamped; its outputs are not meaningful."""
 
 
+class NegativePowerError(ArgumentError, ValueError):
+    """A CPU kernel raised an integer to a negative integer power (numpy and ONNX's reference
+    refuse it: the result is not an integer).  The kernel ran to the end; its outputs are not
+    meaningful.  CUDA kernels give 1/a**-b truncated toward zero (1, -1 or 0), as torch does."""
+
+
 # The status word every CPU kernel reports through its last parameter (backend.codegen_c).
 STATUS_DIVISION_BY_ZERO = 1
 STATUS_INDEX_OUT_OF_RANGE = 2
+STATUS_NEGATIVE_POWER = 3
 
 
 def raise_for_status(status: int, kernel: str) -> None:
@@ -94,5 +101,8 @@ def raise_for_status(status: int, kernel: str) -> None:
     if status == STATUS_INDEX_OUT_OF_RANGE:
         raise IndexOutOfRangeError(f"{kernel}: an index is out of range for the axis it indexes (on the CPU this "
                                    "raises, as in numpy and torch; CUDA kernels clamp it)")  # fmt: skip
+    if status == STATUS_NEGATIVE_POWER:
+        raise NegativePowerError(f"{kernel}: an integer raised to a negative integer power (not an integer; numpy "
+                                 "and ONNX refuse it on the CPU; cast the base to a float type for such powers)")
     if status:
         raise TesseraError(f"{kernel}: reported an unknown status {status}")

@@ -1,10 +1,16 @@
 """`tessera run`: compile a model file (ONNX, or a saved compiled graph) and run it once.
 
-Inputs are `.npy` files (in input order, at most one per input) or random (fixed seed;
-integer inputs in [0, --int-high)); symbolic sizes take values from the files' shapes and
-`--dim name=value` (default 1), which must name a size of the model and agree with the files.  Prints each output's shape, dtype
-and statistics, and the median latency over `--repeat` timed calls after a warm-up; with
-`--explain`, the compile report (tessera.graph.compiler.report) too.
+ONNX models go through `tessera.onnx.compile`, which specialises the compiled graph on the
+values of shape-like inputs (a Reshape's shape, a ReduceSum's axes fed as graph inputs): give
+those as `.npy` files -- random values would be meaningless shapes, so `tessera run` refuses
+to invent them and names them.  Inputs are `.npy` files (in input order, at most one per
+input) or random (fixed seed; integer inputs in [0, --int-high)); symbolic sizes take values
+from the files' shapes and `--dim name=value` (default 1), which must name a size of the model
+and agree with the files.  Prints each output's shape, dtype and statistics, and the median
+latency over `--repeat` timed calls after a warm-up; with `--explain`, the compile report
+(tessera.graph.compiler.report) too.  `--save` writes the compiled graph the last call ran
+(for a specialised ONNX model: the one for the given shape-like values, which are then
+constants of the saved graph).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from tessera.graph.tensor import numpy_dtype
 
 
 def load_model(path: str | Path, target: str) -> Any:
-    """A CompiledGraph from an .onnx file or a file written by CompiledGraph.save (or
-    tessera.graph.save).  A file that is neither raises FileFormatError naming the problem."""
+    """An OnnxModel (tessera.onnx.compile: specialised on shape-like inputs) from an .onnx
+    file, or a CompiledGraph from a file written by CompiledGraph.save (or tessera.graph.save).
+    A file that is neither raises FileFormatError naming the problem."""
     from tessera.graph.compiler import compile_graph, load_compiled
 
     path = Path(path)
@@ -45,7 +52,35 @@ def load_model(path: str | Path, target: str) -> Any:
         return compile_graph(load(path), target)
     from tessera.frontend import onnx as tessera_onnx
 
-    return compile_graph(tessera_onnx.load(str(path)), target)
+    return tessera_onnx.compile(str(path), target)
+
+
+class _Declared:
+    """What make_inputs needs of a model: its input tensors and their symbolic sizes."""
+
+    def __init__(self, inputs: list[Any]):
+        from tessera.graph.symbolic import Sym
+
+        self.inputs = inputs
+        self._symbols = list(dict.fromkeys(n for t in inputs for d in t.shape if isinstance(d, Sym) for n in d.names))
+
+    def symbols(self) -> list[str]:
+        return self._symbols
+
+
+def declared_inputs(model: Any) -> Any:
+    """The input declarations of a CompiledGraph (its graph) or an OnnxModel (its ONNX inputs)."""
+    return _Declared(model.input_tensors()) if hasattr(model, "input_tensors") else model.graph
+
+
+def _check_shape_inputs(model: Any, npy: Sequence[str], inputs: list[Any]) -> None:
+    """Shape-like inputs of an ONNX model must come from files: random ones are no shapes."""
+    given = {t.name for t in inputs[: len(npy)]}
+    missing = [n for n in getattr(model, "shape_inputs", []) if n not in given]
+    if missing:
+        order = ", ".join(t.name for t in inputs)
+        raise ArgumentError(f"the model's input(s) {', '.join(missing)} give shapes, axes or sizes (its graph needs "
+                            f"their values): pass them as --input .npy files (inputs in order: {order})")  # fmt: skip
 
 
 def parse_dims(dims: Sequence[str]) -> dict[str, int]:
@@ -140,7 +175,9 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
             raise ArgumentError(f"{path} was compiled for {compiled.target}; --device {device} cannot apply to it "
                                 f"(compile the original model for {device})")  # fmt: skip
         target = compiled.target
-    arrays = make_inputs(compiled.graph, npy, bindings, int_high)
+    declared = declared_inputs(compiled)
+    _check_shape_inputs(compiled, npy, declared.inputs)
+    arrays = make_inputs(declared, npy, bindings, int_high)
     outs = compiled(*arrays)
     first_s = time.perf_counter() - start
     times = []
@@ -153,15 +190,19 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     summary = compiled.summary()
+    ran = getattr(compiled, "latest", compiled)  # the CompiledGraph the calls ran
+    if getattr(compiled, "shape_inputs", None):
+        print(f"  specialised on the values of {', '.join(compiled.shape_inputs)}")
     print(f"{Path(path).name}: {summary['operators']} operators -> {summary['kernels']} kernels on {target} "
           f"(steps {summary['steps']}), compile + first run {first_s:.2f} s")  # fmt: skip
     if len(npy) < len(arrays):
-        print(f"  random inputs: {', '.join(t.name for t in compiled.graph.inputs[len(npy):])}")
+        print(f"  random inputs: {', '.join(t.name for t in declared.inputs[len(npy):])}")
     for ref in summary["reference_ops"]:
         print(f"  runs in numpy: {ref}")
     results = []
-    for t, o in zip(compiled.graph.outputs, outs):
-        a = o.float().cpu().numpy() if hasattr(o, "cpu") else np.asarray(o, dtype=np.float64)
+    for t, o in zip(ran.graph.outputs, outs):
+        a = o.float().cpu().numpy() if hasattr(o, "cpu") else np.asarray(o.numpy() if hasattr(o, "numpy") else o,
+                                                                            dtype=np.float64)  # fmt: skip
         stats = {"name": t.name, "shape": list(a.shape), "dtype": t.dtype.name, "mean": float(a.mean()), "std": float(a.std()),
                  "min": float(a.min()), "max": float(a.max()), "finite": bool(np.isfinite(a).all())}  # fmt: skip
         results.append(stats)
@@ -171,7 +212,7 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
     print(f"  latency: median {median_ms:.3f} ms over {len(times)} calls (host-timed, after a warm-up)")
     if save:
         try:
-            compiled.save(save)
+            ran.save(save)
         except OSError as exc:
             raise ArgumentError(f"--save {save}: cannot write the file ({exc})") from None
         print(f"  saved the compiled graph to {save}")

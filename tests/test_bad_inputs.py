@@ -206,3 +206,41 @@ def test_compile_graph_for_cuda_without_a_gpu_refuses_up_front(caplog):
     with caplog.at_level(logging.INFO, logger="tessera"), pytest.raises(DeviceError, match="needs a CUDA GPU"):
         compile_graph(_relu_graph(), "cuda")
     assert caplog.text == ""
+
+
+def _reshape_model(tmp_path) -> Path:
+    """y = Reshape(x, shape): the target shape is a graph input (a shape-like input)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, shape], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "reshape.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_run_specialises_on_shape_like_inputs(tmp_path, capsys):
+    """`tessera run` compiles ONNX models with tessera.onnx.compile: a shape fed as an input works."""
+    path = _reshape_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.arange(-12, 18, dtype=np.float32).reshape(5, 6))
+    for target in ([3, 10], [-1, 2]):
+        np.save(tmp_path / "shape.npy", np.array(target, np.int64))
+        tsr = tmp_path / f"r{target[1]}.tsr"
+        assert main(["run", str(path), "--device", "cpu", "--repeat", "2", "--input", str(tmp_path / "x.npy"),
+                     "--input", str(tmp_path / "shape.npy"), "--save", str(tsr)]) == 0  # fmt: skip
+        out = capsys.readouterr().out
+        expected = (3, 10) if target[0] == 3 else (15, 2)
+        assert f"shape {expected}" in out and "specialised on the values of shape" in out, out
+        assert "max 17" in out and "min 0" in out  # relu of -12..17
+        from tessera.graph.compiler import load_compiled
+
+        saved = load_compiled(tsr)  # the specialisation the calls ran: the shape is a constant of it
+        assert saved(np.ones((5, 6), np.float32))[0].shape == expected
+
+
+def test_run_refuses_to_invent_shape_like_inputs(tmp_path, capsys):
+    path = _reshape_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((5, 6), np.float32))
+    _run_fails(capsys, [str(path), "--device", "cpu", "--input", str(tmp_path / "x.npy")],
+               "input(s) shape give shapes, axes or sizes")

@@ -172,6 +172,20 @@ CASES = [
     ("gather_nd_batch", "gather_nd", [F(3, 4, 5), inp(3, 2, 1, dt="int32", dom="idx4")], {"batch_dims": 1}),
     ("cumprod", "cumprod", [UNIT("b", 9)], {"axis": 1, "reverse": True, "exclusive": True}),
     ("cumprod_int", "cumprod", [inp("b", 6, dt="int32", dom="small")], {"axis": -1}),
+    ("bitcast", "bitcast", [F("b", 7)], {"dtype": "int32"}),
+    ("pow_int", "pow", [I32("b", 5), inp(5, dt="int32", dom="shift")], {}),
+    # written as statements (tessera.ops.programs); repeated indices included
+    ("scatter_elements_add", "scatter_elements", [F("b", 5), inp("b", 3, dt="int64", dom="idx5"), F("b", 3)],
+     {"axis": 1, "reduction": "add"}),
+    ("scatter_elements", "scatter_elements", [F(4, "s"), inp(2, "s", dt="int32", dom="idx4"), F(2, "s")], {}),
+    ("scatter_nd_mul", "scatter_nd", [F(4, "b", 3), inp(5, 1, dt="int64", dom="idx4"), F(5, "b", 3)],
+     {"reduction": "mul"}),
+    ("scatter_nd_max", "scatter_nd", [F(4, 3), inp("s", 2, dt="int64", dom="idx3"), F("s")], {"reduction": "max"}),
+    ("topk", "topk", [F("b", 9)], {"k": 4, "axis": 1}),
+    ("topk_smallest", "topk", [F(7, "b")], {"k": 3, "axis": 0, "largest": False}),
+    ("det", "det", [F("b", 4, 4)], {}),
+    ("max_pool_with_indices", "max_pool_with_indices", [F("b", 2, 7, 6)],
+     {"kernel": [3, 2], "stride": [2, 1], "pads": [1, 0, 1, 1], "dilation": [1, 2], "storage_order": 1}),
 ]  # fmt: skip
 
 
@@ -354,7 +368,9 @@ def _op(kind, *inputs, **attrs):
     (lambda: _op("max_pool2d", Tensor([1, 2, 9, 9], "float32"), kernel=[3, 3], dilation=[2, 2]), "dilation"),
     (lambda: _op("max_pool2d", Tensor([1, 2, 9, 9], "float32"), kernel=[3, 3], padding=[1, 0, 0, 1]), "asymmetric"),
     (lambda: _op("gelu", Tensor([4], "float32"), approximate="sigmoid"), "approximate"),
-    (lambda: _op("pow", Tensor([4], "int32"), Tensor([4], "int32")), "integer pow"),
+    (lambda: _op("pow", Tensor([4], "bool"), Tensor([4], "bool")), "pow of bool"),
+    (lambda: _op("det", Tensor(["n", "n"], "float32")), "symbolic size"),
+    (lambda: _op("det", Tensor([65, 65], "float32")), "at most 64x64"),
     (lambda: _op("conv2d", Tensor([1, "c", 5, 5], "float32"), Tensor([2, 3, 3, 3], "float32")), "symbolic channel"),
     (lambda: _op("adaptive_avg_pool2d", Tensor([1, 2, "h", 5], "float32"), output_size=[2, 2]), "symbolic spatial"),
     (lambda: _op("tile", Tensor([3], "float32"), repeats=[Sym.var("n")]), "symbolic repeats"),

@@ -131,15 +131,15 @@ def test_onnx_on_the_gpu_in_a_process_without_torch(tmp_path):
 
 @pytest.mark.cuda
 def test_native_reference_step_with_rank0_output(rng):
-    """Det has no kernel: its numpy reference runs between device steps, and its rank-0
-    result is copied back to the device as rank 0."""
+    """Det of matrices of a symbolic size has no kernel: its numpy reference runs between
+    device steps, and its rank-0 result is copied back to the device as rank 0."""
     from onnx import TensorProto, helper
 
     import tessera
 
     graph = helper.make_graph(
         [helper.make_node("Det", ["x"], ["d"]), helper.make_node("Mul", ["d", "d"], ["y"])], "det",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "n"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     compiled = tessera.onnx.compile(model, "cuda", arrays="native")

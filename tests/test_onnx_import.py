@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import tessera  # noqa: E402
-from tessera.errors import UnsupportedError  # noqa: E402
+from tessera.errors import FileFormatError, UnsupportedError  # noqa: E402
 from tessera.frontend.onnx import ShapeInputError  # noqa: E402
 
 F, I32, I64, B = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
@@ -312,6 +312,30 @@ def test_unsupported_attribute_names_op_node_attribute_and_opset():
               [("y", TensorProto.FLOAT8E4M3FN, [2])])  # fmt: skip
     with pytest.raises(UnsupportedError, match=r"Cast \(node 'to_fp8', opset 21\): attribute to=17"):
         tessera.onnx.load(m)
+
+
+def test_errors_name_the_op_node_and_opset():
+    """Every refusal of a node says which op, which node and which opset (and the attribute or
+    output it is about)."""
+    extra = model([helper.make_node("Relu", ["x"], ["y", "z"], name="r2")], [("x", F, [3])],
+                  [("y", F, [3]), ("z", F, [3])])  # fmt: skip
+    with pytest.raises(UnsupportedError, match=r"Relu \(node 'r2', opset 21\): output 1 \('z'\) is not supported"):
+        tessera.onnx.load(extra)
+    custom = model([helper.make_node("Bar", ["x"], ["y"], name="cd", domain="com.foo")], [("x", F, [3])], [("y", F, [3])])
+    custom.opset_import.append(helper.make_opsetid("com.foo", 3))
+    with pytest.raises(UnsupportedError, match=r"com.foo::Bar \(node 'cd', com.foo opset 3\) is not supported"):
+        tessera.onnx.load(custom)
+    unknown = model([helper.make_node("FooBar", ["x"], ["y"], name="fb")], [("x", F, [3])], [("y", F, [3])], opset=17)
+    with pytest.raises(UnsupportedError, match=r"FooBar \(node 'fb', opset 17\) is not supported"):
+        tessera.onnx.load(unknown)
+    bad = model([helper.make_node("Add", ["x", "z"], ["y"], name="add1")], [("x", F, [3]), ("z", F, [4])], [("y", F, [3])])
+    with pytest.raises(FileFormatError, match=r"Add \(node 'add1', opset 21\) is malformed.*ShapeError: add"):
+        tessera.onnx.load(bad)
+    pad = model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad1", mode="foo")],
+                [("x", F, [3]), ("p", TensorProto.INT64, [2])], [("y", F, None)])  # fmt: skip
+    compiled = tessera.onnx.compile(pad, "cpu")  # the pads are a shape-like input: refused when they are known
+    with pytest.raises(UnsupportedError, match=r"Pad \(node 'pad1', opset 21\): attribute mode='foo' is not supported"):
+        compiled(np.ones(3, np.float32), np.array([1, 1]))
 
 
 def test_an_attribute_no_rule_reads_is_refused_by_name():

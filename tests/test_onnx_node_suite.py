@@ -58,6 +58,13 @@ def test_onnx_node_tests_pass(subset_rows):
     assert not failed, f"{len(failed)} of {len(subset_rows)} ONNX node tests fail: {failed}"
 
 
+def test_onnx_node_tests_leave_nothing_to_numpy(subset_rows):
+    """Every operator of the passing tests runs in a compiled kernel: none is left to its numpy
+    reference between kernels (a host round trip, and no CUDA-graph capture on the GPU)."""
+    in_numpy = {r["test"]: r["reference_ops"] for r in subset_rows if r["status"] == "pass" and r.get("reference_ops")}
+    assert not in_numpy, f"operators left to numpy: {in_numpy}"
+
+
 @pytest.mark.cuda
 def test_onnx_node_tests_pass_on_the_gpu(tmp_path_factory):
     """The same selection through compile_graph(..., "cuda") (inputs copied to the GPU)."""

@@ -41,7 +41,11 @@ static inline float ts_h2f(uint16_t h) {
 static inline uint16_t ts_f2h(float f) {
   uint32_t x; memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx > 0x7f800000u) {  /* NaN: keep the payload's top bits, as numpy does (bitcasts round-trip) */
+    uint32_t man = (absx & 0x7fffffu) >> 13;
+    return (uint16_t)(sign | 0x7c00u | (man ? man : 1u));
+  }
+  if (absx == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
   if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* rounds to >= 65520: inf */
   if (absx < 0x38800000u) {  /* subnormal half or zero */
     if (absx < 0x33000000u) return (uint16_t)sign;
@@ -58,7 +62,7 @@ static inline uint16_t ts_f2h(float f) {
 static inline float ts_bf2f(uint16_t h) { uint32_t x = (uint32_t)h << 16; float f; memcpy(&f, &x, 4); return f; }
 static inline uint16_t ts_f2bf(float f) {
   uint32_t x; memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | (((x >> 16) & 0x7fu) ? 0u : 0x40u));  /* NaN: payload kept */
   x += 0x7fffu + ((x >> 16) & 1u);
   return (uint16_t)(x >> 16);
 }
@@ -72,6 +76,15 @@ static inline float ts_d2f_odd(double d) {
   }
   return f;
 }
+/* The bits of a value and back (BitCast); 16-bit floats are computed in float and stored as bits. */
+static inline uint32_t ts_bits_of_float32(float v) { uint32_t u; memcpy(&u, &v, 4); return u; }
+static inline float ts_float32_of_bits(uint32_t u) { float v; memcpy(&v, &u, 4); return v; }
+static inline uint64_t ts_bits_of_float64(double v) { uint64_t u; memcpy(&u, &v, 8); return u; }
+static inline double ts_float64_of_bits(uint64_t u) { double v; memcpy(&v, &u, 8); return v; }
+static inline uint16_t ts_bits_of_float16(float v) { return ts_f2h(v); }
+static inline float ts_float16_of_bits(uint16_t u) { return ts_h2f(u); }
+static inline uint16_t ts_bits_of_bfloat16(float v) { return ts_f2bf(v); }
+static inline float ts_bfloat16_of_bits(uint16_t u) { return ts_bf2f(u); }
 {helpers}
 #ifdef __AVX2__
 /* Lanes 0..n-1 of an 8 x int32 mask for the AVX2 masked loads and stores. */

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from tessera.errors import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, UnsupportedError
+from tessera.errors import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, STATUS_NEGATIVE_POWER, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
@@ -37,6 +37,10 @@ _C_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "
 # A zero divisor gives 0 (numpy's result) and, on the CPU, sets the kernel's status word
 # (ts_status), from which the runtime raises DivisionByZeroError after the call, as torch does
 # on the CPU; CUDA kernels have no status word and keep the 0.
+# Integer max/min/abs are functions, not `a > b ? a : b` macros: an operand that is itself a
+# max would be printed twice, and a chain of n of them 2**n times.  ts_ipow is exact integer
+# exponentiation (wrapping like numpy); a negative exponent, which ONNX's and numpy's integer
+# power refuse, sets the status word on the CPU; CUDA returns 1/a**-b truncated (1, -1 or 0).
 SHARED_HELPERS = """
 {q} float ts_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
 {q} float ts_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
@@ -57,6 +61,21 @@ SHARED_HELPERS = """
 {q} uint64_t ts_udiv64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a / b; }}
 {q} uint64_t ts_umod64_chk(uint64_t a, uint64_t b{sp}) {{ if (b == 0) {{ {flag}return 0; }} return a % b; }}
 {q} int64_t ts_index_chk(int64_t i, int64_t n{sp}) {{ if (i < -n || i >= n) {{ {index_flag}return i < 0 ? 0 : n - 1; }} return i < 0 ? i + n : i; }}
+{q} int32_t ts_max_i32(int32_t a, int32_t b) {{ return a > b ? a : b; }}
+{q} int32_t ts_min_i32(int32_t a, int32_t b) {{ return a < b ? a : b; }}
+{q} int64_t ts_max_i64(int64_t a, int64_t b) {{ return a > b ? a : b; }}
+{q} int64_t ts_min_i64(int64_t a, int64_t b) {{ return a < b ? a : b; }}
+{q} uint32_t ts_max_u32(uint32_t a, uint32_t b) {{ return a > b ? a : b; }}
+{q} uint32_t ts_min_u32(uint32_t a, uint32_t b) {{ return a < b ? a : b; }}
+{q} uint64_t ts_max_u64(uint64_t a, uint64_t b) {{ return a > b ? a : b; }}
+{q} uint64_t ts_min_u64(uint64_t a, uint64_t b) {{ return a < b ? a : b; }}
+{q} int32_t ts_abs_i32(int32_t a) {{ return a < 0 ? (int32_t)(0u - (uint32_t)a) : a; }}
+{q} int64_t ts_abs_i64(int64_t a) {{ return a < 0 ? (int64_t)(0ull - (uint64_t)a) : a; }}
+{q} uint64_t ts_upow(uint64_t a, uint64_t b) {{ uint64_t r = 1; while (b) {{ if (b & 1) r *= a; a *= a; b >>= 1; }} return r; }}
+{q} int64_t ts_ipow(int64_t a, int64_t b{sp}) {{
+  if (b < 0) {{ {pow_flag}return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0; }}
+  return (int64_t)ts_upow((uint64_t)a, (uint64_t)b);
+}}
 """
 # Packed tensors of storage types (tessera.quant): element i of a b-bit tensor occupies bits
 # [i*b, i*b + b) of the byte stream, least significant bit first (dense, fields may cross
@@ -95,13 +114,14 @@ def shared_helpers(qualifier: str, status: bool) -> str:
     """SHARED_HELPERS for a target; with `status` the checked divisions report to ts_status."""
     lowbit = LOWBIT_HELPERS.format(q=qualifier).strip()
     if not status:
-        return SHARED_HELPERS.format(q=qualifier, sp="", flag="", index_flag="").strip() + "\n" + lowbit
+        return SHARED_HELPERS.format(q=qualifier, sp="", flag="", index_flag="", pow_flag="").strip() + "\n" + lowbit
 
     def flag(code: int) -> str:
         return f"__atomic_store_n({STATUS}, {code}, __ATOMIC_RELAXED); "
 
     return SHARED_HELPERS.format(q=qualifier, sp=f", int32_t* {STATUS}", flag=flag(STATUS_DIVISION_BY_ZERO),
-                                 index_flag=flag(STATUS_INDEX_OUT_OF_RANGE)).strip() + "\n" + lowbit  # fmt: skip
+                                 index_flag=flag(STATUS_INDEX_OUT_OF_RANGE),
+                                 pow_flag=flag(STATUS_NEGATIVE_POWER)).strip() + "\n" + lowbit  # fmt: skip
 
 
 # Generated code names every user identifier (kernels, parameters, locals, buffers) through
@@ -204,11 +224,8 @@ class CLikeCodegen(IRVisitor):
         if name == "checked_index":
             return f"ts_index_chk((int64_t)({args[0]}), (int64_t)({args[1]}){self.status_argument()})"
         if t.is_integer or t.is_bool:
-            if name in ("max", "min"):
-                op = ">" if name == "max" else "<"
-                return f"(({args[0]}) {op} ({args[1]}) ? ({args[0]}) : ({args[1]}))"
-            if name == "abs":
-                return f"(({args[0]}) < 0 ? -({args[0]}) : ({args[0]}))"
+            if name in ("max", "min", "abs"):
+                return self.integer_call(name, args, t)
         if name not in _C_MATH and name != "rsqrt":
             raise UnsupportedError(f"{name}() is not available on the {self.target} target")
         if name == "rsqrt":
@@ -217,6 +234,47 @@ class CLikeCodegen(IRVisitor):
         if t != dtypes.float64:
             fn += "f"
         return f"{fn}({', '.join(args)})"
+
+    def integer_call(self, name: str, args: list[str], t: DataType) -> str:
+        """max/min/abs of integers through the typed helpers (each operand printed once);
+        types narrower than 32 bits compute in int32, as C promotes them, and convert back."""
+        wide = t.nbits == 64
+        suffix = ("u" if t.kind == "uint" and t.nbits >= 32 else "i") + ("64" if wide else "32")
+        if name == "abs" and suffix.startswith("u"):
+            return args[0]
+        text = f"ts_{name}_{'i' + suffix[1:] if name == 'abs' else suffix}({', '.join(args)})"
+        return text if t.nbits in (32, 64) else f"(({self.scalar_type(t)}){text})"
+
+    def special_call(self, e: E.Call) -> str | None:
+        """Intrinsics whose operands keep their own types: ipow (an integer exponent) and
+        bitcast (the same bits as another type of the same width)."""
+        if e.func == "ipow":
+            t = e.type
+            if t.kind == "uint":
+                text = f"ts_upow((uint64_t)({self.expr(e.args[0])}), (uint64_t)({self.expr(e.args[1])}))"
+            else:
+                text = f"ts_ipow((int64_t)({self.expr(e.args[0])}), (int64_t)({self.expr(e.args[1])}){self.status_argument()})"
+            return f"(({self.scalar_type(t)}){text})"
+        if e.func == "bitcast":
+            src, dst = e.args[0].dtype, e.type
+            if src.nbits != dst.nbits:
+                raise UnsupportedError(f"bitcast from {src} to {dst}: the widths differ")
+            bits = self.to_bits(self.expr(e.args[0]), src)
+            return self.from_bits(bits, dst)
+        return None
+
+    def to_bits(self, value: str, t: DataType) -> str:
+        """An unsigned integer of t's width holding the bits of `value` (of dtype t)."""
+        u = f"uint{max(t.nbits, 8)}_t"
+        if t.is_float:
+            return f"ts_bits_of_{t.name}({value})"
+        return f"(({u})({value}))"
+
+    def from_bits(self, bits: str, t: DataType) -> str:
+        """The value of dtype t whose bits are the unsigned integer `bits`."""
+        if t.is_float:
+            return f"ts_{t.name}_of_bits({bits})"
+        return f"(({self.scalar_type(t)})({bits}))"
 
     def const_float(self, value: float, t: DataType) -> str:
         if math.isnan(value):
@@ -395,6 +453,9 @@ class CLikeCodegen(IRVisitor):
         return f"({self.expr(e.cond, 1)} ? {self.operand(e.a, e.type, 1)} : {self.operand(e.b, e.type, 1)})"
 
     def visit_Call(self, e: E.Call) -> str:
+        special = self.special_call(e)
+        if special is not None:
+            return special
         args = [self.operand(a, e.type, 0) for a in e.args]
         return self.math_call(e.func, args, e.type)
 

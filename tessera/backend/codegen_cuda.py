@@ -26,6 +26,15 @@ CUDA_PRELUDE = r"""
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// The bits of a value and back (BitCast).
+__device__ __forceinline__ uint32_t ts_bits_of_float32(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ float ts_float32_of_bits(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint64_t ts_bits_of_float64(double v) { return (uint64_t)__double_as_longlong(v); }
+__device__ __forceinline__ double ts_float64_of_bits(uint64_t u) { return __longlong_as_double((long long)u); }
+__device__ __forceinline__ uint16_t ts_bits_of_float16(half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ half ts_float16_of_bits(uint16_t u) { return __ushort_as_half(u); }
+__device__ __forceinline__ uint16_t ts_bits_of_bfloat16(nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ nv_bfloat16 ts_bfloat16_of_bits(uint16_t u) { return __ushort_as_bfloat16(u); }
 {helpers}
 // Memory and tensor-core instructions (tessera.ir.instructions).  Register fragments are
 // addressed through pointers; with constant indices after unrolling they stay in registers.

@@ -3,7 +3,9 @@
 A `Placeholder` is an input tensor.  A `Compute` defines every element of a tensor by an
 ordinary IR expression over its axis variables; it reads other tensors through
 `TensorElement` (``x[i, j]``).  A `ReduceCompute` folds an expression over extra reduction
-axes (sum, prod, max, min, mean) in an accumulator type, then casts to its own dtype.
+axes (sum, prod, max, min, mean) in an accumulator type, then casts to its own dtype.  A
+`Program` is written by statements, one serial program per task, for what no expression per
+element says: writes at data-dependent positions (scatters), selection (topk), factorizations.
 
 These nodes form a DAG that the auto-scheduler (tessera.ops.schedule) turns into kernels:
 injective `Compute` nodes are inlined into their readers, reductions become loops.  Shapes
@@ -20,6 +22,7 @@ from typing import Any, Union
 
 from tessera.ir import dtypes
 from tessera.ir import expr as E
+from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.functor import IRMutator, IRVisitor
 
@@ -142,6 +145,55 @@ class ReduceCompute(TensorNode):
 
 
 @dataclass(eq=False, repr=False)
+class Program(TensorNode):
+    """A tensor written by statements: first every element is `init` (an expression over
+    `axes`, like a Compute's value; None leaves the elements to the body), then, for every
+    index of the `tasks` extents, `body` (statements over `task_axes`) runs serially.
+
+    The body reads other tensors through TensorElement (their producers are inlined into it,
+    as into a Compute's value), reads and writes this tensor through `out` (a global tensor
+    variable: ``Load(out, idx)``, ``Store(out, idx, v)``) and may declare locals, register
+    buffers and loops.  Tasks must touch disjoint elements of `out`: schedulers run them in
+    parallel, in any order (one CPU thread or one CUDA thread per task).
+    """
+
+    name: str
+    shape: tuple[E.Expr, ...]
+    dtype: DataType
+    axes: tuple[E.Var, ...]
+    init: E.Expr | None
+    tasks: tuple[E.Expr, ...]
+    task_axes: tuple[E.Var, ...]
+    body: S.Stmt
+    out: E.Var
+    tag: str = "program"
+
+    def __post_init__(self) -> None:
+        self.shape = as_shape(self.shape)
+        self.tasks = as_shape(self.tasks)
+        if len(self.axes) != len(self.shape) or len(self.task_axes) != len(self.tasks):
+            raise E.IRTypeError(f"program '{self.name}': axes and extents do not match")
+        if self.init is not None and self.init.dtype != self.dtype:
+            self.init = E.Cast(self.init, self.dtype)
+
+    @property
+    def value(self) -> S.Stmt:
+        """init and body as one statement (`program_parts` splits it): what the scheduler
+        inlines producers into and reads the inputs from."""
+        return S.seq(S.Evaluate(self.init) if self.init is not None else S.Seq([]), S.Seq([self.body]))
+
+    __hash__ = object.__hash__
+
+
+def program_parts(value: S.Stmt) -> tuple[E.Expr | None, S.Stmt]:
+    """(init, body) of a Program's `value`, after rewriting (inlining) it."""
+    stmts = value.stmts if isinstance(value, S.Seq) else [value]
+    if stmts and isinstance(stmts[0], S.Evaluate):
+        return stmts[0].expr, S.seq(*stmts[1:])
+    return None, S.seq(*stmts)
+
+
+@dataclass(eq=False, repr=False)
 class TensorElement(E.Expr):
     """One element of a tensor node, `tensor[indices]`: the expression that links compute nodes."""
 
@@ -198,6 +250,22 @@ def reduce(shape: Sequence[DimLike], reduce_extents: Sequence[DimLike], fcompute
     value = E.as_expr(fcompute(axes, raxes))
     acc = acc_dtype or value.dtype
     return ReduceCompute(name or fresh_name("red"), shape, dtype or acc, axes, raxes, extents, op, value, acc, tag)
+
+
+def program(shape: Sequence[DimLike], dtype: DataType | str, tasks: Sequence[DimLike],
+            fbody: Callable[..., S.Stmt], init: Callable[..., Any] | None = None, name: str | None = None,
+            tag: str = "program") -> Program:  # fmt: skip
+    """A Program: `fbody(out, *task_axes)` builds the statements of one task (`out` is the
+    tensor's variable, for loads and stores); `init(*axes)` the value every element starts with."""
+    from tessera.ir.types import GLOBAL, TensorType
+
+    shape, extents = as_shape(shape), as_shape(tasks)
+    dt = dtypes.dtype(dtype)
+    name = name or fresh_name("program")
+    axes, task_axes = axis_vars("i", len(shape)), axis_vars("t", len(extents))
+    out = E.Var(name.split(".")[0], TensorType(dt, shape or (E.Const(1, dtypes.int32),), GLOBAL))
+    value = None if init is None else E.as_expr(init(*axes))
+    return Program(name, shape, dt, axes, value, extents, task_axes, fbody(out, *task_axes), out, tag)
 
 
 # ---- traversal ------------------------------------------------------------------------------------------------------

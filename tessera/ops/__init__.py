@@ -20,6 +20,7 @@ inlined into their consumers; reductions fuse with their injective prologue and 
 from tessera.ir.compute import (
     Compute,
     Placeholder,
+    Program,
     ReduceCompute,
     TensorElement,
     TensorNode,
@@ -32,6 +33,7 @@ from tessera.ops.creation import arange, causal_mask, full, tril, triu
 from tessera.ops.elementwise import (
     abs,
     add,
+    bitcast,
     bitwise_and,
     bitwise_or,
     cast,
@@ -100,6 +102,7 @@ from tessera.ops.nn import (
     rotate_half,
 )
 from tessera.ops.norm import batch_norm, layer_norm, rms_norm
+from tessera.ops.programs import det, scatter_elements, scatter_nd, topk
 from tessera.ops.reductions import (
     argmax,
     argmin,
@@ -140,9 +143,9 @@ from tessera.ops.transform import (
 )
 
 __all__ = [
-    "Compute", "Placeholder", "ReduceCompute", "TensorElement", "TensorNode", "compute", "placeholder", "reduce",
+    "Compute", "Placeholder", "Program", "ReduceCompute", "TensorElement", "TensorNode", "compute", "placeholder", "reduce",
     "CompiledOp", "Generated", "build", "build_many", "generate",
-    "abs", "add", "bitwise_and", "bitwise_or", "cast", "ceil", "clamp", "cos", "div", "elementwise", "elu", "eq",
+    "abs", "add", "bitcast", "bitwise_and", "bitwise_or", "cast", "ceil", "clamp", "cos", "div", "elementwise", "elu", "eq",
     "erf", "exp", "exp2", "expm1", "floor", "floor_divide", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "isnan",
     "le", "leaky_relu", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "lt",
     "maximum", "minimum", "mish", "mul", "ne", "neg", "pow", "reciprocal", "relu", "remainder", "round", "rsqrt",
@@ -151,6 +154,7 @@ __all__ = [
     "bmm", "linear", "matmul",
     "adaptive_avg_pool2d", "apply_rotary", "attention", "avg_pool2d", "conv2d", "max_pool2d", "rotate_half",
     "batch_norm", "layer_norm", "rms_norm",
+    "det", "scatter_elements", "scatter_nd", "topk",
     "argmax", "argmin", "cumsum", "log_softmax", "logsumexp", "max", "mean", "min", "prod", "reduce_axes",
     "softmax", "std", "sum", "var",
     "broadcast_to", "chunk", "concat", "embedding", "expand", "flatten", "flip", "gather", "index_select", "narrow", "pad",

@@ -292,6 +292,18 @@ def cast(x: TensorNode, dtype: DataType | str) -> Compute:
     return elementwise("cast", [x], dt, x.dtype, lambda v: E.Binary("!=", v, const(0, v.dtype)) if dt.is_bool else v)
 
 
+def bitcast(x: TensorNode, dtype: DataType | str) -> Compute:
+    """The bits of x read as `dtype`, of the same width (ONNX BitCast; numpy's `view`)."""
+    check_tensor(x, "bitcast")
+    dt = dtypes.dtype(dtype)
+    if dt not in SUPPORTED:
+        raise UnsupportedError(f"bitcast: cannot reinterpret as {dt}; ops compute with {', '.join(d.name for d in SUPPORTED)}")
+    if dt.nbits != x.dtype.nbits:
+        raise ArgumentError(f"bitcast: {x.dtype} ({x.dtype.nbits} bits) and {dt} ({dt.nbits} bits) differ in width; "
+                            "BitCast keeps the shape, so the widths must match")
+    return compute(x.shape, lambda *i: E.Call("bitcast", (x[i],), dt), fresh_name("bitcast"), dt)
+
+
 # ---- binary ------------------------------------------------------------------------------------------------------------
 def _binary(op: str, a: TensorOrScalar, b: TensorOrScalar, fn: Callable[[E.Expr, E.Expr], E.Expr],
             out: DataType | None = None) -> Compute:  # fmt: skip
@@ -342,11 +354,15 @@ def remainder(a: TensorOrScalar, b: TensorOrScalar) -> Compute:
 
 
 def pow(a: TensorOrScalar, b: TensorOrScalar) -> Compute:  # noqa: A001
-    """a ** b.  Integer bases need a non-negative Python int exponent (computed by multiplication)."""
+    """a ** b.  Integer powers are exact (wrapping like numpy): a small constant exponent by
+    multiplication, others by squaring (`ipow`); a negative integer exponent raises
+    NegativePowerError on the CPU (numpy and ONNX refuse it) and gives 1/a**-b truncated
+    (1, -1 or 0) on CUDA, as torch does."""
     t = result_type([a, b], "pow")
     if not t.is_float:
-        if not (isinstance(a, TensorNode) and isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 64):
-            raise UnsupportedError("pow: integer powers need a Python int exponent in [0, 64]; cast to a float type for others")
+        _no_bool("pow", a, b)
+        if isinstance(b, bool) or not (isinstance(b, int) and 0 <= b <= 16):
+            return _binary("pow", a, b, lambda x, y: E.Call("ipow", (x, y), x.dtype))
 
         def ipow(x: E.Expr, _: E.Expr) -> E.Expr:
             out: E.Expr = const(1, x.dtype)

@@ -246,6 +246,12 @@ class Importer:
         outputs = [self.tensor(self._value(o.name, "a graph output")) for o in g.output]
         return FlowGraph(self.inputs, outputs, self.operators, _clean(g.name or "onnx_graph")).verify()
 
+    def declared_inputs(self) -> list[Tensor]:
+        """The model's inputs (not initializers) as graph tensors of their declared dtype and
+        shape (named dims as symbolic sizes), without importing a node."""
+        initializers = {i.name for i in self.model.graph.initializer}
+        return [self._graph_input(vi) for vi in self.model.graph.input if vi.name not in initializers]
+
     def _graph_input(self, vi: Any) -> Tensor:
         tt = vi.type.tensor_type
         if vi.type.WhichOneof("value") != "tensor_type":
@@ -284,8 +290,9 @@ class Importer:
         where = f"ONNX op {node.op_type} (node {node.name!r}, opset {opset})"
         try:
             if node.domain not in ("", "ai.onnx"):
-                raise UnsupportedError(f"ONNX op {node.domain}::{node.op_type} (node {node.name!r}) is not supported: "
-                                       "tessera imports the default (ai.onnx) domain only")  # fmt: skip
+                version = next((o.version for o in self.model.opset_import if o.domain == node.domain), None)
+                raise UnsupportedError(f"ONNX op {node.domain}::{node.op_type} (node {node.name!r}, {node.domain} opset "
+                                       f"{version}) is not supported: tessera imports the default (ai.onnx) domain only")  # fmt: skip
             attrs = {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
             spec = RULES.get(node.op_type)
             unknown = sorted(set(attrs) - spec.attrs) if spec is not None and spec.attrs is not None else []
@@ -298,6 +305,7 @@ class Importer:
             args = [self._value(i, f"node {node.name!r} ({node.op_type})") for i in node.input]
             try:
                 result = spec.fn(self, node, args, attrs)
+                self.bind_outputs(node.output, result)
             except UnsupportedError as e:  # named after the node (keeping the type: compile reads it)
                 if not str(e).startswith("ONNX op "):
                     e.args = (f"{where}: {e}",)
@@ -305,7 +313,6 @@ class Importer:
             except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a malformed node
                 raise FileFormatError(f"{where} is malformed or of an unsupported form: {type(e).__name__}: {e}") \
                     from None  # fmt: skip
-            self.bind_outputs(node.output, result)
         finally:
             self.node, self.node_opset = saved
 
@@ -333,7 +340,8 @@ class Importer:
             if not name:
                 continue
             if i >= len(results):
-                raise UnsupportedError(f"output {i} ({name!r}) is not supported")
+                raise UnsupportedError(f"output {i} ({name!r}) is not supported: the operator gives {len(results)} "
+                                       f"output(s) here")  # fmt: skip
             value = results[i]
             if isinstance(value, Tensor) and value.producer is not None and value.name.startswith("t"):
                 value.name = _clean(name)

@@ -54,6 +54,16 @@ class OnnxModel:
             log.info("tessera: %s; compiling per input shapes", exc)
             self.by_input_shapes = True
 
+    def input_tensors(self) -> list[Any]:
+        """The model's inputs as graph tensors (tessera.graph.Tensor) of their declared dtypes and
+        shapes, in call order (shape-like inputs included)."""
+        return Importer(self.model).declared_inputs()
+
+    @property
+    def latest(self) -> Any:
+        """The CompiledGraph of the most recent call's specialisation (None before any is built)."""
+        return next(reversed(self._compiled.values()), None)
+
     @property
     def specializations(self) -> int:
         """How many specialisations are built (1 for a model without shape-like inputs)."""
@@ -128,7 +138,7 @@ class OnnxModel:
 
     def summary(self) -> dict[str, Any]:
         """The shape-like inputs and the summary of the most recent specialisation."""
-        last = next(reversed(self._compiled.values()), None)
+        last = self.latest
         return {"shape_inputs": list(self.shape_inputs), "by_input_shapes": self.by_input_shapes,
                 "specializations": len(self._compiled),
                 **(last.summary() if last is not None else {})}  # fmt: skip

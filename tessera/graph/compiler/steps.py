@@ -118,7 +118,7 @@ def kernel_operators(kernels: Sequence[Any], ops: Sequence[Operator], op_nodes: 
     owner: dict[TensorNode, int] = {}
     for k, spec in enumerate(kernels):
         for t in [*spec.plan.stores, *spec.plan.reductions]:
-            owner.setdefault(t, k)
+            owner[t] = k  # the last writer: a program's tasks, not the kernel writing its initial values
     covered: list[set[TensorNode]] = []
     for k, spec in enumerate(kernels):
         seen: set[TensorNode] = set()

@@ -116,8 +116,8 @@ def arith(ctx: Ctx) -> list[TensorNode]:
 
 def check_arith(op: Operator) -> str | None:
     dt = op.outputs[0].dtype
-    if op.kind == "pow" and not dt.is_float:
-        return "integer pow is not lowered"
+    if op.kind == "pow" and dt.is_bool:
+        return "pow of bool tensors is not lowered"
     if op.kind == "remainder" and dt.is_bool:
         return "remainder of bool tensors is not lowered"
     return None

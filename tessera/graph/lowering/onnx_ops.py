@@ -1,6 +1,6 @@
 """Lowering rules for the graph operators the ONNX front end added: inverse trigonometric and
 hyperbolic functions, C's fmod, bitwise xor and bit shifts (each one `ops.elementwise` over
-an IR expression), gather_nd (a gather whose index tuples are read from a tensor) and cumprod
+an IR expression), bitcast (the same bits as another type), gather_nd (a gather whose index tuples are read from a tensor) and cumprod
 (a masked product over the axis, like ops.cumsum)."""
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ def check_fmod(op: Operator) -> str | None:
     if op.outputs[0].dtype.is_bool:
         return "fmod of bool tensors is not lowered"
     return None
+
+
+def bitcast(ctx: Ctx) -> list[TensorNode]:
+    return ctx.finish([ops.bitcast(ctx.x(), ctx.out_dtype)])
 
 
 def gather_nd(ctx: Ctx) -> list[TensorNode]:

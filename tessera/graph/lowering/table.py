@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tessera.errors import TesseraError
 from tessera.graph.lowering import elementwise as ew
-from tessera.graph.lowering import nn, onnx_ops, reduce, shape
+from tessera.graph.lowering import nn, onnx_ops, programs, reduce, shape
 from tessera.graph.lowering.core import Ctx, LoweringError
 from tessera.graph.operator import Operator
 from tessera.ir import expr as E
@@ -57,7 +57,14 @@ LOWERINGS: dict[str, Lowering] = {
     "bitwise_xor": Lowering(onnx_ops.bitwise_xor, onnx_ops.check_integer),
     "bitshift": Lowering(onnx_ops.bitshift, onnx_ops.check_unsigned),
     "gather_nd": Lowering(onnx_ops.gather_nd),
+    "bitcast": Lowering(onnx_ops.bitcast),
     "cumprod": Lowering(onnx_ops.cumprod, onnx_ops.check_cumprod),
+    # written as statements (tessera.ops.programs), and pooling with indices
+    "scatter_elements": Lowering(programs.scatter_elements, programs.check_scatter),
+    "scatter_nd": Lowering(programs.scatter_nd, programs.check_scatter),
+    "topk": Lowering(programs.topk, programs.check_topk),
+    "det": Lowering(programs.det, programs.check_det),
+    "max_pool_with_indices": Lowering(programs.max_pool_with_indices, programs.check_max_pool_with_indices),
     # reductions and normalizations
     "reduce_sum": _RED, "reduce_mean": _RED, "reduce_max": _RED, "reduce_min": _RED, "reduce_prod": _RED,
     "argmax": Lowering(reduce.arg_reduce), "argmin": Lowering(reduce.arg_reduce),
@@ -99,12 +106,6 @@ LOWERINGS: dict[str, Lowering] = {
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
 NOT_LOWERED: dict[str, str] = {
-    "topk": "topk (a sort) has no kernel yet",
-    "scatter_elements": "scatters (writes at data-dependent positions) have no kernel yet",
-    "scatter_nd": "scatters (writes at data-dependent positions) have no kernel yet",
-    "det": "det (an LU factorization) has no kernel",
-    "bitcast": "bitcast has no kernel yet",
-    "max_pool_with_indices": "max pooling with indices has no kernel yet",
     "lowbit_linear": "lowbit_linear runs on the CUDA low-bit kernel (an anchor); elsewhere on its reference",
 }
 

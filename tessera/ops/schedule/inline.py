@@ -15,6 +15,7 @@ from tessera.ir import expr as E
 from tessera.ir.compute import (
     Compute,
     Placeholder,
+    Program,
     ReduceCompute,
     TensorElement,
     TensorElementMutator,
@@ -79,7 +80,7 @@ def inline_stages(order: list[TensorNode], outputs: Iterable[TensorNode]) -> tup
     stage's inlined value.
     """
     materialised: set[TensorNode] = set(outputs)
-    materialised |= {n for n in order if isinstance(n, (Placeholder, ReduceCompute))}
+    materialised |= {n for n in order if isinstance(n, (Placeholder, ReduceCompute, Program))}
     while True:
         stages = [n for n in order if n in materialised and not isinstance(n, Placeholder)]
         inliner = Inliner(materialised)

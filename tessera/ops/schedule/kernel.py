@@ -13,6 +13,7 @@ from tessera.ops.schedule.cpu import lower_cpu
 from tessera.ops.schedule.cuda import lower_cuda
 from tessera.ops.schedule.inline import inline_stages
 from tessera.ops.schedule.partition import KernelPlan, partition
+from tessera.ops.schedule.program import init_plan, is_program_body, lower_program
 
 
 @dataclass(eq=False)
@@ -41,7 +42,12 @@ def schedule_plan(plan: KernelPlan, target: str, name: str) -> KernelSpec:
     buffers = Buffers()
     for t in plan.stores:  # outputs first, so they keep their names
         buffers.var(t)
-    if target == "cpu":
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
+    if is_program_body(plan):
+        body, launch, sched = lower_program(plan, buffers, target)
+        kind = CPU_KERNEL if target == "cpu" else CUDA_KERNEL
+    elif target == "cpu":
         body, launch, kind, sched = lower_cpu(plan, buffers), LaunchConfig(), CPU_KERNEL, "cpu"
     elif target == "cuda":
         body, launch, cuda_sched = lower_cuda(plan, buffers)
@@ -64,4 +70,11 @@ def schedule(outputs: Sequence[TensorNode], target: str, name: str = "op") -> li
     order = topological_order(outputs)
     stages, values = inline_stages(order, outputs)
     plans = partition(stages, values, outputs)
-    return [schedule_plan(p, target, f"{name}_{k}_{base_name(p.anchor.name)}") for k, p in enumerate(plans)]
+    specs = []
+    for k, p in enumerate(plans):
+        kernel_name = f"{name}_{k}_{base_name(p.anchor.name)}"
+        first = init_plan(p) if is_program_body(p) else None
+        if first is not None:  # a program's initial values: an elementwise kernel before its tasks
+            specs.append(schedule_plan(first, target, kernel_name + "_init"))
+        specs.append(schedule_plan(p, target, kernel_name))
+    return specs

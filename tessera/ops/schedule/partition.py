@@ -16,6 +16,9 @@ Then one kernel computes, for each outer index, the reductions in order into loc
 and writes the anchor over the remaining (*inner*) axes: LayerNorm's mean, variance and
 normalisation, or softmax's max, sum and division, are one kernel reading the row from memory
 per pass and never storing the intermediate statistics.
+
+A `Program` anchors a kernel of its own (its statements are the kernel's body) and absorbs
+nothing; the reductions it reads are computed by their own kernels before it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera.ir import expr as E
-from tessera.ir.compute import ReduceCompute, TensorNode, reads_of
+from tessera.ir.compute import Program, ReduceCompute, TensorNode, reads_of
 from tessera.ops.common import same_dim, static
 
 Position = int | None  # an anchor axis, or None for the constant index 0
@@ -130,7 +133,8 @@ def partition(stages: list[TensorNode], values: dict[TensorNode, E.Expr], output
             plan.reductions = [anchor]
             plan.positions[anchor] = tuple(range(anchor.rank))
             plan.outer = tuple(range(anchor.rank))
-        _absorb(plan, consumers, assigned)
+        if not isinstance(anchor, Program):  # a program's kernel is its own statements
+            _absorb(plan, consumers, assigned)
         _order_reductions(plan, topo)
         plan.stores = [m for m in plan.members if m is plan.anchor or m in outputs]
         assigned.update(plan.members)
