@@ -232,9 +232,9 @@ def test_block_dynamic_batch(name):
     compiled = torch.compile(model, backend="tessera", dynamic=True)
     before = dict(stats)
     with torch.no_grad():
-        for batch in (1, 2, 3):
+        for batch in (2, 3, 4):  # (dynamo specializes a batch of 1: the static tests cover it)
             args, _ = inputs(torch.Generator().manual_seed(batch))
-            args = tuple(torch.cat([a] * 3)[:batch] for a in args)
+            args = tuple(torch.cat([a] * 4)[:batch] for a in args)
             assert _rel(compiled(*args), model(*args)) < 1e-5, batch
     assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
     assert stats["eager_nodes"] == before["eager_nodes"], "an op ran in torch"
