@@ -76,6 +76,7 @@ def test_native_arrays_on_fresh_inputs_of_every_kind(rng):
         lambda x: torch.from_numpy(x).cuda(),          # DLPack / CUDA array interface producer
         lambda x: x,                                   # again: a replay
         lambda x: torch.from_numpy(x).cuda(),
+        lambda x: DeviceArray.from_numpy(x),           # the batch-3 plan's second call: captured
     ]  # fmt: skip
     for i, make in enumerate(makers):
         batch = 1 if i < 4 else 3  # a new batch size makes a second plan
@@ -88,7 +89,7 @@ def test_native_arrays_on_fresh_inputs_of_every_kind(rng):
         np.testing.assert_allclose(torch.from_dlpack(y).cpu().numpy(), ref_y, rtol=1e-4, atol=1e-5)
     graph = compiled._compiled[()]
     assert graph.memory.kind == "native"
-    assert all(plan.cuda_graph is not None for plan in graph._plans.values())
+    assert len(graph._plans) == 2 and all(plan.cuda_graph is not None for plan in graph._plans.values())
 
 
 @pytest.mark.cuda

@@ -228,13 +228,13 @@ def test_a_cuda_model_with_anchors_runs_from_its_file_without_nvcc(tmp_path, tun
     y = b.op("matmul", h, b.constant((rng.standard_normal((128, 96)) * 0.1).astype(np.float16)))
     b.output(b.op("softmax", b.op("relu", y)))
     compiled = compile_graph(b.build(), "cuda", tune=tune)
-    assert compiled.summary()["steps"].get("anchor", 0) == 2
+    assert compiled.summary()["steps"].get("anchor", 0) == 3  # two GEMMs and the softmax row kernel
     xv = rng.standard_normal((48, 64)).astype(np.float16)
     expected = compiled(torch.from_numpy(xv).cuda())[0].float().cpu().numpy()
     path = tmp_path / "anchored.tsr"
     compiled.save(path)
     doc = json.loads(_members(path)["compiled.json"])
-    assert len(doc["artifacts"]) >= 3  # the fused group and both anchors
+    assert len(doc["artifacts"]) >= 3  # the anchors (and any fused group)
     assert bool(doc["tuning"]) == tune
     np.save(tmp_path / "x.npy", xv)
     np.save(tmp_path / "expected.npy", expected)
