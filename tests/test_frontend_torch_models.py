@@ -112,11 +112,36 @@ def test_transformers_tiny_fp32(name):
 
 
 # ---- GPU tier ------------------------------------------------------------------------------------
+def _cast(dtype, args, kwargs):
+    return ([a.to(dtype) if a.is_floating_point() else a for a in args],
+            {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()})  # fmt: skip
+
+
+def _dynamo_graph_count(model, make_inputs, dtype):
+    """How many graphs dynamo itself hands a backend over the two calls (its graph breaks and
+    recompiles, whatever the backend): a model whose Python branches on tensor data (BART's fp16
+    overflow clamp) breaks for every backend."""
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    counted = torch.compile(model, backend=count)
+    with torch.no_grad():
+        for seed in (1, 2):
+            args, kwargs = _cast(dtype, *make_inputs(torch.Generator().manual_seed(seed)))
+            counted(*args, **kwargs)
+    return len(graphs)
+
+
 def _compare_low_precision(model, make_inputs, dtype, tol):
     """The model compiled in dtype on the GPU against the fp32 model in eager, over two calls (the
     second replays the CUDA graph)."""
     ref_model = model.eval().float().cuda()
     low = copy.deepcopy(ref_model).to(dtype)
+    expected_graphs = _dynamo_graph_count(low, make_inputs, dtype)
     torch._dynamo.reset()
     compiled = torch.compile(low, backend="tessera")
     before = dict(stats)
@@ -124,14 +149,14 @@ def _compare_low_precision(model, make_inputs, dtype, tol):
         for seed in (1, 2):
             args, kwargs = make_inputs(torch.Generator().manual_seed(seed))
             ref = _output(ref_model(*args, **kwargs))
-            cast = [a.to(dtype) if a.is_floating_point() else a for a in args]
-            kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
+            cast, kw = _cast(dtype, args, kwargs)
             out = _output(compiled(*cast, **kw))
             eager = _output(low(*cast, **kw))
             assert out.dtype == dtype and out.shape == ref.shape
             # tessera's error against fp32 is of the order of torch's own low-precision error
             assert _rel(out, ref) < max(3 * _rel(eager, ref), tol), (seed, _rel(out, ref), _rel(eager, ref))
-    assert stats["graphs"] - before["graphs"] == 1, "a graph break"
+    # dynamo's own breaks (data-dependent control flow in the model's Python) are allowed; tessera adds none
+    assert stats["graphs"] - before["graphs"] == expected_graphs, "a graph break"
     assert stats["eager_nodes"] == before["eager_nodes"], "an op ran in torch"
     assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
 
@@ -157,7 +182,8 @@ def test_transformers_real_size_cuda(name, dtype):
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model, kind = zoo.hf_model(name, "real")
-    _compare_low_precision(model, lambda g: ((), zoo.hf_inputs(model, kind, 1, 128, g, "cuda")), dtype, 3e-2)
+    seq = min(128, getattr(model.config, "max_position_embeddings", 128))  # CLIP's text model takes 77
+    _compare_low_precision(model, lambda g: ((), zoo.hf_inputs(model, kind, 1, seq, g, "cuda")), dtype, 3e-2)
 
 
 @pytest.mark.cuda

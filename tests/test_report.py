@@ -189,6 +189,5 @@ def test_report_on_the_gpu_names_templates_configs_and_tuning(tune):
     assert anchor.ops == [f"{op.kind} ({op.name})" for op in compiled.steps[0].group.ops]
     assert anchor.ops[0].startswith("linear") and any(op.startswith("gelu") for op in anchor.ops)  # the epilogue
     assert anchor.how == "linear template" and anchor.config and anchor.tuned is tune and anchor.shape.startswith("[33, 72]")
-    assert any(k.kind == "fused" and "cuda-" in k.how for k in report.kernels)
     assert report.cuda_graph and "replayed as a CUDA graph" in str(report)
     assert report.timings["anchors"] > 0

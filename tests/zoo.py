@@ -49,7 +49,7 @@ class SwinBlock(nn.Module):
         attn = (q * (c // nh) ** -0.5) @ k.transpose(-2, -1)
         bias = self.bias_table[self.rel_index].view(ws * ws, ws * ws, nh).permute(2, 0, 1)
         attn = attn + bias.unsqueeze(0)
-        region = torch.zeros(h, w)
+        region = torch.zeros(h, w, device=x.device)
         for i, hs in enumerate((slice(0, -ws), slice(-ws, -self.shift), slice(-self.shift, None))):
             for j, wsl in enumerate((slice(0, -ws), slice(-ws, -self.shift), slice(-self.shift, None))):
                 region[hs, wsl] = 3 * i + j

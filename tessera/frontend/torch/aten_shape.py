@@ -382,17 +382,58 @@ def _masked_fill(cv, a):
     return cv.op("where", cv.cast(a["mask"], "bool"), cv.tensor(a["value"], x.dtype), x)
 
 
+def _dense_order(size: list[int], stride: list[int]) -> list[int] | None:
+    """The axes from outermost to innermost when (size, stride) lays its elements out densely
+    (each stride the product of the sizes inside it, size-1 axes anywhere), else None."""
+    order = sorted(range(len(size)), key=lambda i: (-stride[i], -i))
+    expect = 1
+    for i in reversed(order):
+        if size[i] != 1 and stride[i] != expect:
+            return None
+        expect *= size[i]
+    return order
+
+
+def _storage(cv: Converter, x: Tensor, meta: Any) -> Tensor:
+    """x's elements as a flat vector in the order its storage holds them (a permuted, dense x
+    -- a channels-last conv output, a transposed view -- is permuted back first)."""
+    size, stride = list(meta.shape), list(meta.stride())
+    order = _dense_order(size, stride)
+    if order is None:
+        raise UnsupportedError("as_strided of a tensor that overlaps itself or has gaps")
+    if order != sorted(order):
+        x = cv.op("permute", x, perm=order)
+    return reshape(cv, x, [int(np.prod(size))])
+
+
 @lowers("aten.as_strided")
 def _as_strided(cv, a):
+    """A view of `self`'s storage: offsets are counted from the storage `self` views, so the
+    storage is rebuilt from self's strides; a dense result is a slice + reshape + permute of
+    it, any other (overlapping windows, gaps) a gather with a constant index."""
     x = a["self"]
     meta = cv.arg_meta("self")
     size, stride = list(a["size"]), list(a["stride"])
-    contiguous = [1] * len(size)
-    for i in range(len(size) - 2, -1, -1):
-        contiguous[i] = contiguous[i + 1] * size[i + 1]
-    if a.get("storage_offset") in (None, 0) and stride == contiguous and meta.is_contiguous():
-        return reshape(cv, x, size)
-    raise UnsupportedError("as_strided other than a contiguous reshape")
-
-
-
+    if not all(isinstance(v, int) for v in (*size, *stride, *meta.shape, *meta.stride())):
+        raise UnsupportedError("as_strided with symbolic sizes or strides")
+    offset = int(a.get("storage_offset") or 0) - int(meta.storage_offset())
+    if offset < 0:
+        raise UnsupportedError("as_strided reaching before the storage its input views")
+    flat = _storage(cv, x, meta)
+    numel = int(np.prod(size))
+    if numel == 0:
+        raise UnsupportedError("as_strided to an empty tensor")
+    order = _dense_order(size, stride)
+    if order is not None:
+        if offset + numel > int(flat.shape[0]):
+            raise UnsupportedError("as_strided reaching past the end of its input's storage")
+        dense = _slice(cv, flat, 0, offset, offset + numel)
+        moved = reshape(cv, dense, [size[i] for i in order])
+        inverse = [order.index(i) for i in range(len(size))]
+        return moved if inverse == sorted(inverse) else cv.op("permute", moved, perm=inverse)
+    index = offset + sum(np.arange(n, dtype=np.int64).reshape([-1 if j == i else 1 for j in range(len(size))]) * st
+                         for i, (n, st) in enumerate(zip(size, stride)))  # fmt: skip
+    index = np.broadcast_to(index, size).reshape(-1)
+    if int(index.max()) >= int(flat.shape[0]):
+        raise UnsupportedError("as_strided reaching past the end of its input's storage")
+    return reshape(cv, cv.op("take", flat, Tensor.constant(np.ascontiguousarray(index)), axis=0), size)

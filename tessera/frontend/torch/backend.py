@@ -167,6 +167,37 @@ def _leaves(value: Any) -> list:
     return [value]
 
 
+# Ops whose values depend on their input's memory layout, not only its elements: when tessera
+# computed that input, it is contiguous, so it is re-laid out as traced before torch runs them.
+_STORAGE_READERS = ("aten.as_strided.", "aten.as_strided_copy.", "aten.as_strided_scatter.")
+
+
+def _with_traced_layout(value: Any, meta: Any) -> Any:
+    """`value` with the strides and storage offset the traced graph gave it (`meta`)."""
+    if not isinstance(value, torch.Tensor) or not isinstance(meta, torch.Tensor):
+        return value
+    # Under dynamic shapes the traced strides are expressions: keep their order (from the example
+    # sizes) and lay the actual sizes out densely in it.
+    hint = [_concrete(st) for st in meta.stride()]
+    size, offset = tuple(value.shape), _concrete(meta.storage_offset())
+    stride = [0] * len(size)
+    step = 1
+    for i in sorted(range(len(size)), key=lambda i: (hint[i], i)):
+        stride[i] = step
+        step *= max(size[i], 1)
+    stride = tuple(stride) if any(isinstance(st, torch.SymInt) for st in meta.stride()) else tuple(hint)
+    if value.stride() == stride and value.storage_offset() == offset:
+        return value
+    extent = offset + 1 + sum((d - 1) * st for d, st in zip(size, stride) if d > 0)
+    laid = torch.empty(extent, dtype=value.dtype, device=value.device).as_strided(size, stride, offset)
+    return laid.copy_(value)
+
+
+def _concrete(v: Any) -> int:
+    """An int, or a SymInt's value in the example the graph was traced with."""
+    return int(v.node.hint) if isinstance(v, torch.SymInt) else int(v)
+
+
 def _is_input_mutation(n: torch.fx.Node) -> bool:
     return n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
 
@@ -520,6 +551,8 @@ class CompiledGraph:
     def _run_node(self, n: torch.fx.Node, values: dict) -> Any:
         args = torch.fx.node.map_arg(n.args, lambda a: values[a])
         kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: values[a])
+        if n.op == "call_function" and str(n.target).startswith(_STORAGE_READERS) and isinstance(n.args[0], torch.fx.Node):
+            args = (_with_traced_layout(args[0], n.args[0].meta.get("val")), *args[1:])
         if n.op == "call_function":
             return n.target(*args, **kwargs)
         raise TesseraError(f"cannot run node {n.op} {n.target}")
