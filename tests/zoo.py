@@ -54,7 +54,7 @@ class SwinBlock(nn.Module):
             for j, wsl in enumerate((slice(0, -ws), slice(-ws, -self.shift), slice(-self.shift, None))):
                 region[hs, wsl] = 3 * i + j
         region = region.view(h // ws, ws, w // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
-        mask = (region[:, None, :] != region[:, :, None]).float() * -100.0
+        mask = (region[:, None, :] != region[:, :, None]).to(attn.dtype) * -100.0
         nw = mask.shape[0]
         attn = attn.view(b, nw, nh, ws * ws, ws * ws) + mask[None, :, None]
         attn = attn.view(-1, nh, ws * ws, ws * ws).softmax(-1)
