@@ -35,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="bert,gpt2")
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--explain", default="", help="folder: write each model's tessera.explain report there")
     args = parser.parse_args()
     for name in args.models.split(","):
         model, inputs = suite.build(suite.MODELS[name])
@@ -58,6 +59,10 @@ def main() -> None:
         print(f"== {name}: {total / 1e3:.3f} ms of GPU kernel time per call (no CUDA graph)")
         for k, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
             print(f"  {us / 1e3:8.3f} ms {100 * us / total:5.1f}%  x{n:4.0f}  {k}")
+        if args.explain:
+            import tessera
+
+            Path(args.explain, f"{name}.txt").write_text(str(tessera.explain(fn)))
 
 
 if __name__ == "__main__":
