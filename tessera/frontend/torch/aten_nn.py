@@ -227,6 +227,15 @@ def _sdpa_cuda(cv, a):
     return (out, *[Opaque(_TRAINING_ONLY)] * (len(cv.meta) - 1))
 
 
+@lowers("tessera.attention")
+def _sdpa_kept(cv, a):
+    """F.scaled_dot_product_attention kept whole on the GPU (frontend/torch/keep_attention.py)."""
+    q, k = a["query"], a["key"]
+    if not a["enable_gqa"] and q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        raise UnsupportedError("query and key/value head counts differ without enable_gqa")  # torch raises
+    return _attention(cv, q, k, a["value"], a["attn_mask"], a["is_causal"], a["scale"])
+
+
 # ---- pooling and resampling -------------------------------------------------------------------
 @lowers("aten.max_pool2d_with_indices")
 def _max_pool(cv, a):

@@ -52,6 +52,7 @@ from tessera.frontend.torch.convert import (
     scalar_from_meta,
 )
 from tessera.frontend.torch.decompositions import decomposition_table
+from tessera.frontend.torch.keep_attention import keep_attention_whole
 from tessera.graph import Executor, FlowGraph, Tensor
 from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
 from tessera.graph.compiler import compile_graph
@@ -143,6 +144,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
         report.record(compiled)
         return compiled
 
+    if any(isinstance(x, torch.Tensor) and x.is_cuda for x in real):
+        keep_attention_whole(gm)
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=fw_compiler,
                                  decompositions=decomposition_table(), keep_inference_input_mutations=True)  # fmt: skip
 
