@@ -21,8 +21,8 @@ class Attend(torch.nn.Module):
     def forward(self, q, k, v, lengths):
         mask = None
         if self.mask_kind != "none":  # padding: key j is visible to batch b when j < lengths[b]
-            keep = torch.arange(k.shape[-2])[None, None, None, :] < lengths[:, None, None, None]
-            mask = keep if self.mask_kind == "bool" else torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, -1e4)
+            keep = torch.arange(k.shape[-2], device=k.device)[None, None, None, :] < lengths[:, None, None, None]
+            mask = keep if self.mask_kind == "bool" else torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, -1e4)
         return F.scaled_dot_product_attention(q * 1.5, k, v, attn_mask=mask, dropout_p=self.dropout,
                                               is_causal=self.causal, scale=self.scale, enable_gqa=self.gqa) + 1  # fmt: skip
 
