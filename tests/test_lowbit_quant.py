@@ -4,11 +4,14 @@ checkpoints the tests write; the CUDA kernels against the same references (GPU t
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 import tessera as ts
 from tessera.errors import ArgumentError, UnsupportedError
+from tessera.kernels.lowbit_decode import DecodeConfig
 from tessera.quant import WEIGHT_TYPES
 from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq, load_quantized_linears
 from tessera.quant.linear import cpu_matmul
@@ -177,7 +180,6 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     """Odd sizes (N not a multiple of 16, K not of 256), M from 1 to 16 and past it (grid.y),
     every group size, with and without zero points, several configs (split-K in clusters)."""
     torch = pytest.importorskip("torch")
-    from tessera.kernels.lowbit_decode import DecodeConfig
     from tessera.quant.linear import cuda_matmul, prepare
 
     configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
@@ -193,6 +195,62 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
                 y = cuda_matmul(x, p, config)
                 ref = x.double() @ w.T
                 assert float((y.double() - ref).norm() / ref.norm()) < 2e-3, (t, group, zp, m, config)
+
+
+# cp.async weight-ring configs (stages > 0): deep and shallow rings, x from global memory or
+# staged (x_units >= the units of a block at K = 1000 or 520), several splits, rows and tiles
+PIPELINED = (DecodeConfig(4, 2, 1, 1, 1, 0, 2), DecodeConfig(2, 8, 1, 2, 2, 0, 4), DecodeConfig(8, 1, 1, 1, 2, 4, 3),
+             DecodeConfig(4, 4, 1, 2, 1, 1, 8), DecodeConfig(4, 1, 1, 2, 2, 0, 6))  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_cuda_decode_pipelined_variants(rng, t):
+    """The weight-ring variants at odd sizes (N % 16, K % 256 != 0), every group size, with
+    and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import cuda_matmul, prepare
+
+    for i, group in enumerate(GROUPS):
+        for zp in ((None, True) if t.is_integer else (None,)):
+            n, k = (40, 520) if i % 2 else (100, 1000)
+            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
+            p = prepare(q)
+            w = torch.from_numpy(q.dequantize()).cuda().double()
+            for m, config in zip((1, 16, 5, 40, 9), PIPELINED):
+                for _ in range(2):
+                    x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                    ref = x.double() @ w.T
+                    err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+                    assert err < 2e-3, (t, group, zp, m, config)
+
+
+@pytest.mark.parametrize("t, group, bias, config", [
+    ("int3", 32, True, PIPELINED[1]), ("uint4", 128, True, PIPELINED[2]), ("e2m1", 64, False, PIPELINED[3]),
+    ("int8", 1024, False, PIPELINED[4]), ("e5m2", 8, False, PIPELINED[0])])  # fmt: skip
+def test_decode_pipelined_variants_build_with_nvcc(t, group, bias, config):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from tessera.kernels.lowbit_decode import make_decode
+
+    kernel = make_decode(ts.dtype(t), group, bias, config)
+    assert "cp.async" in kernel.source_full and kernel.build()
+
+
+def test_decode_candidates_are_valid_configs():
+    from tessera.kernels.lowbit_decode import make_decode
+
+    for bits in (1, 3, 4, 8):
+        for m in (1, 16):
+            cands = DecodeConfig.candidates(bits, m, 12288, 4096, 132)
+            assert cands["reg"] == DecodeConfig.default(bits, m, 12288, 4096, 132)
+            assert any(c.stages for c in cands.values())
+            for c in cands.values():
+                assert not c.problems() and c.smem_bytes(bits) <= 160 * 1024
+    with pytest.raises(UnsupportedError, match="stages"):
+        make_decode(ts.int4, 128, False, DecodeConfig(stages=5))
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        make_decode(ts.int8, 128, False, DecodeConfig(8, 1, 1, 2, 4, 0, 8))
 
 
 @pytest.mark.cuda

@@ -27,6 +27,20 @@ def register_expr(t: DataType, reg: int, w: str) -> str:
     return " | ".join(terms)
 
 
+def _moved(word: int, shift: int, w: str) -> str:
+    return f"({w}[{word}] << {shift})" if shift > 0 else f"({w}[{word}] >> {-shift})" if shift < 0 else f"{w}[{word}]"
+
+
+def cuda_register_expr(t: DataType, reg: int, w: str) -> str:
+    """register_expr for CUDA: the integers' magic and first field through one `lop3`
+    ((a & mask) | magic); from C, ptxas emits an AND and an OR (LOP3 takes one immediate)."""
+    if not t.is_integer:
+        return register_expr(t, reg, w)
+    (word, shift, mask), *rest = lowbit.register_terms(t, reg)
+    first = f"ts_lop3_and_or({_moved(word, shift, w)}, {mask:#x}u, {lowbit.INT_MAGIC:#x}u)"
+    return " | ".join([first, *(_term(*term, w) for term in rest)])
+
+
 def int_offset(t: DataType) -> int:
     """What the dequantisation subtracts from the code without a bias operand: the offset of
     the signed types' offset-binary codes."""
@@ -61,7 +75,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         subtract = False
     for reg in range(first, last):
         row = reg % 2
-        lines.append(f"  {{ uint32_t r = {register_expr(t, reg, 'w')};")
+        lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')};")
         value = "*reinterpret_cast<half2*>(&r)"
         if subtract:
             value = f"__hsub2({value}, o{row})"
