@@ -120,11 +120,15 @@ def _dequant_kernel(t, words, starts):
             d = ts.register_tensor(ts.f16, [128])
             for i in range(128):
                 d[i] = 0.0
-            for start, count, biased in starts:  # compile-time list: unrolled
-                if biased:
+            for start, count, biased, scaled in starts:  # compile-time list: unrolled
+                if biased and scaled:
                     ts.dequant(d[start], w[0], s[0], bb[0], wtype=t, start=start, count=count)
-                else:
+                elif scaled:
                     ts.dequant(d[start], w[0], s[0], wtype=t, start=start, count=count)
+                elif biased:
+                    ts.dequant(d[start], w[0], bias=bb[0], wtype=t, start=start, count=count)
+                else:
+                    ts.dequant(d[start], w[0], wtype=t, start=start, count=count)
             for i in range(128):
                 out[lane, i] = d[i]
 
@@ -142,8 +146,9 @@ def test_dequant_instruction_matches_reference(rng, t):
     ks = np.array([[lowbit.lane_value_position(lane, v)[1] for v in range(128)] for lane in range(32)])
     c = codes[rows, ks]
     row = (np.arange(128) // 2) % 2
-    # three instructions over the unit: unbiased, biased, then one covering a single register
-    plan = [(0, 48, False), (48, 78, True), (126, 2, False)]
+    # instructions over the unit: unbiased, biased, biased without scale, then one register
+    # neither biased nor scaled (unscaled values are code - bias, exact)
+    plan = [(0, 48, False, True), (48, 30, True, True), (78, 48, True, False), (126, 2, False, False)]
     kernel = _dequant_kernel(t, 4 * b, plan)
     for _ in range(2):  # two calls, fresh scales and biases
         scale = rng.uniform(-2, 2, size=2).astype(np.float16)
@@ -157,8 +162,9 @@ def test_dequant_instruction_matches_reference(rng, t):
             u = codecs.decode(c, t) * 2.0 ** -lowbit.float_shift(t)
             plain = u
         biased = u - bias.astype(np.float64)[row]
-        value = np.where((np.arange(128) >= 48) & (np.arange(128) < 126), biased, plain)
-        ref = (value * scale.astype(np.float64)[row]).astype(np.float16)
+        v = np.arange(128)
+        value = np.where((v >= 48) & (v < 126), biased, plain)
+        ref = np.where(v < 78, value * scale.astype(np.float64)[row], value).astype(np.float16)
         assert np.array_equal(out, ref, equal_nan=True)
 
 

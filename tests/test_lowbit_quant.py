@@ -198,9 +198,11 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
 
 
 # cp.async weight-ring configs (stages > 0): deep and shallow rings, x from global memory or
-# staged (x_units >= the units of a block at K = 1000 or 520), several splits, rows and tiles
-PIPELINED = (DecodeConfig(4, 2, 1, 1, 1, 0, 2), DecodeConfig(2, 8, 1, 2, 2, 0, 4), DecodeConfig(8, 1, 1, 1, 2, 4, 3),
-             DecodeConfig(4, 4, 1, 2, 1, 1, 8), DecodeConfig(4, 1, 1, 2, 2, 0, 6))  # fmt: skip
+# staged (x_units >= the units of a block at K = 1000 or 520), several splits, rows and tiles,
+# both k orders (span 2: scales applied after the mma from groups of 32 on)
+PIPELINED = (DecodeConfig(4, 2, 1, 1, 1, 0, 2), DecodeConfig(2, 8, 1, 2, 2, 0, 4, 2),
+             DecodeConfig(8, 1, 1, 1, 2, 4, 3, 2), DecodeConfig(4, 4, 1, 2, 1, 1, 8),
+             DecodeConfig(4, 1, 1, 2, 2, 0, 6, 2))  # fmt: skip
 
 
 @pytest.mark.cuda
@@ -281,9 +283,27 @@ def test_layout_unpack_inverts_pack(rng, t):
     dt = ts.dtype(t)
     for n, k in ((1, 1), (17, 300), (16, 256)):
         codes = rng.integers(0, 1 << dt.nbits, size=(n, k))
-        words = pack_units(codes, dt)
-        assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
-        assert np.array_equal(unpack_units(words, dt, n, k), layout_codes(codes, dt))
+        for span in (16, 2):
+            words = pack_units(codes, dt, span)
+            assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
+            assert np.array_equal(unpack_units(words, dt, n, k, span), layout_codes(codes, dt))
+    codes = rng.integers(0, 1 << dt.nbits, size=(16, 256))
+    assert not np.array_equal(pack_units(codes, dt, 2), pack_units(codes, dt, 16))
+
+
+def test_layout_spans_cover_the_unit_once():
+    """Each span's positions are a permutation of the 16 x 256 tile; a span-2 step's 16 k lie
+    in 32 consecutive k (one scale group from 32 on); a span-16 step spans the unit."""
+    from tessera.ir import lowbit
+
+    for span, width in ((16, 256), (2, 32)):
+        pos = {lowbit.lane_value_position(lane, v, span) for lane in range(32) for v in range(128)}
+        assert pos == {(r, k) for r in range(16) for k in range(256)}
+        for s in range(16):
+            ks = {lowbit.lane_value_position(lane, v, span)[1] for lane in range(32) for v in range(8 * s, 8 * s + 8)}
+            assert len(ks) == 16 and max(ks) // width == min(ks) // width
+    with pytest.raises(ValueError, match="span"):
+        lowbit.lane_value_position(0, 0, 4)
 
 
 @pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1"])

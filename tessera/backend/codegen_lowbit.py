@@ -49,7 +49,8 @@ def int_offset(t: DataType) -> int:
 
 def helper_name(attrs: dict[str, Any]) -> str:
     t: DataType = attrs["wtype"]
-    return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{'_b' if attrs['has_bias'] else ''}"
+    flags = f"{'_b' if attrs['has_bias'] else ''}{'' if attrs.get('has_scale', True) else '_n'}"
+    return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{flags}"
 
 
 def cuda_helper(attrs: dict[str, Any]) -> str:
@@ -61,8 +62,10 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         "  half2* d = reinterpret_cast<half2*>(dst);",
         "  const half* s = reinterpret_cast<const half*>(scale);",
         "  const half* b = reinterpret_cast<const half*>(bias);",
-        "  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);",
     ]  # fmt: skip
+    scaled = attrs.get("has_scale", True)
+    if scaled:
+        lines.append("  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);")
     subtract = True
     if t.is_integer and attrs["has_bias"]:
         lines.append("  const half2 k = __float2half2_rn(1024.0f);")
@@ -79,7 +82,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         value = "*reinterpret_cast<half2*>(&r)"
         if subtract:
             value = f"__hsub2({value}, o{row})"
-        lines.append(f"    d[{reg - first}] = __hmul2({value}, s{row}); }}")
+        lines.append(f"    d[{reg - first}] = {f'__hmul2({value}, s{row})' if scaled else value}; }}")
     lines.append("}")
     return "\n".join(lines)
 
@@ -101,6 +104,7 @@ def c_statements(attrs: dict[str, Any], dst: str, src: str, scale: str, bias: st
         out.append(f"  ts_r = {register_expr(t, reg, 'ts_w')};")
         for half, bits in ((0, "(uint16_t)ts_r"), (1, "(uint16_t)(ts_r >> 16)")):
             i = 2 * (reg - first) + half
-            out.append(f"  ts_d[{i}] = ts_f2h((ts_h2f({bits}) - {off}) * ts_h2f(ts_s[{row}]));")
+            scale = f" * ts_h2f(ts_s[{row}])" if attrs.get("has_scale", True) else ""
+            out.append(f"  ts_d[{i}] = ts_f2h((ts_h2f({bits}) - {off}){scale});")
     out.append("}")
     return out
