@@ -291,6 +291,19 @@ def test_layout_unpack_inverts_pack(rng, t):
     assert not np.array_equal(pack_units(codes, dt, 2), pack_units(codes, dt, 16))
 
 
+def test_prepared_weight_packs_each_span_once(rng):
+    pytest.importorskip("torch")
+    from tessera.quant.layout import pack_units, unpack_units
+    from tessera.quant.linear import prepare
+
+    q = quantize_weight(rng.normal(size=(20, 300)) * 0.05, "int3", 32)
+    p = prepare(q, "cpu")
+    assert p.words_for(16) is p.words
+    w2 = p.words_for(2)
+    assert w2 is p.words_for(2) and np.array_equal(w2.numpy(), pack_units(q.codes.codes(), q.dtype, 2))
+    assert np.array_equal(unpack_units(w2.numpy(), q.dtype, 20, 300, 2), unpack_units(p.words.numpy(), q.dtype, 20, 300))
+
+
 def test_layout_spans_cover_the_unit_once():
     """Each span's positions are a permutation of the 16 x 256 tile; a span-2 step's 16 k lie
     in 32 consecutive k (one scale group from 32 on); a span-16 step spans the unit."""

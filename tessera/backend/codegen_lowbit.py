@@ -32,12 +32,15 @@ def _moved(word: int, shift: int, w: str) -> str:
 
 
 def cuda_register_expr(t: DataType, reg: int, w: str) -> str:
-    """register_expr for CUDA: the integers' magic and first field through one `lop3`
-    ((a & mask) | magic); from C, ptxas emits an AND and an OR (LOP3 takes one immediate)."""
+    """register_expr for CUDA: integers at their displacement (lowbit.int_displacement: no
+    shift for most fields), the magic and first field through one `lop3` ((a & mask) | magic);
+    from C, ptxas emits an AND and an OR (LOP3 takes one immediate)."""
     if not t.is_integer:
         return register_expr(t, reg, w)
-    (word, shift, mask), *rest = lowbit.register_terms(t, reg)
-    first = f"ts_lop3_and_or({_moved(word, shift, w)}, {mask:#x}u, {lowbit.INT_MAGIC:#x}u)"
+    d = lowbit.int_displacement(t, reg)
+    (word, shift, mask), *rest = lowbit.register_terms(t, reg, d)
+    magic = lowbit.int_magic(d) * 0x10001
+    first = f"ts_lop3_and_or({_moved(word, shift, w)}, {mask:#x}u, {magic:#x}u)"
     return " | ".join([first, *(_term(*term, w) for term in rest)])
 
 
@@ -67,13 +70,20 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
     if scaled:
         lines.append("  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);")
     subtract = True
-    if t.is_integer and attrs["has_bias"]:
-        lines.append("  const half2 k = __float2half2_rn(1024.0f);")
-        lines.append("  const half2 o0 = __hadd2(__half2half2(b[0]), k), o1 = __hadd2(__half2half2(b[1]), k);")
-    elif t.is_integer:
-        lines.append(f"  const half2 o0 = __float2half2_rn({1024 + int_offset(t)}.0f), o1 = o0;")
+    offsets = {}  # (row, displacement) -> the half2 the register subtracts: magic + bias (or offset)
+    if t.is_integer:
+        for reg in range(first, last):
+            row, d = reg % 2, lowbit.int_displacement(t, reg)
+            if (row, d) in offsets:
+                continue
+            name = offsets[(row, d)] = f"o{row}_{d}"
+            if attrs["has_bias"]:
+                lines.append(f"  const half2 {name} = __hadd2(__half2half2(b[{row}]), __float2half2_rn({2.0 ** (10 - d)!r}f));")
+            else:
+                lines.append(f"  const half2 {name} = __float2half2_rn({2.0 ** (10 - d) + int_offset(t)!r}f);")
     elif attrs["has_bias"]:
         lines.append("  const half2 o0 = __half2half2(b[0]), o1 = __half2half2(b[1]);")
+        offsets = {(0, 0): "o0", (1, 0): "o1"}
     else:
         subtract = False
     for reg in range(first, last):
@@ -81,7 +91,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')};")
         value = "*reinterpret_cast<half2*>(&r)"
         if subtract:
-            value = f"__hsub2({value}, o{row})"
+            value = f"__hsub2({value}, {offsets[(row, lowbit.int_displacement(t, reg))]})"
         lines.append(f"    d[{reg - first}] = {f'__hmul2({value}, s{row})' if scaled else value}; }}")
     lines.append("}")
     return "\n".join(lines)

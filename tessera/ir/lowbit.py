@@ -52,9 +52,30 @@ def float_shift(t: DataType) -> int:
     return 15 - ((1 << (t.exponent_bits - 1)) - 1)
 
 
-def register_terms(t: DataType, reg: int) -> list[tuple[int, int, int]]:
-    """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers)
-    is the half2 bit pattern of register `reg` (0..63) of the unit."""
+def int_displacement(t: DataType, reg: int) -> int:
+    """d such that CUDA places an integer code u at fp16 mantissa bits [d, d + bits) of
+    register `reg`, OR-ed into int_magic(d) = 2**(10 - d): the half is then int_magic(d) + u
+    exactly.  Single-plane widths (1, 2, 4, 8) take d = the field's own position where it fits
+    below bit 10 (no shift at all) and otherwise the position less one shift per word shared by
+    the word's other high fields; other widths take d = 0 (the C lowering always does)."""
+    bits = t.nbits
+    if t.is_float or len(planes(bits)) > 1:
+        return 0
+    pos = (reg % (16 // bits)) * bits
+    if pos <= 10 - bits:
+        return pos
+    return pos - bits * -(-(11 - bits) // bits)  # the first position that does not fit
+
+
+def int_magic(d: int) -> int:
+    """The fp16 bits of 2**(10 - d): its mantissa bit d weighs 1."""
+    return (25 - d) << 10
+
+
+def register_terms(t: DataType, reg: int, displacement: int = 0) -> list[tuple[int, int, int]]:
+    """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers,
+    or int_magic(displacement) in both halves) is the half2 bit pattern of register `reg`
+    (0..63) of the unit."""
     bits = t.nbits
     terms = []
     for p, first, low in plane_layout(bits):
@@ -65,7 +86,7 @@ def register_terms(t: DataType, reg: int) -> list[tuple[int, int, int]]:
             if t.is_float:
                 dest = 15 if j == bits - 1 else 10 - t.mantissa_bits + j
             else:
-                dest = j
+                dest = j + displacement
             groups.setdefault(dest - (pos + j - low), []).append(dest)
         for shift, dests in groups.items():
             mask = 0
