@@ -120,11 +120,15 @@ def _dequant_kernel(t, words, starts):
             d = ts.register_tensor(ts.f16, [128])
             for i in range(128):
                 d[i] = 0.0
-            for start, count, biased in starts:  # compile-time list: unrolled
-                if biased:
+            for start, count, biased, scaled in starts:  # compile-time list: unrolled
+                if biased and scaled:
                     ts.dequant(d[start], w[0], s[0], bb[0], wtype=t, start=start, count=count)
-                else:
+                elif scaled:
                     ts.dequant(d[start], w[0], s[0], wtype=t, start=start, count=count)
+                elif biased:
+                    ts.dequant(d[start], w[0], bias=bb[0], wtype=t, start=start, count=count)
+                else:
+                    ts.dequant(d[start], w[0], wtype=t, start=start, count=count)
             for i in range(128):
                 out[lane, i] = d[i]
 
@@ -142,8 +146,9 @@ def test_dequant_instruction_matches_reference(rng, t):
     ks = np.array([[lowbit.lane_value_position(lane, v)[1] for v in range(128)] for lane in range(32)])
     c = codes[rows, ks]
     row = (np.arange(128) // 2) % 2
-    # three instructions over the unit: unbiased, biased, then one covering a single register
-    plan = [(0, 48, False), (48, 78, True), (126, 2, False)]
+    # instructions over the unit: unbiased, biased, biased without scale, then one register
+    # neither biased nor scaled (unscaled values are code - bias, exact)
+    plan = [(0, 48, False, True), (48, 30, True, True), (78, 48, True, False), (126, 2, False, False)]
     kernel = _dequant_kernel(t, 4 * b, plan)
     for _ in range(2):  # two calls, fresh scales and biases
         scale = rng.uniform(-2, 2, size=2).astype(np.float16)
@@ -157,9 +162,92 @@ def test_dequant_instruction_matches_reference(rng, t):
             u = codecs.decode(c, t) * 2.0 ** -lowbit.float_shift(t)
             plain = u
         biased = u - bias.astype(np.float64)[row]
-        value = np.where((np.arange(128) >= 48) & (np.arange(128) < 126), biased, plain)
-        ref = (value * scale.astype(np.float64)[row]).astype(np.float16)
+        v = np.arange(128)
+        value = np.where((v >= 48) & (v < 126), biased, plain)
+        ref = np.where(v < 78, value * scale.astype(np.float64)[row], value).astype(np.float16)
         assert np.array_equal(out, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t.is_integer], ids=[t.name for t in WEIGHT_TYPES if t.is_integer])
+def test_cuda_integer_displacements_rebuild_the_codes(rng, t):
+    """The CUDA dequant's register plan (lowbit.int_displacement): each register's terms OR-ed
+    into int_magic(d) give two halves equal to 2**(10 - d) + code, exactly."""
+    from tessera.quant.layout import lane_unit
+
+    b = t.nbits
+    codes = random_codes(rng, t, (16, 256))
+    words = pack_units(codes, t)
+    shifts = set()  # distinct (word, shift) pairs: one SHF each
+    for lane in (0, 13, 31):
+        w = lane_unit(words, t, 0, 0, 1, lane).astype(np.uint64)
+        c = np.array([layout_codes(codes[lowbit.lane_value_position(lane, v)], t) for v in range(128)])
+        for reg in range(64):
+            d = lowbit.int_displacement(t, reg)
+            assert 0 <= d <= 10 - b
+            pattern = lowbit.int_magic(d) * 0x10001
+            for word, shift, mask in lowbit.register_terms(t, reg, d):
+                moved = (w[word] << np.uint64(shift)) if shift >= 0 else (w[word] >> np.uint64(-shift))
+                pattern |= int(moved) & mask & 0xFFFFFFFF
+                if shift:
+                    shifts.add((word, shift))
+            halves = np.array([pattern & 0xFFFF, pattern >> 16], np.uint16).view(np.float16).astype(np.float64)
+            assert np.array_equal(halves - 2.0 ** (10 - d), c[2 * reg:2 * reg + 2]), (reg, d)
+    if b in (1, 2, 4, 8):  # one shift per word at most (the fields that do not fit below bit 10)
+        assert len(shifts) <= 4 * b
+
+
+@needs_nvcc
+def test_cuda_dequant_helpers_match_reference_on_the_host(rng, tmp_path):
+    """The generated CUDA dequant helpers (tessera.backend.codegen_lowbit.cuda_helper), built
+    for the host by nvcc (cuda_fp16's half2 arithmetic runs there too): every type, every step,
+    biased or not, scaled or not, equal to (code - bias) rounded to fp16, times the scale
+    rounded again (HSUB2 then HMUL2)."""
+    import subprocess
+
+    from tessera.backend.codegen_lowbit import cuda_helper, helper_name
+
+    lanes, src, expect = (0, 5, 18, 31), [], []
+    src.append("#include <cuda_fp16.h>\n#include <cstdio>\n#include <cstdint>")
+    src.append("inline uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }")
+    main = ["int main() {", "  half out[8];"]
+    for ti, t in enumerate(WEIGHT_TYPES):
+        b = t.nbits
+        codes = random_codes(rng, t, (16, 256))
+        words = pack_units(codes, t).reshape(b, 32, 4).transpose(1, 0, 2).reshape(32, 4 * b)
+        scale = rng.uniform(-2, 2, size=2).astype(np.float16)
+        bias = rng.integers(0, 1 << b, size=2).astype(np.float16)
+        src.append(f"static const uint32_t W{ti}[32][{4 * b}] = {{"
+                   + ",".join("{" + ",".join(f"{int(x)}u" for x in row) + "}" for row in words) + "};")
+        src.append(f"static const half S{ti}[2] = {{__ushort_as_half({scale.view(np.uint16)[0]}), "
+                   f"__ushort_as_half({scale.view(np.uint16)[1]})}};")
+        src.append(f"static const half B{ti}[2] = {{__ushort_as_half({bias.view(np.uint16)[0]}), "
+                   f"__ushort_as_half({bias.view(np.uint16)[1]})}};")
+        for biased in (False, True):
+            for scaled in (True, False):
+                for step in range(16):
+                    attrs = {"wtype": t, "start": 8 * step, "count": 8, "has_bias": biased, "has_scale": scaled}
+                    src.append(cuda_helper(attrs).replace("__device__ __forceinline__", "inline"))
+                    for lane in lanes:
+                        main.append(f"  {helper_name(attrs)}(out, W{ti}[{lane}], S{ti}, B{ti}); "
+                                    'for (int i = 0; i < 8; ++i) printf("%04x\\n", __half_as_ushort(out[i]));')
+                        c = np.array([codes[lowbit.lane_value_position(lane, v)] for v in range(8 * step, 8 * step + 8)])
+                        row = (np.arange(8 * step, 8 * step + 8) // 2) % 2
+                        if t.is_integer:
+                            u = layout_codes(c, t).astype(np.float64)
+                            off = bias.astype(np.float64)[row] if biased else (1 << (b - 1)) * (t.kind == "int")
+                        else:
+                            u = codecs.decode(c, t) * 2.0 ** -lowbit.float_shift(t)
+                            off = bias.astype(np.float64)[row] if biased else 0.0
+                        v = (u - off).astype(np.float16)
+                        if scaled:
+                            with np.errstate(over="ignore"):  # e5m2's largest values overflow fp16, in CUDA too
+                                v = (v.astype(np.float64) * scale.astype(np.float64)[row]).astype(np.float16)
+                        expect.append(v)
+    (tmp_path / "d.cu").write_text("\n".join(src + main + ["}"]) + "\n")
+    subprocess.run(["nvcc", "-o", str(tmp_path / "d"), str(tmp_path / "d.cu")], check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / "d")], check=True, capture_output=True, text=True).stdout.split()
+    got = np.array([int(x, 16) for x in out], np.uint16).view(np.float16)
+    assert np.array_equal(got, np.concatenate(expect), equal_nan=True)
 
 
 def test_bad_low_bit_uses_are_refused():

@@ -4,11 +4,14 @@ checkpoints the tests write; the CUDA kernels against the same references (GPU t
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 import tessera as ts
 from tessera.errors import ArgumentError, UnsupportedError
+from tessera.kernels.lowbit_decode import DecodeConfig
 from tessera.quant import WEIGHT_TYPES
 from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq, load_quantized_linears
 from tessera.quant.linear import cpu_matmul
@@ -177,7 +180,6 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     """Odd sizes (N not a multiple of 16, K not of 256), M from 1 to 16 and past it (grid.y),
     every group size, with and without zero points, several configs (split-K in clusters)."""
     torch = pytest.importorskip("torch")
-    from tessera.kernels.lowbit_decode import DecodeConfig
     from tessera.quant.linear import cuda_matmul, prepare
 
     configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
@@ -193,6 +195,64 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
                 y = cuda_matmul(x, p, config)
                 ref = x.double() @ w.T
                 assert float((y.double() - ref).norm() / ref.norm()) < 2e-3, (t, group, zp, m, config)
+
+
+# cp.async weight-ring configs (stages > 0): deep and shallow rings, x from global memory or
+# staged (x_units >= the units of a block at K = 1000 or 520), several splits, rows and tiles,
+# both k orders (span 2: scales applied after the mma from groups of 32 on)
+PIPELINED = (DecodeConfig(4, 2, 1, 1, 1, 0, 2), DecodeConfig(2, 8, 1, 2, 2, 0, 4, 2),
+             DecodeConfig(8, 1, 1, 1, 2, 4, 3, 2), DecodeConfig(4, 4, 1, 2, 1, 1, 8),
+             DecodeConfig(4, 1, 1, 2, 2, 0, 6, 2))  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_cuda_decode_pipelined_variants(rng, t):
+    """The weight-ring variants at odd sizes (N % 16, K % 256 != 0), every group size, with
+    and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import cuda_matmul, prepare
+
+    for i, group in enumerate(GROUPS):
+        for zp in ((None, True) if t.is_integer else (None,)):
+            n, k = (40, 520) if i % 2 else (100, 1000)
+            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
+            p = prepare(q)
+            w = torch.from_numpy(q.dequantize()).cuda().double()
+            for m, config in zip((1, 16, 5, 40, 9), PIPELINED):
+                for _ in range(2):
+                    x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                    ref = x.double() @ w.T
+                    err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+                    assert err < 2e-3, (t, group, zp, m, config)
+
+
+@pytest.mark.parametrize("t, group, bias, config", [
+    ("int3", 32, True, PIPELINED[1]), ("uint4", 128, True, PIPELINED[2]), ("e2m1", 64, False, PIPELINED[3]),
+    ("int8", 1024, False, PIPELINED[4]), ("e5m2", 8, False, PIPELINED[0])])  # fmt: skip
+def test_decode_pipelined_variants_build_with_nvcc(t, group, bias, config):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from tessera.kernels.lowbit_decode import make_decode
+
+    kernel = make_decode(ts.dtype(t), group, bias, config)
+    assert "cp.async" in kernel.source_full and kernel.build()
+
+
+def test_decode_candidates_are_valid_configs():
+    from tessera.kernels.lowbit_decode import make_decode
+
+    for bits in (1, 3, 4, 8):
+        for m in (1, 16):
+            cands = DecodeConfig.candidates(bits, m, 12288, 4096, 132)
+            assert cands["reg"] == DecodeConfig.default(bits, m, 12288, 4096, 132)
+            assert any(c.stages for c in cands.values())
+            for c in cands.values():
+                assert not c.problems() and c.smem_bytes(bits) <= 160 * 1024
+    with pytest.raises(UnsupportedError, match="stages"):
+        make_decode(ts.int4, 128, False, DecodeConfig(stages=5))
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        make_decode(ts.int8, 128, False, DecodeConfig(8, 1, 1, 2, 4, 0, 8))
 
 
 @pytest.mark.cuda
@@ -223,9 +283,40 @@ def test_layout_unpack_inverts_pack(rng, t):
     dt = ts.dtype(t)
     for n, k in ((1, 1), (17, 300), (16, 256)):
         codes = rng.integers(0, 1 << dt.nbits, size=(n, k))
-        words = pack_units(codes, dt)
-        assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
-        assert np.array_equal(unpack_units(words, dt, n, k), layout_codes(codes, dt))
+        for span in (16, 2):
+            words = pack_units(codes, dt, span)
+            assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
+            assert np.array_equal(unpack_units(words, dt, n, k, span), layout_codes(codes, dt))
+    codes = rng.integers(0, 1 << dt.nbits, size=(16, 256))
+    assert not np.array_equal(pack_units(codes, dt, 2), pack_units(codes, dt, 16))
+
+
+def test_prepared_weight_packs_each_span_once(rng):
+    pytest.importorskip("torch")
+    from tessera.quant.layout import pack_units, unpack_units
+    from tessera.quant.linear import prepare
+
+    q = quantize_weight(rng.normal(size=(20, 300)) * 0.05, "int3", 32)
+    p = prepare(q, "cpu")
+    assert p.words_for(16) is p.words
+    w2 = p.words_for(2)
+    assert w2 is p.words_for(2) and np.array_equal(w2.numpy(), pack_units(q.codes.codes(), q.dtype, 2))
+    assert np.array_equal(unpack_units(w2.numpy(), q.dtype, 20, 300, 2), unpack_units(p.words.numpy(), q.dtype, 20, 300))
+
+
+def test_layout_spans_cover_the_unit_once():
+    """Each span's positions are a permutation of the 16 x 256 tile; a span-2 step's 16 k lie
+    in 32 consecutive k (one scale group from 32 on); a span-16 step spans the unit."""
+    from tessera.ir import lowbit
+
+    for span, width in ((16, 256), (2, 32)):
+        pos = {lowbit.lane_value_position(lane, v, span) for lane in range(32) for v in range(128)}
+        assert pos == {(r, k) for r in range(16) for k in range(256)}
+        for s in range(16):
+            ks = {lowbit.lane_value_position(lane, v, span)[1] for lane in range(32) for v in range(8 * s, 8 * s + 8)}
+            assert len(ks) == 16 and max(ks) // width == min(ks) // width
+    with pytest.raises(ValueError, match="span"):
+        lowbit.lane_value_position(0, 0, 4)
 
 
 @pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1"])

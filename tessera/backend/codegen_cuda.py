@@ -56,6 +56,10 @@ template <int N> __device__ __forceinline__ void ts_copy_async(void* dst, const 
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" :: "r"(ts_smem(dst)), "l"(src), "n"(N), "r"(pred ? N : 0));
 }
 __device__ __forceinline__ void ts_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// (a & b) | c in one LOP3 even when b and c are both constants (dequant's mask and fp16 magic).
+__device__ __forceinline__ uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d; asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
 template <int N> __device__ __forceinline__ void ts_copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void* dst, const void* src) {
   uint32_t* r = reinterpret_cast<uint32_t*>(dst);

@@ -27,6 +27,23 @@ def register_expr(t: DataType, reg: int, w: str) -> str:
     return " | ".join(terms)
 
 
+def _moved(word: int, shift: int, w: str) -> str:
+    return f"({w}[{word}] << {shift})" if shift > 0 else f"({w}[{word}] >> {-shift})" if shift < 0 else f"{w}[{word}]"
+
+
+def cuda_register_expr(t: DataType, reg: int, w: str) -> str:
+    """register_expr for CUDA: integers at their displacement (lowbit.int_displacement: no
+    shift for most fields), the magic and first field through one `lop3` ((a & mask) | magic);
+    from C, ptxas emits an AND and an OR (LOP3 takes one immediate)."""
+    if not t.is_integer:
+        return register_expr(t, reg, w)
+    d = lowbit.int_displacement(t, reg)
+    (word, shift, mask), *rest = lowbit.register_terms(t, reg, d)
+    magic = lowbit.int_magic(d) * 0x10001
+    first = f"ts_lop3_and_or({_moved(word, shift, w)}, {mask:#x}u, {magic:#x}u)"
+    return " | ".join([first, *(_term(*term, w) for term in rest)])
+
+
 def int_offset(t: DataType) -> int:
     """What the dequantisation subtracts from the code without a bias operand: the offset of
     the signed types' offset-binary codes."""
@@ -35,7 +52,8 @@ def int_offset(t: DataType) -> int:
 
 def helper_name(attrs: dict[str, Any]) -> str:
     t: DataType = attrs["wtype"]
-    return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{'_b' if attrs['has_bias'] else ''}"
+    flags = f"{'_b' if attrs['has_bias'] else ''}{'' if attrs.get('has_scale', True) else '_n'}"
+    return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{flags}"
 
 
 def cuda_helper(attrs: dict[str, Any]) -> str:
@@ -47,25 +65,34 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         "  half2* d = reinterpret_cast<half2*>(dst);",
         "  const half* s = reinterpret_cast<const half*>(scale);",
         "  const half* b = reinterpret_cast<const half*>(bias);",
-        "  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);",
     ]  # fmt: skip
+    scaled = attrs.get("has_scale", True)
+    if scaled:
+        lines.append("  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);")
     subtract = True
-    if t.is_integer and attrs["has_bias"]:
-        lines.append("  const half2 k = __float2half2_rn(1024.0f);")
-        lines.append("  const half2 o0 = __hadd2(__half2half2(b[0]), k), o1 = __hadd2(__half2half2(b[1]), k);")
-    elif t.is_integer:
-        lines.append(f"  const half2 o0 = __float2half2_rn({1024 + int_offset(t)}.0f), o1 = o0;")
+    offsets = {}  # (row, displacement) -> the half2 the register subtracts: magic + bias (or offset)
+    if t.is_integer:
+        for reg in range(first, last):
+            row, d = reg % 2, lowbit.int_displacement(t, reg)
+            if (row, d) in offsets:
+                continue
+            name = offsets[(row, d)] = f"o{row}_{d}"
+            if attrs["has_bias"]:
+                lines.append(f"  const half2 {name} = __hadd2(__half2half2(b[{row}]), __float2half2_rn({2.0 ** (10 - d)!r}f));")
+            else:
+                lines.append(f"  const half2 {name} = __float2half2_rn({2.0 ** (10 - d) + int_offset(t)!r}f);")
     elif attrs["has_bias"]:
         lines.append("  const half2 o0 = __half2half2(b[0]), o1 = __half2half2(b[1]);")
+        offsets = {(0, 0): "o0", (1, 0): "o1"}
     else:
         subtract = False
     for reg in range(first, last):
         row = reg % 2
-        lines.append(f"  {{ uint32_t r = {register_expr(t, reg, 'w')};")
+        lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')};")
         value = "*reinterpret_cast<half2*>(&r)"
         if subtract:
-            value = f"__hsub2({value}, o{row})"
-        lines.append(f"    d[{reg - first}] = __hmul2({value}, s{row}); }}")
+            value = f"__hsub2({value}, {offsets[(row, lowbit.int_displacement(t, reg))]})"
+        lines.append(f"    d[{reg - first}] = {f'__hmul2({value}, s{row})' if scaled else value}; }}")
     lines.append("}")
     return "\n".join(lines)
 
@@ -87,6 +114,7 @@ def c_statements(attrs: dict[str, Any], dst: str, src: str, scale: str, bias: st
         out.append(f"  ts_r = {register_expr(t, reg, 'ts_w')};")
         for half, bits in ((0, "(uint16_t)ts_r"), (1, "(uint16_t)(ts_r >> 16)")):
             i = 2 * (reg - first) + half
-            out.append(f"  ts_d[{i}] = ts_f2h((ts_h2f({bits}) - {off}) * ts_h2f(ts_s[{row}]));")
+            scale = f" * ts_h2f(ts_s[{row}])" if attrs.get("has_scale", True) else ""
+            out.append(f"  ts_d[{i}] = ts_f2h((ts_h2f({bits}) - {off}){scale});")
     out.append("}")
     return out

@@ -289,7 +289,7 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "producer/consumer hand-off, e.g. warpgroups taking turns)"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
-        InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias"), False,
+        InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias", "has_scale"), False,
                         _check_dequant,
                         "dst[i] = (u - bias[row]) * scale[row] for values [start, start + count) of a low-bit unit "
                         "(tessera.ir.lowbit: u the code, offset binary for signed ints, or a small float's value "

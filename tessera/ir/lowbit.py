@@ -52,9 +52,30 @@ def float_shift(t: DataType) -> int:
     return 15 - ((1 << (t.exponent_bits - 1)) - 1)
 
 
-def register_terms(t: DataType, reg: int) -> list[tuple[int, int, int]]:
-    """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers)
-    is the half2 bit pattern of register `reg` (0..63) of the unit."""
+def int_displacement(t: DataType, reg: int) -> int:
+    """d such that CUDA places an integer code u at fp16 mantissa bits [d, d + bits) of
+    register `reg`, OR-ed into int_magic(d) = 2**(10 - d): the half is then int_magic(d) + u
+    exactly.  Single-plane widths (1, 2, 4, 8) take d = the field's own position where it fits
+    below bit 10 (no shift at all) and otherwise the position less one shift per word shared by
+    the word's other high fields; other widths take d = 0 (the C lowering always does)."""
+    bits = t.nbits
+    if t.is_float or len(planes(bits)) > 1:
+        return 0
+    pos = (reg % (16 // bits)) * bits
+    if pos <= 10 - bits:
+        return pos
+    return pos - bits * -(-(11 - bits) // bits)  # the first position that does not fit
+
+
+def int_magic(d: int) -> int:
+    """The fp16 bits of 2**(10 - d): its mantissa bit d weighs 1."""
+    return (25 - d) << 10
+
+
+def register_terms(t: DataType, reg: int, displacement: int = 0) -> list[tuple[int, int, int]]:
+    """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers,
+    or int_magic(displacement) in both halves) is the half2 bit pattern of register `reg`
+    (0..63) of the unit."""
     bits = t.nbits
     terms = []
     for p, first, low in plane_layout(bits):
@@ -65,7 +86,7 @@ def register_terms(t: DataType, reg: int) -> list[tuple[int, int, int]]:
             if t.is_float:
                 dest = 15 if j == bits - 1 else 10 - t.mantissa_bits + j
             else:
-                dest = j
+                dest = j + displacement
             groups.setdefault(dest - (pos + j - low), []).append(dest)
         for shift, dests in groups.items():
             mask = 0
@@ -86,15 +107,22 @@ def value_bit_locations(bits: int, value: int) -> list[tuple[int, int, int, int]
     return out
 
 
-def lane_value_position(lane: int, value: int) -> tuple[int, int]:
+SPANS = (16, 2)  # the k orders a unit may be packed in (see lane_value_position)
+
+
+def lane_value_position(lane: int, value: int, span: int = 16) -> tuple[int, int]:
     """(row, k) in the unit's 16 x 256 tile of lane `lane`'s value `value`.
 
     Register r of step s is A-fragment register r of mma step s (rows g and g + 8 alternate,
-    g = lane // 4); the mma's k index is permuted so that lane t = lane % 4 owns k in
-    [64t, 64t + 64): step s, registers 0-1 take k = 64t + 4s + {0, 1}, registers 2-3 take
-    64t + 4s + {2, 3}.  The B fragment (activations, token g) of step s is then the four
-    consecutive halves x[g, 64t + 4s .. 64t + 4s + 3]: 16-byte loads cover two steps."""
+    g = lane // 4); the mma's k index is permuted so that, within each block of `span` steps
+    (16 * span k), lane t = lane % 4 owns 4 * span consecutive k: step s, registers 0-1 take
+    k = 16 span (s // span) + 4 span t + 4 (s % span) + {0, 1}, registers 2-3 the next two.
+    The B fragment (activations, token g) of step s is then four consecutive halves and
+    16-byte loads cover two steps.  span 16: lane t owns k in [64t, 64t + 64) of the unit;
+    span 2: the 16 k of every step lie in 32 consecutive k (one scale group from 32 on)."""
+    if span not in SPANS:
+        raise ValueError(f"a unit's span is one of {SPANS}, got {span}")
     g, t = divmod(lane, 4)
     reg, half = divmod(value, 2)
     s, r = divmod(reg, 4)
-    return g + 8 * (r % 2), 64 * t + 4 * s + 2 * (r // 2) + half
+    return g + 8 * (r % 2), 16 * span * (s // span) + 4 * span * t + 4 * (s % span) + 2 * (r // 2) + half

@@ -15,11 +15,13 @@ does everything (no workspace, no second kernel).  Tokens beyond 16 take more ti
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import tessera as ts
 from tessera import f16, f32, u32
 from tessera.errors import UnsupportedError
+from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
 
@@ -27,7 +29,10 @@ from tessera.ir.instructions import DEQUANT_TYPES
 @dataclass(frozen=True)
 class DecodeConfig:
     """warps per block (each owns a 16-row tile), split (cluster size along K), unroll (units
-    whose loads are issued together), m_tiles (8-token mma tiles per launch tile: 1 or 2)."""
+    whose loads are issued together, register path), m_tiles (8-token mma tiles per launch
+    tile: 1 or 2), stages (> 0: the weights stream through a cp.async ring of this many units
+    per warp in shared memory instead of registers, scales prefetched with them; `unroll` is
+    then unused)."""
 
     warps: int = 4
     split: int = 4
@@ -35,6 +40,8 @@ class DecodeConfig:
     m_tiles: int = 2
     rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
     x_units: int = 0  # > 0: the block's activations (at most this many units) staged in shared memory
+    stages: int = 0  # > 0 (2..8): units in flight per warp through a shared-memory ring (cp.async)
+    span: int = 16  # the weights' k order (tessera.ir.lowbit.lane_value_position); 2: scales after the mma
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
@@ -54,6 +61,26 @@ class DecodeConfig:
             split *= 2
         return DecodeConfig(warps, split, unroll, m_tiles, rows)
 
+    @staticmethod
+    def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
+        """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
+        what differs from the default ("reg", the register path): pN = the cp.async weight
+        ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
+        the mma), sN = split N, r1 = one row tile per warp, x = activations staged per block."""
+        d = DecodeConfig.default(bits, m, n, k, sms)
+        xu = -(-k // 256 // d.split)
+        out = {"reg": d}
+        for span in (16, 2):
+            tag = "" if span == 16 else "k2"
+            for p in (2, 4, 8) if bits <= 2 else (2, 4):
+                out[f"p{p}{tag}"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, span)
+        split = min(8, 2 * d.split)
+        out[f"p4k2_s{split}"] = DecodeConfig(d.warps, split, 1, d.m_tiles, d.rows, 0, 4, 2)
+        if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
+            out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
+        out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
+        return {name: c for name, c in out.items() if not c.problems() and c.smem_bytes(bits) <= 160 * 1024}
+
     def problems(self) -> list[str]:
         out = []
         if self.warps not in (1, 2, 4, 8):
@@ -68,10 +95,22 @@ class DecodeConfig:
             out.append("rows must be 1, 2 or 4")
         if self.x_units < 0 or x_smem_bytes(self.x_units, self.m_tiles) > 200 * 1024:
             out.append("x_units must be >= 0 and its shared activations fit 200 KiB")
+        if self.stages not in (0, 2, 3, 4, 6, 8):
+            out.append("stages must be 0 (register path) or 2, 3, 4, 6, 8")
+        if self.span not in lowbit.SPANS or (self.span != 16 and not self.stages):
+            out.append(f"span must be one of {lowbit.SPANS} (16 on the register path, stages == 0)")
         return out
 
+    def smem_bytes(self, bits: int) -> int:
+        """Shared memory of a block: weight ring, staged activations, split-K partials."""
+        ring = self.warps * self.stages * self.rows * bits * 512
+        part = 32 * self.warps * self.rows * self.m_tiles * 16 if self.split > 1 else 0
+        return ring + (x_smem_bytes(self.x_units, self.m_tiles) if self.x_units else 0) + part
+
     def __str__(self) -> str:
-        return f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}{f'_x{self.x_units}' if self.x_units else ''}"
+        return (f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
+                f"{f'_x{self.x_units}' if self.x_units else ''}{f'_p{self.stages}' if self.stages else ''}"
+                f"{f'_k{self.span}' if self.span != 16 else ''}")
 
 
 def x_smem_bytes(x_units: int, m_tiles: int) -> int:
@@ -94,11 +133,14 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     if not group_ok(group_size):
         raise UnsupportedError(f"group size {group_size}: the decode kernel takes multiples of 64 or 4, 8, 16, 32")
     problems = config.problems()
+    if config.smem_bytes(wtype.nbits) > 220 * 1024:
+        problems.append(f"its shared memory ({config.smem_bytes(wtype.nbits)} bytes for {wtype}) exceeds 220 KiB")
     if problems:
         raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
-    XU = config.x_units
+    XU, P = config.x_units, config.stages
+    SLOTS = P if P else UNROLL  # register slots of scales: one per unit in flight
     # shared activations [8 * MT tokens, XU units x 4 lanes' 64 k + 8 halves of padding each]; the
     # row length keeps a row 64 bytes off the next modulo 128: a warp's 16-byte reads hit no bank twice
     XROW = XU * 288 + (32 if XU % 2 == 0 else 0)
@@ -106,6 +148,17 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     WORDS = 4 * BITS  # one lane's words of one unit
     NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
     STEPS_PER_GROUP = 16 // NGL
+    SPAN = config.span
+    # scale slots of the pipelined path: runs of SPQ steps whose k lie in one group for every lane
+    if SPAN == 16:
+        SPQ = min(16, math.gcd(GS, 64) // 4)
+    else:
+        SPQ = min(16, math.gcd(GS, 256) // 16) if GS % 32 == 0 else (2 if GS in (8, 16) else 1)
+    NQ = 16 // SPQ if P else NGL
+    AFTER = SPAN != 16 and GS % 32 == 0  # every step's 16 k in one group: scale the fp32 sums
+
+    # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
+    KT_LANE = 4 * SPAN
     STEPS = tuple(range(16))
     name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}"
 
@@ -116,10 +169,11 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         ts.attrs.block = THREADS
         if SPLIT > 1:
             ts.attrs.cluster = (SPLIT, 1, 1)
-        wr = ts.register_tensor(u32, [UNROLL, R, WORDS])
+        wr = ts.register_tensor(u32, [1 if P else UNROLL, R, WORDS])
         xr = ts.register_tensor(f16, [MT, 64])
-        sc = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
-        bz = ts.register_tensor(f16, [UNROLL, R, NGL, 2])
+        sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
+        bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
+        accg = ts.register_tensor(f32, [2, R, MT, 4])  # one group's unscaled sums (AFTER)
         a = ts.register_tensor(f16, [8])
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
         tid = ts.thread_idx.x
@@ -134,68 +188,154 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         u_begin = rank * per_split
         u_end = min(u_begin + per_split, KT)
         xs = ts.shared_tensor(f16, [8 * MT, XROW if XU > 0 else 8])
-        if XU > 0:
-            n_units = u_end - u_begin
-            for idx in range(tid, 8 * MT * XU * 32, THREADS):
-                row = idx // (XU * 32)
-                col = idx % (XU * 32)  # 16-byte vector col of the row: unit col // 32, lane t, chunk
-                m = m_base + row
-                k = (u_begin + col // 32) * 256 + (col % 32) * 8
-                dst = (col // 32) * 288 + ((col % 32) // 8) * 72 + (col % 8) * 8
-                if m < M and k < K and col // 32 < n_units:
-                    ts.copy_vector(xs[row, dst], X[m, k], 16)
-                else:
-                    for e in ts.unroll(8):
-                        xs[row, dst + e] = 0.0
-            ts.syncthreads()
         for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
-        if nt0 * 16 < N:
-            for u0 in range(u_begin, u_end, UNROLL):
-                # every load of UNROLL units first (weights, activations, scales), then the math
-                for uu in ts.unroll(UNROLL):
-                    u = u0 + uu
-                    if u < u_end:
-                        for r in ts.unroll(R):
-                            if (nt0 + r) * 16 < N:
+                        accg[c, r, i, e] = 0.0
+        n_units = u_end - u_begin
+        if P > 0:
+            warp = tid // 32
+            wsm = ts.shared_tensor(u32, [WARPS, P, R, BITS, 128])  # each lane reads back only its own copies
+            if XU > 0:  # the activations join the first group of copies (zero-filled outside M, K)
+                for idx in range(tid, 8 * MT * XU * 32, THREADS):
+                    row = idx // (XU * 32)
+                    col = idx % (XU * 32)
+                    m = m_base + row
+                    k = (u_begin + col // 32) * 256 + (col % 32) * 8
+                    c16 = col % 32  # the chunk's lane t and 16-byte register j in the layout's k order
+                    xt = (c16 % (2 * SPAN)) // (SPAN // 2)
+                    xj = (c16 // (2 * SPAN)) * (SPAN // 2) + c16 % (SPAN // 2)
+                    dst = (col // 32) * 288 + xt * 72 + xj * 8
+                    ok = m < M and k < K and col // 32 < n_units
+                    ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
+            # Iteration `it` copies unit it + P - 1 into slot pp and computes unit it (slot (pp + 1) % P);
+            # it0 = 1 - P (mod P), so both slots are compile-time and the scales stay in registers.
+            for it0 in range(1 - P, n_units, P):
+                for pp in ts.unroll(P):
+                    it = it0 + pp
+                    cs = (pp + 1) % P
+                    if it < n_units:
+                        if it >= 0:
+                            ts.copy_async_wait(P - 2)  # this lane's copies of unit it have landed
+                            if XU > 0 and it == 0:
+                                ts.syncthreads()  # ... and every thread's activations
+                            for r in ts.unroll(R):
                                 for j in ts.unroll(BITS):
-                                    ts.copy_vector(wr[uu, r, 4 * j],
-                                                   Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                            for q in ts.unroll(NGL):
-                                grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
+                                    ts.copy_vector(wr[0, r, 4 * j], wsm[warp, cs, r, j, lane * 4], 16)
+                        lu = u_begin + it + P - 1
+                        for r in ts.unroll(R):
+                            ok = lu < u_end and (nt0 + r) * 16 < N
+                            for j in ts.unroll(BITS):
+                                src = ((((nt0 + r) * KT + lu) * BITS + j) * 32 + lane) * 4
+                                ts.copy_async(wsm[warp, pp, r, j, lane * 4], Wq[ts.select(ok, src, 0)], 16, ok)
+                            for q in ts.unroll(NQ):
+                                grp = min((min(lu, KT - 1) * 256 + KT_LANE * t + 16 * SPAN * (q * SPQ // SPAN)
+                                        + 4 * (q * SPQ % SPAN)) // GS, G - 1)
                                 for h in ts.unroll(2):
                                     row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                    sc[uu, r, q, h] = S[row, grp]
+                                    sc[pp, r, q, h] = S[row, grp]
                                     if HAS_BIAS:
-                                        bz[uu, r, q, h] = B[row, grp]
-                for uu in ts.unroll(UNROLL):
-                    if u0 + uu < u_end:
-                        # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
-                        for i in ts.unroll(MT):
-                            m = m_base + i * 8 + g
-                            for j in ts.unroll(8):
-                                if XU > 0:
-                                    ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
-                                else:
-                                    k = (u0 + uu) * 256 + t * 64 + j * 8
-                                    if m < M and k < K:
-                                        ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                        bz[pp, r, q, h] = B[row, grp]
+                        ts.copy_async_commit()
+                        if it >= 0:
+                            u = u_begin + it
+                            for i in ts.unroll(MT):
+                                m = m_base + i * 8 + g
+                                for j in ts.unroll(8):
+                                    if XU > 0:
+                                        ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
                                     else:
-                                        for e in ts.unroll(8):
-                                            xr[i, j * 8 + e] = 0.0
-                        for s in STEPS:  # a compile-time list: dequant's start is a constant
-                            q = s // STEPS_PER_GROUP
+                                        k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
+                                        if m < M and k < K:
+                                            ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                        else:
+                                            for e in ts.unroll(8):
+                                                xr[i, j * 8 + e] = 0.0
+                            for s in STEPS:
+                                q = s // SPQ
+                                for r in ts.unroll(R):
+                                    if AFTER and HAS_BIAS:
+                                        ts.dequant(a[0], wr[0, r, 0], bias=bz[cs, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    elif AFTER:
+                                        ts.dequant(a[0], wr[0, r, 0], wtype=T, start=8 * s, count=8)
+                                    elif HAS_BIAS:
+                                        ts.dequant(a[0], wr[0, r, 0], sc[cs, r, q, 0], bz[cs, r, q, 0], wtype=T,
+                                                   start=8 * s, count=8)
+                                    else:
+                                        ts.dequant(a[0], wr[0, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    for i in ts.unroll(MT):
+                                        if AFTER:
+                                            ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                        else:
+                                            ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                    for r in ts.unroll(R):
+                                        for i in ts.unroll(MT):
+                                            for e in ts.unroll(4):
+                                                acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
+                                                    accg[0, r, i, e] + accg[1, r, i, e])
+                                                accg[0, r, i, e] = 0.0
+                                                accg[1, r, i, e] = 0.0
+            ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
+        else:
+            if XU > 0:
+                for idx in range(tid, 8 * MT * XU * 32, THREADS):
+                    row = idx // (XU * 32)
+                    col = idx % (XU * 32)  # 16-byte vector col of the row: unit col // 32, lane t, chunk
+                    m = m_base + row
+                    k = (u_begin + col // 32) * 256 + (col % 32) * 8
+                    dst = (col // 32) * 288 + ((col % 32) // 8) * 72 + (col % 8) * 8
+                    if m < M and k < K and col // 32 < n_units:
+                        ts.copy_vector(xs[row, dst], X[m, k], 16)
+                    else:
+                        for e in ts.unroll(8):
+                            xs[row, dst + e] = 0.0
+                ts.syncthreads()
+            if nt0 * 16 < N:
+                for u0 in range(u_begin, u_end, UNROLL):
+                    # every load of UNROLL units first (weights, activations, scales), then the math
+                    for uu in ts.unroll(UNROLL):
+                        u = u0 + uu
+                        if u < u_end:
                             for r in ts.unroll(R):
-                                if HAS_BIAS:
-                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
-                                               start=8 * s, count=8)
-                                else:
-                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
-                                for i in ts.unroll(MT):
-                                    ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                if (nt0 + r) * 16 < N:
+                                    for j in ts.unroll(BITS):
+                                        ts.copy_vector(wr[uu, r, 4 * j],
+                                                       Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
+                                for q in ts.unroll(NGL):
+                                    grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
+                                    for h in ts.unroll(2):
+                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                        sc[uu, r, q, h] = S[row, grp]
+                                        if HAS_BIAS:
+                                            bz[uu, r, q, h] = B[row, grp]
+                    for uu in ts.unroll(UNROLL):
+                        if u0 + uu < u_end:
+                            # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
+                            for i in ts.unroll(MT):
+                                m = m_base + i * 8 + g
+                                for j in ts.unroll(8):
+                                    if XU > 0:
+                                        ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
+                                    else:
+                                        k = (u0 + uu) * 256 + t * 64 + j * 8
+                                        if m < M and k < K:
+                                            ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                        else:
+                                            for e in ts.unroll(8):
+                                                xr[i, j * 8 + e] = 0.0
+                            for s in STEPS:  # a compile-time list: dequant's start is a constant
+                                q = s // STEPS_PER_GROUP
+                                for r in ts.unroll(R):
+                                    if HAS_BIAS:
+                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
+                                                   start=8 * s, count=8)
+                                    else:
+                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    for i in ts.unroll(MT):
+                                        ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
             for i in ts.unroll(MT):

@@ -89,9 +89,11 @@ def _prefetch(address: Any, write: bool = False, locality: int = 3) -> tuple[tup
     return (address,), {"write": write, "locality": locality}
 
 
-def _dequant(dst: Any, src: Any, scale: Any, bias: Any = None, wtype: Any = None, start: int = 0,
+def _dequant(dst: Any, src: Any, scale: Any = None, bias: Any = None, wtype: Any = None, start: int = 0,
              count: int = 8) -> tuple[tuple, dict]:  # fmt: skip
-    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None}
+    # without a scale the values are (code - bias) exactly (the kernel scales the fp32 sums)
+    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None, "has_scale": scale is not None}
+    scale = dst if scale is None else scale  # placeholders: unused operands
     return (dst, src, scale, scale if bias is None else bias), attrs
 
 

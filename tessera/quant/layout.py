@@ -25,12 +25,12 @@ def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
 
 
 @functools.cache
-def _positions() -> tuple[np.ndarray, np.ndarray]:
+def _positions(span: int) -> tuple[np.ndarray, np.ndarray]:
     rows = np.empty((32, lowbit.UNIT_VALUES), np.int64)
     ks = np.empty_like(rows)
     for lane in range(32):
         for v in range(lowbit.UNIT_VALUES):
-            rows[lane, v], ks[lane, v] = lowbit.lane_value_position(lane, v)
+            rows[lane, v], ks[lane, v] = lowbit.lane_value_position(lane, v, span)
     return rows, ks
 
 
@@ -38,15 +38,16 @@ def padded_shape(n: int, k: int) -> tuple[int, int]:
     return -(-n // lowbit.UNIT_ROWS) * lowbit.UNIT_ROWS, -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
 
 
-def pack_units(codes: np.ndarray, t: DataType) -> np.ndarray:
-    """uint32 words of the [N, K] codes (unsigned, as tessera.quant.codecs.encode gives them)."""
+def pack_units(codes: np.ndarray, t: DataType, span: int = 16) -> np.ndarray:
+    """uint32 words of the [N, K] codes (unsigned, as tessera.quant.codecs.encode gives them),
+    each unit's k in the order of `span` (tessera.ir.lowbit.lane_value_position)."""
     codes = np.asarray(codes)
     n, k = codes.shape
     npad, kpad = padded_shape(n, k)
     u = np.zeros((npad, kpad), np.uint32)
     u[:n, :k] = layout_codes(codes, t)
     nt, kt = npad // 16, kpad // 256
-    rows, ks = _positions()
+    rows, ks = _positions(span)
     tiles = u.reshape(nt, 16, kt, 256).transpose(0, 2, 1, 3)[:, :, rows, ks]  # [nt, kt, 32, 128]
     words = np.zeros((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
     for v in range(lowbit.UNIT_VALUES):
@@ -64,8 +65,8 @@ def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles:
     return w[n_tile, k_tile, :, lane, :].reshape(-1)
 
 
-def unpack_units(words: np.ndarray, t: DataType, n: int, k: int) -> np.ndarray:
-    """The [n, k] layout codes (`layout_codes`) that `pack_units` stored in `words`."""
+def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16) -> np.ndarray:
+    """The [n, k] layout codes (`layout_codes`) that `pack_units(..., span)` stored in `words`."""
     npad, kpad = padded_shape(n, k)
     nt, kt = npad // 16, kpad // 256
     w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
@@ -73,7 +74,7 @@ def unpack_units(words: np.ndarray, t: DataType, n: int, k: int) -> np.ndarray:
     for v in range(lowbit.UNIT_VALUES):
         for word, bit, low, width in lowbit.value_bit_locations(t.nbits, v):
             tiles[:, :, :, v] |= ((w[:, :, :, word] >> bit) & ((1 << width) - 1)) << low
-    rows, ks = _positions()
+    rows, ks = _positions(span)
     u = np.zeros((nt, kt, 16, 256), np.uint32)
     u[:, :, rows, ks] = tiles
     return u.transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]

@@ -32,6 +32,19 @@ class PreparedWeight:
     weight_scales: Any  # float16 [N, G], the QuantizedWeight's own (the prefill path reads them)
     cache: dict = field(default_factory=dict)
 
+    def words_for(self, span: int) -> Any:
+        """The words packed in the k order `span` (tessera.ir.lowbit.SPANS): `words` is span
+        16; others are packed on first use and kept."""
+        if span == 16:
+            return self.words
+        got = self.cache.get(("words", span))
+        if got is None:
+            import torch
+
+            packed = pack_units(self.weight.codes.codes(), self.weight.dtype, span)
+            got = self.cache[("words", span)] = torch.from_numpy(packed).to(self.words.device)
+        return got
+
 
 def kernel_scales_and_biases(w: QuantizedWeight) -> tuple[np.ndarray, np.ndarray | None]:
     """float16 scales and biases in the dequant instruction's terms: W = (u - bias) * scale."""
@@ -135,5 +148,5 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
                             f"{config.split} reads {-(-p.k_tiles // config.split)} of K = {k}")  # fmt: skip
     kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
     y = out if out is not None else torch.empty((m, n), dtype=torch.float16, device=x.device)
-    kern(x.contiguous(), p.words, p.scales, p.biases, y, p.k_tiles)
+    kern(x.contiguous(), p.words_for(config.span), p.scales, p.biases, y, p.k_tiles)
     return y
