@@ -464,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--arrays", choices=["auto", "torch", "native"], default="auto",
                     help="with --target cuda: torch CUDA tensors or tessera's own device arrays (no torch)")
+    ap.add_argument("--if-missing", action="store_true", help="fetch: only when the data is not there yet")
     ap.add_argument("--baseline", default=None, help="an earlier run's jsonl to compare with in the report")
     opts = ap.parse_args(argv)
     if opts.command == "_worker":
@@ -471,7 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = Path(opts.data) if opts.data else data_dir()
     if opts.command == "fetch":
-        print(f"{fetch(root)} files extracted into {root}")
+        if opts.if_missing and missing_data_reason(root) is None:
+            print(f"node test data already at {root}")
+        else:
+            print(f"{fetch(root)} files extracted into {root}")
         return 0
     reason = missing_data_reason(root)
     if reason:
