@@ -109,6 +109,45 @@ def expr_key(e: Any) -> Any:
     return ("id", id(e))
 
 
+class ExprKeys:
+    """Structural keys as small integers (hash-consing): `keys(a) == keys(b)` exactly when
+    `expr_key(a) == expr_key(b)`, but each node is keyed once, however often the expressions it
+    is shared by are keyed.  expr_key's nested tuples grow (and hash) as the expression counted
+    as a tree, which for index expressions made by chains of views over symbolic sizes is
+    exponentially larger than the expression itself.  The keyed expressions are kept alive, so
+    an `id` in a key always names the same object."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._seen: dict[int, tuple[Any, int]] = {}  # id(expr) -> (expr, key)
+
+    def __call__(self, e: Any) -> int:
+        seen = self._seen.get(id(e))
+        if seen is not None:
+            return seen[1]
+        if isinstance(e, E.Const):
+            s: tuple = ("c", e.value, e.type.name)
+        elif isinstance(e, E.Var):
+            s = ("v", id(e))
+        elif isinstance(e, E.Binary):
+            s = ("b", e.op, self(e.a), self(e.b))
+        elif isinstance(e, E.Unary):
+            s = ("u", e.op, self(e.a))
+        elif isinstance(e, E.Cast):
+            s = ("cast", e.type.name, self(e.value))
+        elif isinstance(e, E.Call):
+            s = ("call", e.func, e.type.name, tuple(self(a) for a in e.args))
+        elif isinstance(e, E.Select):
+            s = ("sel", self(e.cond), self(e.a), self(e.b))
+        elif isinstance(e, TensorElement):
+            s = ("t", id(e.tensor), tuple(self(i) for i in e.indices))
+        else:
+            s = ("id", id(e))
+        k = self._ids.setdefault(s, len(self._ids))
+        self._seen[id(e)] = (e, k)
+        return k
+
+
 def same_dim(a: E.Expr, b: E.Expr) -> bool:
     """Whether two dimensions are the same size: equal in the size algebra (`2*(n + 1)` is `2*n + 2`)."""
     sa, sb = size_of(a), size_of(b)
