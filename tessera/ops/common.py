@@ -88,34 +88,13 @@ def static(d: E.Expr) -> int | None:
     return v if isinstance(v, int) else None
 
 
-def expr_key(e: Any) -> Any:
-    """A hashable structural key: equal keys mean equal expressions (variables by identity)."""
-    if isinstance(e, E.Const):
-        return ("c", e.value, e.type.name)
-    if isinstance(e, E.Var):
-        return ("v", id(e))
-    if isinstance(e, E.Binary):
-        return ("b", e.op, expr_key(e.a), expr_key(e.b))
-    if isinstance(e, E.Unary):
-        return ("u", e.op, expr_key(e.a))
-    if isinstance(e, E.Cast):
-        return ("cast", e.type.name, expr_key(e.value))
-    if isinstance(e, E.Call):
-        return ("call", e.func, e.type.name, tuple(expr_key(a) for a in e.args))
-    if isinstance(e, E.Select):
-        return ("sel", expr_key(e.cond), expr_key(e.a), expr_key(e.b))
-    if isinstance(e, TensorElement):
-        return ("t", id(e.tensor), tuple(expr_key(i) for i in e.indices))
-    return ("id", id(e))
-
-
 class ExprKeys:
-    """Structural keys as small integers (hash-consing): `keys(a) == keys(b)` exactly when
-    `expr_key(a) == expr_key(b)`, but each node is keyed once, however often the expressions it
-    is shared by are keyed.  expr_key's nested tuples grow (and hash) as the expression counted
-    as a tree, which for index expressions made by chains of views over symbolic sizes is
-    exponentially larger than the expression itself.  The keyed expressions are kept alive, so
-    an `id` in a key always names the same object."""
+    """Structural keys as small integers (hash-consing): for one ExprKeys, `keys(a) == keys(b)`
+    exactly when a and b are equal expressions (variables and tensors by identity).  Each node is
+    keyed once, however often the expressions that share it are keyed: index expressions made by
+    chains of views over symbolic sizes are DAGs exponentially larger as trees, so a key built as
+    nested tuples would be too.  The keyed expressions are kept alive, so an `id` in a key always
+    names the same object."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
@@ -152,7 +131,8 @@ def same_dim(a: E.Expr, b: E.Expr) -> bool:
     """Whether two dimensions are the same size: equal in the size algebra (`2*(n + 1)` is `2*n + 2`)."""
     sa, sb = size_of(a), size_of(b)
     if sa is None or sb is None:
-        return expr_key(a) == expr_key(b)
+        keys = ExprKeys()
+        return keys(a) == keys(b)
     return sa == sb
 
 
