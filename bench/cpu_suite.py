@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))  # harness
 
 CASES = ("gemm", "resnet18", "mlp", "bert", "gpt2")
 
@@ -193,14 +193,9 @@ def _row(case: str, times: dict[str, list[float]], err: float, compile_s: float,
 # ---- results -----------------------------------------------------------------------------------------------------
 def write(rows: list[dict], outdirs: list[Path], threads: int, errors: dict[str, str]) -> None:
     import torch
+    from harness import current_commit
 
-    commit = os.environ.get("TESSERA_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                    cwd=BENCH).stdout.strip()  # fmt: skip
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    commit = current_commit()
     env = {"gpu": cpu_name(), "date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
            "threads": threads, "load_avg_1m": os.getloadavg()[0]}  # fmt: skip
     stem = f"{env['date']}-cpu-cpu"

@@ -32,7 +32,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -44,6 +43,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))  # harness
 
 LENGTHS = [32, 48, 64, 96, 128, 160, 200, 256, 384, 512]
 TINY_LENGTHS = [5, 8, 13, 21]
@@ -276,13 +276,9 @@ def generate(opts: argparse.Namespace) -> list[dict[str, Any]]:
 
 # ---- results --------------------------------------------------------------------------------------------------------
 def environment(device: str) -> dict[str, Any]:
-    commit = os.environ.get("TESSERA_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                    cwd=BENCH).stdout.strip()  # fmt: skip
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    from harness import current_commit
+
+    commit = current_commit()
     import transformers
 
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"

@@ -67,13 +67,21 @@ def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
     return nbytes / (us * 1e-6) / 1e9
 
 
-def environment() -> dict[str, Any]:
+def current_commit() -> str:
+    """The commit a benchmark measures: $TESSERA_COMMIT (a checkout without git history, or a
+    named build), else this checkout's `git rev-parse HEAD`, else "unknown"."""
     commit = os.environ.get("TESSERA_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    if commit:
+        return commit
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    commit = current_commit()
     return {
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),

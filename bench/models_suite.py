@@ -492,13 +492,9 @@ def run_child(opts: argparse.Namespace) -> None:
 # ---- parent side ------------------------------------------------------------------------------
 def host_env() -> dict[str, Any]:
     """The run's date, GPU, versions and commit, without touching CUDA (the children do the work)."""
-    commit = os.environ.get("TESSERA_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                    cwd=BENCH).stdout.strip()  # fmt: skip
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    from harness import current_commit
+
+    commit = current_commit()
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, check=True, timeout=30).stdout.splitlines()[0].strip()  # fmt: skip

@@ -392,14 +392,6 @@ def run_tests(root: Path, names: list[str], jobs: int = 1, timeout_s: float = TE
 
 
 # ---- the report ----------------------------------------------------------------------------------------------------
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("TESSERA_COMMIT", "unknown")
-
-
 def report(rows: list[dict[str, Any]], excluded: list[tuple[str, str]], header: dict[str, Any]) -> str:
     ran = [r for r in rows if r["status"] != "excluded"]
     passed = sum(r["status"] == "pass" for r in ran)
@@ -472,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--arrays", choices=["auto", "torch", "native"], default="auto",
                     help="with --target cuda: torch CUDA tensors or tessera's own device arrays (no torch)")
+    ap.add_argument("--if-missing", action="store_true", help="fetch: only when the data is not there yet")
     ap.add_argument("--baseline", default=None, help="an earlier run's jsonl to compare with in the report")
     opts = ap.parse_args(argv)
     if opts.command == "_worker":
@@ -479,7 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = Path(opts.data) if opts.data else data_dir()
     if opts.command == "fetch":
-        print(f"{fetch(root)} files extracted into {root}")
+        if opts.if_missing and missing_data_reason(root) is None:
+            print(f"node test data already at {root}")
+        else:
+            print(f"{fetch(root)} files extracted into {root}")
         return 0
     reason = missing_data_reason(root)
     if reason:
@@ -499,9 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     excluded = [(n, why) for n, why in tests if why is not None]
     rows = run_tests(root, chosen, opts.jobs, target=opts.target, arrays=opts.arrays)
     import onnx
+    from harness import current_commit
 
     date = datetime.date.today().isoformat()
-    header = {"date": date, "commit": _commit(), "onnx": onnx.__version__, "baseline": opts.baseline, "target": opts.target, "arrays": opts.arrays,
+    header = {"date": date, "commit": current_commit()[:12], "onnx": onnx.__version__, "baseline": opts.baseline, "target": opts.target, "arrays": opts.arrays,
               "command": "python3 bench/onnx_node_tests.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -343,12 +343,18 @@ def _check(name, dtype, device, dynamic=False):
                 assert torch.equal(o.cpu(), r.cpu()), name
 
 
-@pytest.mark.parametrize("name", NAMES)
+def _by_group(tag: str) -> list:
+    """NAMES, each marked with its compiled group: under pytest-xdist (--dist loadgroup) one worker
+    runs a group's cases, so each group compiles once, not once per worker that gets one of its cases."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"aten-{tag}-{GROUPS[n]}")) for n in NAMES]
+
+
+@pytest.mark.parametrize("name", _by_group("fp32"))
 def test_op_fp32_cpu(name):
     _check(name, torch.float32, "cpu")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _by_group("fp32-dynamic"))
 def test_op_fp32_cpu_symbolic_sizes(name):
     """The same cases with every input size symbolic (dynamic=True): the lowerings' symbolic paths."""
     _check(name, torch.float32, "cpu", dynamic=True)

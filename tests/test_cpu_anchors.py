@@ -8,7 +8,7 @@ import pytest
 
 from tessera import ops
 from tessera.backend.isa import vector_lanes
-from tessera.errors import UnsupportedError
+from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ops.anchors import Epilogue
 from tessera.ops.anchors.cpu_gemm import plan_cpu_conv2d, plan_cpu_linear, plan_cpu_matmul
 
@@ -59,6 +59,21 @@ def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
         out = np.full(ref.shape, np.nan, np.float32)
         kernel([x, w, bias], out)
         np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_call_errors_are_clear_and_a_scalar_extra_is_one_element(rng):
+    acc, s = ops.placeholder((5, 3), "float32", "acc"), ops.placeholder((), "float32", "s")
+    kernel = plan_cpu_linear((5, 7), (3, 7), epilogue=Epilogue(acc, ops.mul(acc, s), [s])).load()
+    x, w = _f32(rng, 5, 7), _f32(rng, 3, 7)
+    out = np.full((5, 3), np.nan, np.float32)
+    with pytest.raises(ArgumentError, match="takes 2 inputs, got 1"):
+        kernel([x], out, [np.float32(2)])
+    with pytest.raises(ArgumentError, match="takes 1 extra tensors, got 0"):
+        kernel([x, w], out)
+    scale = np.array(-1.5, np.float32)  # rank 0
+    kernel([x, w], out, [scale])
+    np.testing.assert_allclose(out, (x.astype(np.float64) @ w.T) * -1.5, rtol=1e-5, atol=1e-5)
+    assert repr(kernel).startswith("<CpuAnchorKernel ")
 
 
 def test_other_dtypes_are_refused():

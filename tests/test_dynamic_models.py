@@ -44,6 +44,7 @@ def test_transformers_dynamic_shapes_match_eager(name):
     model = _tiny(name).eval()
     compiled = torch.compile(model, backend="tessera", dynamic=True)
     breaks0, graphs0 = _count_breaks_and_graphs()
+    fallbacks0, builds0 = tb.stats.get("whole_graph_fallbacks", 0), tb.stats["builds"]
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for batch, seq in SIZES:
@@ -58,7 +59,9 @@ def test_transformers_dynamic_shapes_match_eager(name):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     breaks, graphs = _count_breaks_and_graphs()
     assert breaks == breaks0, "graph breaks under dynamic=True"
+    assert tb.stats.get("whole_graph_fallbacks", 0) == fallbacks0
     assert graphs - graphs0 <= 2, "a graph per size: the sizes did not stay symbolic"  # batch 1, then dynamic
+    assert tb.stats["builds"] - builds0 <= 2, "tessera rebuilt a graph for a new size"
 
 
 class KVAttention(torch.nn.Module):
@@ -117,14 +120,16 @@ def _check_generate(kind: str, cache: str, device: str = "cpu", dtype: torch.dty
     kwargs = {"max_new_tokens": 32, "do_sample": False, "pad_token_id": 0}
     if cache == "static":
         kwargs["cache_implementation"] = "static"
-    breaks0, fallbacks0 = tb.stats["eager_nodes"], tb.stats.get("whole_graph_fallbacks", 0)
+    before = dict(tb.stats)
     with torch.no_grad():
         want = model.generate(prompt, **kwargs)
         model.forward = torch.compile(model.forward, backend="tessera", dynamic=True if cache == "dynamic" else None)
         got = model.generate(prompt, **kwargs)
     assert len(set(want[0, 9:].tolist())) > 4, "a degenerate reference (one repeated token) tests little"
     assert torch.equal(got, want), (got[0, 9:].tolist(), want[0, 9:].tolist())
-    assert tb.stats["eager_nodes"] == breaks0 and tb.stats.get("whole_graph_fallbacks", 0) == fallbacks0
+    assert tb.stats["kernels"] > before["kernels"], "tessera compiled nothing"
+    assert tb.stats["eager_nodes"] == before["eager_nodes"], "an op ran in torch"
+    assert tb.stats.get("whole_graph_fallbacks", 0) == before.get("whole_graph_fallbacks", 0)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -179,7 +184,8 @@ def test_automatic_dynamic_shapes_recompile_once():
 
 
 # ---- the model zoo of the front end's tests, under dynamic=True ------------------------------------------------------
-# Blocks over batch sizes and transformers over lengths: tests/test_frontend_torch_models.py; here ViT over batch.
+# Blocks over batch sizes and the other transformers over lengths: tests/test_frontend_torch_models.py; here
+# ViT over batch sizes (BERT, GPT-2 and Llama: test_transformers_dynamic_shapes_match_eager above).
 
 
 def _main_tensor(value):

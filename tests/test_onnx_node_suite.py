@@ -24,6 +24,8 @@ import onnx_node_tests as suite  # noqa: E402
 
 ROOT = suite.data_dir()
 MISSING = suite.missing_data_reason(ROOT)
+# One pytest-xdist worker (--dist loadgroup) runs this module: its selection runs once, not per worker.
+pytestmark = pytest.mark.xdist_group("onnx-node-suite")
 
 
 def _selection() -> list[str]:
@@ -66,6 +68,7 @@ def test_onnx_node_tests_leave_nothing_to_numpy(subset_rows):
 
 
 @pytest.mark.cuda
+@pytest.mark.timeout(3600)  # ~300 tests through nvcc one after another
 def test_onnx_node_tests_pass_on_the_gpu(tmp_path_factory):
     """The same selection through compile_graph(..., "cuda") (inputs copied to the GPU)."""
     rows = _run(tmp_path_factory, "cuda")

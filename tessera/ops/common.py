@@ -88,32 +88,51 @@ def static(d: E.Expr) -> int | None:
     return v if isinstance(v, int) else None
 
 
-def expr_key(e: Any) -> Any:
-    """A hashable structural key: equal keys mean equal expressions (variables by identity)."""
-    if isinstance(e, E.Const):
-        return ("c", e.value, e.type.name)
-    if isinstance(e, E.Var):
-        return ("v", id(e))
-    if isinstance(e, E.Binary):
-        return ("b", e.op, expr_key(e.a), expr_key(e.b))
-    if isinstance(e, E.Unary):
-        return ("u", e.op, expr_key(e.a))
-    if isinstance(e, E.Cast):
-        return ("cast", e.type.name, expr_key(e.value))
-    if isinstance(e, E.Call):
-        return ("call", e.func, e.type.name, tuple(expr_key(a) for a in e.args))
-    if isinstance(e, E.Select):
-        return ("sel", expr_key(e.cond), expr_key(e.a), expr_key(e.b))
-    if isinstance(e, TensorElement):
-        return ("t", id(e.tensor), tuple(expr_key(i) for i in e.indices))
-    return ("id", id(e))
+class ExprKeys:
+    """Structural keys as small integers (hash-consing): for one ExprKeys, `keys(a) == keys(b)`
+    exactly when a and b are equal expressions (variables and tensors by identity).  Each node is
+    keyed once, however often the expressions that share it are keyed: index expressions made by
+    chains of views over symbolic sizes are DAGs exponentially larger as trees, so a key built as
+    nested tuples would be too.  The keyed expressions are kept alive, so an `id` in a key always
+    names the same object."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._seen: dict[int, tuple[Any, int]] = {}  # id(expr) -> (expr, key)
+
+    def __call__(self, e: Any) -> int:
+        seen = self._seen.get(id(e))
+        if seen is not None:
+            return seen[1]
+        if isinstance(e, E.Const):
+            s: tuple = ("c", e.value, e.type.name)
+        elif isinstance(e, E.Var):
+            s = ("v", id(e))
+        elif isinstance(e, E.Binary):
+            s = ("b", e.op, self(e.a), self(e.b))
+        elif isinstance(e, E.Unary):
+            s = ("u", e.op, self(e.a))
+        elif isinstance(e, E.Cast):
+            s = ("cast", e.type.name, self(e.value))
+        elif isinstance(e, E.Call):
+            s = ("call", e.func, e.type.name, tuple(self(a) for a in e.args))
+        elif isinstance(e, E.Select):
+            s = ("sel", self(e.cond), self(e.a), self(e.b))
+        elif isinstance(e, TensorElement):
+            s = ("t", id(e.tensor), tuple(self(i) for i in e.indices))
+        else:
+            s = ("id", id(e))
+        k = self._ids.setdefault(s, len(self._ids))
+        self._seen[id(e)] = (e, k)
+        return k
 
 
 def same_dim(a: E.Expr, b: E.Expr) -> bool:
     """Whether two dimensions are the same size: equal in the size algebra (`2*(n + 1)` is `2*n + 2`)."""
     sa, sb = size_of(a), size_of(b)
     if sa is None or sb is None:
-        return expr_key(a) == expr_key(b)
+        keys = ExprKeys()
+        return keys(a) == keys(b)
     return sa == sb
 
 

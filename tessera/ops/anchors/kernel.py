@@ -142,7 +142,42 @@ def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any]
         plan.launches.append(Launch(rename(spec.func, spec.name), args, low))
 
 
-class AnchorKernel:
+class PreparedAnchor:
+    """What a loaded plan has on every target: the plan, its artifact and workspaces, and the
+    check of a call's operand counts (AnchorKernel on CUDA, CpuAnchorKernel on the CPU)."""
+
+    def __init__(self, plan: AnchorPlan, workspaces: list[Any], artifact: Any = None):
+        self.plan = plan
+        self.artifact = artifact  # the cubin or shared library in the artifact cache (a saved graph ships it)
+        self.out_shape: tuple[int, ...] = plan.out_shape
+        self.out_dtype: DataType = plan.out_dtype
+        self.config = plan.config
+        self.workspaces = workspaces
+
+    @property
+    def kernels(self) -> list[str]:
+        """The launched kernels' names, in order (the GEMM's name carries its configuration)."""
+        return [launch.func.name for launch in self.plan.launches]
+
+    @property
+    def source(self) -> str:
+        return self.plan.source
+
+    def _checked_extras(self, inputs: Sequence[Any], extras: Sequence[Any]) -> list[Any]:
+        """Raise ArgumentError unless the call passes the plan's numbers of inputs and extras;
+        return the extras with a rank-0 one (a scalar operand of the epilogue) as one element."""
+        plan = self.plan
+        if len(inputs) != plan.num_inputs:
+            raise ArgumentError(f"{plan.name}: takes {plan.num_inputs} inputs, got {len(inputs)}")
+        if len(extras) != plan.num_extras:
+            raise ArgumentError(f"{plan.name}: its epilogue takes {plan.num_extras} extra tensors, got {len(extras)}")
+        return [e.reshape(1) if getattr(e, "ndim", 1) == 0 else e for e in extras]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.plan.name} -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
+
+
+class AnchorKernel(PreparedAnchor):
     """A prepared anchor operator: call `kernel(inputs, out, extras)` on torch CUDA tensors or
     tessera DeviceArrays.
 
@@ -154,33 +189,15 @@ class AnchorKernel:
     """
 
     def __init__(self, plan: AnchorPlan, kernels: list[Any], workspaces: list[Any], artifact: Any = None):
-        self.plan = plan
-        self.artifact = artifact  # the cubin in the artifact cache (a saved compiled graph ships it)
-        self.out_shape: tuple[int, ...] = plan.out_shape
-        self.out_dtype: DataType = plan.out_dtype
-        self.config = plan.config
-        self.workspaces = workspaces
+        super().__init__(plan, workspaces, artifact)
         self._steps = [(k, list(launch.slots)) for k, launch in zip(kernels, plan.launches)]
-        self._num_inputs, self._num_extras = plan.num_inputs, plan.num_extras
         self._aligned = list(plan.aligned_inputs)
         self._aligned_output = plan.aligned_output
         self._maps = list(plan.tensor_maps)
         self._encoded: list[dict[int, Any]] = [{} for _ in self._maps]  # per map: address -> TensorMap
 
-    @property
-    def kernels(self) -> list[str]:
-        """The launched kernels' names, in order (the GEMM's name carries its configuration)."""
-        return [launch.func.name for launch in self.plan.launches]
-
-    @property
-    def source(self) -> str:
-        return self.plan.source
-
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
-        if len(inputs) != self._num_inputs:
-            raise ArgumentError(f"{self.plan.name}: takes {self._num_inputs} inputs, got {len(inputs)}")
-        if len(extras) != self._num_extras:
-            raise ArgumentError(f"{self.plan.name}: its epilogue takes {self._num_extras} extra tensors, got {len(extras)}")
+        extras = self._checked_extras(inputs, extras)
         for i in self._aligned:
             ptr = inputs[i].data_ptr() if hasattr(inputs[i], "data_ptr") else 0
             if ptr % 16:
@@ -189,8 +206,6 @@ class AnchorKernel:
         if self._aligned_output and out.data_ptr() % 16:
             raise ArgumentError(f"{self.plan.name}: the output must start on a 16-byte boundary (it is written with "
                                 "16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
-        # A rank-0 extra (a scalar operand of the epilogue) is a one-element parameter.
-        extras = [e.reshape(1) if getattr(e, "ndim", 1) == 0 else e for e in extras]
         sources = (inputs, (out,), extras, self.workspaces, (), self._tensor_maps(inputs, out, extras))
         stream = current_stream((out,))  # once, not once per launch
         for kernel, slots in self._steps:
@@ -214,6 +229,3 @@ class AnchorKernel:
                 tmap = cache[ptr] = TensorMap.from_pointer(ptr, spec.dtype, spec.shape, spec.box)
             maps.append(tmap)
         return maps
-
-    def __repr__(self) -> str:
-        return f"<AnchorKernel {self.plan.name} -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"

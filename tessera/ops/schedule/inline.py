@@ -22,7 +22,7 @@ from tessera.ir.compute import (
     TensorNode,
     substitute_vars,
 )
-from tessera.ops.common import expr_key
+from tessera.ops.common import ExprKeys
 
 # Largest inlined expression (counted as a tree, as codegen prints it) before the scheduler
 # materialises a producer instead of recomputing it inline.
@@ -30,12 +30,37 @@ MAX_INLINED_SIZE = 3000
 
 
 class Inliner(TensorElementMutator):
-    """Inline every Compute that is not in `materialised`; count how often each was inlined."""
+    """Inline every Compute that is not in `materialised`; count how often each was inlined
+    (as often as codegen, which prints expressions as trees, will print its value)."""
 
     def __init__(self, materialised: set[TensorNode]):
         self.materialised = materialised
         self.memo: dict[tuple, E.Expr] = {}
+        self.keys = ExprKeys()
         self.inlined: Counter = Counter()
+        # A node shared by many expressions (index arithmetic over symbolic sizes is a DAG that
+        # is exponentially larger as a tree) is rewritten once: id(node) -> (node, result, the
+        # counts a visit of it adds once its inlined values are memoised), added at each later use.
+        self._visited: dict[int, tuple[E.Expr, E.Expr, Counter]] = {}
+        self._recount: Counter = Counter()
+
+    def visit(self, node: E.Expr) -> E.Expr:
+        hit = self._visited.get(id(node))
+        if hit is not None:
+            self.inlined.update(hit[2])
+            self._recount.update(hit[2])
+            return hit[1]
+        outer, outer_recount = self.inlined, self._recount
+        self.inlined, self._recount = Counter(), Counter()
+        try:
+            out = super().visit(node)
+        finally:
+            counted, recount = self.inlined, self._recount
+            self.inlined, self._recount = outer, outer_recount
+        outer.update(counted)
+        outer_recount.update(recount)
+        self._visited[id(node)] = (node, out, recount)
+        return out
 
     def visit_TensorElement(self, e: TensorElement) -> E.Expr:
         idx = tuple(self.visit(i) for i in e.indices)
@@ -43,10 +68,15 @@ class Inliner(TensorElementMutator):
         if t in self.materialised or not isinstance(t, Compute):
             return e if all(a is b for a, b in zip(idx, e.indices)) else TensorElement(t, idx)
         self.inlined[t] += 1
-        key = (id(t), tuple(expr_key(i) for i in idx))
+        self._recount[t] += 1
+        key = (id(t), tuple(self.keys(i) for i in idx))
         if key not in self.memo:
             body = substitute_vars(t.value, dict(zip(t.axes, idx)))
-            self.memo[key] = self.visit(body)
+            recount, self._recount = self._recount, Counter()  # a later visit finds the body memoised
+            try:
+                self.memo[key] = self.visit(body)
+            finally:
+                self._recount = recount
         return self.memo[key]
 
 
