@@ -13,6 +13,7 @@ from tessera.graph.passes.constant_folding import fold_constants
 from tessera.graph.passes.dead_code import eliminate_dead_code
 from tessera.graph.passes.fold_batchnorm import fold_batchnorm
 from tessera.graph.passes.fuse_gelu import fuse_gelu
+from tessera.graph.passes.linear_bias import fold_linear_bias
 from tessera.graph.passes.matmul_to_linear import matmul_to_linear
 from tessera.graph.passes.merge_qkv import merge_parallel_projections
 
@@ -24,6 +25,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_batchnorm,
     fuse_gelu,
     matmul_to_linear,
+    fold_linear_bias,
     merge_parallel_projections,
     eliminate_dead_code,
 )
@@ -43,4 +45,4 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
-           "fuse_gelu", "matmul_to_linear", "merge_parallel_projections"]  # fmt: skip
+           "fuse_gelu", "matmul_to_linear", "fold_linear_bias", "merge_parallel_projections"]  # fmt: skip
