@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.passes.attention_masks import simplify_attention_masks
 from tessera.graph.passes.constant_folding import fold_constants
 from tessera.graph.passes.dead_code import eliminate_dead_code
 from tessera.graph.passes.drop_reshapes import drop_reshapes
@@ -30,6 +31,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_linear_bias,
     drop_reshapes,
     fuse_attention,
+    simplify_attention_masks,
     merge_parallel_projections,
     eliminate_dead_code,
 )
@@ -50,4 +52,4 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
            "fuse_gelu", "matmul_to_linear", "fold_linear_bias", "drop_reshapes",
-           "fuse_attention", "merge_parallel_projections"]  # fmt: skip
+           "fuse_attention", "simplify_attention_masks", "merge_parallel_projections"]  # fmt: skip
