@@ -9,9 +9,14 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.passes.attention_masks import simplify_attention_masks
 from tessera.graph.passes.constant_folding import fold_constants
 from tessera.graph.passes.dead_code import eliminate_dead_code
+from tessera.graph.passes.drop_reshapes import drop_reshapes
 from tessera.graph.passes.fold_batchnorm import fold_batchnorm
+from tessera.graph.passes.fuse_attention import fuse_attention
+from tessera.graph.passes.fuse_gelu import fuse_gelu
+from tessera.graph.passes.linear_bias import fold_linear_bias
 from tessera.graph.passes.matmul_to_linear import matmul_to_linear
 from tessera.graph.passes.merge_qkv import merge_parallel_projections
 
@@ -21,7 +26,12 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_constants,
     eliminate_dead_code,
     fold_batchnorm,
+    fuse_gelu,
     matmul_to_linear,
+    fold_linear_bias,
+    drop_reshapes,
+    fuse_attention,
+    simplify_attention_masks,
     merge_parallel_projections,
     eliminate_dead_code,
 )
@@ -41,4 +51,5 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
-           "matmul_to_linear", "merge_parallel_projections"]  # fmt: skip
+           "fuse_gelu", "matmul_to_linear", "fold_linear_bias", "drop_reshapes",
+           "fuse_attention", "simplify_attention_masks", "merge_parallel_projections"]  # fmt: skip

@@ -26,6 +26,7 @@ prepares the composition above.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Sequence
 from math import prod
@@ -173,6 +174,8 @@ def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
 
     if not _sm90():
         return "the fused kernel needs an SM90 GPU (TMA, wgmma)"
+    if importlib.util.find_spec("torch") is None:
+        return "the fused kernel's launcher allocates its workspaces through torch, which is not installed"
     d, dv = q_shape[-1], v_shape[-1]
     if d not in HEAD_DIMS:
         return f"head dim {d} is not one of the fused kernel's {HEAD_DIMS}"
@@ -207,7 +210,6 @@ class FlashAnchorKernel:
         self.out_shape: tuple[int, ...] = tuple(q_shape)
         self.out_dtype = dtype
         self._num_inputs = 3 if spec is None else 4
-        self._current_stream = torch.cuda.current_stream
         from tessera.backend import build_cuda, detect_cuda_arch
 
         arch = detect_cuda_arch()
@@ -224,12 +226,16 @@ class FlashAnchorKernel:
         return "\n".join(k.source for k in self._kernels)
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
+        from tessera.runtime.cuda import current_stream
+
         if len(inputs) != self._num_inputs or extras:
             raise ArgumentError(f"attention: takes {self._num_inputs} inputs and no extras, got {len(inputs)} and {len(extras)}")
         # TMA reads from 16-byte aligned addresses: an unaligned view is copied (rare: planned buffers are aligned).
         q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in inputs[:3])
         mask = inputs[3] if self._num_inputs == 4 else None
-        self._plan(q, k, v, mask, out, self._current_stream(out.device).cuda_stream)
+        # tessera's current stream: the compiled graph's own under native arrays (the one it
+        # captures), else torch's current stream for torch tensors.
+        self._plan(q, k, v, mask, out, current_stream((out,)))
 
     def __repr__(self) -> str:
         return f"<FlashAnchorKernel attention -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
