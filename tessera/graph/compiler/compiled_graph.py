@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
+from tessera.graph.compiler.cpu_replay import Replay
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
@@ -69,6 +70,8 @@ class _Plan:
         self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
         self.io: dict[Tensor, Any] = {}  # static input and output buffers of a CUDA-graph plan
+        self.replayable = False  # a CPU plan whose steps only launch C kernels (see cpu_replay)
+        self.replay: Any = None  # its recorded C calls (cpu_replay.Replay)
 
 
 class CompiledGraph:
@@ -84,6 +87,7 @@ class CompiledGraph:
         self.memory = choose_memory(target, self.options.get("arrays", "auto"))
         self.timings: dict[str, float] = {}  # seconds per compile phase (optimize, lower, build, anchors, plan)
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
+        self.step_times: list[float] | None = None  # see profile_steps
         if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
             log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
@@ -189,6 +193,7 @@ class CompiledGraph:
             plan.temps.append([self.memory.view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
         self._add_time("plan", time.perf_counter() - start)
         self._bind_anchors(plan.shapes)
+        plan.replayable = self.target == "cpu" and all(s.replayable for s in self.steps)
         return plan
 
     def _bind_anchors(self, shapes: Mapping[Tensor, tuple[int, ...]]) -> None:
@@ -220,17 +225,26 @@ class CompiledGraph:
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
         outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
-        self._run_steps(plan, arrays, outs)
+        if self.step_times is not None or not plan.replayable:
+            self._run_steps(plan, arrays, outs)
+        elif plan.replay is not None:
+            plan.replay(arrays, list(outs.values()))
+        else:  # the plan's first call records its C calls (see cpu_replay)
+            plan.replay = Replay.record(lambda: self._run_steps(plan, arrays, outs), arrays, list(outs.values()))
         return [self._result(t, arrays, outs) for t in self.graph.outputs]
 
     def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> None:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         env.update(plan.buffers)
         env.update(outs)
+        times = self.step_times
         with self.memory.running():
-            for step, temps in zip(self.steps, plan.temps):
+            for i, (step, temps) in enumerate(zip(self.steps, plan.temps)):
                 ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
+                start = time.perf_counter() if times is not None else 0.0
                 step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
+                if times is not None:
+                    times[i] += time.perf_counter() - start
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
@@ -287,6 +301,12 @@ class CompiledGraph:
         from tessera.graph.compiler.saved import save_compiled
 
         save_compiled(self, path, sizes)
+
+    def profile_steps(self, on: bool = True) -> None:
+        """Time each step of the calls from now on (`on`), summed into `step_times` (seconds
+        per step, in `steps` order; bench/cpu_profile.py prints them), or stop timing.  Timing
+        is host wall time around each step: exact on the CPU, launch time only on the GPU."""
+        self.step_times = [0.0] * len(self.steps) if on else None
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
