@@ -88,6 +88,7 @@ class CompiledGraph:
         self.timings: dict[str, float] = {}  # seconds per compile phase (optimize, lower, build, anchors, plan)
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
         self.step_times: list[float] | None = None  # see profile_steps
+        self._clock: Any = time.perf_counter
         if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
             log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
@@ -237,14 +238,14 @@ class CompiledGraph:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         env.update(plan.buffers)
         env.update(outs)
-        times = self.step_times
+        times, clock = self.step_times, self._clock
         with self.memory.running():
             for i, (step, temps) in enumerate(zip(self.steps, plan.temps)):
                 ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
-                start = time.perf_counter() if times is not None else 0.0
+                start = clock() if times is not None else 0.0
                 step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
                 if times is not None:
-                    times[i] += time.perf_counter() - start
+                    times[i] += clock() - start
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
@@ -302,11 +303,14 @@ class CompiledGraph:
 
         save_compiled(self, path, sizes)
 
-    def profile_steps(self, on: bool = True) -> None:
+    def profile_steps(self, on: bool = True, clock: Any = time.perf_counter) -> None:
         """Time each step of the calls from now on (`on`), summed into `step_times` (seconds
-        per step, in `steps` order; bench/cpu_profile.py prints them), or stop timing.  Timing
-        is host wall time around each step: exact on the CPU, launch time only on the GPU."""
+        per step, in `steps` order; bench/cpu_profile.py prints them), or stop timing.  `clock`
+        reads the time: host wall time by default (the kernels' time on the CPU, launch time
+        only on the GPU), or e.g. time.process_time for CPU time, which a loaded machine's
+        other processes do not inflate."""
         self.step_times = [0.0] * len(self.steps) if on else None
+        self._clock = clock
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
