@@ -5,6 +5,9 @@ arrays' addresses cannot be told apart or a step computes in Python."""
 
 from __future__ import annotations
 
+import platform
+import sys
+
 import numpy as np
 import pytest
 
@@ -35,8 +38,23 @@ def _plans(compiled):
     return list(compiled._plans.values())
 
 
+NATIVE = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")  # where cpu_runner's trampoline runs
+
+
+@pytest.fixture(params=["native", "ctypes"])
+def replay_kind(request, monkeypatch):
+    """Every replay test twice: through the native trampoline and through one ctypes call per kernel."""
+    if request.param == "ctypes":
+        from tessera.graph.compiler import cpu_runner
+
+        monkeypatch.setattr(cpu_runner, "_trampoline", lambda: None)
+    elif not NATIVE:
+        pytest.skip("the native trampoline runs on x86-64 Linux")
+    return request.param
+
+
 @pytest.mark.parametrize("batch", [5, "batch"])
-def test_replay_matches_the_steps_call_after_call(rng, batch):
+def test_replay_matches_the_steps_call_after_call(rng, batch, replay_kind):
     graph = _block(rng, batch)
     compiled = compile_graph(graph, "cpu")
     assert any(s.kind == "anchor" for s in compiled.steps) == (batch == 5)
@@ -52,9 +70,10 @@ def test_replay_matches_the_steps_call_after_call(rng, batch):
         previous = got
         (plan,) = _plans(compiled)
         assert plan.replayable and (plan.replay is not None) and len(plan.replay) >= 3
+        assert plan.replay.native == (replay_kind == "native")
 
 
-def test_replay_per_plan_of_a_dynamic_graph(rng):
+def test_replay_per_plan_of_a_dynamic_graph(rng, replay_kind):
     graph = _block(rng)
     compiled = compile_graph(graph, "cpu")
     for batch in (3, 1, 7, 3, 1, 7):
@@ -78,7 +97,7 @@ def test_profiling_runs_the_steps_and_agrees(rng):
     assert compiled.step_times is None
 
 
-def test_overlapping_inputs_are_not_recorded_until_they_are_apart(rng):
+def test_overlapping_inputs_are_not_recorded_until_they_are_apart(rng, replay_kind):
     """One array passed as both inputs: an address inside it could belong to either, so that call
     runs the steps and records nothing; a later call with separate arrays records."""
     b = GraphBuilder("pair")
@@ -97,7 +116,7 @@ def test_overlapping_inputs_are_not_recorded_until_they_are_apart(rng):
     np.testing.assert_allclose(compiled(a, a)[0], graph.run(a, a)[0], rtol=2e-6, atol=1e-6)  # the replay, aliased
 
 
-def test_replayed_kernel_raises_its_error(rng):
+def test_replayed_kernel_raises_its_error(rng, replay_kind):
     b = GraphBuilder("div")
     x, y = b.input("x", [3, 5], "int32"), b.input("y", [3, 5], "int32")
     b.output(b.op("div", x, y, rounding="floor"))
@@ -106,8 +125,9 @@ def test_replayed_kernel_raises_its_error(rng):
     y = rng.integers(1, 9, (3, 5)).astype(np.int32)
     np.testing.assert_array_equal(compiled(x, y)[0], np.floor_divide(x, y))
     assert _plans(compiled)[0].replay is not None
+    assert _plans(compiled)[0].replay.native == (replay_kind == "native")
     y[1, 2] = 0
-    with pytest.raises(DivisionByZeroError):
+    with pytest.raises(DivisionByZeroError, match="div"):
         compiled(x, y)
     y[1, 2] = 4
     np.testing.assert_array_equal(compiled(x, y)[0], np.floor_divide(x, y))
@@ -130,3 +150,14 @@ def test_a_python_step_keeps_the_plan_on_the_steps(rng, monkeypatch):
         np.testing.assert_allclose(compiled(xv)[0], graph.run(xv)[0], rtol=2e-6, atol=1e-6)
     (plan,) = _plans(compiled)
     assert not plan.replayable and plan.replay is None
+
+
+def test_trampoline_takes_only_integer_class_parameters():
+    import ctypes
+
+    from tessera.graph.compiler.cpu_runner import MAX_ARGS, runnable
+
+    assert runnable([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_bool])
+    assert not runnable([ctypes.c_void_p, ctypes.c_float])  # floats travel in vector registers
+    assert not runnable([ctypes.c_double])
+    assert not runnable([ctypes.c_void_p] * (MAX_ARGS + 1))

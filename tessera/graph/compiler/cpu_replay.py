@@ -7,7 +7,8 @@ constant and workspace is fixed; only the graph's inputs and outputs move from c
 So the plan's first call runs the steps as usual while `runtime.cpu.recording` notes each C
 call with its checked argument values; `Replay` keeps that list, and later calls only
 substitute the addresses of this call's inputs and outputs (at their recorded offsets) and
-call the C functions in order.
+call the C functions in order -- in one native call through `cpu_runner`'s trampoline where
+every kernel's parameters allow it, else one ctypes call each.
 
 Only steps that do nothing but launch CPU kernels may be replayed (`replayable`): a step that
 computes in Python (a numpy reference) would be skipped by the replay.  The recorded argument
@@ -17,12 +18,14 @@ views keep alive every array the recorded pointers point into.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from tessera.errors import raise_for_status
+from tessera.graph.compiler.cpu_runner import NativeRun, runnable
 from tessera.runtime.cpu import Launch, recording
 
 
@@ -49,6 +52,14 @@ class Replay:
                         patches.append((pos, r, value - base))
                         break
             self._calls.append((kernel.fn, list(launch.values), patches, kernel.func.name))
+        self._regions = len(spans)
+        self._native: NativeRun | None = None
+        if all(runnable(launch.kernel.fn.argtypes[:-1]) for launch in launches):
+            try:
+                self._native = NativeRun(self._calls, self._regions)
+            except RuntimeError:
+                self._native = None
+        self._lock = threading.Lock()  # the native run patches its argument words in place
 
     @classmethod
     def record(cls, run: Callable[[], None], inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> Replay | None:
@@ -68,6 +79,12 @@ class Replay:
         C-contiguous: the plan's shape check and input conversion guarantee it)."""
         bases = [_address(a) for a in inputs] + [_address(a) for a in outputs]
         status = ctypes.c_int32(0)
+        if self._native is not None:
+            with self._lock:
+                failed = self._native(bases, status)
+            if failed >= 0:
+                raise_for_status(status.value, self._calls[failed][3])
+            return
         ref = ctypes.byref(status)
         for fn, values, patches, name in self._calls:
             if patches:
@@ -80,3 +97,8 @@ class Replay:
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    @property
+    def native(self) -> bool:
+        """Whether the calls run in one native call (cpu_runner) rather than one ctypes call each."""
+        return self._native is not None
