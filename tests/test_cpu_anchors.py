@@ -61,6 +61,23 @@ def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
         np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel_hw,stride,padding,dilation", [((2, 3), (1, 2), (1, 2, 0, 1), (2, 1)),
+                                                               ((7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+                                                               ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1))])
+def test_conv2d_im2col_offsets_for_other_kernel_shapes(rng, kernel_hw, stride, padding, dilation):
+    """The per-column offset table (channel, kernel row, kernel column) for non-square kernels,
+    the 7x7 stride-2 stem and 1x1s, over three images."""
+    x, w = _f32(rng, 3, 4, 17, 15), _f32(rng, 9, 4, *kernel_hw)
+    t = torch.nn.functional.pad(torch.from_numpy(x).double(), (padding[1], padding[3], padding[0], padding[2]))
+    ref = torch.nn.functional.conv2d(t, torch.from_numpy(w).double(), stride=stride, dilation=dilation).numpy()
+    for weight in (None, w):
+        kernel = plan_cpu_conv2d(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+                                 weight=weight).load()  # fmt: skip
+        out = np.full(ref.shape, np.nan, np.float32)
+        kernel([x, w], out)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_other_dtypes_are_refused():
     with pytest.raises(UnsupportedError, match="float32"):
         plan_cpu_linear((4, 8), (3, 8), "float16")
