@@ -93,6 +93,10 @@ class CompiledGraph:
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
             log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
             self.use_cuda_graph = False
+        if target == "cpu":  # build (or find) the replay trampoline now: calls never compile
+            from tessera.graph.compiler.cpu_runner import artifact
+
+            artifact()
         self._constants: dict[Tensor, Any] = {}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
         self._arena: Any = None  # shared by every plan (see the module docstring)
@@ -286,6 +290,12 @@ class CompiledGraph:
         the tuning records (key, winner) that chose the prepared anchors' schedules."""
         paths: dict[Path, None] = {}
         tuning: dict[tuple[str, str], None] = {}
+        if self.target == "cpu":  # the replay trampoline (cpu_runner), so a loaded graph needs no compiler for it
+            from tessera.graph.compiler.cpu_runner import artifact
+
+            trampoline = artifact()
+            if trampoline is not None:
+                paths[trampoline] = None
         for step in self.steps:
             if step.kind == "fused" and step.compiled.artifact is not None:
                 paths[Path(step.compiled.artifact)] = None

@@ -22,6 +22,7 @@ import functools
 import logging
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tessera")
@@ -59,17 +60,31 @@ def _source() -> str:
     ]) + "\n"  # fmt: skip
 
 
-@functools.cache
-def _trampoline() -> Any:
-    """The built trampoline (cached like any kernel), or None where it cannot be built or used."""
+def artifact() -> Path | None:
+    """The built trampoline library (in the artifact cache, like any kernel; a saved compiled
+    graph ships it), or None where it cannot be built or used.  Not memoised: the cache
+    directory may change (TESSERA_CACHE_DIR), and a lookup of a built one is cheap."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None
     from tessera.backend.build import build_c
     from tessera.errors import TesseraError
 
     try:
-        fn = ctypes.CDLL(str(build_c(_source()))).ts_replay
-    except (TesseraError, OSError) as exc:  # no compiler, and no prebuilt artifact: ctypes replays instead
+        return Path(build_c(_source()))
+    except TesseraError as exc:  # no compiler, and no prebuilt artifact: ctypes replays instead
+        log.info("tessera: the native CPU replay is not available (%s); replaying through ctypes", exc)
+        return None
+
+
+@functools.cache
+def _trampoline() -> Any:
+    """The loaded trampoline, or None (see `artifact`)."""
+    path = artifact()
+    if path is None:
+        return None
+    try:
+        fn = ctypes.CDLL(str(path)).ts_replay
+    except OSError as exc:
         log.info("tessera: the native CPU replay is not available (%s); replaying through ctypes", exc)
         return None
     p64 = ctypes.POINTER(ctypes.c_int64)
