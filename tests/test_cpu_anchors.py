@@ -76,6 +76,23 @@ def test_call_errors_are_clear_and_a_scalar_extra_is_one_element(rng):
     assert repr(kernel).startswith("<CpuAnchorKernel ")
 
 
+@pytest.mark.parametrize("kernel_hw,stride,padding,dilation", [((2, 3), (1, 2), (1, 2, 0, 1), (2, 1)),
+                                                               ((7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+                                                               ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1))])
+def test_conv2d_im2col_offsets_for_other_kernel_shapes(rng, kernel_hw, stride, padding, dilation):
+    """The per-column offset table (channel, kernel row, kernel column) for non-square kernels,
+    the 7x7 stride-2 stem and 1x1s, over three images."""
+    x, w = _f32(rng, 3, 4, 17, 15), _f32(rng, 9, 4, *kernel_hw)
+    t = torch.nn.functional.pad(torch.from_numpy(x).double(), (padding[1], padding[3], padding[0], padding[2]))
+    ref = torch.nn.functional.conv2d(t, torch.from_numpy(w).double(), stride=stride, dilation=dilation).numpy()
+    for weight in (None, w):
+        kernel = plan_cpu_conv2d(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+                                 weight=weight).load()  # fmt: skip
+        out = np.full(ref.shape, np.nan, np.float32)
+        kernel([x, w], out)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_other_dtypes_are_refused():
     with pytest.raises(UnsupportedError, match="float32"):
         plan_cpu_linear((4, 8), (3, 8), "float16")
@@ -140,7 +157,36 @@ def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
         raise AssertionError("a cached tuning record must not build candidates again")
 
     monkeypatch.setattr(cpu_gemm, "plan_cpu_gemm", no_builds)
-    assert cpu_gemm.tuned_config(7, 21, 33, 1, "packed") == kernel.config
+    assert cpu_gemm.tuned_config(7, 21, 33, 1, "packed", extras=True) == kernel.config
+    if cpu_gemm.TILES[kernel.config.lanes] and any(cpu_gemm.spill_free(cpu_gemm.CpuGemmConfig(mr, nv, kernel.config.lanes, 1))
+                                                   for mr, nv in cpu_gemm.TILES[kernel.config.lanes]):  # fmt: skip
+        assert cpu_gemm.spill_free(kernel.config)  # the bias epilogue keeps the tile's B vectors in registers
+
+
+def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
+    """The tile chosen for a GEMM whose epilogue reads a bias compiles to a K loop whose FMAs
+    take every operand from registers (gcc spills the B vectors of larger tiles to the stack)."""
+    import re
+    import subprocess
+
+    from tessera.backend.build import C_FLAGS
+    from tessera.backend.isa import vector_lanes
+    from tessera.ops.anchors import cpu_gemm
+
+    if vector_lanes() != 16:
+        pytest.skip("the register budget was measured on AVX-512")
+    w = np.zeros((96, 80), np.float32)
+    cfg = cpu_gemm.heuristic_config(64, 96, 80, extras=True)
+    assert cpu_gemm.spill_free(cfg)
+    spilled = []
+    for tile in (cfg, cpu_gemm.CpuGemmConfig(8, 3, 16, 1)):
+        src = tmp_path / f"k{tile}.c"
+        src.write_text(plan_cpu_linear((64, 80), (96, 80), bias=True, weight=w, config=tile).source)
+        flags = [f for f in C_FLAGS if f not in ("-shared", "-fPIC")]
+        subprocess.run(["gcc", *flags, "-S", str(src), "-o", str(tmp_path / "k.s")], check=True)
+        asm = (tmp_path / "k.s").read_text()
+        spilled.append(bool(re.search(r"vfmadd\w+\s+-?\d*\(%rsp\)", asm)))
+    assert spilled == [False, True]  # the rule's tile keeps them; 8 x 48 (excluded by the rule) spills
 
 
 @pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),

@@ -111,6 +111,24 @@ def test_pooling_against_torch(rng):
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=f"case {k}")
 
 
+@pytest.mark.parametrize("kernel,stride,padding,ceil_mode", [(3, 2, 1, False), (3, 2, 1, True), (2, 3, 1, True),
+                                                           (4, 1, 2, False), (5, 3, 2, True)])
+def test_max_pool_padding_never_wins_and_special_values_propagate(rng, kernel, stride, padding, ceil_mode):
+    """Max pooling reads the nearest input element for a tap in the padding (ops.nn._pool): on
+    all-negative inputs with +inf, -inf and NaN on the borders it still equals torch's."""
+    torch = pytest.importorskip("torch")
+    x = ops.placeholder((2, 3, 13, 11), "float32", "x")
+    f = ops.build([ops.max_pool2d(x, kernel, stride, padding, ceil_mode=ceil_mode)], [x])
+    for _ in range(2):
+        xv = -np.abs(rng.standard_normal((2, 3, 13, 11))).astype(np.float32) - 1
+        xv[0, 0, 0, :] = np.inf
+        xv[0, 1, :, -1] = -np.inf
+        xv[1, 2, -1, 0] = np.nan
+        xv[1, 0, 0, 0] = np.nan
+        ref = torch.nn.functional.max_pool2d(torch.from_numpy(xv), kernel, stride, padding, ceil_mode=ceil_mode).numpy()
+        np.testing.assert_array_equal(f(xv), ref)
+
+
 def test_ceil_mode_pooling_over_symbolic_sizes(rng):
     """ceil_mode output sizes as expressions of symbolic H, W (torch's last-window rule included)."""
     torch = pytest.importorskip("torch")

@@ -10,6 +10,7 @@ load widens, each store and each cast to them rounds to nearest even.
 
 from __future__ import annotations
 
+from tessera.backend.c_math import C_MATH_HELPERS, VECTOR_MATH
 from tessera.backend.codegen_c_like import STATUS, CLikeCodegen, shared_helpers, symbol_name
 from tessera.backend.isa import cpu_isa, supports_lanes
 from tessera.errors import UnsupportedError
@@ -86,6 +87,7 @@ static inline float ts_float16_of_bits(uint16_t u) { return ts_h2f(u); }
 static inline uint16_t ts_bits_of_bfloat16(float v) { return ts_f2bf(v); }
 static inline float ts_bfloat16_of_bits(uint16_t u) { return ts_bf2f(u); }
 {helpers}
+{math}
 #ifdef __AVX2__
 /* Lanes 0..n-1 of an 8 x int32 mask for the AVX2 masked loads and stores. */
 static inline __m256i ts_mask8(int n) {
@@ -204,6 +206,12 @@ class CCodegen(CLikeCodegen):
     def status_argument(self) -> str:
         return f", {STATUS}"
 
+    def math_call(self, name: str, args: list[str], t) -> str:
+        # float32 exp/tanh/erf through the vectorisable helpers (backend/c_math.py); float64 through libm.
+        if name in VECTOR_MATH and t.is_float and t.nbits <= 32:
+            return f"{VECTOR_MATH[name]}({args[0]})"
+        return super().math_call(name, args, t)
+
     def loop_pragma(self, kind: str) -> str | None:
         return "#pragma omp parallel for schedule(static)" if kind == S.PARALLEL else None
 
@@ -236,7 +244,8 @@ def _sum_accumulators(body: S.Stmt) -> list[E.Var]:
 
 def generate_c(funcs: list[Function]) -> str:
     """C source for a list of lowered CPU kernels."""
-    parts = [C_PRELUDE.strip().replace("{helpers}", shared_helpers("static inline", status=True))]
+    prelude = C_PRELUDE.strip().replace("{helpers}", shared_helpers("static inline", status=True))
+    parts = [prelude.replace("{math}", C_MATH_HELPERS.strip())]
     for f in funcs:
         parts.append(CCodegen().function(f))
     return "\n\n".join(parts) + "\n"

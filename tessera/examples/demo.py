@@ -39,16 +39,23 @@ def _build(name: str, device: str) -> tuple[Any, Any]:
     return model.eval(), x
 
 
-def _median_ms(fn: Any, sync: Any, repeat: int = 20) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+REPEAT = 30
+
+
+def _interleaved_median_ms(fns: dict[str, Any], sync: Any, repeat: int = REPEAT) -> dict[str, float]:
+    """Median ms per call of each function, timed in alternation (one call of each per round),
+    so that load from other processes falls on all of them alike; each is warmed up first."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
 
 
 def _load_note() -> str:
@@ -85,15 +92,16 @@ def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
         compile_s = time.perf_counter() - t0
         err = float((got.float() - expected).abs().max() / expected.abs().max())
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-        eager_ms = _median_ms(lambda: model(x, **extra), sync)
-        tessera_ms = _median_ms(lambda: compiled(x, **extra), sync)
+        ms = _interleaved_median_ms({"eager": lambda: model(x, **extra), "tessera": lambda: compiled(x, **extra)}, sync)
+        eager_ms, tessera_ms = ms["eager"], ms["tessera"]
     tolerance = 2e-2 if dtype == torch.float16 else 1e-4
     ok = err <= tolerance
     print(f"model {name} on {device} ({str(dtype).removeprefix('torch.')}), input {tuple(x.shape)}")
     print(f"  compile + first call: {compile_s:.1f} s; graphs {stats['graphs']}, "
           f"segments {stats['segments']}, nodes left to torch {stats['eager_nodes']}")  # fmt: skip
     print(f"  max relative error vs torch float32: {err:.2e} ({'ok' if ok else 'ABOVE'} tolerance {tolerance:g})")
-    print(f"  latency: tessera {tessera_ms:.3f} ms, torch eager {eager_ms:.3f} ms (host-timed medians of 20)")
+    print(f"  latency: tessera {tessera_ms:.3f} ms, torch eager {eager_ms:.3f} ms "
+          f"(host-timed medians of {REPEAT} interleaved calls)")  # fmt: skip
     speedup = eager_ms / tessera_ms
     verdict = "faster than" if speedup >= 1.0 else "SLOWER than"
     print(f"  speed-up: {speedup:.2f}x -- tessera is {verdict} torch eager on this model and machine"

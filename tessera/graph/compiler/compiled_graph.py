@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
+from tessera.graph.compiler.cpu_replay import Replay
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
@@ -69,6 +70,8 @@ class _Plan:
         self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
         self.io: dict[Tensor, Any] = {}  # static input and output buffers of a CUDA-graph plan
+        self.replayable = False  # a CPU plan whose steps only launch C kernels (see cpu_replay)
+        self.replay: Any = None  # its recorded C calls (cpu_replay.Replay)
 
 
 class CompiledGraph:
@@ -84,10 +87,16 @@ class CompiledGraph:
         self.memory = choose_memory(target, self.options.get("arrays", "auto"))
         self.timings: dict[str, float] = {}  # seconds per compile phase (optimize, lower, build, anchors, plan)
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
+        self.step_times: list[float] | None = None  # see profile_steps
+        self._clock: Any = time.perf_counter
         if self.use_cuda_graph and any(s.kind == "reference" for s in steps):
             names = sorted({s.op.kind for s in steps if s.kind == "reference"})
             log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
             self.use_cuda_graph = False
+        if target == "cpu":  # build (or find) the replay trampoline now: calls never compile
+            from tessera.graph.compiler.cpu_runner import artifact
+
+            artifact()
         self._constants: dict[Tensor, Any] = {}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
         self._arena: Any = None  # shared by every plan (see the module docstring)
@@ -189,6 +198,7 @@ class CompiledGraph:
             plan.temps.append([self.memory.view(plan.arena, offsets[(i, j)], shape, dt) for j, (shape, dt) in enumerate(specs)])
         self._add_time("plan", time.perf_counter() - start)
         self._bind_anchors(plan.shapes)
+        plan.replayable = self.target == "cpu" and all(s.replayable for s in self.steps)
         return plan
 
     def _bind_anchors(self, shapes: Mapping[Tensor, tuple[int, ...]]) -> None:
@@ -220,17 +230,26 @@ class CompiledGraph:
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
         outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
-        self._run_steps(plan, arrays, outs)
+        if self.step_times is not None or not plan.replayable:
+            self._run_steps(plan, arrays, outs)
+        elif plan.replay is not None:
+            plan.replay(arrays, list(outs.values()))
+        else:  # the plan's first call records its C calls (see cpu_replay)
+            plan.replay = Replay.record(lambda: self._run_steps(plan, arrays, outs), arrays, list(outs.values()))
         return [self._result(t, arrays, outs) for t in self.graph.outputs]
 
     def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> None:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
         env.update(plan.buffers)
         env.update(outs)
+        times, clock = self.step_times, self._clock
         with self.memory.running():
-            for step, temps in zip(self.steps, plan.temps):
+            for i, (step, temps) in enumerate(zip(self.steps, plan.temps)):
                 ins = [env[t] if t in env else self._constant(t) for t in step.inputs]
+                start = clock() if times is not None else 0.0
                 step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
+                if times is not None:
+                    times[i] += clock() - start
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
@@ -271,6 +290,12 @@ class CompiledGraph:
         the tuning records (key, winner) that chose the prepared anchors' schedules."""
         paths: dict[Path, None] = {}
         tuning: dict[tuple[str, str], None] = {}
+        if self.target == "cpu":  # the replay trampoline (cpu_runner), so a loaded graph needs no compiler for it
+            from tessera.graph.compiler.cpu_runner import artifact
+
+            trampoline = artifact()
+            if trampoline is not None:
+                paths[trampoline] = None
         for step in self.steps:
             if step.kind == "fused" and step.compiled.artifact is not None:
                 paths[Path(step.compiled.artifact)] = None
@@ -287,6 +312,15 @@ class CompiledGraph:
         from tessera.graph.compiler.saved import save_compiled
 
         save_compiled(self, path, sizes)
+
+    def profile_steps(self, on: bool = True, clock: Any = time.perf_counter) -> None:
+        """Time each step of the calls from now on (`on`), summed into `step_times` (seconds
+        per step, in `steps` order; bench/cpu_profile.py prints them), or stop timing.  `clock`
+        reads the time: host wall time by default (the kernels' time on the CPU, launch time
+        only on the GPU), or e.g. time.process_time for CPU time, which a loaded machine's
+        other processes do not inflate."""
+        self.step_times = [0.0] * len(self.steps) if on else None
+        self._clock = clock
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -23,8 +23,9 @@ from tessera.ir.compute import Placeholder, TensorNode
 
 def group_signature(group: Group) -> str:
     """Structure of a group without its tensors' identities: equal signatures compute the same
-    function of their inputs (constants are inputs, so layers with different weights match)."""
-    local: dict[Tensor, str] = {t: f"in{i}:{t.dtype.name}{list(t.shape)}" for i, t in enumerate(group.inputs)}
+    function of their inputs (constants are inputs, so layers with different weights match;
+    the values of rank-0 constants are part of it: `lower_group` folds them into the code)."""
+    local: dict[Tensor, str] = {t: f"in{i}:{t.dtype.name}{list(t.shape)}{_scalar_value(t)}" for i, t in enumerate(group.inputs)}
     parts = []
     for k, op in enumerate(group.ops):
         attrs = sorted((name, repr(value)) for name, value in op.attrs.items())
@@ -33,6 +34,14 @@ def group_signature(group: Group) -> str:
             local[t] = f"op{k}.{j}"
     parts.append("->" + ",".join(local[t] for t in group.outputs))
     return ";".join(parts)
+
+
+def _scalar_value(t: Tensor) -> str:
+    """`=value` for a rank-0 constant (folded into the kernel), else nothing."""
+    if t.is_constant and t.ndim == 0:
+        value = t.data.item()  # type: ignore[union-attr]
+        return f"={value!r}" if value == value else "=nan"  # nan != nan would split equal groups
+    return ""
 
 
 def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor, tuple[int, ...]] | None = None,
@@ -54,7 +63,9 @@ def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor,
         placeholders.append(env[t])
     known: set[TensorNode] = set(placeholders)
     for op in group.ops:
-        outs = lower_operator(op, [env[t] for t in op.inputs], symbols)
+        # Rank-0 constants become numbers in the code (pow(x, 3.0) is x * x * x; group_signature
+        # keeps groups with other values apart).
+        outs = lower_operator(op, [env[t] for t in op.inputs], symbols, inline_scalars=True)
         env.update(zip(op.outputs, outs))
         if nodes is not None:
             nodes.append(_new_nodes(outs, known))
@@ -103,6 +114,11 @@ class FusedStep:
 
     def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
         self.compiled.run(arrays, outs, symbols=symbols, temporaries=temps)
+
+    @property
+    def replayable(self) -> bool:
+        """A CPU CompiledOp given its temporaries only launches its kernels (cpu_replay)."""
+        return self.compiled.target == "cpu"
 
     @property
     def num_kernels(self) -> int:
@@ -159,6 +175,18 @@ class AnchorStep:
         """The kernels prepared so far, one per distinct input shape."""
         return list(self._kernels.values())
 
+    @property
+    def replayable(self) -> bool:
+        """Every prepared kernel only launches C kernels (cpu_replay): a CPU template, or the
+        generic kernels of a CPU CompiledOp (whose temporaries the replay keeps alive)."""
+        from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
+
+        def launches_only(k: Any) -> bool:
+            compiled = getattr(k, "compiled", None)
+            return isinstance(getattr(k, "kernel", None), CpuAnchorKernel) or getattr(compiled, "target", None) == "cpu"
+
+        return all(launches_only(k) for k in self._kernels.values())
+
     def prepared_by_shape(self) -> list[tuple[tuple, Any]]:
         """(input shapes, kernel) of every kernel prepared so far."""
         return list(self._kernels.items())
@@ -180,6 +208,7 @@ class ReferenceStep:
     round trip through the host, so such a graph cannot be captured)."""
 
     kind = "reference"
+    replayable = False  # it computes in numpy
 
     def __init__(self, group: Group):
         self.group = group
