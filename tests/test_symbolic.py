@@ -96,6 +96,14 @@ def test_broadcasting_rule():
         broadcast_shapes((BoundDim(1, n),), (4,))
 
 
+def test_min_and_max_drop_every_dominated_argument_whatever_the_order():
+    a = Sym.var("a")  # names are sizes (>= 1)
+    assert sym_min(sym_min(2, a), 0) == 0 == sym_min(0, sym_min(2, a))
+    m = sym_max(0, mod(1, a))
+    assert sym_max(m, 1) == 1 == sym_max(1, m)  # 1 % a <= 1 and 0 <= 1
+    assert sym_min(a, 3, a + 1, 5) == sym_min(5, a + 1, 3, a) == sym_min(a, 3)
+
+
 # ---- properties ---------------------------------------------------------------------------------------------------
 def _exprs(depth: int = 3):
     leaves = st.one_of(st.integers(-6, 9).map(lambda v: ("int", v)), st.sampled_from(NAMES).map(lambda v: ("name", v)))

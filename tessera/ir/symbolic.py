@@ -337,18 +337,22 @@ def minmax(kind: str, args: Iterable[Dim]) -> Dim:
         flat.extend(inner.args if isinstance(inner, MinMax) and inner.kind == kind else [x])
     if not flat:
         raise ShapeError(f"{kind}() of no sizes")
+    # An argument whose difference to another has a known sign is decided: the dominated one goes.
+    # Each new argument is compared with every kept one (min(2, a, 0) -> 0 for names >= 1), so the
+    # result does not depend on the order the arguments come in.
     kept: list[Dim] = []
     for x in flat:
-        for i, y in enumerate(kept):
-            diff = x - y  # an argument whose difference to another has a known sign is decided
-            if nonneg(diff):
-                kept[i] = x if kind == "max" else y
-                break
-            if nonneg(-diff):
-                kept[i] = y if kind == "max" else x
-                break
-        else:
-            kept.append(x)
+        survivors: list[Dim] = []
+        x_dominated = False
+        for y in kept:
+            x_ge_y, y_ge_x = nonneg(x - y), nonneg(y - x)
+            if x_dominated or not (x_ge_y or y_ge_x):
+                survivors.append(y)
+            elif (x_ge_y if kind == "min" else y_ge_x):
+                x_dominated = True  # y is at least as good as x (equal ones: the kept one stays)
+                survivors.append(y)
+            # else y is dominated by x: dropped
+        kept = survivors if x_dominated else [*survivors, x]
     if len(kept) == 1:
         return kept[0]
     return _atom(MinMax(kind, tuple(sorted(kept, key=dim_key))))
