@@ -174,27 +174,34 @@ def test_checkpoint_errors():
 GROUPS = (128, 32, 64, None, 8)
 
 
+def _odd_size_weights(torch, rng, t):
+    """(group, zero points, K, prepared weight, dequantised float64 weight on the GPU) for every
+    group size, with and without zero points, at odd sizes (N % 16, K % 256 != 0)."""
+    from tessera.quant.linear import prepare
+
+    for i, group in enumerate(GROUPS):
+        for zp in ((None, True) if t.is_integer else (None,)):
+            n, k = (40, 520) if i % 2 else (100, 1000)
+            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
+            yield group, zp, k, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
 def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     """Odd sizes (N not a multiple of 16, K not of 256), M from 1 to 16 and past it (grid.y),
     every group size, with and without zero points, several configs (split-K in clusters)."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.quant.linear import cuda_matmul
 
     configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
                DecodeConfig(4, 2, 1, 2, 1))
-    for i, group in enumerate(GROUPS):
-        for zp in ((None, True) if t.is_integer else (None,)):
-            n, k = (40, 520) if i % 2 else (100, 1000)
-            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
-            p = prepare(q)
-            w = torch.from_numpy(q.dequantize()).cuda().double()
-            for m, config in zip((1, 3, 13, 40, 9), configs):
-                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                y = cuda_matmul(x, p, config)
-                ref = x.double() @ w.T
-                assert float((y.double() - ref).norm() / ref.norm()) < 2e-3, (t, group, zp, m, config)
+    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
+        for m, config in zip((1, 3, 13, 40, 9), configs):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            y = cuda_matmul(x, p, config)
+            ref = x.double() @ w.T
+            assert float((y.double() - ref).norm() / ref.norm()) < 2e-3, (t, group, zp, m, config)
 
 
 # cp.async weight-ring configs (stages > 0): deep and shallow rings, x from global memory or
@@ -211,20 +218,15 @@ def test_cuda_decode_pipelined_variants(rng, t):
     """The weight-ring variants at odd sizes (N % 16, K % 256 != 0), every group size, with
     and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.quant.linear import cuda_matmul
 
-    for i, group in enumerate(GROUPS):
-        for zp in ((None, True) if t.is_integer else (None,)):
-            n, k = (40, 520) if i % 2 else (100, 1000)
-            q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
-            p = prepare(q)
-            w = torch.from_numpy(q.dequantize()).cuda().double()
-            for m, config in zip((1, 16, 5, 40, 9), PIPELINED):
-                for _ in range(2):
-                    x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                    ref = x.double() @ w.T
-                    err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
-                    assert err < 2e-3, (t, group, zp, m, config)
+    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
+        for m, config in zip((1, 16, 5, 40, 9), PIPELINED):
+            for _ in range(2):
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                ref = x.double() @ w.T
+                err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+                assert err < 2e-3, (t, group, zp, m, config)
 
 
 @pytest.mark.parametrize("t, group, bias, config", [
