@@ -260,6 +260,7 @@ def test_decode_candidates_are_valid_configs():
 @pytest.mark.cuda
 def test_cuda_prefill_path_and_compiled_module(rng):
     torch = pytest.importorskip("torch")
+    import tessera.frontend.torch  # noqa: F401  (registers the backend without an installed entry point)
     from tessera.quant.linear import cuda_matmul, prepare
 
     for t in ("int4", "uint3", "e4m3"):
@@ -374,6 +375,8 @@ def test_lowbit_anchor_with_fused_epilogue_builds():
 @pytest.mark.cuda
 def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
     torch = pytest.importorskip("torch")
+    import tessera.frontend.torch  # noqa: F401  (registers the backend without an installed entry point)
+
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(264, 72), torch.nn.GELU(), torch.nn.Linear(72, 40))
     for weight in ("int4", "uint3", "e2m1"):
