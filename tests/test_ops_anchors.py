@@ -247,7 +247,8 @@ def test_attention_mask_is_an_epilogue_operand():
 
 @needs_nvcc
 @pytest.mark.parametrize("which", ["matmul_batched_bcast", "matmul_vec", "linear_splitk_bias", "linear_wgmma",
-                                   "linear_tma", "matmul_tma_kn", "conv_stem", "conv_1x1_direct", "conv_3x3_bf16"])  # fmt: skip
+                                   "linear_tma", "matmul_tma_kn", "conv_stem", "conv_1x1_direct", "conv_3x3_bf16",
+                                   "conv_nhwc_3x3", "conv_nhwc_1x1"])  # fmt: skip
 def test_plans_compile_with_nvcc(which):
     if which == "linear_tma":  # the planning device is an H200: aligned linear layers go to the TMA GEMM
         plan = plan_linear((3, 50, 1024), (4096, 1024), "float16", bias=True, epilogue=gelu_ep((3, 50, 4096)))
@@ -281,6 +282,15 @@ def test_plans_compile_with_nvcc(which):
     elif which == "conv_1x1_direct":
         plan = plan_conv2d((2, 64, 8, 8), (256, 64, 1, 1), "float16", wgmma=False)
         assert len(plan.launches) == 1 and plan.workspaces == [] and plan.aligned_inputs == [1, 0]
+    elif which == "conv_nhwc_3x3":  # channels-last: im2col rows of contiguous channels, then the TMA GEMM
+        plan = plan_conv2d((2, 14, 15, 64), (64, 3, 3, 64), "float16", padding=1, bias=True, layout="NHWC",
+                           epilogue=gelu_ep((2, 14, 15, 64)))  # fmt: skip
+        assert isinstance(plan.config, TmaConfig) and plan.workspaces == [((2 * 14 * 15, 576), dtypes.float16)]
+        assert [m.shape for m in plan.tensor_maps] == [(1, 420, 576), (1, 64, 576)]
+        assert plan.tensor_maps[1].operand == (0, 1)  # the OHWI weight is [O, kh*kw*C] itself
+    elif which == "conv_nhwc_1x1":  # a 1x1 stride-1 NHWC conv reads x itself: no copy
+        plan = plan_conv2d((2, 7, 7, 512), (128, 1, 1, 512), "float16", layout="NHWC")
+        assert isinstance(plan.config, TmaConfig) and len(plan.launches) == 1 and plan.workspaces == []
     else:
         plan = plan_conv2d((2, 64, 14, 15), (64, 64, 3, 3), "bfloat16", padding=1, wgmma=False)
         assert len(plan.launches) == 2 and plan.workspaces == [((2 * 14 * 15, 576), dtypes.bfloat16)]
@@ -454,15 +464,19 @@ CONV_CASES = [
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("x_shape,w_shape,stride,pads,dilation,bias,dtype,kind", CONV_CASES)
-def test_conv2d_anchor(torch, x_shape, w_shape, stride, pads, dilation, bias, dtype, kind):
+def test_conv2d_anchor(torch, x_shape, w_shape, stride, pads, dilation, bias, dtype, kind, layout):
     F = torch.nn.functional
     fan_in = w_shape[1] * w_shape[2] * w_shape[3]
     x, w, b = rand(torch, x_shape, dtype), rand(torch, w_shape, dtype, fan_in**-0.5), rand(torch, w_shape[:1], dtype)
     xp = F.pad(x.double(), (pads[1], pads[3], pads[0], pads[2]))
     y = F.conv2d(xp, w.double(), b.double() if bias else None, stride=stride, dilation=dilation)
+    if layout == "NHWC":  # the same convolution on channels-last operands (OHWI weight)
+        x, w, y = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, y))
     ep, extras, fn = epilogue_for(kind, torch, tuple(y.shape), dtype)
-    kernel = prepare_conv2d(x_shape, w_shape, dtype, stride=stride, padding=pads, dilation=dilation, bias=bias, epilogue=ep)
+    kernel = prepare_conv2d(tuple(x.shape), tuple(w.shape), dtype, stride=stride, padding=pads, dilation=dilation,
+                            bias=bias, epilogue=ep, layout=layout)  # fmt: skip
     assert kernel.out_shape == tuple(y.shape)
     run_anchor(torch, kernel, [x, w, b] if bias else [x, w], extras, fn(y.to(getattr(torch, dtype)).double()), dtype)
 

@@ -73,8 +73,8 @@ def _is_cpu_anchor(op: Operator) -> bool:
     # serve every size from one build (a CPU GEMM per batch size would cost a gcc run each).
     if not all(isinstance(d, int) for t in (*op.inputs, *op.outputs) for d in t.shape):
         return False
-    if op.kind == "conv2d":
-        return op.attrs.get("groups", 1) == 1 and op.inputs[0].ndim == 4
+    if op.kind == "conv2d":  # the x86 implicit GEMM reads NCHW
+        return op.attrs.get("groups", 1) == 1 and op.inputs[0].ndim == 4 and op.attrs.get("layout", "NCHW") == "NCHW"
     return True
 
 
@@ -170,7 +170,8 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         a = op.attrs
         kernel = anchors.prepare_conv2d(in_shapes[0], in_shapes[1], dtype, stride=a["stride"],
                                         padding=a["padding"], dilation=a["dilation"],
-                                        groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune)  # fmt: skip
+                                        groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune,
+                                        layout=a.get("layout", "NCHW"))  # fmt: skip
     elif op.kind == "lowbit_linear":
         from tessera.quant.anchor import prepare_lowbit_linear
 

@@ -65,6 +65,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
 def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None) -> CompiledGraph:
     from tessera.graph.lowering import lowering_error
     from tessera.graph.passes import optimize as run_passes
+    from tessera.graph.passes.channels_last import to_channels_last
 
     if target == "cuda":
         _require_gpu()
@@ -74,6 +75,8 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     start = time.perf_counter()
     if optimize:
         run_passes(graph)
+    if target == "cuda":  # a layout decision, not an optional rewrite: the GPU's GEMMs want NHWC
+        to_channels_last(graph)
     timings["optimize"] = time.perf_counter() - start
     options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
                "arrays": opts.arrays}  # fmt: skip

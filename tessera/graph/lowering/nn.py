@@ -86,6 +86,9 @@ def linear(ctx: Ctx) -> list[TensorNode]:
 def conv2d(ctx: Ctx) -> list[TensorNode]:
     x, w = ctx.x(0), ctx.x(1)
     a = ctx.attrs
+    nhwc = a.get("layout", "NCHW") == "NHWC"
+    if nhwc:  # the NCHW computation over permuted views: the permutes inline into its loads and store
+        x, w = ops.permute(x, (0, 3, 1, 2)), ops.permute(w, (0, 3, 1, 2))
     pt, pl, pb, pr = _pads(a["padding"])
     padding = (pt, pl)
     if (pt, pl) != (pb, pr):  # ops pads symmetrically: pad explicitly (the pad inlines into the conv)
@@ -93,12 +96,13 @@ def conv2d(ctx: Ctx) -> list[TensorNode]:
         padding = (0, 0)
     b = view(ctx.x(2), [w.shape[0]]) if len(ctx.inputs) == 3 else None
     y = ops.conv2d(x, w, b, stride=pair(a["stride"]), padding=padding, dilation=pair(a["dilation"]), groups=int(a["groups"]))
-    return ctx.finish([y])
+    return ctx.finish([ops.permute(y, (0, 2, 3, 1)) if nhwc else y])
 
 
 def check_conv2d(op: Operator) -> str | None:
     x, w = op.inputs[0], op.inputs[1]
-    if not isinstance(x.shape[1], int) or not all(isinstance(d, int) for d in w.shape):
+    channel_axis = 3 if op.attrs.get("layout", "NCHW") == "NHWC" else 1
+    if not isinstance(x.shape[channel_axis], int) or not all(isinstance(d, int) for d in w.shape):
         return "conv2d with symbolic channel or kernel sizes is not lowered"
     if not op.outputs[0].dtype.is_float:
         return "conv2d of integer tensors is not lowered"

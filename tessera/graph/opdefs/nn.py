@@ -57,24 +57,46 @@ def _windows(x: np.ndarray, k, s, d, pads, fill, out_hw) -> np.ndarray:
 
 
 # ---- conv2d -------------------------------------------------------------------------------
+# layout "NCHW": x [N, C, H, W], weight [O, C/groups, kh, kw] (OIHW), out [N, O, OH, OW];
+# layout "NHWC": x [N, H, W, C], weight [O, kh, kw, C/groups] (OHWI), out [N, OH, OW, O] — the
+# channels-last form the GPU layout pass gives convolutions (rows of the GEMM are pixels).
+CONV_LAYOUTS = ("NCHW", "NHWC")
+_TO_NCHW, _TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
+
+
+def _conv_layout(a) -> str:
+    layout = a.get("layout", "NCHW")
+    if layout not in CONV_LAYOUTS:
+        raise ShapeError(f"conv2d layout must be one of {CONV_LAYOUTS}, got {layout!r}")
+    return layout
+
+
 def _conv_infer(xs, a):
     x, w = xs[0], xs[1]
+    nhwc = _conv_layout(a) == "NHWC"
     if x.ndim != 4 or w.ndim != 4:
-        raise ShapeError(f"conv2d takes NCHW input and OIHW weight, got {x.shape} and {w.shape}")
+        what = "NHWC input and OHWI weight" if nhwc else "NCHW input and OIHW weight"
+        raise ShapeError(f"conv2d takes {what}, got {x.shape} and {w.shape}")
+    xs_shape = tuple(x.shape[i] for i in _TO_NCHW) if nhwc else tuple(x.shape)
+    ws_shape = tuple(w.shape[i] for i in _TO_NCHW) if nhwc else tuple(w.shape)
     g = a["groups"]
-    if isinstance(x.shape[1], int) and x.shape[1] != w.shape[1] * g:
-        raise ShapeError(f"input has {x.shape[1]} channels, weight expects {w.shape[1]} x {g} groups")
-    if isinstance(w.shape[0], int) and w.shape[0] % g:
-        raise ShapeError(f"{w.shape[0]} output channels do not split into {g} groups")
-    if len(xs) == 3 and xs[2].shape != (w.shape[0],):
-        raise ShapeError(f"bias shape {xs[2].shape} does not match {w.shape[0]} output channels")
+    if isinstance(xs_shape[1], int) and xs_shape[1] != ws_shape[1] * g:
+        raise ShapeError(f"input has {xs_shape[1]} channels, weight expects {ws_shape[1]} x {g} groups")
+    if isinstance(ws_shape[0], int) and ws_shape[0] % g:
+        raise ShapeError(f"{ws_shape[0]} output channels do not split into {g} groups")
+    if len(xs) == 3 and xs[2].shape != (ws_shape[0],):
+        raise ShapeError(f"bias shape {xs[2].shape} does not match {ws_shape[0]} output channels")
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = pair(a["stride"]), pair(a["dilation"]), _pads(a["padding"])
-    oh = _window_out(x.shape[2], w.shape[2], sh, pt, pb, dh)
-    ow = _window_out(x.shape[3], w.shape[3], sw, pl, pr, dw)
-    return [((x.shape[0], w.shape[0], oh, ow), x.dtype)]
+    oh = _window_out(xs_shape[2], ws_shape[2], sh, pt, pb, dh)
+    ow = _window_out(xs_shape[3], ws_shape[3], sw, pl, pr, dw)
+    out = (xs_shape[0], oh, ow, ws_shape[0]) if nhwc else (xs_shape[0], ws_shape[0], oh, ow)
+    return [(out, x.dtype)]
 
 
 def _conv_ref(xs, a):
+    if _conv_layout(a) == "NHWC":  # the NCHW reference on transposed operands
+        nchw = [xs[0].transpose(_TO_NCHW), xs[1].transpose(_TO_NCHW), *xs[2:]]
+        return [_conv_ref(nchw, {**a, "layout": "NCHW"})[0].transpose(_TO_NHWC)]
     x, w = upcast(xs[0]), upcast(xs[1])
     n, g = x.shape[0], a["groups"]
     o, cg, kh, kw = w.shape
@@ -94,8 +116,9 @@ def _conv_ref(xs, a):
 
 
 register("conv2d", infer=_conv_infer, reference=_conv_ref, category="anchor", num_inputs=(2, 3),
-         attrs={"stride": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1},
-         doc="inputs: x [N,C,H,W], weight [O,C/groups,kh,kw], optional bias [O]; padding (top, left, bottom, right)")  # fmt: skip
+         attrs={"stride": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1, "layout": "NCHW"},
+         doc="inputs: x [N,C,H,W], weight [O,C/groups,kh,kw], optional bias [O]; padding (top, left, bottom, right); "
+             "layout 'NHWC': x [N,H,W,C], weight [O,kh,kw,C/groups], out [N,OH,OW,O]")  # fmt: skip
 
 
 # ---- pooling ------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ Two forms:
   16-byte copies; out[pixel, o] = col @ W.T is an "nk" GEMM (the wgmma template's layout) whose
   stores unravel the pixel into (n, oh, ow).  When K is not a multiple of 8 (the RGB stem), a
   second kernel copies the weight into a zero-padded [O, Kp] workspace.
+
+With layout "NHWC" (x [N, H, W, C], weight OHWI [O, kh, kw, C], out [N, OH, OW, O]: what the
+GPU layout pass gives convolutions) every form is one plain row-major GEMM over all pixels,
+so it runs on the TMA GEMM: out[pixel, o] = x[pixel, :] @ W[o, :] for a 1x1 stride-1 conv
+(no copy), else col @ W.T with col[pixel, (u, v, c)] — each im2col row is kh*kw runs of C
+contiguous channels, and OHWI is already [O, kh*kw*C] in memory.
 """
 
 from __future__ import annotations
@@ -90,34 +96,122 @@ def _im2col_launches(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[
     return col_slot, w_slot
 
 
-def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str, *, stride: int | Sequence[int] = 1,
-                padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, bias: bool = False,
-                epilogue: Epilogue | None = None, tune: bool = False, wgmma: bool | None = None,
-                config: Config | None = None) -> AnchorPlan:  # fmt: skip
-    """The uncompiled plan of prepare_conv2d."""
-    dt = check_dtype(dtype, "conv2d")
-    x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
-    if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ArgumentError(f"conv2d: x must be NCHW and the weight OIHW (4-D), got {x_shape} and {w_shape}")
-    if groups != 1:
-        raise UnsupportedError(f"conv2d: the GEMM template handles groups=1 only, got groups={groups}")
-    n, c, h, w = x_shape
-    o, cw, kh, kw = w_shape
-    if cw != c:
-        raise ArgumentError(f"conv2d: x has {c} channels but the weight {w_shape} expects {cw}")
+def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dilation) -> dict[str, int]:
     (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(sh, sw, dh, dw) < 1:
         raise ArgumentError(f"conv2d: stride and dilation must be >= 1, got {stride!r} and {dilation!r}")
     pt, pl, pb, pr = _pads(padding)
+    (h, w), (kh, kw) = x_hw, k_hw
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
-        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for input {x_shape} and weight {w_shape}")
+        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel")
+    return dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
+
+
+def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
+                 geo: dict[str, int], kp: int) -> tuple[Slot, Slot]:  # fmt: skip
+    """col[N*OH*OW, Kp] with column q = (u * kw + v) * C + c (zero past K and outside x), and the
+    weight as [O, Kp] (itself when K == Kp: OHWI is [O, K] in memory); return both slots."""
+    n, h, w, c = x_shape
+    o, kh, kw, _ = w_shape
+    oh, ow, k = geo["oh"], geo["ow"], kh * kw * c
+    x = Placeholder("x", x_shape, dt)
+    wt = Placeholder("w", w_shape, dt)
+    zero = E.Const(0, dt)
+
+    def col_value(p: E.Expr, q: E.Expr) -> E.Expr:
+        img, rem = p // i32(oh * ow), p % i32(oh * ow)
+        y, xx = rem // i32(ow), rem % i32(ow)
+        tap, ci = q // i32(c), q % i32(c)
+        u, v = tap // i32(kw), tap % i32(kw)
+        hi = y * i32(geo["sh"]) + u * i32(geo["dh"]) - i32(geo["pt"])
+        wi = xx * i32(geo["sw"]) + v * i32(geo["dw"]) - i32(geo["pl"])
+        conds = [hi >= i32(0), hi < i32(h), wi >= i32(0), wi < i32(w)] + ([q < i32(k)] if kp != k else [])
+        inside = conds[0]
+        for cnd in conds[1:]:
+            inside = E.Binary("&&", inside, cnd)
+        return E.Select(inside, x[img, hi, wi, ci], zero)  # short-circuit: no read outside x
+
+    col = compute((n * oh * ow, kp), col_value, "im2col", dt)
+    outputs, inputs, slots = [col], [x], {x: (INPUT, 0)}
+    col_slot = plan.workspace((n * oh * ow, kp), dt)
+    slots[col] = col_slot
+    w_slot: Slot = (INPUT, 1)
+    if kp != k:
+        def wpad_value(r: E.Expr, q: E.Expr) -> E.Expr:
+            tap = q // i32(c)
+            return E.Select(q < i32(k), wt[r, tap // i32(kw), tap % i32(kw), q % i32(c)], zero)
+
+        outputs.append(compute((o, kp), wpad_value, "weight_pad", dt))
+        inputs.append(wt)
+        slots[wt] = (INPUT, 1)
+        w_slot = plan.workspace((o, kp), dt)
+        slots[outputs[-1]] = w_slot
+    ops_launches(plan, outputs, inputs, slots, "conv2d")
+    return col_slot, w_slot
+
+
+def _nhwc_problem(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
+                  geo: dict[str, int]) -> GemmProblem:  # fmt: skip
+    n, h, w, c = x_shape
+    o, kh, kw, cw = w_shape
+    if cw != c:
+        raise ArgumentError(f"conv2d: x (NHWC) has {c} channels but the weight {w_shape} (OHWI) expects {cw}")
+    oh, ow = geo["oh"], geo["ow"]
+    pixels = (n, oh, ow)
+    pointwise = kh == kw == 1 and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
+    if pointwise and c % 8 == 0:  # x itself is the [pixels, C] operand
+        a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)
+        b = Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, i32(0), i32(0), q), plain=True)
+        kp = c
+    else:
+        k = kh * kw * c
+        kp = -(-k // 8) * 8
+        col_slot, w_slot = _nhwc_im2col(plan, x_shape, w_shape, dt, geo, kp)
+        a = Operand(col_slot, (n * oh * ow, kp), lambda bi, r, q: (r, q), plain=True)
+        if w_slot[0] == WORKSPACE:
+            b = Operand(w_slot, (o, kp), lambda bi, r, q: (r, q), plain=True)
+        else:
+            b = Operand(w_slot, w_shape, lambda bi, r, q: (r, q // i32(kw * c), (q // i32(c)) % i32(kw), q % i32(c)),
+                        plain=True)  # fmt: skip
+    return GemmProblem(dt, "nk", 1, n * oh * ow, o, kp, a, b, lambda z, r, col: (*unravel(r, pixels), col), True,
+                       row_major_out=True)  # fmt: skip
+
+
+def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str, *, stride: int | Sequence[int] = 1,
+                padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, bias: bool = False,
+                epilogue: Epilogue | None = None, tune: bool = False, wgmma: bool | None = None,
+                config: Config | None = None, layout: str = "NCHW") -> AnchorPlan:  # fmt: skip
+    """The uncompiled plan of prepare_conv2d."""
+    dt = check_dtype(dtype, "conv2d")
+    x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
+    if layout not in ("NCHW", "NHWC"):
+        raise ArgumentError(f"conv2d: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    nhwc = layout == "NHWC"
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        what = "x must be NHWC and the weight OHWI" if nhwc else "x must be NCHW and the weight OIHW"
+        raise ArgumentError(f"conv2d: {what} (4-D), got {x_shape} and {w_shape}")
+    if groups != 1:
+        raise UnsupportedError(f"conv2d: the GEMM template handles groups=1 only, got groups={groups}")
+    if nhwc:
+        geo = _geometry(x_shape[1:3], w_shape[1:3], stride, padding, dilation)
+        out_shape = (x_shape[0], geo["oh"], geo["ow"], w_shape[0])
+        plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
+        p = _nhwc_problem(plan, x_shape, w_shape, dt, geo)
+        return plan_gemm("conv2d", p, out_shape, plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 3, tune,
+                         wgmma, config, plan)  # fmt: skip
+    n, c, h, w = x_shape
+    o, cw, kh, kw = w_shape
+    if cw != c:
+        raise ArgumentError(f"conv2d: x has {c} channels but the weight {w_shape} expects {cw}")
+    geo = _geometry((h, w), (kh, kw), stride, padding, dilation)
+    oh, ow = geo["oh"], geo["ow"]
     out_shape = (n, o, oh, ow)
     plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
     bias_slot = (INPUT, 2) if bias else None
-    direct = kh == kw == 1 and sh == sw == 1 and pt == pl == pb == pr == 0 and c % 8 == 0 and (h * w) % 8 == 0
-    if direct:
+    direct = kh == kw == 1 and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
+    if direct and c % 8 == 0 and (h * w) % 8 == 0:
         p = GemmProblem(dt, "kn", n, o, h * w, c,
                         Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, q, i32(0), i32(0))),
                         Operand((INPUT, 0), x_shape, lambda bi, q, col: (bi, q, col // i32(w), col % i32(w))),
@@ -125,7 +219,6 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
     else:
         k = c * kh * kw
         kp = -(-k // 8) * 8
-        geo = dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw)
         col_slot, w_slot = _im2col_launches(plan, x_shape, w_shape, dt, geo, kp)
         if w_slot[0] == WORKSPACE:
             b = Operand(w_slot, (o, kp), lambda bi, r, q: (r, q))
@@ -138,13 +231,14 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
 
 def prepare_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str, *, stride: int | Sequence[int] = 1,
                    padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, bias: bool = False,
-                   epilogue: Epilogue | None = None, tune: bool = False) -> AnchorKernel:  # fmt: skip
-    """2-D convolution (cross-correlation, zero padding) of NCHW x with OIHW weights on tensor cores.
+                   epilogue: Epilogue | None = None, tune: bool = False, layout: str = "NCHW") -> AnchorKernel:  # fmt: skip
+    """2-D convolution (cross-correlation, zero padding) on tensor cores.
 
+    layout "NCHW": x [N, C, H, W], weight OIHW, output [N, O, OH, OW]; layout "NHWC": x
+    [N, H, W, C], weight OHWI [O, kh, kw, C], output [N, OH, OW, O] (one GEMM over all pixels).
     `padding` is (top, left, bottom, right) (an int or a (h, w) pair also work).  Inputs at
-    call time: ``[x, w]`` or ``[x, w, bias]`` (bias [O], added to the float32 accumulator);
-    the output is NCHW [N, O, OH, OW].  groups > 1 raises UnsupportedError.
+    call time: ``[x, w]`` or ``[x, w, bias]`` (bias [O], added to the float32 accumulator).
+    groups > 1 raises UnsupportedError.
     """
     return plan_conv2d(x_shape, w_shape, dtype, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                       bias=bias, epilogue=epilogue, tune=tune).load()  # fmt: skip
-
+                       bias=bias, epilogue=epilogue, tune=tune, layout=layout).load()  # fmt: skip
