@@ -89,13 +89,10 @@ def test_unknown_conv_layout_is_refused(bad):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_compiles_convolutions_channels_last_on_the_tma_gemm(rng, dtype):
+def test_gpu_compiles_convolutions_channels_last_on_the_tma_gemm(rng):
+    """(bfloat16 NHWC convolutions: tests/test_ops_anchors.py::test_conv2d_anchor)"""
     torch = pytest.importorskip("torch")
     g = _residual_net(rng, "float16", batch=3)
-    if dtype == "bfloat16":  # the same net with bfloat16 constants and input
-        for t in g.constants:
-            t.data = torch.from_numpy(t.data.astype(np.float32)).bfloat16().float().numpy().astype(t.data.dtype)
     xs = [rng.standard_normal((3, 8, 9, 11)).astype(np.float16) for _ in range(3)]
     want = [g.run(x) for x in xs]
     compiled = compile_graph(g, "cuda")
