@@ -96,9 +96,9 @@ def test_gpu_compiles_convolutions_channels_last_on_the_tma_gemm(rng):
     xs = [rng.standard_normal((3, 8, 9, 11)).astype(np.float16) for _ in range(3)]
     want = [g.run(x) for x in xs]
     compiled = compile_graph(g, "cuda")
-    report = str(compiled.report())
     assert sum(op.kind == "conv2d" and op.attrs["layout"] == "NHWC" for op in g.operators) == 4
-    assert "tma_" in report, report
     for x, ref in zip(xs, want):
         for got, r in zip(compiled(torch.from_numpy(x).cuda()), ref):
             np.testing.assert_allclose(got.float().cpu().numpy(), r.astype(np.float32), rtol=2e-2, atol=2e-2)
+    report = str(compiled.report())  # anchors are planned on the first call
+    assert "tma_" in report, report

@@ -29,10 +29,11 @@ from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.kernels.gemm_space import Config
+from tessera.kernels.im2col import VEC, make_im2col_nhwc
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
-from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Slot, ops_launches
-from tessera.ops.anchors.rewrite import i32, unravel
+from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
+from tessera.ops.anchors.rewrite import i32, rename, specialize, unravel
 
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
@@ -116,6 +117,15 @@ def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int,
     n, h, w, c = x_shape
     o, kh, kw, _ = w_shape
     oh, ow, k = geo["oh"], geo["ow"], kh * kw * c
+    col_slot = plan.workspace((n * oh * ow, kp), dt)
+    if c % VEC == 0:  # 16-byte copies of channel runs (the weight is [O, K] as it is)
+        f = make_im2col_nhwc(dt, (kh, kw), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]), (geo["pt"], geo["pl"]),
+                             (oh, ow)).ir  # fmt: skip
+        f = rename(specialize(f, {"X": x_shape, "Col": (n * oh * ow, kp)}), "conv2d_im2col")
+        plan.launches.append(Launch(f, [(INPUT, 0), col_slot]))
+        if 0 not in plan.aligned_inputs:
+            plan.aligned_inputs.append(0)
+        return col_slot, (INPUT, 1)
     x = Placeholder("x", x_shape, dt)
     wt = Placeholder("w", w_shape, dt)
     zero = E.Const(0, dt)
@@ -135,7 +145,6 @@ def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int,
 
     col = compute((n * oh * ow, kp), col_value, "im2col", dt)
     outputs, inputs, slots = [col], [x], {x: (INPUT, 0)}
-    col_slot = plan.workspace((n * oh * ow, kp), dt)
     slots[col] = col_slot
     w_slot: Slot = (INPUT, 1)
     if kp != k:
