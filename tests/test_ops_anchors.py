@@ -248,7 +248,7 @@ def test_attention_mask_is_an_epilogue_operand():
 @needs_nvcc
 @pytest.mark.parametrize("which", ["matmul_batched_bcast", "matmul_vec", "linear_splitk_bias", "linear_wgmma",
                                    "linear_tma", "matmul_tma_kn", "conv_stem", "conv_1x1_direct", "conv_3x3_bf16",
-                                   "conv_nhwc_3x3", "conv_nhwc_1x1"])  # fmt: skip
+                                   "conv_nhwc_3x3", "conv_nhwc_stem", "conv_nhwc_1x1"])  # fmt: skip
 def test_plans_compile_with_nvcc(which):
     if which == "linear_tma":  # the planning device is an H200: aligned linear layers go to the TMA GEMM
         plan = plan_linear((3, 50, 1024), (4096, 1024), "float16", bias=True, epilogue=gelu_ep((3, 50, 4096)))
@@ -288,6 +288,10 @@ def test_plans_compile_with_nvcc(which):
         assert isinstance(plan.config, TmaConfig) and plan.workspaces == [((2 * 14 * 15, 576), dtypes.float16)]
         assert [m.shape for m in plan.tensor_maps] == [(1, 420, 576), (1, 64, 576)]
         assert plan.tensor_maps[1].operand == (0, 1)  # the OHWI weight is [O, kh*kw*C] itself
+    elif which == "conv_nhwc_stem":  # 3 channels take 4 columns per tap: 8-byte stores, Kp = 200
+        plan = plan_conv2d((1, 67, 65, 3), (64, 7, 7, 3), "float16", stride=2, padding=3, bias=True, layout="NHWC")
+        assert plan.workspaces == [((34 * 33, 200), dtypes.float16), ((64, 200), dtypes.float16)]
+        assert "ts_copy_vector<8>" in plan.source
     elif which == "conv_nhwc_1x1":  # a 1x1 stride-1 NHWC conv reads x itself: no copy
         plan = plan_conv2d((2, 7, 7, 512), (128, 1, 1, 512), "float16", layout="NHWC")
         assert isinstance(plan.config, TmaConfig) and len(plan.launches) == 1 and plan.workspaces == []
@@ -460,6 +464,8 @@ CONV_CASES = [
     ((2, 256, 14, 14), (512, 256, 1, 1), 2, (0, 0, 0, 0), 1, True, "bfloat16", "none"),  # 1x1 stride 2
     ((1, 32, 17, 17), (48, 32, 3, 3), 2, (1, 1, 1, 1), 1, False, "float16", "cast"),
     ((1, 16, 13, 11), (24, 16, 3, 3), 1, (0, 1, 1, 2), 2, True, "bfloat16", "gelu"),  # dilation, uneven pads
+    ((1, 12, 9, 10), (8, 12, 3, 3), 1, (1, 1, 1, 1), 1, True, "float16", "relu"),  # NHWC: 16 channels per tap
+    ((2, 1, 11, 9), (8, 1, 3, 3), 2, (1, 1, 1, 1), 1, False, "bfloat16", "none"),  # NHWC: 2-byte copies
 ]
 
 

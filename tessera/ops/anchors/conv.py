@@ -17,7 +17,8 @@ With layout "NHWC" (x [N, H, W, C], weight OHWI [O, kh, kw, C], out [N, OH, OW, 
 GPU layout pass gives convolutions) every form is one plain row-major GEMM over all pixels,
 so it runs on the TMA GEMM: out[pixel, o] = x[pixel, :] @ W[o, :] for a 1x1 stride-1 conv
 (no copy), else col @ W.T with col[pixel, (u, v, c)] — each im2col row is kh*kw runs of C
-contiguous channels, and OHWI is already [O, kh*kw*C] in memory.
+contiguous channels, moved by vector copies (tessera.kernels.im2col), and OHWI is already
+[O, kh*kw*C] in memory (channel counts that are not multiples of 8 are padded per tap).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.kernels.gemm_space import Config
-from tessera.kernels.im2col import VEC, make_im2col_nhwc
+from tessera.kernels.im2col import channels_per_tap, col_width, make_im2col_nhwc
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
@@ -111,54 +112,34 @@ def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dil
 
 
 def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
-                 geo: dict[str, int], kp: int) -> tuple[Slot, Slot]:  # fmt: skip
-    """col[N*OH*OW, Kp] with column q = (u * kw + v) * C + c (zero past K and outside x), and the
-    weight as [O, Kp] (itself when K == Kp: OHWI is [O, K] in memory); return both slots."""
+                 geo: dict[str, int]) -> tuple[Slot, Slot, int]:  # fmt: skip
+    """col[N*OH*OW, Kp] (tessera.kernels.im2col: tap-major columns, CP channels per tap) and the
+    weight as [O, Kp] in the same column order (OHWI itself when CP == C and Kp == K, else a
+    zero-padded copy); return both slots and Kp."""
     n, h, w, c = x_shape
     o, kh, kw, _ = w_shape
-    oh, ow, k = geo["oh"], geo["ow"], kh * kw * c
+    oh, ow = geo["oh"], geo["ow"]
+    cp, kp = channels_per_tap(c), col_width(c, kh * kw)
     col_slot = plan.workspace((n * oh * ow, kp), dt)
-    if c % VEC == 0:  # 16-byte copies of channel runs (the weight is [O, K] as it is)
-        f = make_im2col_nhwc(dt, (kh, kw), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]), (geo["pt"], geo["pl"]),
-                             (oh, ow)).ir  # fmt: skip
-        f = rename(specialize(f, {"X": x_shape, "Col": (n * oh * ow, kp)}), "conv2d_im2col")
-        plan.launches.append(Launch(f, [(INPUT, 0), col_slot]))
-        if 0 not in plan.aligned_inputs:
-            plan.aligned_inputs.append(0)
-        return col_slot, (INPUT, 1)
-    x = Placeholder("x", x_shape, dt)
+    f = make_im2col_nhwc(dt, c, (kh, kw), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]), (geo["pt"], geo["pl"]),
+                         (oh, ow)).ir  # fmt: skip
+    f = rename(specialize(f, {"X": x_shape, "Col": (n * oh * ow, kp)}), "conv2d_im2col")
+    plan.launches.append(Launch(f, [(INPUT, 0), col_slot]))
+    if cp == c:  # read with vector copies
+        plan.aligned_inputs += [] if 0 in plan.aligned_inputs else [0]
+    if cp == c and kp == kh * kw * c:
+        return col_slot, (INPUT, 1), kp
     wt = Placeholder("w", w_shape, dt)
-    zero = E.Const(0, dt)
 
-    def col_value(p: E.Expr, q: E.Expr) -> E.Expr:
-        img, rem = p // i32(oh * ow), p % i32(oh * ow)
-        y, xx = rem // i32(ow), rem % i32(ow)
-        tap, ci = q // i32(c), q % i32(c)
-        u, v = tap // i32(kw), tap % i32(kw)
-        hi = y * i32(geo["sh"]) + u * i32(geo["dh"]) - i32(geo["pt"])
-        wi = xx * i32(geo["sw"]) + v * i32(geo["dw"]) - i32(geo["pl"])
-        conds = [hi >= i32(0), hi < i32(h), wi >= i32(0), wi < i32(w)] + ([q < i32(k)] if kp != k else [])
-        inside = conds[0]
-        for cnd in conds[1:]:
-            inside = E.Binary("&&", inside, cnd)
-        return E.Select(inside, x[img, hi, wi, ci], zero)  # short-circuit: no read outside x
+    def padded(r: E.Expr, q: E.Expr) -> E.Expr:
+        tap, ci = q // i32(cp), q % i32(cp)
+        return E.Select(E.Binary("&&", tap < i32(kh * kw), ci < i32(c)),
+                        wt[r, tap // i32(kw), tap % i32(kw), ci], E.Const(0, dt))  # fmt: skip
 
-    col = compute((n * oh * ow, kp), col_value, "im2col", dt)
-    outputs, inputs, slots = [col], [x], {x: (INPUT, 0)}
-    slots[col] = col_slot
-    w_slot: Slot = (INPUT, 1)
-    if kp != k:
-        def wpad_value(r: E.Expr, q: E.Expr) -> E.Expr:
-            tap = q // i32(c)
-            return E.Select(q < i32(k), wt[r, tap // i32(kw), tap % i32(kw), q % i32(c)], zero)
-
-        outputs.append(compute((o, kp), wpad_value, "weight_pad", dt))
-        inputs.append(wt)
-        slots[wt] = (INPUT, 1)
-        w_slot = plan.workspace((o, kp), dt)
-        slots[outputs[-1]] = w_slot
-    ops_launches(plan, outputs, inputs, slots, "conv2d")
-    return col_slot, w_slot
+    wpad = compute((o, kp), padded, "weight_pad", dt)
+    w_slot = plan.workspace((o, kp), dt)
+    ops_launches(plan, [wpad], [wt], {wt: (INPUT, 1), wpad: w_slot}, "conv2d")
+    return col_slot, w_slot, kp
 
 
 def _nhwc_problem(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
@@ -175,9 +156,7 @@ def _nhwc_problem(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int
         b = Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, i32(0), i32(0), q), plain=True)
         kp = c
     else:
-        k = kh * kw * c
-        kp = -(-k // 8) * 8
-        col_slot, w_slot = _nhwc_im2col(plan, x_shape, w_shape, dt, geo, kp)
+        col_slot, w_slot, kp = _nhwc_im2col(plan, x_shape, w_shape, dt, geo)
         a = Operand(col_slot, (n * oh * ow, kp), lambda bi, r, q: (r, q), plain=True)
         if w_slot[0] == WORKSPACE:
             b = Operand(w_slot, (o, kp), lambda bi, r, q: (r, q), plain=True)
