@@ -112,7 +112,7 @@ def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, tune: bool) -> Any:
     """The CPU GEMM plan of op, its constant weight packed once (tessera.ops.anchors.cpu_gemm)."""
-    from tessera.ops.anchors import cpu_gemm
+    from tessera.ops.anchors import cpu_conv, cpu_gemm
 
     w = op.inputs[1]
     weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
@@ -130,7 +130,7 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
                               mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, target="cpu").load()  # fmt: skip
     if op.kind == "matmul":
         return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight, tune=tune).load()
-    return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
+    return cpu_conv.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
                                     weight=weight, tune=tune, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 
