@@ -99,17 +99,19 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
     """Both row layouts of the implicit GEMM (one GEMM batch per output row when a row is at
     least MR pixels, else all pixels as M): rows shorter than, equal to and longer than MR
     (the last tile of a row shifted back), two images, stride 2, a channel tail past the
-    register tile's columns, a residual epilogue; three calls with fresh inputs."""
+    register tile's columns, workers splitting rows or (a weight larger than the input)
+    columns, a residual epilogue; three calls with fresh inputs."""
     from tessera.kernels.cpu_gemm import CpuGemmConfig
     from tessera.ops.anchors.cpu_conv import row_layout
 
     mr, nv = tile
     lanes = vector_lanes()
     cfg = CpuGemmConfig(mr, nv if lanes == 16 else 1, lanes, 2)
-    layouts = set()
+    layouts, orders = set(), set()
     for x_shape, w_shape, stride, padding in [((2, 3, 9, 15), (37, 3, 3, 3), (1, 1), (1, 1, 1, 1)),
                                               ((2, 5, 13, 29), (7, 5, 3, 3), (2, 2), (1, 1, 1, 1)),
-                                              ((1, 4, 6, 6), (17, 4, 1, 1), (1, 1), (0, 0, 0, 0))]:  # fmt: skip
+                                              ((1, 4, 6, 6), (17, 4, 1, 1), (1, 1), (0, 0, 0, 0)),
+                                              ((1, 8, 5, 16), (40, 8, 3, 3), (1, 1), (1, 1, 1, 1))]:  # fmt: skip
         w, bias = _f32(rng, *w_shape), _f32(rng, w_shape[0])
         t_ref = torch.nn.functional.conv2d(torch.zeros(x_shape, dtype=torch.float64), torch.from_numpy(w).double(),
                                            stride=stride, padding=padding[:2])  # fmt: skip
@@ -120,6 +122,7 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
                                  config=cfg).load()  # fmt: skip
         assert kernel.config == cfg
         layouts.add(row_layout(cfg, out_shape[3]))
+        orders.add("_pm" in kernel.plan.launches[-1].func.name)  # the weight outweighs the input in the last case
         for _ in range(3):
             x, res = _f32(rng, *x_shape), _f32(rng, *out_shape)
             ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
@@ -127,7 +130,7 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
             out = np.full(out_shape, np.nan, np.float32)
             kernel([x, w, bias], out, [res])
             np.testing.assert_allclose(out, np.maximum(ref.numpy() + res, 0), rtol=1e-4, atol=1e-4)
-    assert layouts == ({True, False} if mr == 14 else {True})  # ow = 15, 15, 6
+    assert layouts == ({True, False} if mr == 14 else {True}) and orders == {True, False}  # ow = 15, 15, 6, 16
 
 
 def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch):

@@ -12,18 +12,18 @@ CONFIGS = [c for c in (CpuGemmConfig(6, 2, 16, 2), CpuGemmConfig(5, 1, 16, 3), C
 SHAPES = [(1, 1, 1, 1), (2, 7, 33, 5), (1, 13, 64, 17), (3, 6, 31, 40), (1, 1, 97, 3)]
 
 
-def _run(cfg, src, a, b, rc, full_rows=False):
+def _run(cfg, src, a, b, rc, full_rows=False, panel_major=False):
     batch, m, k = a.shape
     n = b.shape[2]
     c = np.full((batch, m, n), np.nan, np.float32)
     if src == "packed":
         p = np.full((batch, -(-n // cfg.nr), k, cfg.nr), np.nan, np.float32)
         make_pack_b(cfg.nr, "kn")(b, p)
-        make_gemm(cfg, src, full_rows)(a, p, c, rc)
+        make_gemm(cfg, src, full_rows, panel_major)(a, p, c, rc)
     else:
         w = np.full((cfg.threads, k * cfg.nr), np.nan, np.float32)
         operand = b if src == "kn" else np.ascontiguousarray(b.transpose(0, 2, 1))
-        make_gemm(cfg, src, full_rows)(a, operand, c, w, rc)
+        make_gemm(cfg, src, full_rows, panel_major)(a, operand, c, w, rc)
     return c
 
 
@@ -50,6 +50,20 @@ def test_full_rows_shifts_the_last_row_tile(cfg, src):
             a = rng.standard_normal((batch, m, k)).astype(np.float32)
             b = rng.standard_normal((batch, k, n)).astype(np.float32)
             got = _run(cfg, src, a, b, rc, full_rows=True)
+            np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("src", ["kn", "nk", "packed"])
+def test_panel_major_work_order(cfg, src):
+    """Work units ordered column panel first cover every tile once: several batches and
+    panels, ragged rows and columns, with and without full_rows, several row chunks."""
+    rng = np.random.default_rng(3)
+    for batch, m, n, k in [(3, cfg.mr + 2, 2 * cfg.nr + 3, 11), (1, 1, 5, 7), (4, 2 * cfg.mr, cfg.nr, 5)]:
+        for rc in (1, 3):
+            a = rng.standard_normal((batch, m, k)).astype(np.float32)
+            b = rng.standard_normal((batch, k, n)).astype(np.float32)
+            got = _run(cfg, src, a, b, rc, full_rows=m >= cfg.mr, panel_major=True)
             np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 

@@ -5,7 +5,8 @@ C[b, m, n] = sum_k A[b, m, k] * B[b, k, n], written with the SIMD vector intrins
 
 * Work is split into MR x NR output tiles (NR = NV vectors of `lanes` floats); the tiles of one
   batch are ordered column panel by column panel, and OpenMP hands each thread a contiguous
-  range of them, so a thread walks down one panel of B while it stays in its L2 cache.
+  range of them, so a thread walks down one panel of B while it stays in its L2 cache
+  (`panel_major`: all batches of one panel come first, for a B shared by the batches).
 * The micro-kernel keeps the MR x NV accumulator vectors in registers for the whole K
   loop: per k it loads NV vectors of B, broadcasts MR scalars of A and issues MR x NV FMAs.
   The whole K extent stays in registers, so the result leaves the registers once, and the
@@ -63,8 +64,12 @@ B_SOURCES = ("kn", "nk", "packed")
 
 
 @functools.cache
-def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False):  # -> tessera.Kernel
+def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False,
+              panel_major: bool = False):  # -> tessera.Kernel  # fmt: skip
     """The GEMM kernel of one configuration (`full_rows`: M >= MR, see the module's docstring).
+    Work units are (batch, column panel, row chunk) in that order, so workers split the batches;
+    `panel_major` orders them (column panel, batch, row chunk) instead, so workers split the
+    columns: each then reads half of a B that every batch shares rather than all of it.
 
     Parameters: A [batch, M, K]; B as `b_source` says: "kn" [batch, K, N], "nk" [batch, N, K]
     (a linear layer's weight), or "packed" [batch, NP, K, NR] panels from `make_pack_b`
@@ -81,7 +86,7 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False)
     mr, nv, lanes, nr, T = cfg.mr, cfg.nv, cfg.lanes, cfg.nr, cfg.threads
     vt = vector_type(f32, lanes)
     rows, vecs = tuple(range(mr)), tuple(range(nv))
-    suffix = "_full" if full_rows else ""
+    suffix = ("_full" if full_rows else "") + ("_pm" if panel_major else "")
 
     if b_source == "packed":
 
@@ -93,8 +98,8 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False)
             per = ts.ceil_div(units, T)
             for w in ts.parallel(T):
                 for u in range(w * per, min(units, w * per + per)):
-                    bi = u // (NP * RC)
-                    jt = u // RC % NP
+                    bi = u // RC % batch if panel_major else u // (NP * RC)
+                    jt = u // (batch * RC) if panel_major else u // RC % NP
                     j0 = jt * nr
                     for it in range(u % RC * chunk, min(tiles_m, u % RC * chunk + chunk)):
                         i0 = it * mr
@@ -134,8 +139,8 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False)
         per = ts.ceil_div(units, T)
         for w in ts.parallel(T):
             for u in range(w * per, min(units, w * per + per)):
-                bi = u // (tiles_n * RC)
-                j0 = u // RC % tiles_n * nr
+                bi = u // RC % batch if panel_major else u // (tiles_n * RC)
+                j0 = (u // (batch * RC) if panel_major else u // RC % tiles_n) * nr
                 cols = min(nr, N - j0)
                 # Pack this unit's NR-wide panel of B into the worker's slot: contiguous for the K loop.
                 if nk:

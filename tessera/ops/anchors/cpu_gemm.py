@@ -216,13 +216,16 @@ def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[
     rc = row_chunks(cfg, p.m, p.n, p.batch)
     shapes: dict[str, tuple[int, ...]] = {"A": (p.batch, p.m, p.k), "C": (p.batch, p.m, p.n)}
     full_rows = p.m >= cfg.mr  # the last row tile shifts back: no row clamp in the K loop
+    # Workers split the columns when every batch shares a weight larger than A: each then
+    # streams half of it through its cache instead of all of it (a conv's deep layers).
+    panel_major = weight is not None and p.batch > 1 and weight.size > prod(p.a.shape)
     if weight is not None:
         if weight.shape != ((p.k, p.n) if p.layout == "kn" else (p.n, p.k)):
             raise ArgumentError(f"{name}: the constant weight {weight.shape} does not fit the GEMM "
                                 f"(K={p.k}, N={p.n}, layout {p.layout})")  # fmt: skip
         plan.constants.append(pack_weight(weight, cfg.nr, p.layout))
         b_slot: Slot = (CONSTANT, len(plan.constants) - 1)
-        f = make_gemm(cfg, "packed", full_rows).ir
+        f = make_gemm(cfg, "packed", full_rows, panel_major).ir
         packed_shape = plan.constants[-1].shape
         shapes["B"] = (p.batch, *packed_shape[1:])
     else:
@@ -236,7 +239,7 @@ def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[
         f = remap_operand(f, "B", p.b.shape, p.b.index)
     elif p.batch != 1:  # one packed weight for every batch
         f = remap_operand(f, "B", packed_shape, lambda bi, jt, k, j: (i32(0), jt, k, j))
-    f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}")
+    f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}" + "_pm" * panel_major)
     slots = [p.a.slot, b_slot, out_slot]
     if weight is None:
         slots.append(plan.workspace(shapes["W"], dtypes.float32))
