@@ -84,3 +84,21 @@ def test_config_checks_registers():
         CpuGemmConfig(4, 1, 4, 1)
     with pytest.raises(ArgumentError, match="b_source"):
         make_gemm(CpuGemmConfig(4, 1, 8, 1), "mn")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pad2d_matches_numpy(threads):
+    """Zero padding for the CPU conv: asymmetric and zero margins, size-1 dims, more workers than
+    rows; the output starts as NaN, so every element must be written; fresh inputs per call."""
+    from tessera.kernels.cpu_pad import make_pad2d
+
+    rng = np.random.default_rng(4)
+    for nc, h, w, (top, left, bottom, right) in [(6, 5, 7, (1, 2, 0, 3)), (1, 1, 1, (3, 3, 3, 3)), (2, 4, 9, (0, 0, 2, 1)),
+                                                 (3, 2, 1, (1, 0, 0, 0))]:  # fmt: skip
+        for _ in range(2):
+            x = rng.standard_normal((nc, h, w)).astype(np.float32)
+            p = np.full((nc, h + top + bottom, w + left + right), np.nan, np.float32)
+            make_pad2d(top, left, threads)(x, p)
+            np.testing.assert_array_equal(p, np.pad(x, ((0, 0), (top, bottom), (left, right))))
+    with pytest.raises(ArgumentError, match="top and left"):
+        make_pad2d(-1, 0, 1)

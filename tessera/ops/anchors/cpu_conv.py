@@ -30,10 +30,10 @@ import numpy as np
 from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
-from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.ir.types import GLOBAL, TensorType
 from tessera.kernels.cpu_gemm import CpuGemmConfig
+from tessera.kernels.cpu_pad import make_pad2d
 from tessera.ops.anchors.cpu_gemm import (
     TILES,
     check_f32,
@@ -46,8 +46,8 @@ from tessera.ops.anchors.cpu_gemm import (
 )
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_shape
-from tessera.ops.anchors.kernel import INPUT, AnchorPlan, Slot, ops_launches
-from tessera.ops.anchors.rewrite import i32, unravel
+from tessera.ops.anchors.kernel import INPUT, AnchorPlan, Launch, Slot
+from tessera.ops.anchors.rewrite import i32, specialize, unravel
 
 Geometry = tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int]]  # stride, padding, dilation
 
@@ -154,7 +154,8 @@ def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
                     tune: bool = False) -> AnchorPlan:  # fmt: skip
     """NCHW conv2d (groups 1) as an implicit GEMM (see the module's docstring): inputs [x, w] or
     [x, w, bias]; `weight`: w's constant data, packed once.  The register tile is `config`, else
-    the tuned one (`tune`), else the cost model's.  Padding costs one copy of the input."""
+    the tuned one (`tune`), else the cost model's.  Padding costs one copy of the input
+    (tessera.kernels.cpu_pad)."""
     dt = check_f32(dtype, "conv2d")
     x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
     if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
@@ -180,16 +181,9 @@ def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
     x_slot: Slot = (INPUT, 0)
     hp, wp = h + pt + pb, w + pl + pr
     if pt or pl or pb or pr:
-        x = Placeholder("x", x_shape, dt)
-
-        def padded(b: E.Expr, ci: E.Expr, y: E.Expr, xx: E.Expr) -> E.Expr:
-            hi, wi = y - i32(pt), xx - i32(pl)
-            inside = E.Binary("&&", E.Binary("&&", hi >= i32(0), hi < i32(h)), E.Binary("&&", wi >= i32(0), wi < i32(w)))
-            return E.Select(inside, x[b, ci, hi, wi], E.Const(0.0, dt))
-
-        xpad = compute((n, c, hp, wp), padded, "pad", dt)
         x_slot = plan.workspace((n, c, hp, wp), dt)
-        ops_launches(plan, [xpad], [x], {x: (INPUT, 0), xpad: x_slot}, "conv2d_pad", target="cpu")
+        pad = specialize(make_pad2d(pt, pl, config.threads).ir, {"X": (n * c, h, w), "P": (n * c, hp, wp)})
+        plan.launches.append(Launch(pad, [(INPUT, 0), x_slot]))
     # Column q of the im2col matrix (channel, kernel row, kernel column) is a fixed offset into
     # the padded input, the same for every pixel: a table of K offsets, read once per k of the
     # micro-kernel, replaces the division and remainders that decompose q (1.75x on ResNet's 3x3s).
