@@ -43,7 +43,7 @@ def _label(step: Any, shapes: dict) -> tuple[str, float, float]:
     if step.kind == "anchor":
         op = step.anchor
         ins = [shapes.get(t) for t in op.inputs]
-        out = shapes.get(op.outputs[0])
+        out = shapes.get(op.outputs[0], shapes.get(step.outputs[0]) if step.outputs else None)  # fused: the step's
         flops = 0.0
         if op.kind == "linear":
             flops = 2.0 * float(np.prod(ins[0])) * ins[1][0]

@@ -10,7 +10,8 @@ from tessera import ops
 from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ops.anchors import Epilogue
-from tessera.ops.anchors.cpu_gemm import plan_cpu_conv2d, plan_cpu_linear, plan_cpu_matmul
+from tessera.ops.anchors.cpu_conv import plan_cpu_conv2d
+from tessera.ops.anchors.cpu_gemm import plan_cpu_linear, plan_cpu_matmul
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU GEMM needs AVX2 or AVX-512")
@@ -91,6 +92,64 @@ def test_conv2d_im2col_offsets_for_other_kernel_shapes(rng, kernel_hw, stride, p
         out = np.full(ref.shape, np.nan, np.float32)
         kernel([x, w], out)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tile", [(4, 2), (6, 2), (14, 2)], ids=str)
+def test_conv2d_row_and_pixel_layouts(rng, tile):
+    """Both row layouts of the implicit GEMM (one GEMM batch per output row when a row is at
+    least MR pixels, else all pixels as M): rows shorter than, equal to and longer than MR
+    (the last tile of a row shifted back), two images, stride 2, a channel tail past the
+    register tile's columns, workers splitting rows or (a weight larger than the input)
+    columns, a residual epilogue; three calls with fresh inputs."""
+    from tessera.kernels.cpu_gemm import CpuGemmConfig
+    from tessera.ops.anchors.cpu_conv import row_layout
+
+    mr, nv = tile
+    lanes = vector_lanes()
+    cfg = CpuGemmConfig(mr, nv if lanes == 16 else 1, lanes, 2)
+    layouts, orders = set(), set()
+    for x_shape, w_shape, stride, padding in [((2, 3, 9, 15), (37, 3, 3, 3), (1, 1), (1, 1, 1, 1)),
+                                              ((2, 5, 13, 29), (7, 5, 3, 3), (2, 2), (1, 1, 1, 1)),
+                                              ((1, 4, 6, 6), (17, 4, 1, 1), (1, 1), (0, 0, 0, 0)),
+                                              ((1, 8, 5, 16), (40, 8, 3, 3), (1, 1), (1, 1, 1, 1))]:  # fmt: skip
+        w, bias = _f32(rng, *w_shape), _f32(rng, w_shape[0])
+        t_ref = torch.nn.functional.conv2d(torch.zeros(x_shape, dtype=torch.float64), torch.from_numpy(w).double(),
+                                           stride=stride, padding=padding[:2])  # fmt: skip
+        out_shape = tuple(t_ref.shape)
+        acc, res_p = ops.placeholder(out_shape, "float32", "acc"), ops.placeholder(out_shape, "float32", "res")
+        ep = Epilogue(acc, ops.relu(ops.add(acc, res_p)), [res_p])
+        kernel = plan_cpu_conv2d(x_shape, w_shape, stride=stride, padding=padding, bias=True, epilogue=ep, weight=w,
+                                 config=cfg).load()  # fmt: skip
+        assert kernel.config == cfg
+        layouts.add(row_layout(cfg, out_shape[3]))
+        orders.add("_pm" in kernel.plan.launches[-1].func.name)  # the weight outweighs the input in the last case
+        for _ in range(3):
+            x, res = _f32(rng, *x_shape), _f32(rng, *out_shape)
+            ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                             torch.from_numpy(bias).double(), stride=stride, padding=padding[:2])  # fmt: skip
+            out = np.full(out_shape, np.nan, np.float32)
+            kernel([x, w, bias], out, [res])
+            np.testing.assert_allclose(out, np.maximum(ref.numpy() + res, 0), rtol=1e-4, atol=1e-4)
+    assert layouts == ({True, False} if mr == 14 else {True}) and orders == {True, False}  # ow = 15, 15, 6, 16
+
+
+def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch):
+    from tessera.ops.anchors import cpu_conv
+
+    x_shape, w_shape, geo = (1, 3, 10, 19), (5, 3, 3, 3), ((1, 1), (1, 1, 1, 1), (1, 1))
+    w, bias = _f32(rng, *w_shape), _f32(rng, 5)
+    kernel = plan_cpu_conv2d(x_shape, w_shape, padding=geo[1], bias=True, weight=w, tune=True).load()
+    for _ in range(2):
+        x = _f32(rng, *x_shape)
+        out = np.full((1, 5, 10, 19), np.nan, np.float32)
+        kernel([x, w, bias], out)
+        np.testing.assert_allclose(out, cpu_conv.reference_conv2d(x, w, bias, geo), rtol=1e-4, atol=1e-4)
+
+    def no_builds(*args, **kwargs):
+        raise AssertionError("a cached tuning record must not build candidates again")
+
+    monkeypatch.setattr(cpu_conv, "plan_cpu_conv2d", no_builds)
+    assert cpu_conv.tuned_conv_config(x_shape, w_shape, geo, extras=True) == kernel.config
 
 
 def test_other_dtypes_are_refused():

@@ -5,7 +5,8 @@ C[b, m, n] = sum_k A[b, m, k] * B[b, k, n], written with the SIMD vector intrins
 
 * Work is split into MR x NR output tiles (NR = NV vectors of `lanes` floats); the tiles of one
   batch are ordered column panel by column panel, and OpenMP hands each thread a contiguous
-  range of them, so a thread walks down one panel of B while it stays in its L2 cache.
+  range of them, so a thread walks down one panel of B while it stays in its L2 cache
+  (`panel_major`: all batches of one panel come first, for a B shared by the batches).
 * The micro-kernel keeps the MR x NV accumulator vectors in registers for the whole K
   loop: per k it loads NV vectors of B, broadcasts MR scalars of A and issues MR x NV FMAs.
   The whole K extent stays in registers, so the result leaves the registers once, and the
@@ -16,7 +17,12 @@ C[b, m, n] = sum_k A[b, m, k] * B[b, k, n], written with the SIMD vector intrins
   whole K loop (no cache-set conflicts between rows, no masks).  Packing pays when each
   panel is reused by many row tiles, and once and for all for constant weights.
 * Rows past M (the last row tile) read row M-1 again and are never stored: the hot loop
-  has no bounds test.  The store loop runs over the valid rows and columns only.
+  has no bounds test.  The store loop runs over the valid rows and columns only.  With
+  `full_rows` (M >= MR, which the caller guarantees) the last row tile is shifted back to end
+  at row M instead and stores only the rows the tile before it did not: the rows of A a tile
+  reads are then i0 + r, without a clamp, so an operand whose row address is linear in the row
+  (a convolution's pixels along one output row) is one base register plus constant offsets
+  rather than MR registers (which spill on x86-64's 16).
 """
 
 from __future__ import annotations
@@ -58,8 +64,12 @@ B_SOURCES = ("kn", "nk", "packed")
 
 
 @functools.cache
-def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
-    """The GEMM kernel of one configuration.
+def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False,
+              panel_major: bool = False):  # -> tessera.Kernel  # fmt: skip
+    """The GEMM kernel of one configuration (`full_rows`: M >= MR, see the module's docstring).
+    Work units are (batch, column panel, row chunk) in that order, so workers split the batches;
+    `panel_major` orders them (column panel, batch, row chunk) instead, so workers split the
+    columns: each then reads half of a B that every batch shares rather than all of it.
 
     Parameters: A [batch, M, K]; B as `b_source` says: "kn" [batch, K, N], "nk" [batch, N, K]
     (a linear layer's weight), or "packed" [batch, NP, K, NR] panels from `make_pack_b`
@@ -76,10 +86,11 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
     mr, nv, lanes, nr, T = cfg.mr, cfg.nv, cfg.lanes, cfg.nr, cfg.threads
     vt = vector_type(f32, lanes)
     rows, vecs = tuple(range(mr)), tuple(range(nv))
+    suffix = ("_full" if full_rows else "") + ("_pm" if panel_major else "")
 
     if b_source == "packed":
 
-        @ts.kernel(target="cpu", name=f"gemm_f32_{cfg}_packed")
+        @ts.kernel(target="cpu", name=f"gemm_f32_{cfg}_packed{suffix}")
         def gemm_packed(A: f32["batch", "M", "K"], B: f32["batch", "NP", "K", "NR"], C: f32["batch", "M", "N"], RC: ts.int32):
             tiles_m = ts.ceil_div(M, mr)
             chunk = ts.ceil_div(tiles_m, RC)
@@ -87,11 +98,13 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
             per = ts.ceil_div(units, T)
             for w in ts.parallel(T):
                 for u in range(w * per, min(units, w * per + per)):
-                    bi = u // (NP * RC)
-                    jt = u // RC % NP
+                    bi = u // RC % batch if panel_major else u // (NP * RC)
+                    jt = u // (batch * RC) if panel_major else u // RC % NP
                     j0 = jt * nr
                     for it in range(u % RC * chunk, min(tiles_m, u % RC * chunk + chunk)):
                         i0 = it * mr
+                        if full_rows:
+                            i0 = min(i0, M - mr)
                         acc = ts.register_tensor(vt, [mr, nv])
                         bv = ts.register_tensor(vt, [nv])
                         for r in rows:
@@ -101,14 +114,14 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
                             for c in vecs:
                                 bv[c] = ts.vload(B[bi, jt, k, c * lanes], lanes)
                             for r in rows:
-                                a = ts.vbroadcast(A[bi, min(i0 + r, M - 1), k], lanes)
+                                a = ts.vbroadcast(A[bi, i0 + r if full_rows else min(i0 + r, M - 1), k], lanes)
                                 for c in vecs:
                                     acc[r, c] = ts.vfma(a, bv[c], acc[r, c])
                         tile = ts.register_tensor(f32, [mr, nr])
                         for r in rows:
                             for c in vecs:
                                 ts.vstore(tile[r, c * lanes], acc[r, c])
-                        for r in range(min(mr, M - i0)):
+                        for r in range(it * mr - i0, min(mr, M - i0)):
                             for j in range(min(nr, N - j0)):
                                 C[bi, i0 + r, j0 + j] = tile[r, j]
 
@@ -116,7 +129,7 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
 
     nk = b_source == "nk"
 
-    @ts.kernel(target="cpu", name=f"gemm_f32_{cfg}_{b_source}")
+    @ts.kernel(target="cpu", name=f"gemm_f32_{cfg}_{b_source}{suffix}")
     def gemm(A: f32["batch", "M", "K"], B: f32["batch", "BR", "BC"], C: f32["batch", "M", "N"], W: f32["WT", "KNR"],
              RC: ts.int32):
         tiles_m = ts.ceil_div(M, mr)
@@ -126,8 +139,8 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
         per = ts.ceil_div(units, T)
         for w in ts.parallel(T):
             for u in range(w * per, min(units, w * per + per)):
-                bi = u // (tiles_n * RC)
-                j0 = u // RC % tiles_n * nr
+                bi = u // RC % batch if panel_major else u // (tiles_n * RC)
+                j0 = (u // (batch * RC) if panel_major else u // RC % tiles_n) * nr
                 cols = min(nr, N - j0)
                 # Pack this unit's NR-wide panel of B into the worker's slot: contiguous for the K loop.
                 if nk:
@@ -143,6 +156,8 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
                         W[w, k * nr + j] = 0.0
                 for it in range(u % RC * chunk, min(tiles_m, u % RC * chunk + chunk)):
                     i0 = it * mr
+                    if full_rows:
+                        i0 = min(i0, M - mr)
                     acc = ts.register_tensor(vt, [mr, nv])
                     bv = ts.register_tensor(vt, [nv])
                     for r in rows:
@@ -152,14 +167,14 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn"):  # -> tessera.Kernel
                         for c in vecs:
                             bv[c] = ts.vload(W[w, k * nr + c * lanes], lanes)
                         for r in rows:
-                            a = ts.vbroadcast(A[bi, min(i0 + r, M - 1), k], lanes)
+                            a = ts.vbroadcast(A[bi, i0 + r if full_rows else min(i0 + r, M - 1), k], lanes)
                             for c in vecs:
                                 acc[r, c] = ts.vfma(a, bv[c], acc[r, c])
                     tile = ts.register_tensor(f32, [mr, nr])
                     for r in rows:
                         for c in vecs:
                             ts.vstore(tile[r, c * lanes], acc[r, c])
-                    for r in range(min(mr, M - i0)):
+                    for r in range(it * mr - i0, min(mr, M - i0)):
                         for j in range(cols):
                             C[bi, i0 + r, j0 + j] = tile[r, j]
 

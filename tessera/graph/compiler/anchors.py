@@ -35,7 +35,8 @@ def is_row_anchor(op: Operator) -> bool:
 
 def is_anchor(op: Operator, target: str = "cuda") -> bool:
     """Whether a kernel template runs op: on the GPU fp16/bf16 GEMMs, group-1 convolutions and
-    attention; on the CPU float32 linear, matmul and group-1 conv2d (the x86 micro-kernel)."""
+    attention; on the CPU float32 linear, matmul and group-1 conv2d (the x86 micro-kernel),
+    attention, and max_pool2d (a row kernel)."""
     if target == "cpu":
         return _is_cpu_anchor(op)
     if is_row_anchor(op):
@@ -59,6 +60,8 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
 def _is_cpu_anchor(op: Operator) -> bool:
     from tessera.backend.isa import vector_lanes
 
+    if _is_cpu_pool(op):
+        return True
     if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
     if op.kind == "scaled_dot_product_attention":
@@ -76,6 +79,15 @@ def _is_cpu_anchor(op: Operator) -> bool:
     if op.kind == "conv2d":  # the x86 implicit GEMM reads NCHW
         return op.attrs.get("groups", 1) == 1 and op.inputs[0].ndim == 4 and op.attrs.get("layout", "NCHW") == "NCHW"
     return True
+
+
+def _is_cpu_pool(op: Operator) -> bool:
+    """max_pool2d over a static float32 NCHW tensor (the lowering has checked the padding): the row kernel."""
+    from tessera.backend.isa import vector_lanes
+
+    x = op.inputs[0]
+    return (op.kind == "max_pool2d" and vector_lanes() > 1 and x.ndim == 4 and x.dtype == dtypes.float32
+            and all(isinstance(d, int) for t in (x, *op.outputs) for d in t.shape))  # fmt: skip
 
 
 def takes_epilogue(op: Operator) -> bool:
@@ -111,9 +123,19 @@ def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, tune: bool) -> Any:
-    """The CPU GEMM plan of op, its constant weight packed once (tessera.ops.anchors.cpu_gemm)."""
-    from tessera.ops.anchors import cpu_gemm
+    """The CPU plan of op: a GEMM with its constant weight packed once (tessera.ops.anchors.cpu_gemm,
+    cpu_conv), attention, or the max-pool row kernel (cpu_pool)."""
+    from tessera.ops.anchors import cpu_conv, cpu_gemm
+    from tessera.ops.anchors.conv import _pads, _pair
 
+    if op.kind == "max_pool2d":
+        from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d
+
+        a = op.opdef.normalize_attrs(op.attrs)
+        pt, pl, _, _ = _pads(a["padding"])
+        plan = plan_cpu_max_pool2d(in_shapes[0], _pair(a["kernel"], "kernel"), _pair(a["stride"] or a["kernel"], "stride"),
+                                   (pt, pl), ceil_mode=bool(a["ceil_mode"]), epilogue=epilogue)  # fmt: skip
+        return plan.load()
     w = op.inputs[1]
     weight = w.data if w.is_constant and w.ndim == (4 if op.kind == "conv2d" else 2) else None
     if op.kind == "linear":
@@ -130,7 +152,7 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
                               mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, target="cpu").load()  # fmt: skip
     if op.kind == "matmul":
         return cpu_gemm.plan_cpu_matmul(in_shapes[0], in_shapes[1], epilogue=epilogue, weight=weight, tune=tune).load()
-    return cpu_gemm.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
+    return cpu_conv.plan_cpu_conv2d(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
                                     weight=weight, tune=tune, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 

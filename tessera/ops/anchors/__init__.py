@@ -13,8 +13,8 @@ nvcc run.  The resulting `AnchorKernel` is called on torch CUDA tensors without 
                        epilogue=Epilogue(acc, ops.gelu(acc), []))
     k([x, w, b], out)            # out = gelu(x @ w.T + b), one GEMM kernel
 
-On the CPU, `tessera.ops.anchors.cpu_gemm` (`plan_cpu_linear`, `plan_cpu_matmul`,
-`plan_cpu_conv2d`; `plan_attention(..., target="cpu")`) does the same for float32 on the x86
+On the CPU, `tessera.ops.anchors.cpu_gemm` (`plan_cpu_linear`, `plan_cpu_matmul`;
+`cpu_conv.plan_cpu_conv2d`; `plan_attention(..., target="cpu")`) does the same for float32 on the x86
 micro-kernel of tessera.kernels.cpu_gemm; `.load()` gives a CpuAnchorKernel called on numpy arrays.
 """
 

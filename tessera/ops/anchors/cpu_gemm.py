@@ -22,14 +22,12 @@ import numpy as np
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
-from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
-from tessera.ir.types import GLOBAL, TensorType
 from tessera.kernels.cpu_gemm import CpuGemmConfig, make_gemm, make_pack_b
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_epilogue, check_shape, matmul_problem, with_bias
-from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch, Slot, ops_launches
+from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch, Slot
 from tessera.ops.anchors.rewrite import i32, remap_operand, rename, specialize, unravel
 
 # (mr, nv) register tiles by vector width: MR x NV accumulators + NV B vectors + 1 broadcast fit the registers.
@@ -57,7 +55,8 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
-def _lanes() -> int:
+def lanes_or_refuse() -> int:
+    """float32 lanes of this machine's vectors (16 or 8); UnsupportedError without AVX2."""
     from tessera.backend.isa import cpu_isa, vector_lanes
 
     lanes = vector_lanes()
@@ -87,7 +86,7 @@ def spill_free(cfg: CpuGemmConfig) -> bool:
 def heuristic_config(m: int, n: int, k: int, batch: int = 1, extras: bool = False) -> CpuGemmConfig:
     """The best-scored register tile for this problem at this machine's vector width; with an
     epilogue that reads other tensors (`extras`), among the tiles that leave it registers."""
-    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
+    lanes, threads = lanes_or_refuse(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     if extras:
         cands = [c for c in cands if spill_free(c)] or cands
@@ -110,7 +109,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
     from tessera.kernels import cpu_gemm as template
     from tessera.tune import tune
 
-    lanes, threads = _lanes(), gemm_threads(m, n, k, batch)
+    lanes, threads = lanes_or_refuse(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     if extras:
         cands = [c for c in cands if spill_free(c)] or cands
@@ -209,31 +208,38 @@ def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[
 
     `tables`: constant int32 arrays (and the tensor variables the operands' index maps read them
     through), passed to the kernel as extra parameters: an index computed once per plan instead
-    of per multiply-add (the conv's im2col offsets)."""
+    of per multiply-add (the conv's im2col offsets).  A constant `weight` is the B of every batch."""
     extras = bool(ep.extras)
     if config is None and tune:
         config = tuned_config(p.m, p.n, p.k, p.batch, "packed" if weight is not None else p.layout, extras)
     cfg = config or heuristic_config(p.m, p.n, p.k, p.batch, extras)
     rc = row_chunks(cfg, p.m, p.n, p.batch)
     shapes: dict[str, tuple[int, ...]] = {"A": (p.batch, p.m, p.k), "C": (p.batch, p.m, p.n)}
+    full_rows = p.m >= cfg.mr  # the last row tile shifts back: no row clamp in the K loop
+    # Workers split the columns when every batch shares a weight larger than A: each then
+    # streams half of it through its cache instead of all of it (a conv's deep layers).
+    panel_major = weight is not None and p.batch > 1 and weight.size > prod(p.a.shape)
     if weight is not None:
-        if p.batch != 1 or weight.shape != ((p.k, p.n) if p.layout == "kn" else (p.n, p.k)):
+        if weight.shape != ((p.k, p.n) if p.layout == "kn" else (p.n, p.k)):
             raise ArgumentError(f"{name}: the constant weight {weight.shape} does not fit the GEMM "
-                                f"(K={p.k}, N={p.n}, layout {p.layout}, batch {p.batch})")  # fmt: skip
+                                f"(K={p.k}, N={p.n}, layout {p.layout})")  # fmt: skip
         plan.constants.append(pack_weight(weight, cfg.nr, p.layout))
         b_slot: Slot = (CONSTANT, len(plan.constants) - 1)
-        f = make_gemm(cfg, "packed").ir
-        shapes["B"] = plan.constants[-1].shape
+        f = make_gemm(cfg, "packed", full_rows, panel_major).ir
+        packed_shape = plan.constants[-1].shape
+        shapes["B"] = (p.batch, *packed_shape[1:])
     else:
         b_slot = p.b.slot
-        f = make_gemm(cfg, p.layout).ir
+        f = make_gemm(cfg, p.layout, full_rows).ir
         shapes["B"] = (p.batch, p.k, p.n) if p.layout == "kn" else (p.batch, p.n, p.k)
         shapes["W"] = (cfg.threads, p.k * cfg.nr)
     f = specialize(f, shapes, {"RC": rc})
     f = remap_operand(f, "A", p.a.shape, p.a.index)
     if weight is None:
         f = remap_operand(f, "B", p.b.shape, p.b.index)
-    f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}")
+    elif p.batch != 1:  # one packed weight for every batch
+        f = remap_operand(f, "B", packed_shape, lambda bi, jt, k, j: (i32(0), jt, k, j))
+    f = rename(fuse_epilogue(f, "C", p.out_map, ep), f"{name}_gemm_{cfg}" + "_pm" * panel_major)
     slots = [p.a.slot, b_slot, out_slot]
     if weight is None:
         slots.append(plan.workspace(shapes["W"], dtypes.float32))
@@ -248,7 +254,7 @@ def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[
     return cfg
 
 
-def _check_f32(dtype: DataType | str, op: str) -> DataType:
+def check_f32(dtype: DataType | str, op: str) -> DataType:
     dt = dtypes.dtype(dtype)
     if dt != dtypes.float32:
         raise UnsupportedError(f"{op}: the CPU GEMM template takes float32, not {dt}; use the generic path")
@@ -260,7 +266,7 @@ def plan_cpu_linear(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataT
                     config: CpuGemmConfig | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
     """x @ w.T (+ bias) on the CPU: inputs [x, w] or [x, w, bias]; x [..., K], w [N, K].
     With `weight` (w's constant data) the weight is packed once and its input is never read."""
-    dt = _check_f32(dtype, "linear")
+    dt = check_f32(dtype, "linear")
     x_shape, w_shape = check_shape(x_shape, "x", "linear"), check_shape(w_shape, "weight", "linear")
     if len(w_shape) != 2 or not x_shape or x_shape[-1] != w_shape[1]:
         raise ArgumentError(f"linear: x {x_shape} and weight {w_shape} do not fit ([..., K] and [N, K])")
@@ -278,7 +284,7 @@ def plan_cpu_matmul(a_shape: Sequence[int], b_shape: Sequence[int], dtype: DataT
                     epilogue: Epilogue | None = None, weight: np.ndarray | None = None,
                     config: CpuGemmConfig | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
     """a @ b with numpy matmul semantics on the CPU (b as [..., K, N]); `weight`: b's constant data (2-D)."""
-    dt = _check_f32(dtype, "matmul")
+    dt = check_f32(dtype, "matmul")
     a_shape, b_shape = check_shape(a_shape, "a", "matmul"), check_shape(b_shape, "b", "matmul")
     if not a_shape or not b_shape:
         raise ArgumentError("matmul: operands must have at least one dimension")
@@ -286,65 +292,3 @@ def plan_cpu_matmul(a_shape: Sequence[int], b_shape: Sequence[int], dtype: DataT
     if weight is not None and (len(b_shape) != 2 or p.batch != 1):
         weight = None  # only a plain 2-D weight is packed ahead
     return plan_cpu_gemm("matmul", p, out_shape, 2, epilogue, None, -1, weight=weight, config=config, tune=tune)
-
-
-def plan_cpu_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType | str = "float32", *,
-                    stride: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0, 0, 0, 0),
-                    dilation: tuple[int, int] = (1, 1), bias: bool = False, epilogue: Epilogue | None = None,
-                    weight: np.ndarray | None = None, config: CpuGemmConfig | None = None,
-                    tune: bool = False) -> AnchorPlan:  # fmt: skip
-    """NCHW conv2d (groups 1) as an implicit GEMM: out[pixel, o] = col[pixel, :] @ W[o, :] over the
-    output pixels of all images, the weight (constant: packed once, `weight=`) as the B panels.
-
-    The im2col matrix is never written: the micro-kernel's A operand reads the (zero-padded)
-    input through an index map: the pixel's offset (fixed per tile row) plus the column's, from
-    a constant table of K offsets.  Padding costs one copy of the input."""
-    dt = _check_f32(dtype, "conv2d")
-    x_shape, w_shape = check_shape(x_shape, "x", "conv2d"), check_shape(w_shape, "weight", "conv2d")
-    if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
-        raise ArgumentError(f"conv2d: x must be NCHW and the weight OIHW with the same C, got {x_shape} and {w_shape}")
-    n, c, h, w = x_shape
-    o, _, kh, kw = w_shape
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, padding
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if oh <= 0 or ow <= 0:
-        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for input {x_shape} and weight {w_shape}")
-    plan = AnchorPlan("conv2d", [], (n, o, oh, ow), dt, 3 if bias else 2, 0, target="cpu")
-    x_slot: Slot = (INPUT, 0)
-    hp, wp = h + pt + pb, w + pl + pr
-    if pt or pl or pb or pr:
-        x = Placeholder("x", x_shape, dt)
-
-        def padded(b: E.Expr, ci: E.Expr, y: E.Expr, xx: E.Expr) -> E.Expr:
-            hi, wi = y - i32(pt), xx - i32(pl)
-            inside = E.Binary("&&", E.Binary("&&", hi >= i32(0), hi < i32(h)), E.Binary("&&", wi >= i32(0), wi < i32(w)))
-            return E.Select(inside, x[b, ci, hi, wi], E.Const(0.0, dt))
-
-        xpad = compute((n, c, hp, wp), padded, "pad", dt)
-        x_slot = plan.workspace((n, c, hp, wp), dt)
-        ops_launches(plan, [xpad], [x], {x: (INPUT, 0), xpad: x_slot}, "conv2d_pad", target="cpu")
-    k, pixels = c * kh * kw, oh * ow
-    # Column q of the im2col matrix (channel, kernel row, kernel column) is a fixed offset into
-    # the padded input, the same for every pixel: a table of K offsets, read once per k of the
-    # micro-kernel, replaces the division and remainders that decompose q (1.75x on ResNet's 3x3s).
-    q = np.arange(k)
-    koff = (q // (kh * kw)) * (hp * wp) + (q // kw % kh) * (dh * wp) + (q % kw) * dw
-    koff_var = E.Var("KOFF", TensorType(dtypes.int32, (i32(k),), GLOBAL))
-
-    def col(bi: E.Expr, row: E.Expr, qi: E.Expr) -> tuple[E.Expr, ...]:
-        img, pix = unravel(row, (n, pixels))
-        base = img * i32(c * hp * wp) + pix // i32(ow) * i32(sh * wp) + pix % i32(ow) * i32(sw)
-        return (base + E.Load(koff_var, (qi,)),)
-
-    # Rows are the output pixels of every image, columns the output channels: the weight is B,
-    # [O, K] in OIHW's own memory ("nk"), packed once when it is constant.  A is the padded
-    # input as one flat array.
-    a = Operand(x_slot, (n * c * hp * wp,), col)
-    b = Operand((INPUT, 1), (o, k), lambda bi, r, q: (r, q))
-    out_map = lambda z, row, ch: (lambda img, pix: (img, ch, pix // i32(ow), pix % i32(ow)))(*unravel(row, (n, pixels)))  # noqa: E731
-    p = GemmProblem(dt, "nk", 1, n * pixels, o, k, a, b, out_map, False)
-    return plan_cpu_gemm("conv2d", p, (n, o, oh, ow), plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 1,
-                         weight=None if weight is None else np.asarray(weight).reshape(o, k),
-                         config=config, plan=plan, tune=tune, tables=[(koff_var, koff)])  # fmt: skip
-
