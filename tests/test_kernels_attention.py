@@ -50,6 +50,10 @@ def test_choose_config_and_splits():
     prefill = AttentionShape(4, 32, 32, 2048, 2048, 128)
     assert choose_config(prefill).consumers == 2
     assert choose_splits(prefill, choose_config(prefill), 132) == 1
+    short = AttentionShape(1, 12, 12, 128, 128, 64)  # GPT-2 at 128 tokens: 12 tiles of 128 rows on 132 SMs
+    assert choose_config(short).consumers == 2 and choose_config(short, 132).consumers == 1
+    assert choose_config(AttentionShape(16, 12, 12, 128, 128, 64), 132).consumers == 2  # 192 tiles fill the GPU
+    assert choose_config(AttentionShape(1, 32, 4, 512, 512, 64), 132).consumers == 2  # 4 key blocks to pipeline
     tiny = AttentionShape(1, 2, 2, 1, 1, 64)
     assert choose_splits(tiny, choose_config(tiny), 132) == 1
     for sk in (129, 1000, 4097):  # no split is ever empty
@@ -203,6 +207,8 @@ CASES = [  # b, h, hk, sq, sk, d, causal, splits
     (2, 8, 2, 1, 4097, 128, False, None), (1, 2, 2, 1, 1, 128, False, None), (3, 6, 3, 129, 77, 128, True, None),
     (3, 6, 3, 77, 129, 64, True, None), (1, 2, 2, 64, 1000, 128, False, 5), (2, 4, 4, 300, 700, 80, True, 3),
     (1, 32, 8, 1, 8192, 128, False, None), (4, 32, 4, 1, 512, 96, False, None),
+    # one key block and few 128-row tiles: 64-row tiles (GPT-2 / BERT at 128 tokens; packed heads across tiles)
+    (1, 12, 12, 128, 128, 64, True, None), (1, 12, 12, 128, 128, 64, False, None), (2, 6, 2, 100, 77, 80, True, None),
 ]  # fmt: skip
 
 

@@ -48,11 +48,18 @@ class AttentionShape:
         return self.b * self.hk
 
 
-def choose_config(shape: AttentionShape) -> FlashConfig:
+def choose_config(shape: AttentionShape, sms: int | None = None) -> FlashConfig:
     """Two consumer warpgroups (128 rows) when there are rows for them, else one (64 rows:
     decode); 128-key blocks, two stages (three for head dim 64 and for decode, where loads
-    dominate)."""
+    dominate).
+
+    With the SM count given, short sequences (all keys in one block, so there is no next block
+    whose loads and matmuls the two warpgroups could overlap) take 64-row tiles too when
+    128-row tiles would leave more than half of the SMs idle: twice the thread blocks, each
+    half as long (GPT-2 / BERT at 128 tokens: 24 blocks instead of 12)."""
     consumers = 2 if shape.rows > 64 else 1
+    if consumers == 2 and sms is not None and shape.sk <= 128 and -(-shape.rows // 128) * shape.problems < sms / 2:
+        consumers = 1
     stages = 3 if shape.d <= 64 or consumers == 1 else 2
     cfg = FlashConfig(consumers, 128, stages)
     return cfg if not cfg.problems(shape.d) else FlashConfig(consumers, 128, 2)
@@ -230,12 +237,14 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
         spec = mask_spec(tuple(mask.shape), str(mask.dtype).removeprefix("torch."), (b, h, sq, sk))
         mask = mask.contiguous()
     scale_arg, splits_arg = scale, splits
-    cfg = config or choose_config(shape)
-    check_problem(dtype, d, cfg, spec)
-    if splits is None:
+    if config is None or splits is None:
         from tessera.runtime.cuda import multiprocessor_count
 
-        splits = choose_splits(shape, cfg, multiprocessor_count(), causal)
+        sms = multiprocessor_count()
+    cfg = config or choose_config(shape, sms)
+    check_problem(dtype, d, cfg, spec)
+    if splits is None:
+        splits = choose_splits(shape, cfg, sms, causal)
     if not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS:
         raise ArgumentError(f"flash_attention: splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
     scale = d**-0.5 if scale is None else float(scale)

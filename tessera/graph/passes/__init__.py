@@ -16,6 +16,7 @@ from tessera.graph.passes.drop_reshapes import drop_reshapes
 from tessera.graph.passes.fold_batchnorm import fold_batchnorm
 from tessera.graph.passes.fuse_attention import fuse_attention
 from tessera.graph.passes.fuse_gelu import fuse_gelu
+from tessera.graph.passes.fuse_rms_norm import fuse_rms_norm
 from tessera.graph.passes.linear_bias import fold_linear_bias
 from tessera.graph.passes.matmul_to_linear import matmul_to_linear
 from tessera.graph.passes.merge_qkv import merge_parallel_projections
@@ -27,6 +28,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     eliminate_dead_code,
     fold_batchnorm,
     fuse_gelu,
+    fuse_rms_norm,
     matmul_to_linear,
     fold_linear_bias,
     drop_reshapes,
@@ -51,5 +53,5 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
-           "fuse_gelu", "matmul_to_linear", "fold_linear_bias", "drop_reshapes",
+           "fuse_gelu", "fuse_rms_norm", "matmul_to_linear", "fold_linear_bias", "drop_reshapes",
            "fuse_attention", "simplify_attention_masks", "merge_parallel_projections"]  # fmt: skip

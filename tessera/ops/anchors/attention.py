@@ -203,8 +203,9 @@ class FlashAnchorKernel:
         b, h, sq, d = q_shape
         shape = AttentionShape(b, h, k_shape[1], sq, k_shape[2], d)
         spec = mask_spec(mask_shape, mask_dtype, (b, h, sq, k_shape[2])) if mask_shape is not None else None
-        self.config = choose_config(shape)
-        splits = choose_splits(shape, self.config, multiprocessor_count(), causal)
+        sms = multiprocessor_count()
+        self.config = choose_config(shape, sms)
+        splits = choose_splits(shape, self.config, sms, causal)
         ensure_current()
         self._plan = FlashPlan(shape, dtype, causal, scale, spec, self.config, splits, torch.device("cuda", torch.cuda.current_device()))
         self.out_shape: tuple[int, ...] = tuple(q_shape)
