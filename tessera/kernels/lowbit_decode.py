@@ -72,7 +72,8 @@ class DecodeConfig:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
         ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), sN = split N, r1 = one row tile per warp, x = activations staged per block."""
+        the mma), f = fold (offsets subtracted by a second mma), sN = split N, r1 = one row tile
+        per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d}
@@ -82,10 +83,17 @@ class DecodeConfig:
                 out[f"p{p}{tag}"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, span)
         split = min(8, 2 * d.split)
         out[f"p4k2_s{split}"] = DecodeConfig(d.warps, split, 1, d.m_tiles, d.rows, 0, 4, 2)
+        # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
+        out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
+        out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
+        out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
+        if d.rows > 1:
+            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
         out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
-        return {name: c for name, c in out.items() if not c.problems() and c.smem_bytes(bits) <= 160 * 1024}
+        return {name: c for name, c in out.items()
+                if (name == "reg" or c != d) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []
