@@ -120,8 +120,10 @@ def _dequant_kernel(t, words, starts):
             d = ts.register_tensor(ts.f16, [128])
             for i in range(128):
                 d[i] = 0.0
-            for start, count, biased, scaled in starts:  # compile-time list: unrolled
-                if biased and scaled:
+            for start, count, biased, scaled, raw in starts:  # compile-time list: unrolled
+                if raw:
+                    ts.dequant(d[start], w[0], wtype=t, start=start, count=count, raw=True)
+                elif biased and scaled:
                     ts.dequant(d[start], w[0], s[0], bb[0], wtype=t, start=start, count=count)
                 elif scaled:
                     ts.dequant(d[start], w[0], s[0], wtype=t, start=start, count=count)
@@ -148,7 +150,8 @@ def test_dequant_instruction_matches_reference(rng, t):
     row = (np.arange(128) // 2) % 2
     # instructions over the unit: unbiased, biased, biased without scale, then one register
     # neither biased nor scaled (unscaled values are code - bias, exact)
-    plan = [(0, 48, False, True), (48, 30, True, True), (78, 48, True, False), (126, 2, False, False)]
+    plan = [(0, 48, False, True, False), (48, 30, True, True, False), (78, 48, True, False, False),
+            (126, 2, False, False, False)]  # fmt: skip
     kernel = _dequant_kernel(t, 4 * b, plan)
     for _ in range(2):  # two calls, fresh scales and biases
         scale = rng.uniform(-2, 2, size=2).astype(np.float16)
@@ -166,6 +169,64 @@ def test_dequant_instruction_matches_reference(rng, t):
         value = np.where((v >= 48) & (v < 126), biased, plain)
         ref = np.where(v < 78, value * scale.astype(np.float64)[row], value).astype(np.float16)
         assert np.array_equal(out, ref, equal_nan=True)
+
+
+def _raw_reference(t, codes, lane_values):
+    """The halves of a raw dequant of layout values `lane_values` (lowbit.raw_magic)."""
+    v = np.arange(lane_values.shape[-1])
+    if t.is_integer:
+        magic = np.array([lowbit.raw_magic(t, i // 2) for i in v])
+        return (layout_codes(lane_values, t).astype(np.float64) + magic).astype(np.float16)
+    return (codecs.decode(lane_values, t) * 2.0 ** -lowbit.float_shift(t)).astype(np.float16)
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_raw_dequant_is_code_plus_raw_magic(rng, t):
+    """raw=True: the bits alone, u + lowbit.raw_magic (the CUDA displacement's magic for the
+    integers, value * 2**-float_shift for the floats) for every code, on the C target."""
+    b = t.nbits
+    for _ in range(2):
+        codes = random_codes(rng, t, (16, 256))
+        words = pack_units(codes, t).reshape(b, 32, 4).transpose(1, 0, 2).reshape(32, 4 * b)
+        rows = np.array([[lowbit.lane_value_position(lane, v)[0] for v in range(128)] for lane in range(32)])
+        ks = np.array([[lowbit.lane_value_position(lane, v)[1] for v in range(128)] for lane in range(32)])
+        out = np.zeros((32, 128), np.float16)
+        _dequant_kernel(t, 4 * b, [(0, 64, False, False, True), (64, 64, False, False, True)])(
+            np.ascontiguousarray(words), np.ones(2, np.float16), np.zeros(2, np.float16), out)
+        assert np.array_equal(out.view(np.uint16), _raw_reference(t, codes, codes[rows, ks]).view(np.uint16))
+    if t.is_integer:  # every code of the width in every register position
+        for reg in range(64):
+            for u in range(1 << b):
+                assert float(np.float16(lowbit.raw_magic(t, reg) + u)) == lowbit.raw_magic(t, reg) + u
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    data = a | (b << 32)
+    return sum(((data >> (8 * ((selector >> 4 * i) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_byte_permutations_give_the_register_bits(rng, t):
+    """Where the CUDA lowering builds a register with one PRMT (whole bytes: the 8-bit integers
+    and e5m2, every register), the PRMT's bits equal the shift-and-mask terms' for any word."""
+    from tessera.backend.codegen_lowbit import byte_permutation
+
+    found = 0
+    for reg in range(64):
+        perm = byte_permutation(t, reg)
+        if perm is None:
+            continue
+        found += 1
+        word, selector, constant = perm
+        d = lowbit.int_displacement(t, reg) if t.is_integer else 0
+        for w in [*rng.integers(0, 2**32, size=200, dtype=np.uint64).tolist(), 0, 2**32 - 1]:
+            words = [0] * (4 * t.nbits)
+            words[word] = w
+            pattern = lowbit.int_magic(d) * 0x10001 if t.is_integer else 0
+            for wd, shift, mask in lowbit.register_terms(t, reg, d):
+                pattern |= ((words[wd] << shift) if shift >= 0 else (words[wd] >> -shift)) & mask & 0xFFFFFFFF
+            assert _prmt(w, constant, selector) == pattern, (reg, hex(w))
+    assert found == (64 if t.name in ("int8", "uint8", "e5m2") else 0)
 
 
 @pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t.is_integer], ids=[t.name for t in WEIGHT_TYPES if t.is_integer])
@@ -209,6 +270,9 @@ def test_cuda_dequant_helpers_match_reference_on_the_host(rng, tmp_path):
     lanes, src, expect = (0, 5, 18, 31), [], []
     src.append("#include <cuda_fp16.h>\n#include <cstdio>\n#include <cstdint>")
     src.append("inline uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }")
+    src.append("inline uint32_t ts_prmt(uint32_t a, uint32_t b, uint32_t s) { uint64_t x = a | ((uint64_t)b << 32); "
+               "uint32_t r = 0; for (int i = 0; i < 4; ++i) r |= (uint32_t)((x >> (8 * ((s >> 4 * i) & 7))) & 0xFF) << (8 * i); "
+               "return r; }")  # fmt: skip
     main = ["int main() {", "  half out[8];"]
     for ti, t in enumerate(WEIGHT_TYPES):
         b = t.nbits
@@ -222,16 +286,19 @@ def test_cuda_dequant_helpers_match_reference_on_the_host(rng, tmp_path):
                    f"__ushort_as_half({scale.view(np.uint16)[1]})}};")
         src.append(f"static const half B{ti}[2] = {{__ushort_as_half({bias.view(np.uint16)[0]}), "
                    f"__ushort_as_half({bias.view(np.uint16)[1]})}};")
-        for biased in (False, True):
-            for scaled in (True, False):
+        for biased, scaled, raw in ((False, True, False), (False, False, False), (True, True, False),
+                                    (True, False, False), (False, False, True)):  # fmt: skip
                 for step in range(16):
-                    attrs = {"wtype": t, "start": 8 * step, "count": 8, "has_bias": biased, "has_scale": scaled}
+                    attrs = {"wtype": t, "start": 8 * step, "count": 8, "has_bias": biased, "has_scale": scaled, "raw": raw}
                     src.append(cuda_helper(attrs).replace("__device__ __forceinline__", "inline"))
                     for lane in lanes:
                         main.append(f"  {helper_name(attrs)}(out, W{ti}[{lane}], S{ti}, B{ti}); "
                                     'for (int i = 0; i < 8; ++i) printf("%04x\\n", __half_as_ushort(out[i]));')
                         c = np.array([codes[lowbit.lane_value_position(lane, v)] for v in range(8 * step, 8 * step + 8)])
                         row = (np.arange(8 * step, 8 * step + 8) // 2) % 2
+                        if raw:
+                            expect.append(_raw_reference(t, codes, np.concatenate([np.zeros(8 * step, np.uint8), c]))[8 * step:])
+                            continue
                         if t.is_integer:
                             u = layout_codes(c, t).astype(np.float64)
                             off = bias.astype(np.float64)[row] if biased else (1 << (b - 1)) * (t.kind == "int")

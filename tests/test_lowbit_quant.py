@@ -229,6 +229,52 @@ def test_cuda_decode_pipelined_variants(rng, t):
                 assert err < 2e-3, (t, group, zp, m, config)
 
 
+# span 2 on the register path (scales after the mma) and fold (raw dequant, the offsets
+# subtracted by a second mma) on both paths; group 8 and 16 fall back to scaling in the dequant
+FOLDED = (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2), DecodeConfig(4, 4, 1, 1, 1, 0, 0, 2, True),
+          DecodeConfig(2, 8, 2, 2, 2, 0, 0, 2, True), DecodeConfig(4, 2, 1, 2, 2, 0, 2, 2, True),
+          DecodeConfig(8, 1, 1, 1, 1, 4, 0, 2, True))  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+def test_cuda_decode_folded_variants(rng, t):
+    """The span-2 register path and the folded offsets at odd sizes, every group size, with and
+    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import cuda_matmul
+
+    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
+        for m, config in zip((1, 16, 5, 40, 9), FOLDED):
+            for _ in range(2):
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                ref = x.double() @ w.T
+                err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+                assert err < 2e-3, (t, group, zp, m, config)
+
+
+@pytest.mark.parametrize("t, group, bias, config", [
+    ("int1", 128, False, FOLDED[1]), ("int2", 64, True, FOLDED[2]), ("int4", 128, True, FOLDED[1]),
+    ("uint3", 32, False, FOLDED[3]), ("e4m3", 128, False, FOLDED[2]), ("int8", 8, True, FOLDED[1]),
+    ("uint7", 1024, True, FOLDED[4]), ("int4", 128, False, FOLDED[0])])  # fmt: skip
+def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
+    """The folded kernels dequantise raw (no HSUB2/HMUL2 in the loop) and add a second mma per
+    step where there is something to subtract (integers, zero points); group 8 keeps the
+    subtraction in the dequantisation; the span-2 register path scales after the mma."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from tessera.kernels.lowbit_decode import make_decode
+
+    t = ts.dtype(t)
+    kernel = make_decode(t, group, bias, config)
+    src = kernel.source_full
+    folds = config.fold and group % 32 == 0
+    assert ("_raw(" in src) == folds and ("_n(" in src or "_n_raw(" in src or "_b_n(" in src) == (group % 32 == 0)
+    calls = src.count("ts_mma_m16n8k16_f16(")  # the 16 steps are spelled out, rows and tiles are loops
+    assert calls == 16 * (2 if folds and (t.is_integer or bias) else 1)
+    assert kernel.build()
+
+
 @pytest.mark.parametrize("t, group, bias, config", [
     ("int3", 32, True, PIPELINED[1]), ("uint4", 128, True, PIPELINED[2]), ("e2m1", 64, False, PIPELINED[3]),
     ("int8", 1024, False, PIPELINED[4]), ("e5m2", 8, False, PIPELINED[0])])  # fmt: skip

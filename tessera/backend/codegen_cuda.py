@@ -60,6 +60,10 @@ __device__ __forceinline__ void ts_copy_async_commit() { asm volatile("cp.async.
 __device__ __forceinline__ uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d; asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
+// byte i of the result is byte (selector >> 4i) & 7 of {b, a} (prmt.b32: dequant's whole-byte fields).
+__device__ __forceinline__ uint32_t ts_prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d; asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector)); return d;
+}
 template <int N> __device__ __forceinline__ void ts_copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void* dst, const void* src) {
   uint32_t* r = reinterpret_cast<uint32_t*>(dst);

@@ -31,10 +31,50 @@ def _moved(word: int, shift: int, w: str) -> str:
     return f"({w}[{word}] << {shift})" if shift > 0 else f"({w}[{word}] >> {-shift})" if shift < 0 else f"{w}[{word}]"
 
 
+def raw_register_expr(t: DataType, reg: int, w: str) -> str:
+    """The uint32 bit pattern of register `reg` of a raw dequant (lowbit.raw_magic): integers at
+    the CUDA displacement, OR-ed into int_magic(d); small floats as register_expr."""
+    if not t.is_integer:
+        return register_expr(t, reg, w)
+    d = lowbit.int_displacement(t, reg)
+    terms = [_term(*term, w) for term in lowbit.register_terms(t, reg, d)]
+    return " | ".join([f"{lowbit.int_magic(d) * 0x10001:#x}u", *terms])
+
+
+def byte_permutation(t: DataType, reg: int) -> tuple[int, int, int] | None:
+    """(word, selector, constant) when register `reg` is whole bytes of one word and bytes of
+    the magic constant: then one PRMT (`ts_prmt(w[word], constant, selector)`) builds it
+    (the 8-bit integers and e5m2: two values per instruction, no shift, no mask)."""
+    d = lowbit.int_displacement(t, reg) if t.is_integer else 0
+    magic = lowbit.int_magic(d) * 0x10001 if t.is_integer else 0
+    terms = lowbit.register_terms(t, reg, d)
+    if len({word for word, _, _ in terms}) != 1:
+        return None
+    selector = 0
+    for byte in range(4):
+        sources = [(shift, (mask >> 8 * byte) & 0xFF) for _, shift, mask in terms if (mask >> 8 * byte) & 0xFF]
+        if not sources:
+            pick = 4 + byte  # the constant's own byte
+        elif len(sources) == 1 and sources[0][1] == 0xFF and sources[0][0] % 8 == 0 and not (magic >> 8 * byte) & 0xFF:
+            pick = byte - sources[0][0] // 8
+            if not 0 <= pick < 4:
+                return None
+        else:
+            return None
+        selector |= pick << 4 * byte
+    return terms[0][0], selector, magic
+
+
 def cuda_register_expr(t: DataType, reg: int, w: str) -> str:
-    """register_expr for CUDA: integers at their displacement (lowbit.int_displacement: no
-    shift for most fields), the magic and first field through one `lop3` ((a & mask) | magic);
-    from C, ptxas emits an AND and an OR (LOP3 takes one immediate)."""
+    """register_expr for CUDA: one PRMT where the register is whole bytes (byte_permutation);
+    otherwise integers at their displacement (lowbit.int_displacement: no shift for most
+    fields), the magic and first field through one `lop3` ((a & mask) | magic); from C,
+    ptxas emits an AND and an OR (LOP3 takes one immediate).  The same bits as
+    raw_register_expr."""
+    perm = byte_permutation(t, reg)
+    if perm is not None:
+        word, selector, constant = perm
+        return f"ts_prmt({w}[{word}], {constant:#x}u, {selector:#x}u)"
     if not t.is_integer:
         return register_expr(t, reg, w)
     d = lowbit.int_displacement(t, reg)
@@ -44,15 +84,9 @@ def cuda_register_expr(t: DataType, reg: int, w: str) -> str:
     return " | ".join([first, *(_term(*term, w) for term in rest)])
 
 
-def int_offset(t: DataType) -> int:
-    """What the dequantisation subtracts from the code without a bias operand: the offset of
-    the signed types' offset-binary codes."""
-    return 1 << (t.nbits - 1) if t.kind == "int" else 0
-
-
 def helper_name(attrs: dict[str, Any]) -> str:
     t: DataType = attrs["wtype"]
-    flags = f"{'_b' if attrs['has_bias'] else ''}{'' if attrs.get('has_scale', True) else '_n'}"
+    flags = f"{'_b' if attrs['has_bias'] else ''}{'' if attrs.get('has_scale', True) else '_n'}{'_raw' if attrs.get('raw') else ''}"
     return f"ts_dequant_{t.name}_s{attrs['start']}_c{attrs['count']}{flags}"
 
 
@@ -67,6 +101,10 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         "  const half* b = reinterpret_cast<const half*>(bias);",
     ]  # fmt: skip
     scaled = attrs.get("has_scale", True)
+    if attrs.get("raw"):  # the bits alone (lowbit.raw_magic): the kernel subtracts and scales
+        for reg in range(first, last):
+            lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')}; d[{reg - first}] = *reinterpret_cast<half2*>(&r); }}")
+        return "\n".join([*lines, "}"])
     if scaled:
         lines.append("  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);")
     subtract = True
@@ -80,7 +118,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
             if attrs["has_bias"]:
                 lines.append(f"  const half2 {name} = __hadd2(__half2half2(b[{row}]), __float2half2_rn({2.0 ** (10 - d)!r}f));")
             else:
-                lines.append(f"  const half2 {name} = __float2half2_rn({2.0 ** (10 - d) + int_offset(t)!r}f);")
+                lines.append(f"  const half2 {name} = __float2half2_rn({2.0 ** (10 - d) + lowbit.code_offset(t)!r}f);")
     elif attrs["has_bias"]:
         lines.append("  const half2 o0 = __half2half2(b[0]), o1 = __half2half2(b[1]);")
         offsets = {(0, 0): "o0", (1, 0): "o1"}
@@ -107,8 +145,12 @@ def c_statements(attrs: dict[str, Any], dst: str, src: str, scale: str, bias: st
            "  uint32_t ts_r; (void)ts_b;"]  # fmt: skip
     for reg in range(first, last):
         row = reg % 2
+        if attrs.get("raw"):
+            out.append(f"  ts_r = {raw_register_expr(t, reg, 'ts_w')};")
+            out.append(f"  ts_d[{2 * (reg - first)}] = (uint16_t)ts_r; ts_d[{2 * (reg - first) + 1}] = (uint16_t)(ts_r >> 16);")
+            continue
         if t.is_integer:
-            off = f"(1024.0f + ts_h2f(ts_b[{row}]))" if attrs["has_bias"] else f"{1024 + int_offset(t)}.0f"
+            off = f"(1024.0f + ts_h2f(ts_b[{row}]))" if attrs["has_bias"] else f"{1024 + lowbit.code_offset(t)}.0f"
         else:
             off = f"ts_h2f(ts_b[{row}])" if attrs["has_bias"] else "0.0f"
         out.append(f"  ts_r = {register_expr(t, reg, 'ts_w')};")

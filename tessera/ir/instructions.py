@@ -145,6 +145,10 @@ def _check_dequant(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     for name, v in (("start", start), ("count", count)):
         if not isinstance(v, int) or isinstance(v, bool) or v % 2:
             return f"dequant's {name}= must be an even compile-time int, got {v!r}"
+    if not isinstance(attrs.get("raw", False), bool):
+        return f"dequant's raw= must be a compile-time bool, got {attrs['raw']!r}"
+    if attrs.get("raw") and (attrs["has_bias"] or attrs["has_scale"]):
+        return "a raw dequant takes no scale or bias: its values are code + lowbit.raw_magic, the kernel subtracts"
     if not (0 <= start and 0 < count and start + count <= 128):
         return f"dequant reads values [start, start + count) of a 128-value unit, got start={start}, count={count}"
     if any(x.scope != REGISTER for x in ops):
@@ -289,11 +293,12 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "producer/consumer hand-off, e.g. warpgroups taking turns)"),
         InstructionSpec("syncwarp", (), (), True, _ok,
                         "__syncwarp(): the warp's lanes meet, and their shared-memory accesses are ordered"),
-        InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias", "has_scale"), False,
+        InstructionSpec("dequant", ("addr", "addr", "addr", "addr"), ("wtype", "start", "count", "has_bias", "has_scale", "raw"), False,
                         _check_dequant,
                         "dst[i] = (u - bias[row]) * scale[row] for values [start, start + count) of a low-bit unit "
                         "(tessera.ir.lowbit: u the code, offset binary for signed ints, or a small float's value "
-                        "* 2**-float_shift; without bias, signed ints subtract their offset); row = (value // 2) % 2"),
+                        "* 2**-float_shift; without bias, signed ints subtract their offset); row = (value // 2) % 2; "
+                        "raw=True: no scale or bias, dst = the half bits u + lowbit.raw_magic (the kernel subtracts)"),
         InstructionSpec("setmaxnreg", (), ("regs", "increase"), True, _check_setmaxnreg,
                         "setmaxnreg.inc/dec (SM90a): this warpgroup's register budget; needs attrs.min_blocks"),
     )

@@ -72,6 +72,21 @@ def int_magic(d: int) -> int:
     return (25 - d) << 10
 
 
+def code_offset(t: DataType) -> int:
+    """What a dequantisation without bias subtracts from the layout code: the offset of the
+    signed types' offset-binary codes (0 for the unsigned and float types)."""
+    return 1 << (t.nbits - 1) if t.kind == "int" else 0
+
+
+def raw_magic(t: DataType, reg: int) -> float:
+    """What a *raw* dequant (no subtraction, no scale) leaves on top of the code in register
+    `reg`: the half is raw_magic + u for the integers (2**(10 - d), d = int_displacement: the
+    magic of the CUDA lowering, which both targets then share), and the value * 2**-float_shift
+    for the small floats (raw_magic 0).  A kernel subtracts raw_magic + bias (or code_offset)
+    itself, e.g. with a second mma against those constants (tessera.kernels.lowbit_decode)."""
+    return 0.0 if t.is_float else 2.0 ** (10 - int_displacement(t, reg))
+
+
 def register_terms(t: DataType, reg: int, displacement: int = 0) -> list[tuple[int, int, int]]:
     """(word, left shift (negative: right), mask) terms whose OR (with INT_MAGIC for integers,
     or int_magic(displacement) in both halves) is the half2 bit pattern of register `reg`

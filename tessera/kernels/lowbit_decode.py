@@ -32,7 +32,12 @@ class DecodeConfig:
     whose loads are issued together, register path), m_tiles (8-token mma tiles per launch
     tile: 1 or 2), stages (> 0: the weights stream through a cp.async ring of this many units
     per warp in shared memory instead of registers, scales prefetched with them; `unroll` is
-    then unused)."""
+    then unused), span (the weights' k order: 2 applies the scales to each group's fp32 sums
+    after the mma, from groups of 32 on, so the dequantisation only rebuilds and subtracts), fold
+    (with scales after the mma: the dequantisation only rebuilds the bits, `dequant(raw=True)`,
+    and a second mma per step against the constant fragment -(raw_magic + bias) subtracts the
+    magic, the signed offset and the zero point in the tensor core; groups under 32 subtract in
+    the dequantisation as without fold)."""
 
     warps: int = 4
     split: int = 4
@@ -42,6 +47,7 @@ class DecodeConfig:
     x_units: int = 0  # > 0: the block's activations (at most this many units) staged in shared memory
     stages: int = 0  # > 0 (2..8): units in flight per warp through a shared-memory ring (cp.async)
     span: int = 16  # the weights' k order (tessera.ir.lowbit.lane_value_position); 2: scales after the mma
+    fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
 
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
@@ -66,7 +72,8 @@ class DecodeConfig:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
         ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), sN = split N, r1 = one row tile per warp, x = activations staged per block."""
+        the mma), f = fold (offsets subtracted by a second mma), sN = split N, r1 = one row tile
+        per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d}
@@ -76,10 +83,17 @@ class DecodeConfig:
                 out[f"p{p}{tag}"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, span)
         split = min(8, 2 * d.split)
         out[f"p4k2_s{split}"] = DecodeConfig(d.warps, split, 1, d.m_tiles, d.rows, 0, 4, 2)
+        # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
+        out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
+        out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
+        out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
+        if d.rows > 1:
+            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
         out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
-        return {name: c for name, c in out.items() if not c.problems() and c.smem_bytes(bits) <= 160 * 1024}
+        return {name: c for name, c in out.items()
+                if (name == "reg" or c != d) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []
@@ -97,8 +111,10 @@ class DecodeConfig:
             out.append("x_units must be >= 0 and its shared activations fit 200 KiB")
         if self.stages not in (0, 2, 3, 4, 6, 8):
             out.append("stages must be 0 (register path) or 2, 3, 4, 6, 8")
-        if self.span not in lowbit.SPANS or (self.span != 16 and not self.stages):
-            out.append(f"span must be one of {lowbit.SPANS} (16 on the register path, stages == 0)")
+        if self.span not in lowbit.SPANS:
+            out.append(f"span must be one of {lowbit.SPANS}")
+        if self.fold and self.span == 16:
+            out.append("fold needs span 2 (scales applied after the mma)")
         return out
 
     def smem_bytes(self, bits: int) -> int:
@@ -110,7 +126,7 @@ class DecodeConfig:
     def __str__(self) -> str:
         return (f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
                 f"{f'_x{self.x_units}' if self.x_units else ''}{f'_p{self.stages}' if self.stages else ''}"
-                f"{f'_k{self.span}' if self.span != 16 else ''}")
+                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}")
 
 
 def x_smem_bytes(x_units: int, m_tiles: int) -> int:
@@ -146,20 +162,28 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     XROW = XU * 288 + (32 if XU % 2 == 0 else 0)
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
-    NGL = max(1, 64 // GS)  # groups in a lane's 64 k of a unit
-    STEPS_PER_GROUP = 16 // NGL
     SPAN = config.span
-    # scale slots of the pipelined path: runs of SPQ steps whose k lie in one group for every lane
+    # scale slots: runs of SPQ steps whose k lie in one group for every lane
     if SPAN == 16:
         SPQ = min(16, math.gcd(GS, 64) // 4)
     else:
         SPQ = min(16, math.gcd(GS, 256) // 16) if GS % 32 == 0 else (2 if GS in (8, 16) else 1)
-    NQ = 16 // SPQ if P else NGL
+    NQ = 16 // SPQ
     AFTER = SPAN != 16 and GS % 32 == 0  # every step's 16 k in one group: scale the fp32 sums
+    FOLD = config.fold and AFTER
+    # FOLD: register r of step s holds raw_magic + u; the second mma adds -(raw_magic + bias) x
+    MAGIC = tuple(lowbit.raw_magic(T, reg) + (0 if HAS_BIAS else lowbit.code_offset(T)) for reg in range(64))
+    CORRECT = FOLD and (HAS_BIAS or any(MAGIC))  # floats without zero points need no second mma
+    # the correction fragment changes at step s (new magics, or a new group's zero points)
+    REFILL = tuple(s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s] or (HAS_BIAS and s % SPQ == 0)
+                   for s in range(16))  # fmt: skip
+    # the dequantisation's unit: float_shift stays in the prepared scales (exact powers of two)
 
     # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
     KT_LANE = 4 * SPAN
-    STEPS = tuple(range(16))
+    QK = tuple(16 * SPAN * (q * SPQ // SPAN) + 4 * (q * SPQ % SPAN) for q in range(NQ))  # k of scale slot q, lane 0
+    UG = 256 // GS if 256 % GS == 0 else 0  # groups per unit: the group index is u * UG + lg[q]
+    STEPS, EIGHT, QS = tuple(range(16)), tuple(range(8)), tuple(range(NQ))
     name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}"
 
     @ts.kernel(target="cuda", name=name)
@@ -173,8 +197,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         xr = ts.register_tensor(f16, [MT, 64])
         sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
-        accg = ts.register_tensor(f32, [2, R, MT, 4])  # one group's unscaled sums (AFTER)
+        accg = ts.register_tensor(f32, [4, R, MT, 4])  # one group's unscaled sums (AFTER; 2, 3: FOLD's corrections)
         a = ts.register_tensor(f16, [8])
+        ac = ts.register_tensor(f16, [R, 8])  # FOLD: the correction fragment -(raw_magic + bias)
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
         tid = ts.thread_idx.x
         lane = tid % 32
@@ -188,28 +213,43 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         u_begin = rank * per_split
         u_end = min(u_begin + per_split, KT)
         xs = ts.shared_tensor(f16, [8 * MT, XROW if XU > 0 else 8])
+        lg = ts.register_tensor(ts.int32, [NQ])  # the lane's group of scale slot q within a unit (UG)
+        for q in QS:  # compile-time: indexes QK
+            lg[q] = (KT_LANE * t + QK[q]) // GS
         for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
+        for c in ts.unroll(4):
+            for r in ts.unroll(R):
+                for i in ts.unroll(MT):
+                    for e in ts.unroll(4):
                         accg[c, r, i, e] = 0.0
         n_units = u_end - u_begin
+        if XU > 0:  # the activations, in the layout's k order (zero-filled outside M, K)
+            for idx in range(tid, 8 * MT * XU * 32, THREADS):
+                row = idx // (XU * 32)
+                col = idx % (XU * 32)
+                m = m_base + row
+                k = (u_begin + col // 32) * 256 + (col % 32) * 8
+                c16 = col % 32  # the chunk's lane t and 16-byte register j in the layout's k order
+                xt = (c16 % (2 * SPAN)) // (SPAN // 2)
+                xj = (c16 // (2 * SPAN)) * (SPAN // 2) + c16 % (SPAN // 2)
+                dst = (col // 32) * 288 + xt * 72 + xj * 8
+                ok = m < M and k < K and col // 32 < n_units
+                if P > 0:  # joins the first group of copies
+                    ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
+                elif ok:
+                    ts.copy_vector(xs[row, dst], X[m, k], 16)
+                else:
+                    for e in ts.unroll(8):
+                        xs[row, dst + e] = 0.0
+            if P == 0:
+                ts.syncthreads()
         if P > 0:
             warp = tid // 32
             wsm = ts.shared_tensor(u32, [WARPS, P, R, BITS, 128])  # each lane reads back only its own copies
-            if XU > 0:  # the activations join the first group of copies (zero-filled outside M, K)
-                for idx in range(tid, 8 * MT * XU * 32, THREADS):
-                    row = idx // (XU * 32)
-                    col = idx % (XU * 32)
-                    m = m_base + row
-                    k = (u_begin + col // 32) * 256 + (col % 32) * 8
-                    c16 = col % 32  # the chunk's lane t and 16-byte register j in the layout's k order
-                    xt = (c16 % (2 * SPAN)) // (SPAN // 2)
-                    xj = (c16 // (2 * SPAN)) * (SPAN // 2) + c16 % (SPAN // 2)
-                    dst = (col // 32) * 288 + xt * 72 + xj * 8
-                    ok = m < M and k < K and col // 32 < n_units
-                    ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
             # Iteration `it` copies unit it + P - 1 into slot pp and computes unit it (slot (pp + 1) % P);
             # it0 = 1 - P (mod P), so both slots are compile-time and the scales stay in registers.
             for it0 in range(1 - P, n_units, P):
@@ -230,9 +270,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                             for j in ts.unroll(BITS):
                                 src = ((((nt0 + r) * KT + lu) * BITS + j) * 32 + lane) * 4
                                 ts.copy_async(wsm[warp, pp, r, j, lane * 4], Wq[ts.select(ok, src, 0)], 16, ok)
-                            for q in ts.unroll(NQ):
-                                grp = min((min(lu, KT - 1) * 256 + KT_LANE * t + 16 * SPAN * (q * SPQ // SPAN)
-                                        + 4 * (q * SPQ % SPAN)) // GS, G - 1)
+                            for q in QS:  # compile-time: indexes QK
+                                grp = min(min(lu, KT - 1) * UG + lg[q], G - 1) if UG else min(
+                                    (min(lu, KT - 1) * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
                                 for h in ts.unroll(2):
                                     row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
                                     sc[pp, r, q, h] = S[row, grp]
@@ -242,21 +282,23 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                         if it >= 0:
                             u = u_begin + it
                             for i in ts.unroll(MT):
-                                m = m_base + i * 8 + g
+                                m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
                                 for j in ts.unroll(8):
                                     if XU > 0:
                                         ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
                                     else:
                                         k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                        if m < M and k < K:
-                                            ts.copy_vector(xr[i, j * 8], X[m, k], 16)
+                                        if k < K:
+                                            ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                         else:
                                             for e in ts.unroll(8):
                                                 xr[i, j * 8 + e] = 0.0
                             for s in STEPS:
                                 q = s // SPQ
                                 for r in ts.unroll(R):
-                                    if AFTER and HAS_BIAS:
+                                    if FOLD:
+                                        ts.dequant(a[0], wr[0, r, 0], wtype=T, start=8 * s, count=8, raw=True)
+                                    elif AFTER and HAS_BIAS:
                                         ts.dequant(a[0], wr[0, r, 0], bias=bz[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                     elif AFTER:
                                         ts.dequant(a[0], wr[0, r, 0], wtype=T, start=8 * s, count=8)
@@ -270,72 +312,103 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                             ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                         else:
                                             ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                    if CORRECT:
+                                        if REFILL[s]:
+                                            for e in EIGHT:  # compile-time: indexes MAGIC
+                                                if HAS_BIAS:
+                                                    ac[r, e] = -(bz[cs, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                                else:
+                                                    ac[r, e] = -MAGIC[4 * s + e // 2]
+                                        for i in ts.unroll(MT):
+                                            ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
                                 if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                     for r in ts.unroll(R):
                                         for i in ts.unroll(MT):
                                             for e in ts.unroll(4):
-                                                acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
-                                                    accg[0, r, i, e] + accg[1, r, i, e])
-                                                accg[0, r, i, e] = 0.0
-                                                accg[1, r, i, e] = 0.0
+                                                if CORRECT:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
+                                                        (accg[0, r, i, e] + accg[2, r, i, e])
+                                                        + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                                else:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
+                                                        accg[0, r, i, e] + accg[1, r, i, e])
+                                                for c in ts.unroll(4 if CORRECT else 2):
+                                                    accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
-        else:
-            if XU > 0:
-                for idx in range(tid, 8 * MT * XU * 32, THREADS):
-                    row = idx // (XU * 32)
-                    col = idx % (XU * 32)  # 16-byte vector col of the row: unit col // 32, lane t, chunk
-                    m = m_base + row
-                    k = (u_begin + col // 32) * 256 + (col % 32) * 8
-                    dst = (col // 32) * 288 + ((col % 32) // 8) * 72 + (col % 8) * 8
-                    if m < M and k < K and col // 32 < n_units:
-                        ts.copy_vector(xs[row, dst], X[m, k], 16)
-                    else:
-                        for e in ts.unroll(8):
-                            xs[row, dst + e] = 0.0
-                ts.syncthreads()
-            if nt0 * 16 < N:
-                for u0 in range(u_begin, u_end, UNROLL):
-                    # every load of UNROLL units first (weights, activations, scales), then the math
-                    for uu in ts.unroll(UNROLL):
-                        u = u0 + uu
-                        if u < u_end:
-                            for r in ts.unroll(R):
-                                if (nt0 + r) * 16 < N:
-                                    for j in ts.unroll(BITS):
-                                        ts.copy_vector(wr[uu, r, 4 * j],
-                                                       Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                                for q in ts.unroll(NGL):
-                                    grp = min((u * 256 + t * 64 + q * (64 // NGL)) // GS, G - 1)
-                                    for h in ts.unroll(2):
-                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                        sc[uu, r, q, h] = S[row, grp]
-                                        if HAS_BIAS:
-                                            bz[uu, r, q, h] = B[row, grp]
-                    for uu in ts.unroll(UNROLL):
-                        if u0 + uu < u_end:
-                            # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
-                            for i in ts.unroll(MT):
-                                m = m_base + i * 8 + g
-                                for j in ts.unroll(8):
-                                    if XU > 0:
-                                        ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
-                                    else:
-                                        k = (u0 + uu) * 256 + t * 64 + j * 8
-                                        if m < M and k < K:
-                                            ts.copy_vector(xr[i, j * 8], X[m, k], 16)
-                                        else:
-                                            for e in ts.unroll(8):
-                                                xr[i, j * 8 + e] = 0.0
-                            for s in STEPS:  # a compile-time list: dequant's start is a constant
-                                q = s // STEPS_PER_GROUP
-                                for r in ts.unroll(R):
+        elif nt0 * 16 < N:
+            for u0 in range(u_begin, u_end, UNROLL):
+                # every load of UNROLL units first (weights, activations, scales), then the math
+                for uu in ts.unroll(UNROLL):
+                    u = u0 + uu
+                    if u < u_end:
+                        for r in ts.unroll(R):
+                            if (nt0 + r) * 16 < N:
+                                for j in ts.unroll(BITS):
+                                    ts.copy_vector(wr[uu, r, 4 * j],
+                                                   Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
+                            for q in QS:  # compile-time: indexes QK
+                                grp = min(u * UG + lg[q], G - 1) if UG else min((u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                for h in ts.unroll(2):
+                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                    sc[uu, r, q, h] = S[row, grp]
                                     if HAS_BIAS:
-                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
-                                                   start=8 * s, count=8)
+                                        bz[uu, r, q, h] = B[row, grp]
+                for uu in ts.unroll(UNROLL):
+                    if u0 + uu < u_end:
+                        # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
+                        for i in ts.unroll(MT):
+                            m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
+                            for j in ts.unroll(8):
+                                if XU > 0:
+                                    ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
+                                else:
+                                    k = (u0 + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
+                                    if k < K:
+                                        ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                     else:
-                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
-                                    for i in ts.unroll(MT):
+                                        for e in ts.unroll(8):
+                                            xr[i, j * 8 + e] = 0.0
+                        for s in STEPS:  # a compile-time list: dequant's start is a constant
+                            q = s // SPQ
+                            for r in ts.unroll(R):
+                                if FOLD:
+                                    ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8, raw=True)
+                                elif AFTER and HAS_BIAS:
+                                    ts.dequant(a[0], wr[uu, r, 0], bias=bz[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                elif AFTER:
+                                    ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8)
+                                elif HAS_BIAS:
+                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
+                                               start=8 * s, count=8)
+                                else:
+                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                for i in ts.unroll(MT):
+                                    if AFTER:
+                                        ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                    else:
                                         ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                if CORRECT:
+                                    if REFILL[s]:
+                                        for e in EIGHT:  # compile-time: indexes MAGIC
+                                            if HAS_BIAS:
+                                                ac[r, e] = -(bz[uu, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                            else:
+                                                ac[r, e] = -MAGIC[4 * s + e // 2]
+                                    for i in ts.unroll(MT):
+                                        ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                            if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                for r in ts.unroll(R):
+                                    for i in ts.unroll(MT):
+                                        for e in ts.unroll(4):
+                                            if CORRECT:
+                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
+                                                    (accg[0, r, i, e] + accg[2, r, i, e])
+                                                    + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                            else:
+                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
+                                                    accg[0, r, i, e] + accg[1, r, i, e])
+                                            for c in ts.unroll(4 if CORRECT else 2):
+                                                accg[c, r, i, e] = 0.0
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
             for i in ts.unroll(MT):

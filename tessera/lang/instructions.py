@@ -90,9 +90,11 @@ def _prefetch(address: Any, write: bool = False, locality: int = 3) -> tuple[tup
 
 
 def _dequant(dst: Any, src: Any, scale: Any = None, bias: Any = None, wtype: Any = None, start: int = 0,
-             count: int = 8) -> tuple[tuple, dict]:  # fmt: skip
-    # without a scale the values are (code - bias) exactly (the kernel scales the fp32 sums)
-    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None, "has_scale": scale is not None}
+             count: int = 8, raw: bool = False) -> tuple[tuple, dict]:  # fmt: skip
+    # without a scale the values are (code - bias) exactly (the kernel scales the fp32 sums);
+    # raw: the bits alone, code + lowbit.raw_magic (the kernel subtracts too)
+    attrs = {"wtype": wtype, "start": start, "count": count, "has_bias": bias is not None, "has_scale": scale is not None,
+             "raw": raw}  # fmt: skip
     scale = dst if scale is None else scale  # placeholders: unused operands
     return (dst, src, scale, scale if bias is None else bias), attrs
 

@@ -8,6 +8,7 @@ rows in grid.y); the prefill kernel is not written yet.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tessera.errors import UnsupportedError
@@ -42,7 +43,8 @@ def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: i
     group = kpad if gs >= k else gs
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
-    config = DecodeConfig.default(t.nbits, m, n, k, _sms())
+    # the graph's words are packed in span 16 (pack_units' default, tessera.quant.torch_quantize)
+    config = dataclasses.replace(DecodeConfig.default(t.nbits, m, n, k, _sms()), span=16, fold=False)
     f = make_decode(t, group, bool(attrs["has_bias"]), config).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
