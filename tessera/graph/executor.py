@@ -102,8 +102,10 @@ class Executor:
         """Run on inputs given positionally, by name, or as one dict; returns the outputs."""
         return self.execute(_collect(self.graph, args, kwargs))
 
-    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[np.ndarray]:
-        """Run on the inputs in graph order; symbols adds size values no input shape carries."""
+    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None,
+                borrow: frozenset[int] = frozenset()) -> list[np.ndarray]:  # fmt: skip
+        """Run on the inputs in graph order; symbols adds size values no input shape carries.
+        (`borrow` is CompiledGraph.execute's; these outputs are always fresh arrays.)"""
         if len(arrays) != len(self.graph.inputs):
             raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
         for t, a in zip(self.graph.inputs, arrays):

@@ -205,6 +205,15 @@ def _is_input_mutation(n: torch.fx.Node) -> bool:
     return n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
 
 
+def _tensor_slots(structure: Any) -> list[int]:
+    """The graph-output indices an output structure (see _Segment.output_structure) refers to."""
+    if isinstance(structure, tuple) and len(structure) == 2 and structure[0] in ("tensor", "const", "size"):
+        return [structure[1]] if structure[0] == "tensor" else []
+    if isinstance(structure, (tuple, list)):
+        return [j for s in structure for j in _tensor_slots(s)]
+    return []
+
+
 class _Segment:
     """A run of lowered nodes compiled into one FlowGraph."""
 
@@ -219,6 +228,9 @@ class _Segment:
         self.devices: list[torch.device] = []
         self.size_outputs = False  # outputs include symbolic sizes (evaluated per call)
         self.sym_inputs: dict[str, int] = {}  # symbol name -> index of a SymInt placeholder
+        # Graph outputs read only by input-mutation write-backs: the CUDA-graph replay may hand
+        # back its own buffers for them (copied into the inputs at once), not copies.
+        self.borrow: frozenset[int] = frozenset()
 
 
 class CompiledGraph:
@@ -270,6 +282,7 @@ class CompiledGraph:
             self.fallback_reason = f"{type(e).__name__}: {e}"
             stats["whole_graph_fallbacks"] += 1
             log.warning("tessera: running the whole graph in torch: %s", self.fallback_reason)
+            log.debug("tessera: whole-graph fallback", exc_info=True)
             self.steps = []
         self.build_seconds = time.perf_counter() - start
 
@@ -335,6 +348,8 @@ class CompiledGraph:
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
             self._finish(seg, cv, results)
+            user = set(_tensor_slots(seg.output_structure[0]))
+            seg.borrow = frozenset(j for s in seg.output_structure[1:] for j in _tensor_slots(s) if j not in user)
             stats["segments"] += 1
             return [seg]
         steps = self._segments(unsupported, scalar, values)
@@ -551,7 +566,7 @@ class CompiledGraph:
                 if isinstance(v, torch.Tensor):
                     arrays.append(v if seg.on_device else _to_numpy(v))
         symbols = {name: int(args[i]) for name, i in seg.sym_inputs.items()}
-        results = seg.executor.execute(arrays, symbols)
+        results = seg.executor.execute(arrays, symbols, borrow=seg.borrow)
         if seg.size_outputs:
             bind_shapes(symbols, [(t.shape, tuple(a.shape), t.name) for t, a in zip(seg.graph.inputs, arrays)])
         if seg.on_device:

@@ -114,8 +114,13 @@ class CompiledGraph:
     def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
         return self.execute(collect_inputs(self.graph, args, kwargs))
 
-    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None) -> list[Any]:
-        """Run on the inputs in graph order; `symbols` adds sizes no input shape carries."""
+    def execute(self, arrays: Sequence[Any], symbols: Mapping[str, int] | None = None,
+                borrow: frozenset[int] = frozenset()) -> list[Any]:  # fmt: skip
+        """Run on the inputs in graph order; `symbols` adds sizes no input shape carries.
+
+        `borrow`: indices of outputs the caller consumes before the next call (an input
+        mutation's new value, copied into the input at once); a CUDA-graph replay returns its
+        own buffers for them instead of copies."""
         if len(arrays) != len(self.graph.inputs):
             raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
         arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
@@ -134,7 +139,7 @@ class CompiledGraph:
             return self._run_eager(plan, arrays)
         self._plans.move_to_end(key)
         if plan.cuda_graph is not None:
-            return self._replay(plan, arrays)
+            return self._replay(plan, arrays, borrow)
         if self.use_cuda_graph:  # the plan's second call: capture (its warm-up run computes this call)
             with self.memory.owned():
                 self._capture(plan, arrays)
@@ -268,14 +273,14 @@ class CompiledGraph:
         plan.cuda_graph = self.memory.capture(lambda: self._run_steps(plan, plan.static_inputs, outs))
         plan.static_outputs = outs
 
-    def _replay(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
+    def _replay(self, plan: _Plan, arrays: Sequence[Any], borrow: frozenset[int] = frozenset()) -> list[Any]:
         """Copy this call's inputs in, replay, and hand back copies of what the replay wrote.
         Outputs no step writes (an input or constant passed through) come from this call's
         inputs, never from the capture: the replay does not produce them."""
         for static, a in zip(plan.static_inputs, arrays):
             self.memory.copy_into(static, a)
         self.memory.replay(plan.cuda_graph)
-        return [self._result(t, arrays, plan.static_outputs, copy=True) for t in self.graph.outputs]
+        return [self._result(t, arrays, plan.static_outputs, copy=j not in borrow) for j, t in enumerate(self.graph.outputs)]
 
     def prepare(self, symbols: Mapping[str, int]) -> None:
         """Prepare (compile and load) the anchors for these values of the symbolic sizes
