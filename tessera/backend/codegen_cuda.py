@@ -36,6 +36,17 @@ __device__ __forceinline__ half ts_float16_of_bits(uint16_t u) { return __ushort
 __device__ __forceinline__ uint16_t ts_bits_of_bfloat16(nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 __device__ __forceinline__ nv_bfloat16 ts_bfloat16_of_bits(uint16_t u) { return __ushort_as_bfloat16(u); }
 {helpers}
+// Programmatic dependent launch (SM90+): every kernel first waits for the grids it depends on
+// to complete (their writes visible), then lets its own dependents be scheduled, so that the
+// runtime may launch the next kernel while this one runs (tessera.runtime.cuda launches with
+// programmatic stream serialization).  Nothing before this touches global memory.  Without
+// that launch attribute both instructions are no-ops.
+__device__ __forceinline__ void ts_grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 // Memory and tensor-core instructions (tessera.ir.instructions).  Register fragments are
 // addressed through pointers; with constant indices after unrolling they stay in registers.
 template <int N> struct ts_vec;
@@ -364,6 +375,7 @@ class CudaCodegen(CLikeCodegen):
         if func.launch.shared_pool:
             self.pool_offsets, _ = shared_buffer_offsets(func)
             self.emit("extern __shared__ __align__(1024) uint8_t ts_shared_pool[];")
+        self.emit("ts_grid_dependency_sync();")
         self.visit(func.body)
         self.depth -= 1
         self.emit("}")

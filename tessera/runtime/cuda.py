@@ -339,6 +339,47 @@ def current_stream(args: Sequence[Any] = ()) -> int:
 
 # Launch plans kept per kernel (distinct argument signatures); least recently used go first.
 PLAN_CACHE_SIZE = 256
+PDL_ENV = "TESSERA_PDL"
+
+
+@functools.cache
+def programmatic_launch() -> bool:
+    """Whether kernels launch with programmatic stream serialization (programmatic dependent
+    launch, SM90+): the next kernel in the stream may be scheduled while its predecessor
+    runs, which hides most of the gap between dependent kernels (also inside CUDA graphs).
+    Safe because every kernel tessera generates executes griddepcontrol.wait before it
+    touches memory (backend/codegen_cuda.py: ts_grid_dependency_sync).  $TESSERA_PDL=0
+    turns it off."""
+    import os
+
+    if os.environ.get(PDL_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    props = device_properties()
+    return props.from_driver and props.capability >= (9, 0)
+
+
+def _launch_config(plan: _Plan, stream: int) -> Any:
+    """The cuLaunchKernelEx configuration of a plan on a stream (programmatic serialization on)."""
+    driver = _driver()
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = plan.grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = plan.block
+    cfg.sharedMemBytes, cfg.hStream = plan.smem, stream
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs, cfg.numAttrs = [attr], 1
+    return cfg
+
+
+def _launch(handle: Any, plan: _Plan, stream: int, address: int) -> Any:
+    """Launch `handle` with plan's geometry; the driver's result tuple."""
+    if plan.configs is None:
+        return _driver().cuLaunchKernel(handle, *plan.grid, *plan.block, plan.smem, stream, address, 0)
+    cfg = plan.configs.get(stream)
+    if cfg is None:  # one configuration per stream: setting hStream per call costs µs
+        cfg = plan.configs[stream] = _launch_config(plan, stream)
+    return _driver().cuLaunchKernelEx(cfg, handle, address, 0)
 
 
 class _Plan:
@@ -347,13 +388,14 @@ class _Plan:
     The argument slots that cuLaunchKernel reads are per thread (`local.slots`): the driver
     copies the values during the call, so one set per thread lets threads launch concurrently."""
 
-    __slots__ = ("types", "values", "pointer_slots", "map_slots", "grid", "block", "smem", "local")
+    __slots__ = ("types", "values", "pointer_slots", "map_slots", "grid", "block", "smem", "local", "configs")
 
     def __init__(self, types: list[type], values: list[Any], pointer_slots: list[int], map_slots: list[int],
                  grid: tuple[int, int, int], block: tuple[int, int, int], smem: int):  # fmt: skip
         self.types, self.values, self.pointer_slots, self.map_slots = types, values, pointer_slots, map_slots
         self.grid, self.block, self.smem = grid, block, smem
         self.local = threading.local()
+        self.configs: dict[int, Any] | None = {} if programmatic_launch() else None  # stream -> launch config
 
     def slots(self) -> tuple[list[Any], list[Any], int]:
         """This thread's (pointer slots, tensor-map slots, address of the argument array), the
@@ -409,10 +451,7 @@ class CudaKernel:
         if stream is None:
             stream = current_stream(args)
         ensure_current()
-        check(
-            _driver().cuLaunchKernel(self.handle, *plan.grid, *plan.block, plan.smem, stream, address, 0),
-            f"launching {self.func.name} grid={plan.grid} block={plan.block}",
-        )
+        check(_launch(self.handle, plan, stream, address), f"launching {self.func.name} grid={plan.grid} block={plan.block}")
 
     def bind(self, args: Sequence[Any]) -> BoundLaunch:
         """Check `args` once and return a launcher for later calls whose arguments have the
@@ -450,13 +489,11 @@ class BoundLaunch:
     `launcher(pointers, maps, stream)` writes the arrays' device pointers and the tensor maps'
     bytes into this thread's argument slots and launches: a few µs of host time, no validation."""
 
-    __slots__ = ("kernel", "plan", "local", "dims", "smem", "launch_fn", "success")
+    __slots__ = ("kernel", "plan", "local", "success")
 
     def __init__(self, kernel: CudaKernel, plan: _Plan):
-        self.kernel, self.plan, self.local, self.smem = kernel, plan, plan.local, plan.smem
-        self.dims = (*plan.grid, *plan.block)
-        driver = _driver()
-        self.launch_fn, self.success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+        self.kernel, self.plan, self.local = kernel, plan, plan.local
+        self.success = _driver().CUresult.CUDA_SUCCESS
 
     def __call__(self, pointers: Sequence[int], maps: Sequence[bytes] = (), stream: int = 0) -> None:
         try:
@@ -467,6 +504,6 @@ class BoundLaunch:
             slot.value = p
         for slot, m in zip(map_slots, maps):
             slot.load(m)
-        result = self.launch_fn(self.kernel.handle, *self.dims, self.smem, stream, address, 0)
+        result = _launch(self.kernel.handle, self.plan, stream, address)
         if result[0] != self.success:
             check(result, f"launching {self.kernel.func.name}")
