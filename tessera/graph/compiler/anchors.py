@@ -85,10 +85,10 @@ def _is_cpu_pool(op: Operator) -> bool:
     """max_pool2d over a static float32 NCHW tensor (the lowering has checked the padding): the row kernel."""
     from tessera.backend.isa import vector_lanes
 
-    if op.kind != "max_pool2d":  # (before reading inputs: source operators have none)
+    if op.kind != "max_pool2d" or len(op.inputs) != 1 or vector_lanes() == 1:
         return False
     x = op.inputs[0]
-    return (vector_lanes() > 1 and x.ndim == 4 and x.dtype == dtypes.float32
+    return (x.ndim == 4 and x.dtype == dtypes.float32 and op.outputs[0].dtype == dtypes.float32
             and all(isinstance(d, int) for t in (x, *op.outputs) for d in t.shape))  # fmt: skip
 
 

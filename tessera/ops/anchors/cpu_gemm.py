@@ -162,15 +162,18 @@ def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
     return 1 if panels >= want else max(1, min(tiles_m, -(-want // panels)))
 
 
-def pack_weight(weight: np.ndarray, nr: int, layout: str) -> np.ndarray:
+def pack_weight(weight: np.ndarray, nr: int, layout: str, plan: AnchorPlan | None = None) -> np.ndarray:
     """A constant 2-D weight ([K, N] "kn", or [N, K] "nk") packed into zero-padded NR-wide
-    panels [1, NP, K, NR] by tessera's pack kernel."""
+    panels [1, NP, K, NR] by tessera's pack kernel (whose artifact `plan` then lists)."""
     from tessera.ops.anchors.cpu_kernel import aligned_empty
 
     w = np.ascontiguousarray(weight, dtype=np.float32)
     k, n = w.shape if layout == "kn" else w.shape[::-1]
     packed = aligned_empty((1, -(-n // nr), k, nr), np.float32)
-    make_pack_b(nr, layout)(w.reshape(1, *w.shape), packed)
+    packer = make_pack_b(nr, layout)
+    packer(w.reshape(1, *w.shape), packed)
+    if plan is not None:
+        plan.helpers.append(packer.build())
     return packed
 
 
@@ -223,7 +226,7 @@ def add_cpu_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[
         if weight.shape != ((p.k, p.n) if p.layout == "kn" else (p.n, p.k)):
             raise ArgumentError(f"{name}: the constant weight {weight.shape} does not fit the GEMM "
                                 f"(K={p.k}, N={p.n}, layout {p.layout})")  # fmt: skip
-        plan.constants.append(pack_weight(weight, cfg.nr, p.layout))
+        plan.constants.append(pack_weight(weight, cfg.nr, p.layout, plan))
         b_slot: Slot = (CONSTANT, len(plan.constants) - 1)
         f = make_gemm(cfg, "packed", full_rows, panel_major).ir
         packed_shape = plan.constants[-1].shape

@@ -38,6 +38,9 @@ class CpuAnchorKernel(PreparedAnchor):
         from tessera.runtime.cpu import CpuKernel
 
         super().__init__(plan, [aligned_empty(shape, dt.name) for shape, dt in plan.workspaces], library)
+        # What a saved graph ships: the library, and the kernels the plan ran (packing a constant
+        # weight), which a graph loaded without a compiler runs again.
+        self.artifacts = [str(library), *plan.helpers]
         kernels = [CpuKernel(launch.func, library, symbol_name(launch.func)) for launch in plan.launches]
         self._steps = [(k, list(launch.slots), [_static_shape(q) for q in launch.func.params])
                        for k, launch in zip(kernels, plan.launches)]  # fmt: skip

@@ -69,6 +69,7 @@ class AnchorPlan:
     config: Any = None
     target: str = "cuda"  # or "cpu": C kernels called on numpy arrays (tessera.ops.anchors.cpu_gemm)
     constants: list[Any] = field(default_factory=list)  # CONSTANT slots: arrays made at plan time (packed weights)
+    helpers: list[str] = field(default_factory=list)  # artifacts of kernels run at plan time (the weight packer)
     _source: str | None = None
 
     def tensor_map(self, spec: MapSpec) -> Slot:
