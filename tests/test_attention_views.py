@@ -190,3 +190,25 @@ def test_compiled_block_runs_attention_without_copies():
     assert [s.kind for s in compiled.steps] == ["anchor", "fused"]  # attention, then the final mul
     names = [name for s in compiled.steps if s.kind == "anchor" for r in s.prepared() for name in r.kernel.kernels]
     assert names and all(n.endswith("_bshd") for n in names)
+
+
+@pytest.mark.parametrize("h,hk,s,d", [(12, 12, 128, 64), (8, 2, 37, 80), (1, 1, 1, 128)])
+def test_tma_layouts_address_the_views(h, hk, s, d):
+    """The strided maps address exactly the elements of the heads the graph's split_heads names:
+    element (problem, row, col) of each map, at the operand's first column, is the view's element."""
+    from tessera.kernels.attention_call import AttentionShape, operand_layout
+
+    width = (h + 2 * hk) * d + 16
+    x = np.arange(s * width).reshape(1, s, width)  # each element's address
+    shape = AttentionShape(1, h, hk, s, s, d)
+    for which, (first, heads) in enumerate(((0, h), (h * d, hk), ((h + hk) * d, hk))):
+        if which == 0 and h != hk:
+            continue
+        view = x[..., first : first + heads * d].reshape(1, s, heads, d).transpose(0, 2, 1, 3)
+        dims, strides = operand_layout(shape, which, width)
+        assert dims == (heads, s, d)
+        idx = np.indices(dims).reshape(3, -1)
+        addresses = first + (idx * np.array(strides)[:, None]).sum(0)
+        np.testing.assert_array_equal(addresses, view.reshape(-1))
+        contiguous_dims, contiguous = operand_layout(shape, which, None)
+        assert contiguous == (contiguous_dims[1] * d, d, 1)

@@ -143,6 +143,19 @@ def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: Mask
     return flash, (keep["o_part"], keep["lse"], o, splits), keep
 
 
+def operand_layout(shape: AttentionShape, which: int, row_stride: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The view the kernel's TMA map takes of operand `which` (0 q, 1 k, 2 v): dims
+    [B * Hk, rows, D] (q's rows pack its group's heads: H / Hk * Sq) and their strides in
+    elements, outermost first.  Contiguous [B, H, S, D] operands, or with `row_stride` W a head
+    view of a [1, S, W] tensor (heads D apart, rows W apart; FlashPlan checks batch 1 and, for
+    q, no grouped heads, so that the packed rows are the sequence)."""
+    s = shape
+    dims = (s.problems, s.rows, s.d) if which == 0 else (s.problems, s.sk, s.d)
+    if row_stride is None:
+        return dims, (dims[1] * dims[2], dims[2], 1)
+    return dims, (s.d, row_stride, 1)
+
+
 class FlashPlan:
     """The bound launches of one signature.
 
@@ -191,9 +204,7 @@ class FlashPlan:
 
             if len(cache) >= 32:
                 cache.pop(next(iter(cache)))
-            shape = self.q_view if which == 0 else self.kv_view
-            w = self.row_strides[which]
-            strides = None if w is None else (self.shape.d, w, 1)  # head to head, row to row, column
+            shape, strides = operand_layout(self.shape, which, self.row_strides[which])
             raw = cache[ptr] = TensorMap.from_pointer(ptr, self.dtype, shape, self.boxes[min(which, 1)], strides=strides).raw
         return raw
 
