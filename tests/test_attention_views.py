@@ -212,3 +212,46 @@ def test_tma_layouts_address_the_views(h, hk, s, d):
         np.testing.assert_array_equal(addresses, view.reshape(-1))
         contiguous_dims, contiguous = operand_layout(shape, which, None)
         assert contiguous == (contiguous_dims[1] * d, d, 1)
+
+
+def _hf_graph(family):
+    """The optimized FlowGraph of a one-layer HF model (head dim 64) as the torch front end
+    gives it on the GPU (dynamo's SDPA kept whole), traced on the CPU."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    from tessera.frontend.torch.backend import backend
+    from tessera.frontend.torch.keep_attention import keep_attention_whole
+
+    torch.manual_seed(0)
+    if family == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=128, n_layer=1, n_head=2, vocab_size=64))
+    else:
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=256, intermediate_size=96, num_hidden_layers=1,
+                                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64))  # fmt: skip
+    model = model.half().eval()
+    collected = []
+
+    def gpu_like(gm, example_inputs):
+        keep_attention_whole(gm)
+        return backend(gm, example_inputs, collect=collected, options={"executor": "reference"})
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(lambda ids: model(ids, use_cache=False).logits, backend=gpu_like)(torch.randint(0, 64, (1, 9)))
+    (graph,) = [g for cg in collected for g in cg.graphs]
+    return graph
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_transformers_attention_runs_on_head_views(hopper, family):
+    """HF GPT-2 and Llama (grouped heads, rotary q and k) as the front end lowers them: no copy
+    around attention is left to a kernel of its own (Llama's rotary embedding writes q and k)."""
+    g = _hf_graph(family)
+    kinds = g.summary()
+    assert "expand" not in kinds and "permute" not in kinds  # no repeated kv heads, no head transposes
+    groups = _groups(g)
+    attention = _attention_group(groups)
+    assert [op.kind for op in attention.ops] == ["scaled_dot_product_attention", "merge_heads"]
+    assert len(attention.prologue) == (3 if family == "gpt2" else 1)  # Llama: v (q and k come rotated)
+    rope = [gr for gr in groups if gr.kind == "fused" and any(op.kind == "split_heads" for op in gr.ops)]
+    assert len(rope) == (0 if family == "gpt2" else 1) and all(len(gr.outputs) == 2 for gr in rope)
