@@ -217,7 +217,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     return run
 
 
-
 def _prepare_attention(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], tune: bool) -> Any:
     """The GPU attention anchor: q, k, v read through the group's `split_heads` views (from the
     tensor each views), the output written through its `merge_heads` (attention_views)."""
