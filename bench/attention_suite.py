@@ -20,6 +20,7 @@ from tessera.kernels.attention_call import AttentionShape, choose_config, choose
 PREFILL = [  # b, h, hk, s, d
     (16, 12, 12, 128, 64), (8, 12, 12, 512, 64), (4, 16, 16, 1024, 64), (16, 32, 32, 512, 128),
     (2, 32, 32, 2048, 128), (1, 32, 32, 4096, 128), (4, 32, 8, 2048, 128),
+    (1, 12, 12, 128, 64), (1, 32, 4, 512, 64),  # the models suite's GPT-2 / BERT and TinyLlama attention
 ]  # fmt: skip
 DECODE = [  # b, h, hk, kv, d
     (1, 32, 8, 512, 128), (1, 32, 8, 2048, 128), (1, 32, 8, 8192, 128), (8, 32, 8, 2048, 128),
@@ -75,7 +76,7 @@ def _case(timer: Timer, b, h, hk, sq, sk, d, causal, dt, dname, fa) -> dict:  # 
     flops = 4 * b * h * visible * d
     nbytes = (2 * b * hk * sk * d + 2 * b * h * sq * d) * q.element_size()
     shape = AttentionShape(b, h, hk, sq, sk, d)
-    cfg = choose_config(shape)
+    cfg = choose_config(shape, multiprocessor_count())  # what flash_attention chose
     splits = choose_splits(shape, cfg, multiprocessor_count(), causal)
     kind = "decode" if sq == 1 else "prefill"
     row = {"case": f"{kind},B={b},H={h},Hk={hk},Sq={sq},Sk={sk},D={d},{'causal,' if causal else ''}{dname}",

@@ -54,6 +54,8 @@ CASES = [
     ("abs_int", "abs", [I32("b", 4)], {}),
     ("exp_int", "exp", [inp("b", 4, dt="int32", dom="small")], {}),
     ("logical_not", "logical_not", [BOOL("b", 6)], {}),
+    ("split_heads", "split_heads", [F("b", "s", 23)], {"heads": 3, "head_dim": 4, "offset": 7}),
+    ("merge_heads", "merge_heads", [F("b", 3, "s", 5)], {}),
     ("gelu", "gelu", [F("b", 11)], {}),
     ("gelu_tanh", "gelu", [F("b", 11)], {"approximate": "tanh"}),
     ("leaky_relu", "leaky_relu", [F("b", 11)], {"negative_slope": 0.2}),

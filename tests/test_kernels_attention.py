@@ -164,6 +164,8 @@ def test_flash_attention_variants_compile():
         make_flash_attention(bf16, 64, FlashConfig(2, 64, 4), causal=True, mask=MaskSpec(dtypes.float32, (True, True))),
         make_flash_attention(f16, 128, mask=MaskSpec(dtypes.boolean, (True, False, True, True))),
         make_attention_combine(bf16, 96),
+        make_flash_attention(f16, 64, FlashConfig(1, 128, 3), causal=True, heads_last=True),  # [B, Sq, H, D] output
+        make_attention_combine(f16, 80, heads_last=True),
     ]
     for k in variants:
         src = k.source

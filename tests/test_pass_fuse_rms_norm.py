@@ -11,14 +11,16 @@ from tessera.graph.passes import fuse_rms_norm
 EPS = 0.3  # large enough that a wrong eps shows in the results
 
 
-def _norm(b, x, *, up=None, square="pow", inv="rsqrt", axes=(-1,), weight=None, order="cast_first", down=None):
-    """RMS norm of x written out as the front ends write it; returns its result."""
+def _norm(b, x, *, up=None, square="pow", inv="rsqrt", axes=(-1,), weight=None, order="cast_first", down=None,
+          t5=False):  # fmt: skip
+    """RMS norm of x written out as the front ends write it (t5: the rsqrt multiplies x itself,
+    the op promoting it); returns its result."""
     c = lambda v, dt="float32": b.constant(np.asarray(v, dtype=dt))  # noqa: E731
     xf = b.op("cast", x, dtype=up) if up else x
     dt = up or x.dtype.name
     sq = b.op("pow", xf, c(2.0, dt)) if square == "pow" else b.op("mul", xf, xf)
     ms = b.op("add", b.op("reduce_mean", sq, axes=list(axes), keepdim=True), c(EPS, dt))
-    y = b.op("mul", xf, b.op("rsqrt", ms)) if inv == "rsqrt" else b.op("div", xf, b.op("sqrt", ms))
+    y = b.op("mul", x if t5 else xf, b.op("rsqrt", ms)) if inv == "rsqrt" else b.op("div", xf, b.op("sqrt", ms))
     if order == "cast_first":
         y = b.op("cast", y, dtype=down) if down else y
         return b.op("mul", weight, y) if weight is not None else y
@@ -63,6 +65,13 @@ def test_hf_llama_form_reads_the_half_input(rng, dt, shape):
     op = _check(g, rng, shape, dt, tol=tol)
     assert g.summary() == {"add": 2, "rms_norm": 1}  # the up-cast went too
     assert op.inputs[0].dtype.name == dt and op.attrs == {"num_axes": 1, "eps": pytest.approx(EPS)}
+
+
+def test_t5_form_multiplies_the_half_input(rng):
+    # T5LayerNorm: x * rsqrt(mean(cast(x, f32)^2) + eps) (promoted to float32), cast back, times w
+    g = _graph((2, 3, 16), "float16", up="float32", down="float16", t5=True)
+    op = _check(g, rng, (2, 3, 16), "float16", tol=1e-2)
+    assert g.summary() == {"add": 2, "rms_norm": 1} and op.inputs[0].dtype.name == "float16"
 
 
 @pytest.mark.parametrize("square", ["pow", "mul"])

@@ -139,7 +139,8 @@ def check_problem(dtype: DataType, head_dim: int, config: FlashConfig, mask: Mas
 
 
 def make_flash_attention(dtype: DataType, head_dim: int, config: FlashConfig = FlashConfig(), *, causal: bool = False,
-                         mask: MaskSpec | None = None, partial: bool = False, fold_scale: bool = False) -> ts.Kernel:  # fmt: skip
+                         mask: MaskSpec | None = None, partial: bool = False, fold_scale: bool = False,
+                         heads_last: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(Q, K, V, [M,] O or (O_part, LSE), tma_q, tma_k, tma_v, scale_log2, splits).
 
     Q [B, H, Sq, D], K and V [B, Hk, Sk, D]; the tensor maps view them as [B * H(k), rows, D]
@@ -149,16 +150,21 @@ def make_flash_attention(dtype: DataType, head_dim: int, config: FlashConfig = F
 
     `fold_scale` (only for scale > 0 and no float mask) folds the scale into the exponent's
     FMA instead of scaling every score first: the row maximum of the raw scores times a
-    positive scale is the maximum of the scaled ones."""
+    positive scale is the maximum of the scaled ones.
+
+    `heads_last` (not partial) writes O as [B, Sq, H, D] instead: the layout the heads merge
+    into before the output projection ([B, Sq, H * D]), so no transpose copy follows."""
     check_problem(dtype, head_dim, config, mask)
+    if heads_last and partial:
+        raise UnsupportedError("heads_last applies to the output O; a partial kernel writes O_part (the combine takes it)")
     if fold_scale and mask is not None and mask.dtype != dtypes.boolean:
         raise UnsupportedError("fold_scale needs the scores unscaled: it does not combine with a float mask")
-    return _make(dtype, head_dim, config, causal, mask, partial, fold_scale)
+    return _make(dtype, head_dim, config, causal, mask, partial, fold_scale, heads_last)
 
 
 @functools.cache
 def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mask: MaskSpec | None,
-          partial: bool, fold: bool) -> ts.Kernel:  # fmt: skip
+          partial: bool, fold: bool, heads_last: bool = False) -> ts.Kernel:  # fmt: skip
     T, D, DP = dtype, head_dim, padded_dim(head_dim)
     NCH = DP // 64  # 64-column chunks of the Q, K and V tiles
     KSTEPS = D // 16  # k16 steps of Q K^T
@@ -175,12 +181,12 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
     M_SHAPE = tuple(s if f else 1 for s, f in zip(("B", "H", "SQ", "SK"), MFULL))[4 - MRANK:] if HAS_MASK else (1,)
     NEG_INF = float("-inf")
     OUT_T = f32 if partial else T
-    O_SHAPE = ("Z", "RP", D) if partial else ("B", "H", "SQ", D)  # RP = R, the packed rows
+    O_SHAPE = ("Z", "RP", D) if partial else ("B", "SQ", "H", D) if heads_last else ("B", "H", "SQ", D)  # RP = R
     L_SHAPE = ("Z", "RP") if partial else (1,)
     TQ = ts.tensor_map(T, tensor_map_box(config, "q"))
     TK = ts.tensor_map(T, tensor_map_box(config, "k"))
     mname = "" if not HAS_MASK else f"_m{'b' if BOOL_MASK else MT.short}{''.join(str(f) for f in MFULL[4 - MRANK:])}"
-    name = f"flash_attention_{T.short}_d{D}_{config}{'_causal' if causal else ''}{mname}{'_split' if partial else ''}{'_fs' if fold else ''}"
+    name = f"flash_attention_{T.short}_d{D}_{config}{'_causal' if causal else ''}{mname}{'_split' if partial else ''}{'_fs' if fold else ''}{'_bshd' if heads_last else ''}"
 
     @ts.kernel(target="cuda", name=name)
     def flash(Q: T["B", "H", "SQ", D], K: T["B", "HK", "SK", D], V: T["B", "HK", "SK", D], M: MT[M_SHAPE],
@@ -435,6 +441,8 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
                             pair[1] = acc_o[jj * 4 + half * 2 + 1] * inv
                             if partial:
                                 ts.copy_vector(Out[ts.block_idx.z * (B * HK) + g, r, col], pair[0], 8)
+                            elif heads_last:
+                                ts.copy_vector(Out[bat, r % SQ, (g % HK) * GRP + r // SQ, col], pair[0], 4)
                             else:
                                 ts.copy_vector(Out[bat, (g % HK) * GRP + r // SQ, r % SQ, col], pair[0], 4)
 
@@ -442,14 +450,15 @@ def _make(dtype: DataType, head_dim: int, config: FlashConfig, causal: bool, mas
 
 
 @functools.cache
-def make_attention_combine(dtype: DataType, head_dim: int) -> ts.Kernel:
-    """kernel(O_part, LSE, O, splits): O [B, H, Sq, D] from the split-KV partials of
-    make_flash_attention(partial=True): sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max)."""
+def make_attention_combine(dtype: DataType, head_dim: int, heads_last: bool = False) -> ts.Kernel:
+    """kernel(O_part, LSE, O, splits): O [B, H, Sq, D] ([B, Sq, H, D] when heads_last) from the
+    split-KV partials of make_flash_attention(partial=True): sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max)."""
     T, D = dtype, head_dim
     NEG_INF = float("-inf")
+    O_SHAPE = ("B", "SQ", "H", D) if heads_last else ("B", "H", "SQ", D)
 
-    @ts.kernel(target="cuda", name=f"flash_attention_combine_{T.short}_d{D}")
-    def combine(P: f32["Z", "R", D], L: f32["Z", "R"], Out: T["B", "H", "SQ", D], splits: i32):
+    @ts.kernel(target="cuda", name=f"flash_attention_combine_{T.short}_d{D}{'_bshd' if heads_last else ''}")
+    def combine(P: f32["Z", "R", D], L: f32["Z", "R"], Out: T[O_SHAPE], splits: i32):
         ts.attrs.grid = ts.ceil_div(Z // splits * R * D, 128)
         G = Z // splits
         HK = G // B
@@ -470,6 +479,9 @@ def make_attention_combine(dtype: DataType, head_dim: int) -> ts.Kernel:
                 w = ts.exp2(L[s * G + g, r] - sh)
                 num += w * P[s * G + g, r, d]
                 den += w
-            Out[g // HK, (g % HK) * GRP + r // SQ, r % SQ, d] = num / den  # 0 / 0 = NaN: no visible key
+            if heads_last:
+                Out[g // HK, r % SQ, (g % HK) * GRP + r // SQ, d] = num / den
+            else:
+                Out[g // HK, (g % HK) * GRP + r // SQ, r % SQ, d] = num / den  # 0 / 0 = NaN: no visible key
 
     return combine

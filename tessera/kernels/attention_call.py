@@ -105,16 +105,19 @@ def mask_spec(mask_shape: tuple[int, ...], mask_dtype: Any, full: tuple[int, int
 
 
 def kernels_for(shape: AttentionShape, dtype: Any, causal: bool, mask: MaskSpec | None, config: FlashConfig,
-                splits: int, scale: float = 1.0) -> list[Any]:  # fmt: skip
-    """The tessera kernels one call runs: the flash kernel, and the combine when split.  The
-    scale is folded into the exponent when it is positive and no float mask is added."""
+                splits: int, scale: float = 1.0, heads_last: bool = False) -> list[Any]:  # fmt: skip
+    """The tessera kernels one call runs: the flash kernel, and the combine when split (the one
+    that writes O, [B, Sq, H, D] when heads_last).  The scale is folded into the exponent when
+    it is positive and no float mask is added."""
     fold = scale > 0 and (mask is None or mask.dtype == dtypes.boolean)
-    out = [make_flash_attention(dtype, shape.d, config, causal=causal, mask=mask, partial=splits > 1, fold_scale=fold)]
-    return out + [make_attention_combine(dtype, shape.d)] if splits > 1 else out
+    split = splits > 1
+    out = [make_flash_attention(dtype, shape.d, config, causal=causal, mask=mask, partial=split, fold_scale=fold,
+                                heads_last=heads_last and not split)]  # fmt: skip
+    return out + [make_attention_combine(dtype, shape.d, heads_last)] if split else out
 
 
 def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: MaskSpec | None, splits: int,
-                     device: Any, maps: Sequence[Any]) -> tuple[tuple, tuple | None, dict[str, Any]]:  # fmt: skip
+                     device: Any, maps: Sequence[Any], heads_last: bool = False) -> tuple[tuple, tuple | None, dict[str, Any]]:  # fmt: skip
     """Arguments of the flash kernel and of the combine (None unless split) for a signature,
     over placeholder tensors on `device`, and the buffers a plan keeps ("o_part", "lse",
     "dummy"); `maps` are the three tensor maps (q, k, v)."""
@@ -122,6 +125,7 @@ def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: Mask
     s = shape
     tdt = getattr(torch, dtype.name)
     q = torch.empty((s.b, s.h, s.sq, s.d), dtype=tdt, device=device)
+    o = torch.empty((s.b, s.sq, s.h, s.d) if heads_last else (s.b, s.h, s.sq, s.d), dtype=tdt, device=device)
     kv = torch.empty((s.b, s.hk, s.sk, s.d), dtype=tdt, device=device)
     keep: dict[str, Any] = {"dummy": torch.zeros(1, dtype=torch.bool, device=device)}
     if mask is not None:
@@ -132,30 +136,61 @@ def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: Mask
     scale_log2 = float(scale) * LOG2E
     if splits == 1:
         keep["lse"] = torch.zeros(1, dtype=torch.float32, device=device)
-        return (q, kv, kv, m, torch.empty_like(q), keep["lse"], *maps, scale_log2, 1), None, keep
+        return (q, kv, kv, m, o, keep["lse"], *maps, scale_log2, 1), None, keep
     keep["o_part"] = torch.empty((splits * s.problems, s.rows, s.d), dtype=torch.float32, device=device)
     keep["lse"] = torch.empty((splits * s.problems, s.rows), dtype=torch.float32, device=device)
     flash = (q, kv, kv, m, keep["o_part"], keep["lse"], *maps, scale_log2, splits)
-    return flash, (keep["o_part"], keep["lse"], torch.empty_like(q), splits), keep
+    return flash, (keep["o_part"], keep["lse"], o, splits), keep
+
+
+def operand_layout(shape: AttentionShape, which: int, row_stride: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The view the kernel's TMA map takes of operand `which` (0 q, 1 k, 2 v): dims
+    [B * Hk, rows, D] (q's rows pack its group's heads: H / Hk * Sq) and their strides in
+    elements, outermost first.  Contiguous [B, H, S, D] operands, or with `row_stride` W a head
+    view of a [1, S, W] tensor (heads D apart, rows W apart; FlashPlan checks batch 1 and, for
+    q, no grouped heads, so that the packed rows are the sequence)."""
+    s = shape
+    dims = (s.problems, s.rows, s.d) if which == 0 else (s.problems, s.sk, s.d)
+    if row_stride is None:
+        return dims, (dims[1] * dims[2], dims[2], 1)
+    return dims, (s.d, row_stride, 1)
 
 
 class FlashPlan:
-    """The bound launches of one signature."""
+    """The bound launches of one signature.
+
+    `row_strides` (q, k, v; None: contiguous) reads an operand as a head view of a [1, S, W]
+    tensor instead (W its row stride in elements; the call passes the address of the view's
+    first element): the TMA maps step D elements from head to head and W from row to row, so
+    the heads are read straight out of a fused projection's output.  Batch 1 only, and for q
+    only without grouped heads (the problem index must step the heads with one stride, and
+    q's packed rows must be its sequence).  `heads_last` writes O as [B, Sq, H, D]."""
 
     def __init__(self, shape: AttentionShape, dtype: Any, causal: bool, scale: float, mask: MaskSpec | None,
-                 config: FlashConfig, splits: int, device: Any):  # fmt: skip
+                 config: FlashConfig, splits: int, device: Any, row_strides: Sequence[int | None] = (None,) * 3,
+                 heads_last: bool = False):  # fmt: skip
         from tessera.runtime.tensor_map import TensorMap
 
         s = shape
+        row_strides = tuple(row_strides)
+        if len(row_strides) != 3:
+            raise ArgumentError(f"FlashPlan: row_strides takes one entry per q, k, v, got {row_strides}")
+        if any(w is not None for w in row_strides) and (s.b != 1 or (row_strides[0] is not None and s.h != s.hk)):
+            raise UnsupportedError("flash attention reads head views for batch 1 (and q's only without grouped heads)")
+        if any(w is not None and (w < heads * s.d or w % 8) for w, heads in zip(row_strides, (s.h, s.hk, s.hk))):
+            raise UnsupportedError(f"flash attention head views need a row stride of at least H * D elements and a "
+                                   f"multiple of 8 (16 bytes), got {row_strides}")  # fmt: skip
+        self.row_strides = row_strides
+        self.heads_last = heads_last
         self.shape, self.dtype, self.config, self.splits = shape, dtype, config, splits
         self.q_view = (s.problems, s.rows, s.d)
         self.kv_view = (s.problems, s.sk, s.d)
         self.boxes = (tensor_map_box(config, "q"), tensor_map_box(config, "k"))
         self.maps: list[dict[int, bytes]] = [{}, {}, {}]
-        self.kernels = kernels = kernels_for(shape, dtype, causal, mask, config, splits, scale)
+        self.kernels = kernels = kernels_for(shape, dtype, causal, mask, config, splits, scale, heads_last)
         # Placeholder maps for binding (the kernel checks their type; calls pass their own bytes).
         tmaps = [TensorMap(make_map_type(dtype, self.boxes[min(i, 1)]), bytes(128)) for i in range(3)]
-        flash_args, combine_args, keep = launch_arguments(shape, dtype, scale, mask, splits, device, tmaps)
+        flash_args, combine_args, keep = launch_arguments(shape, dtype, scale, mask, splits, device, tmaps, heads_last)
         self.dummy, self.lse, self.o_part = keep["dummy"], keep["lse"], keep.get("o_part")
         self.flash = kernels[0].compile().bind(flash_args)
         self.combine = kernels[1].compile().bind(combine_args) if combine_args is not None else None
@@ -169,19 +204,24 @@ class FlashPlan:
 
             if len(cache) >= 32:
                 cache.pop(next(iter(cache)))
-            shape = self.q_view if which == 0 else self.kv_view
-            raw = cache[ptr] = TensorMap.from_pointer(ptr, self.dtype, shape, self.boxes[min(which, 1)]).raw
+            shape, strides = operand_layout(self.shape, which, self.row_strides[which])
+            raw = cache[ptr] = TensorMap.from_pointer(ptr, self.dtype, shape, self.boxes[min(which, 1)], strides=strides).raw
         return raw
 
     def __call__(self, q: Any, k: Any, v: Any, mask: Any, out: Any, stream: int) -> None:
-        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        mp = mask.data_ptr() if mask is not None else self.dummy.data_ptr()
+        mp = mask.data_ptr() if mask is not None else None
+        self.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), mp, out.data_ptr(), stream)
+
+    def launch(self, qp: int, kp: int, vp: int, mp: int | None, op: int, stream: int) -> None:
+        """Run on device addresses: q, k, v (each operand's first element), the mask (None:
+        none), the output."""
+        mp = self.dummy.data_ptr() if mp is None else mp
         maps = (self._map(0, qp), self._map(1, kp), self._map(2, vp))
         if self.combine is None:
-            self.flash((qp, kp, vp, mp, out.data_ptr(), self.lse.data_ptr()), maps, stream)
+            self.flash((qp, kp, vp, mp, op, self.lse.data_ptr()), maps, stream)
         else:
             self.flash((qp, kp, vp, mp, self.o_part.data_ptr(), self.lse.data_ptr()), maps, stream)
-            self.combine((self.o_part.data_ptr(), self.lse.data_ptr(), out.data_ptr()), (), stream)
+            self.combine((self.o_part.data_ptr(), self.lse.data_ptr(), op), (), stream)
 
 
 def make_map_type(dtype: Any, box: tuple[int, ...]) -> Any:

@@ -9,6 +9,7 @@ keeps the array alive (kernels usually take the array as an argument as well).
 from __future__ import annotations
 
 import ctypes
+from math import prod
 from typing import Any
 
 from tessera.errors import ArgumentError, DeviceError
@@ -63,9 +64,12 @@ class TensorMap:
 
     @staticmethod
     def from_pointer(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], box: tuple[int, ...],
-                     swizzle: int = 128) -> TensorMap:  # fmt: skip
-        """Encode a map over the contiguous row-major tensor of `dtype` and `shape` at device
-        address `ptr` (what `tiled` does after reading an array's view)."""
+                     swizzle: int = 128, strides: tuple[int, ...] | None = None) -> TensorMap:  # fmt: skip
+        """Encode a map over the row-major tensor of `dtype` and `shape` at device address `ptr`
+        (what `tiled` does after reading an array's view): contiguous, or with `strides` (in
+        elements, outermost first, the innermost 1) a strided view, e.g. the heads of one
+        projection inside a fused QKV output.  Every stride but the innermost must be a
+        multiple of 16 bytes."""
         from tessera.ir.types import tensor_map
 
         try:
@@ -75,16 +79,23 @@ class TensorMap:
         shape = tuple(int(d) for d in shape)
         if len(shape) != t.rank:
             raise ArgumentError(f"a rank-{t.rank} box {list(t.box)} needs a rank-{t.rank} tensor, got shape {list(shape)}")
-        if ptr % 16 or (t.rank > 1 and (shape[-1] * dtype.nbytes) % 16):
-            raise ArgumentError(f"TMA needs a 16-byte aligned base and rows that are a multiple of 16 bytes; "
-                                f"got address {ptr:#x} and rows of {shape[-1] * dtype.nbytes} bytes")  # fmt: skip
-        return TensorMap(t, _encode(ptr, dtype, shape, t), shape)
+        if strides is None:
+            strides = tuple(prod(shape[k + 1 :]) for k in range(len(shape)))
+        strides = tuple(int(v) for v in strides)
+        if len(strides) != len(shape) or strides[-1] != 1 or any(v <= 0 for v in strides):
+            raise ArgumentError(f"strides {list(strides)} for shape {list(shape)}: one positive stride per "
+                                "dimension, the innermost 1")  # fmt: skip
+        if ptr % 16 or any((v * dtype.nbytes) % 16 for v in strides[:-1]):
+            raise ArgumentError(f"TMA needs a 16-byte aligned base and every stride a multiple of 16 bytes; "
+                                f"got address {ptr:#x} and strides of {[v * dtype.nbytes for v in strides]} bytes")  # fmt: skip
+        return TensorMap(t, _encode(ptr, dtype, shape, t, strides), shape)
 
     def __repr__(self) -> str:
         return f"TensorMap({self.type}, shape={list(self.shape)})"
 
 
-def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorMapType) -> bytes:
+def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorMapType,
+            element_strides: tuple[int, ...]) -> bytes:  # fmt: skip
     try:
         from cuda.bindings import driver
     except ImportError as exc:
@@ -96,10 +107,8 @@ def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorM
         raise ArgumentError(f"TMA cannot describe {dtype} tensors")
     rank = len(shape)
     dims = [driver.cuuint64_t(d) for d in reversed(shape)]  # innermost first
-    strides, stride = [], dtype.nbytes
-    for d in reversed(shape[1:]):
-        stride *= d
-        strides.append(driver.cuuint64_t(stride))
+    # byte strides of every dimension but the innermost, innermost first
+    strides = [driver.cuuint64_t(v * dtype.nbytes) for v in reversed(element_strides[:-1])]
     data_type = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DATA_TYPES[dtype.name]}")
     swizzle = getattr(driver.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + ("NONE" if not t.swizzle else f"{t.swizzle}B"))
     tmap = check(

@@ -92,6 +92,36 @@ def _is_cpu_pool(op: Operator) -> bool:
             and all(isinstance(d, int) for t in (x, *op.outputs) for d in t.shape))  # fmt: skip
 
 
+def attention_views(op: Operator, consumers: Mapping[Tensor, list[Operator]], outputs: set[Tensor],
+                    target: str = "cuda") -> tuple[list[Operator], list[Operator]]:  # fmt: skip
+    """The head views the GPU attention anchor reads and writes in place (partition's `views`):
+    the `split_heads` producing q, k, v (batch 1, static shapes, columns and row width on
+    16-byte boundaries; q only without grouped heads: the flash kernel's strided TMA maps)
+    and the `merge_heads` after it (its store writes [B, Sq, H * D]), each read by the
+    attention alone; only where the fused flash kernel runs (it alone takes them)."""
+    if target != "cuda" or op.kind != "scaled_dot_product_attention":
+        return [], []
+    from tessera.ops.anchors.attention import flash_unsupported
+
+    if not all(isinstance(d, int) for t in op.inputs for d in t.shape):
+        return [], []
+    q, k, v = op.inputs[:3]
+    if flash_unsupported(q.shape, k.shape, v.shape, op.inputs[3].shape if len(op.inputs) == 4 else None) is not None:
+        return [], []
+    before = []
+    for i, t in enumerate((q, k, v)):
+        view = t.producer
+        if (view is None or view.kind != "split_heads" or consumers.get(t) != [op] or t in outputs
+                or op.inputs.count(t) != 1 or q.shape[0] != 1 or (i == 0 and q.shape[1] != k.shape[1])):  # fmt: skip
+            continue
+        width = view.inputs[0].shape[2]
+        if isinstance(width, int) and width % 8 == 0 and view.attrs["offset"] % 8 == 0:
+            before.append(view)
+    users = consumers.get(op.outputs[0], [])
+    after = users if len(users) == 1 and users[0].kind == "merge_heads" and op.outputs[0] not in outputs else []
+    return before, list(after)
+
+
 def takes_epilogue(op: Operator) -> bool:
     """Whether op's template folds an elementwise tail into its store (the GEMMs do)."""
     return op.kind != "scaled_dot_product_attention"
@@ -166,6 +196,8 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     from tessera.ops import anchors
 
     op = group.anchor
+    if target == "cuda" and op.kind == "scaled_dot_product_attention":
+        return _prepare_attention(group, shapes, tune)
     epilogue, extra_t = _epilogue(group, shapes)
     position = {t: i for i, t in enumerate(group.inputs)}
     operands = [position[t] for t in op.inputs]
@@ -200,13 +232,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         from tessera.quant.anchor import prepare_lowbit_linear
 
         kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue)
-    elif op.kind == "scaled_dot_product_attention":
-        if epilogue is not None:
-            raise UnsupportedError("the attention template takes no epilogue")
-        masked = len(op.inputs) == 4
-        kernel = anchors.prepare_attention(*in_shapes[:3], dtype, causal=bool(op.attrs.get("causal", False)),
-                                           scale=op.attrs.get("scale"), mask_shape=in_shapes[3] if masked else None,
-                                           mask_dtype=op.inputs[3].dtype if masked else None, tune=tune)  # fmt: skip
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 
@@ -216,3 +241,40 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     run.kernel = kernel  # type: ignore[attr-defined]
     return run
 
+
+def _prepare_attention(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], tune: bool) -> Any:
+    """The GPU attention anchor: q, k, v read through the group's `split_heads` views (from the
+    tensor each views), the output written through its `merge_heads` (attention_views)."""
+    from tessera.ops import anchors
+
+    op = group.anchor
+    if any(v.kind != "merge_heads" for v in group.epilogue):
+        raise UnsupportedError("the attention template takes no epilogue")
+    position = {t: i for i, t in enumerate(group.inputs)}
+    viewed = {v.outputs[0]: v for v in group.prologue}
+    operands, views, qkv_shapes = [], [], []
+    for t in op.inputs[:3]:
+        view = viewed.get(t)
+        if view is None:
+            operands.append(position[t])
+            views.append(None)
+            qkv_shapes.append(shapes[t])
+            continue
+        x = view.inputs[0]
+        b, s, width = shapes[x]
+        operands.append(position[x])
+        views.append((int(view.attrs["offset"]), width))
+        qkv_shapes.append((b, int(view.attrs["heads"]), s, int(view.attrs["head_dim"])))
+    masked = len(op.inputs) == 4
+    if masked:
+        operands.append(position[op.inputs[3]])
+    kernel = anchors.prepare_attention(*qkv_shapes, op.outputs[0].dtype, causal=bool(op.attrs.get("causal", False)),
+                                       scale=op.attrs.get("scale"), mask_shape=shapes[op.inputs[3]] if masked else None,
+                                       mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, views=views,
+                                       heads_last=bool(group.epilogue))  # fmt: skip
+
+    def run(arrays: Any, outputs: Any) -> None:
+        kernel([arrays[i] for i in operands], outputs[0], [])
+
+    run.kernel = kernel  # type: ignore[attr-defined]
+    return run

@@ -22,7 +22,7 @@ from tessera.errors import (
     TesseraError,
     UnsupportedError,
 )
-from tessera.graph.compiler.anchors import is_anchor, prepare_anchor, takes_epilogue
+from tessera.graph.compiler.anchors import attention_views, is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.compiler.options import CompileOptions
@@ -81,7 +81,8 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
                "arrays": opts.arrays}  # fmt: skip
     start = time.perf_counter()
-    groups = partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue)
+    groups = partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue,
+                       lambda op, consumers, outputs: attention_views(op, consumers, outputs, target))  # fmt: skip
     timings["partition"] = time.perf_counter() - start
     symbols: dict[str, Any] = {}
     steps: list[Any] = []

@@ -339,7 +339,7 @@ class CompiledGraph:
             "steps": counts,
             "kernels": sum(s.num_kernels for s in self.steps),
             "reference_ops": sorted({f"{s.op.kind}: {s.group.reason}" for s in self.steps if s.kind == "reference"}),
-            "fused_ops": sum(len(s.group.ops) - 1 for s in self.steps if s.kind == "anchor"),
+            "fused_ops": sum(len(s.group.members) - 1 for s in self.steps if s.kind == "anchor"),
             "cuda_graph": self.use_cuda_graph,
             "arena_bytes": {str(dict(k)): p.arena_bytes for k, p in self._plans.items()},
             "shared_arena_bytes": self._arena_size,

@@ -3,7 +3,8 @@
 Three kinds of group, in the graph's topological order:
 - **anchor**: one operator that runs on a tuned kernel template (GEMM, convolution), plus the
   chain of elementwise operators after it that post-scheduling fusion folds into the
-  template's output store (its epilogue);
+  template's output store (its epilogue), and the view operators the template reads its
+  operands or writes its output through (attention's head split and merge: `views`);
 - **fused**: a run of consecutive operators that tessera.ops lowers; the ops scheduler turns
   the run into as few kernels as it can (injective chains inline into their consumers,
   reductions take their prologue and epilogue);
@@ -32,10 +33,16 @@ class Group:
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
     reason: str = ""  # why a reference group is not compiled
+    prologue: list[Operator] = field(default_factory=list)  # views of the anchor's operands, read in place
 
     @property
     def anchor(self) -> Operator:
         return self.ops[0]
+
+    @property
+    def members(self) -> list[Operator]:
+        """Every operator of the group in execution order (the prologue's views first)."""
+        return [*self.prologue, *self.ops]
 
     @property
     def epilogue(self) -> list[Operator]:
@@ -46,14 +53,20 @@ class Group:
         return f"<{self.kind} group [{kinds}] {len(self.inputs)} in, {len(self.outputs)} out>"
 
 
+Views = Callable[[Operator, dict[Tensor, list[Operator]], set[Tensor]], tuple[list[Operator], list[Operator]]]
+
+
 def partition(graph: FlowGraph, lowering_error: Callable[[Operator], str | None],
               is_anchor: Callable[[Operator], bool],
-              takes_epilogue: Callable[[Operator], bool] = lambda op: True) -> list[Group]:  # fmt: skip
+              takes_epilogue: Callable[[Operator], bool] = lambda op: True, views: Views | None = None) -> list[Group]:  # fmt: skip
     """Groups of `graph` in execution order.
 
     `lowering_error(op)` says why op cannot be compiled (None when it can); `is_anchor(op)`
     whether a kernel template takes it; `takes_epilogue(op)` whether that template can fold
-    an elementwise tail into its store."""
+    an elementwise tail into its store; `views(anchor, consumers, graph outputs)` the view
+    operators producing its operands that its template reads through (each read by the
+    anchor alone and reading tensors that exist before it) and those after it that its store
+    writes through (instead of an epilogue)."""
     ops = graph.operators
     position = {op: i for i, op in enumerate(ops)}
     consumers = graph.consumers()
@@ -61,6 +74,15 @@ def partition(graph: FlowGraph, lowering_error: Callable[[Operator], str | None]
     absorbed: set[Operator] = set()
     groups: list[Group] = []
     run: list[Operator] = []
+    prologues: dict[Operator, list[Operator]] = {}
+    output_views: dict[Operator, list[Operator]] = {}
+    for op in ops if views is not None else ():
+        if lowering_error(op) is None and is_anchor(op):
+            before, after = views(op, consumers, outputs)  # type: ignore[misc]
+            before = [v for v in before if lowering_error(v) is None and v not in absorbed]
+            after = after if all(lowering_error(v) is None for v in after) else []
+            prologues[op], output_views[op] = before, after
+            absorbed.update(before)
 
     def close_run() -> None:
         if run:
@@ -76,9 +98,10 @@ def partition(graph: FlowGraph, lowering_error: Callable[[Operator], str | None]
             groups.append(Group("reference", [op], reason=reason))
         elif is_anchor(op):
             close_run()
-            chain = _epilogue_chain(op, position, consumers, outputs, lowering_error) if takes_epilogue(op) else []
+            chain = output_views.get(op) or (_epilogue_chain(op, position, consumers, outputs, lowering_error)
+                                             if takes_epilogue(op) else [])  # fmt: skip
             absorbed.update(chain)
-            groups.append(Group("anchor", [op, *chain]))
+            groups.append(Group("anchor", [op, *chain], prologue=prologues.get(op, [])))
         else:
             run.append(op)
     close_run()
@@ -113,13 +136,13 @@ def _epilogue_chain(anchor: Operator, position: dict[Operator, int], consumers: 
 def _set_borders(groups: list[Group], consumers: dict[Tensor, list[Operator]], outputs: set[Tensor]) -> None:
     """Fill each group's inputs (read, produced elsewhere) and outputs (needed elsewhere)."""
     for g in groups:
-        members = set(g.ops)
-        produced = {t for op in g.ops for t in op.outputs}
+        members = set(g.members)
+        produced = {t for op in g.members for t in op.outputs}
         seen: set[Tensor] = set()
-        for op in g.ops:
+        for op in g.members:
             for t in op.inputs:
                 if t not in produced and t not in seen:
                     seen.add(t)
                     g.inputs.append(t)
-        g.outputs = [t for op in g.ops for t in op.outputs
+        g.outputs = [t for op in g.members for t in op.outputs
                      if t in outputs or any(c not in members for c in consumers.get(t, []))]  # fmt: skip

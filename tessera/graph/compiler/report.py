@@ -181,7 +181,7 @@ def _fused(report: GraphReport, index: int, step: Any, shared_with: int | None) 
 
 
 def _anchor(report: GraphReport, index: int, step: Any) -> None:
-    ops = [_op(op) for op in step.group.ops]
+    ops = [_op(op) for op in step.group.members]
     prepared = step.prepared_by_shape()
     if not prepared:
         report.kernels.append(KernelInfo(index, "anchor", [], ops, f"{step.anchor.kind} template, prepared per shape "

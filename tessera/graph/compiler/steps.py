@@ -27,7 +27,7 @@ def group_signature(group: Group) -> str:
     the values of rank-0 constants are part of it: `lower_group` folds them into the code)."""
     local: dict[Tensor, str] = {t: f"in{i}:{t.dtype.name}{list(t.shape)}{_scalar_value(t)}" for i, t in enumerate(group.inputs)}
     parts = []
-    for k, op in enumerate(group.ops):
+    for k, op in enumerate(group.members):
         attrs = sorted((name, repr(value)) for name, value in op.attrs.items())
         parts.append(f"{op.kind}{attrs}({','.join(local[t] for t in op.inputs)})")
         for j, t in enumerate(op.outputs):
@@ -62,7 +62,7 @@ def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor,
         env[t] = ops.placeholder(shape, t.dtype, f"in{i}")
         placeholders.append(env[t])
     known: set[TensorNode] = set(placeholders)
-    for op in group.ops:
+    for op in group.members:
         # Rank-0 constants become numbers in the code (pow(x, 3.0) is x * x * x; group_signature
         # keeps groups with other values apart).
         outs = lower_operator(op, [env[t] for t in op.inputs], symbols, inline_scalars=True)

@@ -20,7 +20,7 @@ from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
-from tessera.ops.common import numel_equal, static
+from tessera.ops.common import mul_dims, numel_equal, static
 from tessera.ops.transform import add_dims
 
 
@@ -54,6 +54,26 @@ def reshape(ctx: Ctx) -> list[TensorNode]:
         if len(symbolic) == 1:
             target[symbolic[0]] = -1
     return ctx.finish([ops.reshape(x, target, counts_checked=True)])
+
+
+def split_heads(ctx: Ctx) -> list[TensorNode]:
+    x = ctx.x()
+    h, d, off = (int(ctx.attrs[k]) for k in ("heads", "head_dim", "offset"))
+
+    def fn(b: E.Var, head: E.Var, s: E.Var, col: E.Var) -> E.Expr:
+        return x[b, s, i32(off) + head * i32(d) + col]
+
+    return ctx.finish([compute([x.shape[0], i32(h), x.shape[1], i32(d)], fn, fresh_name("split_heads"), x.dtype)])
+
+
+def merge_heads(ctx: Ctx) -> list[TensorNode]:
+    x = ctx.x()
+    d = x.shape[3]
+
+    def fn(b: E.Var, s: E.Var, col: E.Var) -> E.Expr:
+        return x[b, col // d, s, col % d]
+
+    return ctx.finish([compute([x.shape[0], x.shape[2], mul_dims([x.shape[1], d])], fn, fresh_name("merge_heads"), x.dtype)])
 
 
 def flatten(ctx: Ctx) -> list[TensorNode]:

@@ -86,6 +86,8 @@ LOWERINGS: dict[str, Lowering] = {
     "reshape": Lowering(shape.reshape),
     "flatten": Lowering(shape.flatten),
     "permute": Lowering(shape.permute),
+    "split_heads": Lowering(shape.split_heads),
+    "merge_heads": Lowering(shape.merge_heads),
     "squeeze": Lowering(shape.squeeze),
     "unsqueeze": Lowering(shape.unsqueeze),
     "expand": Lowering(shape.expand),

@@ -78,6 +78,46 @@ register("permute", infer=_permute_infer, category="injective", attrs={"perm": R
          reference=lambda xs, a: [np.transpose(xs[0], a["perm"])])  # fmt: skip
 
 
+# ---- attention heads ----------------------------------------------------------------------
+# The head split of a projection's output and the merge back, one operator each (the
+# head_views pass writes them for reshape/permute chains), so the GPU attention anchor can read
+# and write them in place: its kernels address [B, S, W] memory through strides, no copy.
+def _split_heads_infer(xs, a):
+    x = xs[0]
+    h, d, off = a["heads"], a["head_dim"], a["offset"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, d, off)) or h < 1 or d < 1 or off < 0:
+        raise ShapeError(f"split_heads: heads and head_dim must be positive ints, offset a non-negative int; got {h}, {d}, {off}")
+    if x.ndim != 3:
+        raise ShapeError(f"split_heads takes a [batch, seq, width] tensor, got shape {list(x.shape)}")
+    if isinstance(x.shape[2], int) and off + h * d > x.shape[2]:
+        raise ShapeError(f"split_heads: columns {off}..{off + h * d} exceed the width {x.shape[2]}")
+    return [((x.shape[0], h, x.shape[1], d), x.dtype)]
+
+
+def _split_heads_ref(xs, a):
+    x, h, d, off = xs[0], a["heads"], a["head_dim"], a["offset"]
+    part = x[:, :, off : off + h * d].reshape(x.shape[0], x.shape[1], h, d)
+    return [np.ascontiguousarray(part.transpose(0, 2, 1, 3))]
+
+
+register("split_heads", infer=_split_heads_infer, reference=_split_heads_ref, category="injective",
+         attrs={"heads": REQUIRED, "head_dim": REQUIRED, "offset": 0},
+         doc="x [B, S, W] -> [B, heads, S, head_dim]: y[b, h, s, d] = x[b, s, offset + h * head_dim + d]")  # fmt: skip
+
+
+def _merge_heads_infer(xs, a):
+    x = xs[0]
+    if x.ndim != 4:
+        raise ShapeError(f"merge_heads takes a [batch, heads, seq, head_dim] tensor, got shape {list(x.shape)}")
+    return [((x.shape[0], x.shape[2], x.shape[1] * x.shape[3]), x.dtype)]
+
+
+register("merge_heads", infer=_merge_heads_infer, category="injective",
+         reference=lambda xs, a: [np.ascontiguousarray(xs[0].transpose(0, 2, 1, 3)).reshape(
+             xs[0].shape[0], xs[0].shape[2], xs[0].shape[1] * xs[0].shape[3])],
+         doc="x [B, H, S, D] -> [B, S, H * D]: y[b, s, h * D + d] = x[b, h, s, d]")  # fmt: skip
+
+
 # ---- slicing ------------------------------------------------------------------------------
 def slice_window(dim: Dim, start, end, step: int) -> tuple[Dim, Dim]:
     """(first index, length) of Python's slice start:end:step (step > 0) on an axis of size dim,

@@ -3,7 +3,7 @@
 Front ends that trace a model's own code (the torch front end on ATen: `_fused_rms_norm` has
 no fake kernel, so HF Llama/Mistral/Qwen/T5 norms arrive decomposed; ONNX exports) write
     xf = cast(x, float32)                      (optional: the up-cast of a float16/bf16 x)
-    y  = xf * rsqrt(mean(xf^2, last axes, keepdim) + eps)    or  xf / sqrt(...)
+    y  = xf * rsqrt(mean(xf^2, last axes, keepdim) + eps)    or  xf / sqrt(...)   (T5: x * ..., promoted)
     y  = w * cast(y, x.dtype)                  (optional, in either order: weight, down-cast)
 as six to nine ops.  The generic scheduler runs them as one reduction kernel; `rms_norm`
 (weight of x's dtype, last axis) runs on the GPU's tuned row kernel instead, and the up-cast
@@ -36,6 +36,12 @@ def _square_of(t: Tensor) -> Tensor | None:
     return None
 
 
+def _exact_up_cast(cast: Operator) -> bool:
+    """A cast of a float to a wider float (every value kept)."""
+    src, dst = cast.inputs[0].dtype, cast.outputs[0].dtype
+    return src.is_float and dst.is_float and src.nbits < dst.nbits and (src.mantissa_bits or 0) < (dst.mantissa_bits or 0)
+
+
 def _core(mean: Operator, uses: Uses) -> tuple[Tensor, Tensor, int, float, list[Operator]] | None:
     """For mean = reduce_mean(xf^2) over the last k axes, followed by + eps, rsqrt and * xf (or
     sqrt and xf / ...): (xf, the normalised tensor, k, eps, the ops from the square on)."""
@@ -57,9 +63,12 @@ def _core(mean: Operator, uses: Uses) -> tuple[Tensor, Tensor, int, float, list[
     norm = uses.only_user(inv.outputs[0])
     if norm is None or len(norm.inputs) != 2:
         return None
-    if inv.kind == "rsqrt" and not (norm.kind == "mul" and other_input(norm, inv.outputs[0]) is xf):
+    # the normalised tensor: xf, or (T5) the x that xf up-casts exactly, promoted by the op itself
+    up = xf.producer
+    same = {xf} | ({up.inputs[0]} if up is not None and up.kind == "cast" and _exact_up_cast(up) else set())
+    if inv.kind == "rsqrt" and not (norm.kind == "mul" and other_input(norm, inv.outputs[0]) in same):
         return None
-    if inv.kind == "sqrt" and not (norm.kind == "div" and norm.inputs[0] is xf):
+    if inv.kind == "sqrt" and not (norm.kind == "div" and norm.inputs[0] in same):
         return None
     y = norm.outputs[0]
     if y.dtype != xf.dtype or tuple(y.shape) != tuple(xf.shape):
@@ -92,8 +101,7 @@ def _source(xf: Tensor, out_dtype, uses: Uses, core: list[Operator]) -> tuple[Te
     """What rms_norm reads: x when xf is an exact up-cast of x and the result is x's dtype (the
     cast goes too when nothing else reads it), else xf itself."""
     up = xf.producer
-    if (up is not None and up.kind == "cast" and up.inputs[0].dtype == out_dtype and out_dtype.is_float
-            and out_dtype.nbits < xf.dtype.nbits):  # fmt: skip
+    if up is not None and up.kind == "cast" and up.inputs[0].dtype == out_dtype and _exact_up_cast(up):
         readers = uses.users.get(xf, [])
         drop = [up] if xf not in uses.outputs and all(r in core for r in readers) else []
         return up.inputs[0], drop

@@ -191,10 +191,16 @@ def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
 class FlashAnchorKernel:
     """The fused flash-attention kernel behind the anchor interface: `kernel(inputs, out, extras)`
     with inputs [q, k, v] or [q, k, v, mask] (contiguous, the prepared shapes), on torch's
-    current stream, allocating nothing per call (its split-KV workspaces belong to it)."""
+    current stream, allocating nothing per call (its split-KV workspaces belong to it).
+
+    `views` (one per q, k, v; None: the operand itself) reads an operand as heads of a
+    [1, S, W] tensor: (first column, W), y[0, h, s, d] = x[0, s, first + h * D + d], the
+    graph's `split_heads` (no copy: strided TMA maps, tessera.kernels.attention_call.FlashPlan).
+    `heads_last` writes the output as [B, Sq, H * D], the graph's `merge_heads` of it."""
 
     def __init__(self, q_shape: tuple[int, ...], k_shape: tuple[int, ...], dtype: DataType, causal: bool, scale: float,
-                 mask_shape: tuple[int, ...] | None, mask_dtype: DataType | None):  # fmt: skip
+                 mask_shape: tuple[int, ...] | None, mask_dtype: DataType | None,
+                 views: Sequence[tuple[int, int] | None] = (None, None, None), heads_last: bool = False):  # fmt: skip
         import torch
 
         from tessera.kernels.attention_call import AttentionShape, FlashPlan, choose_config, choose_splits, mask_spec
@@ -207,8 +213,16 @@ class FlashAnchorKernel:
         self.config = choose_config(shape, sms)
         splits = choose_splits(shape, self.config, sms, causal)
         ensure_current()
-        self._plan = FlashPlan(shape, dtype, causal, scale, spec, self.config, splits, torch.device("cuda", torch.cuda.current_device()))
-        self.out_shape: tuple[int, ...] = tuple(q_shape)
+        device = torch.device("cuda", torch.cuda.current_device())
+        self._views = tuple(views)
+        self._heads = (h, k_shape[1], k_shape[1])
+        self._plan = FlashPlan(shape, dtype, causal, scale, spec, self.config, splits, device,
+                               row_strides=[w[1] if w else None for w in self._views], heads_last=heads_last)  # fmt: skip
+        # operands as plain [B, H, S, D] tensors, for views at unaligned addresses (built when first needed)
+        self._plain: Any = None
+        self._plain_args = (shape, dtype, causal, scale, spec, self.config, splits, device)
+        self.heads_last = heads_last
+        self.out_shape: tuple[int, ...] = (b, sq, h * d) if heads_last else tuple(q_shape)
         self.out_dtype = dtype
         self._num_inputs = 3 if spec is None else 4
         from tessera.backend import build_cuda, detect_cuda_arch
@@ -231,12 +245,31 @@ class FlashAnchorKernel:
 
         if len(inputs) != self._num_inputs or extras:
             raise ArgumentError(f"attention: takes {self._num_inputs} inputs and no extras, got {len(inputs)} and {len(extras)}")
-        # TMA reads from 16-byte aligned addresses: an unaligned view is copied (rare: planned buffers are aligned).
-        q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in inputs[:3])
         mask = inputs[3] if self._num_inputs == 4 else None
         # tessera's current stream: the compiled graph's own under native arrays (the one it
         # captures), else torch's current stream for torch tensors.
-        self._plan(q, k, v, mask, out, current_stream((out,)))
+        stream = current_stream((out,))
+        nbytes = self.out_dtype.nbytes
+        ptrs = [t.data_ptr() + (view[0] * nbytes if view else 0) for t, view in zip(inputs, self._views)]
+        if all(p % 16 == 0 for p in ptrs):
+            self._plan.launch(*ptrs, mask.data_ptr() if mask is not None else None, out.data_ptr(), stream)
+            return
+        # TMA reads from 16-byte aligned addresses: unaligned operands are copied (rare: planned buffers are aligned).
+        q, k, v = (self._dense(t, view, heads) if view or t.data_ptr() % 16 else t
+                   for t, view, heads in zip(inputs, self._views, self._heads))  # fmt: skip
+        if self._plain is None:
+            from tessera.kernels.attention_call import FlashPlan
+
+            self._plain = FlashPlan(*self._plain_args, heads_last=self.heads_last)
+        self._plain(q, k, v, mask, out, stream)
+
+    def _dense(self, t: Any, view: tuple[int, int] | None, heads: int) -> Any:
+        """A contiguous copy of an operand (of its heads when it is a view)."""
+        if view is None:
+            return t.clone()
+        d = self._plan.shape.d
+        b, s = t.shape[0], t.shape[1]
+        return t[..., view[0] : view[0] + heads * d].reshape(b, s, heads, d).transpose(1, 2).contiguous()
 
     def __repr__(self) -> str:
         return f"<FlashAnchorKernel attention -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
@@ -244,7 +277,8 @@ class FlashAnchorKernel:
 
 def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], dtype: DataType | str, *,
                       causal: bool = False, scale: float | None = None, mask_shape: Sequence[int] | None = None,
-                      mask_dtype: DataType | str | None = None, tune: bool = False) -> Any:  # fmt: skip
+                      mask_dtype: DataType | str | None = None, tune: bool = False,
+                      views: Sequence[tuple[int, int] | None] = (None, None, None), heads_last: bool = False) -> Any:  # fmt: skip
     """softmax(q @ k^T * scale [causal] [mask]) @ v for [B, H, S, D] q and [B, Hk, S, D] k, v (grouped heads).
 
     Inputs at call time: ``[q, k, v]``, or ``[q, k, v, mask]`` when `mask_shape` and
@@ -256,6 +290,10 @@ def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
 
     On an SM90 GPU the fused flash kernel runs (a FlashAnchorKernel); where it does not cover
     the problem the reason is logged and the GEMM + softmax + GEMM composition runs.
+
+    `views` and `heads_last` (operands read as heads of a [1, S, W] tensor, the output written
+    as [B, Sq, H * D]: see FlashAnchorKernel) need the fused kernel; without it they raise
+    UnsupportedError.
     """
     reason = (flash_unsupported(q_shape, k_shape, v_shape, mask_shape) if len(q_shape) == len(k_shape) == len(v_shape) == 4
               else "not [B, H, S, D]")  # fmt: skip
@@ -267,7 +305,9 @@ def prepare_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: S
         mdt = dtypes.dtype(mask_dtype) if mask_dtype is not None else None
         mshape = tuple(int(x) for x in mask_shape) if mask_shape is not None else None
         return FlashAnchorKernel(q, k, dtypes.dtype(dtype), causal, q[-1] ** -0.5 if scale is None else float(scale),
-                                 mshape, mdt)  # fmt: skip
+                                 mshape, mdt, views, heads_last)  # fmt: skip
+    if any(views) or heads_last:
+        raise UnsupportedError(f"attention reads head views / writes heads last only on the fused kernel: {reason}")
     log.info("tessera: attention q %s, k %s, v %s runs as GEMM + softmax + GEMM: %s", list(q_shape), list(k_shape),
              list(v_shape), reason)  # fmt: skip
     return plan.load()
