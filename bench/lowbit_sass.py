@@ -1,7 +1,8 @@
 """Instruction counts of the low-bit decode kernels' machine code (issue 12), no GPU needed:
 build each kernel for the configured arch with nvcc, disassemble it with `cuobjdump -sass` and
 count the instructions of its main loop (the backward branch whose body holds the most HMMAs)
-per HMMA and per weight unit (one warp's 16 x 256 tile: 16 * m_tiles HMMAs of the weights).
+per HMMA and per weight unit (one warp's 16 x 256 tile; a pass of the loop computes
+(stages or unroll) * rows units).
 
     python3 bench/lowbit_sass.py                          # every type, the default configs at M=1 and 16
     python3 bench/lowbit_sass.py --types int4,e4m3 --ms 1 --all   # every candidate config too
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every candidate config, not only the default")
     ap.add_argument("--ops", action="store_true", help="print the main loop's opcode histogram")
     args = ap.parse_args()
-    print("type  M   config                          loop  HMMA  per HMMA  per unit  (kernel total)")
+    print("type  M   config                             loop  HMMA  per HMMA  per unit  (kernel total)")
     for name in args.types.split(","):
         t = ts.dtype(name)
         bias = args.bias and t.is_integer
@@ -86,8 +87,8 @@ def main() -> None:
                 "default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}  # fmt: skip
             for cname, c in cands.items():
                 r = count(t, args.group, bias, c)
-                units = r["hmma"] / (16 * c.m_tiles) if r["hmma"] else float("nan")
-                print(f"{name:5} {m:<3} {cname + ' ' + str(c):31} {r['loop']:5} {r['hmma']:5} "
+                units = (c.stages or c.unroll) * c.rows  # units computed by one pass of the main loop
+                print(f"{name:5} {m:<3} {cname + ' ' + str(c):34} {r['loop']:5} {r['hmma']:5} "
                       f"{r['loop'] / max(r['hmma'], 1):8.1f}  {r['loop'] / units:8.0f}  ({r['total']})", flush=True)  # fmt: skip
                 if args.ops:
                     print("    " + " ".join(f"{op} {n}" for op, n in r["ops"].most_common()))
