@@ -14,6 +14,7 @@ does everything (no workspace, no second kernel).  Tokens beyond 16 take more ti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -50,12 +51,12 @@ class DecodeConfig:
     fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
 
     @staticmethod
-    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """A config for `sms` multiprocessors, from the H200 sweep at K=4096, N=12288 (commit
-        059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1 from 4 bits on at M <= 8,
-        2 at 4 bits beyond); K split until every SM has several blocks (at most 2 ways beyond
-        8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit weights).  Activations are
-        read from global memory: the shared-memory staging (x_units) is not measured yet."""
+    def register_path(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
+        """The register path in span 16 for `sms` multiprocessors, from the H200 sweep at
+        K=4096, N=12288 (commit 059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1
+        from 4 bits on at M <= 8, 2 at 4 bits beyond); K split until every SM has several blocks
+        (at most 2 ways beyond 8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit
+        weights).  Activations are read from global memory (x_units is not measured yet)."""
         small = m <= 8
         unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1 if small or bits > 4 else 2)
         warps, rows, m_tiles = 4, 1 if small or bits == 1 else 2, 1 if small else 2
@@ -68,6 +69,21 @@ class DecodeConfig:
         return DecodeConfig(warps, split, unroll, m_tiles, rows)
 
     @staticmethod
+    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
+        """The kernel's choice.  M <= 8: the register path (`register_path`) in span 2, the
+        offsets folded into a second mma from 2 bits on: the fewest instructions per weight
+        (bench/lowbit_sass.py; 1-bit codes change magic at every step, so they subtract in the
+        dequantisation).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
+        for 1-2 bits), two row tiles per warp where the block's ring stays within 32 KiB, the
+        winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md)."""
+        r = DecodeConfig.register_path(bits, m, n, k, sms)
+        if m <= 8:
+            return dataclasses.replace(r, span=2, fold=bits >= 2)
+        stages = 8 if bits <= 2 else 2
+        rows = 2 if bits > 1 and r.warps * stages * 2 * bits * 512 <= 32 * 1024 else 1
+        return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
+
+    @staticmethod
     def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
@@ -76,7 +92,8 @@ class DecodeConfig:
         per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
-        out = {"reg": d}
+        out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
+        d = out["r16"]  # the variants below vary the register path's shape
         for span in (16, 2):
             tag = "" if span == 16 else "k2"
             for p in (2, 4, 8) if bits <= 2 else (2, 4):
@@ -87,13 +104,12 @@ class DecodeConfig:
         out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
         out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
         out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
-        if d.rows > 1:
-            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
+            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
         return {name: c for name, c in out.items()
-                if (name == "reg" or c != d) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
+                if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []
