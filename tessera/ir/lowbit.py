@@ -72,6 +72,15 @@ def int_magic(d: int) -> int:
     return (25 - d) << 10
 
 
+HARDWARE_FLOATS = ("e4m3",)  # raw dequant converts these with cvt.rn.f16x2.<type>x2 (sm_89+)
+
+
+def raw_shift(t: DataType) -> int:
+    """k such that a raw dequant's half of a small float is its value * 2**-k: float_shift, but
+    0 for the HARDWARE_FLOATS (the conversion gives the value itself)."""
+    return 0 if t.name in HARDWARE_FLOATS else float_shift(t)
+
+
 def code_offset(t: DataType) -> int:
     """What a dequantisation without bias subtracts from the layout code: the offset of the
     signed types' offset-binary codes (0 for the unsigned and float types)."""
@@ -81,7 +90,7 @@ def code_offset(t: DataType) -> int:
 def raw_magic(t: DataType, reg: int) -> float:
     """What a *raw* dequant (no subtraction, no scale) leaves on top of the code in register
     `reg`: the half is raw_magic + u for the integers (2**(10 - d), d = int_displacement: the
-    magic of the CUDA lowering, which both targets then share), and the value * 2**-float_shift
+    magic of the CUDA lowering, which both targets then share), and the value * 2**-raw_shift
     for the small floats (raw_magic 0).  A kernel subtracts raw_magic + bias (or code_offset)
     itself, e.g. with a second mma against those constants (tessera.kernels.lowbit_decode)."""
     return 0.0 if t.is_float else 2.0 ** (10 - int_displacement(t, reg))

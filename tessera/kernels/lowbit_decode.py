@@ -186,14 +186,16 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         SPQ = min(16, math.gcd(GS, 256) // 16) if GS % 32 == 0 else (2 if GS in (8, 16) else 1)
     NQ = 16 // SPQ
     AFTER = SPAN != 16 and GS % 32 == 0  # every step's 16 k in one group: scale the fp32 sums
-    FOLD = config.fold and AFTER
+    # (a float's zero point would need the raw unit too: floats with zero points subtract in the dequant)
+    FOLD = config.fold and AFTER and not (T.is_float and HAS_BIAS)
+    # raw halves of the small floats are value * 2**-raw_shift, the scales carry 2**float_shift
+    RAW_UNIT = 2.0 ** (lowbit.raw_shift(T) - lowbit.float_shift(T)) if FOLD and T.is_float else 1.0
     # FOLD: register r of step s holds raw_magic + u; the second mma adds -(raw_magic + bias) x
     MAGIC = tuple(lowbit.raw_magic(T, reg) + (0 if HAS_BIAS else lowbit.code_offset(T)) for reg in range(64))
     CORRECT = FOLD and (HAS_BIAS or any(MAGIC))  # floats without zero points need no second mma
     # the correction fragment changes at step s (new magics, or a new group's zero points)
     REFILL = tuple(s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s] or (HAS_BIAS and s % SPQ == 0)
                    for s in range(16))  # fmt: skip
-    # the dequantisation's unit: float_shift stays in the prepared scales (exact powers of two)
 
     # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
     KT_LANE = 4 * SPAN
@@ -345,6 +347,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                     acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
                                                         (accg[0, r, i, e] + accg[2, r, i, e])
                                                         + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                                elif RAW_UNIT != 1.0:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
+                                                        accg[0, r, i, e] + accg[1, r, i, e])
                                                 else:
                                                     acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
                                                         accg[0, r, i, e] + accg[1, r, i, e])
@@ -420,6 +425,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
                                                     (accg[0, r, i, e] + accg[2, r, i, e])
                                                     + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                            elif RAW_UNIT != 1.0:
+                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * RAW_UNIT * (
+                                                    accg[0, r, i, e] + accg[1, r, i, e])
                                             else:
                                                 acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
                                                     accg[0, r, i, e] + accg[1, r, i, e])
