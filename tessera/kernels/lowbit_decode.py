@@ -156,10 +156,13 @@ def group_ok(group_size: int) -> bool:
 
 
 @functools.cache
-def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig) -> ts.Kernel:
+def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig,
+                k_whole: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(X [M, K] f16, Wq [words] u32, S [N, G] f16, B [N, G] f16, Y [M, N] f16, N, KT).
 
-    KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`."""
+    KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`.  `k_whole`: the
+    caller promises K % 256 == 0, so no activation load needs a bound check (the kernel reads
+    past the row otherwise)."""
     if wtype.name not in DEQUANT_TYPES:
         raise UnsupportedError(f"the low-bit decode kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if not group_ok(group_size):
@@ -194,15 +197,17 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     MAGIC = tuple(lowbit.raw_magic(T, reg) + (0 if HAS_BIAS else lowbit.code_offset(T)) for reg in range(64))
     CORRECT = FOLD and (HAS_BIAS or any(MAGIC))  # floats without zero points need no second mma
     # the correction fragment changes at step s (new magics, or a new group's zero points)
-    REFILL = tuple(s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s] or (HAS_BIAS and s % SPQ == 0)
-                   for s in range(16))  # fmt: skip
+    # one constant fragment for every step (no zero points, the same magics): set once, before the loop
+    AC_ONCE = CORRECT and not HAS_BIAS and all(MAGIC[4 * s:4 * s + 4] == MAGIC[:4] for s in range(16))
+    REFILL = tuple(not AC_ONCE and (s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s]
+                                    or (HAS_BIAS and s % SPQ == 0)) for s in range(16))  # fmt: skip
 
     # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
     KT_LANE = 4 * SPAN
     QK = tuple(16 * SPAN * (q * SPQ // SPAN) + 4 * (q * SPQ % SPAN) for q in range(NQ))  # k of scale slot q, lane 0
     UG = 256 // GS if 256 % GS == 0 else 0  # groups per unit: the group index is u * UG + lg[q]
     STEPS, EIGHT, QS = tuple(range(16)), tuple(range(8)), tuple(range(NQ))
-    name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}"
+    name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}{'_kw' if k_whole else ''}"
 
     @ts.kernel(target="cuda", name=name)
     def decode(X: f16["M", "K"], Wq: u32["W"], S: f16["NS", "G"], B: f16["NB", "GB"], Y: f16["M", "N"],
@@ -244,6 +249,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         accg[c, r, i, e] = 0.0
+        if AC_ONCE:
+            for r in ts.unroll(R):
+                for e in EIGHT:
+                    ac[r, e] = -MAGIC[e // 2]
         n_units = u_end - u_begin
         if XU > 0:  # the activations, in the layout's k order (zero-filled outside M, K)
             for idx in range(tid, 8 * MT * XU * 32, THREADS):
@@ -306,7 +315,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
                                     else:
                                         k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                        if k < K:
+                                        if k_whole:  # every unit is whole: no bound check, no zero fill
+                                            ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                        elif k < K:
                                             ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                         else:
                                             for e in ts.unroll(8):
@@ -384,7 +395,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                     ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
                                 else:
                                     k = (u0 + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                    if k < K:
+                                    if k_whole:  # every unit is whole: no bound check, no zero fill
+                                        ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                    elif k < K:
                                         ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                     else:
                                         for e in ts.unroll(8):

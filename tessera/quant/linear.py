@@ -146,7 +146,7 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
     if config.x_units and config.x_units < -(-p.k_tiles // config.split):
         raise ArgumentError(f"config {config} stages {config.x_units} units of activations, but a block of split "
                             f"{config.split} reads {-(-p.k_tiles // config.split)} of K = {k}")  # fmt: skip
-    kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
+    kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config, k % 256 == 0)
     y = out if out is not None else torch.empty((m, n), dtype=torch.float16, device=x.device)
     kern(x.contiguous(), p.words_for(config.span), p.scales, p.biases, y, p.k_tiles)
     return y
