@@ -240,17 +240,27 @@ FOLDED = (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2), DecodeConfig(4, 4, 1, 1, 1, 0, 0
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
 def test_cuda_decode_folded_variants(rng, t):
     """The span-2 register path and the folded offsets at odd sizes, every group size, with and
-    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations; and K a
+    multiple of 256 (k_whole) with the default config too."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul
+    from tessera.quant.linear import cuda_matmul, prepare
 
-    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
+    whole = []  # K a multiple of 256: the activation loads without bound checks (k_whole)
+    for group, zp in ((128, None), (64, True if t.is_integer else None)):
+        q = quantize_weight(rng.normal(size=(72, 768)) * 0.05, t, group, zp)
+        whole.append((group, zp, 768, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()))
+    for group, zp, k, p, w in [*_odd_size_weights(torch, rng, t), *whole]:
         for m, config in zip((1, 16, 5, 40, 9), FOLDED):
             for _ in range(2):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 ref = x.double() @ w.T
                 err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
                 assert err < 2e-3, (t, group, zp, m, config)
+    for group, zp, k, p, w in whole:
+        for m in (1, 7, 16, 33):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            err = float((cuda_matmul(x, p).double() - x.double() @ w.T).norm() / (x.double() @ w.T).norm())
+            assert err < 2e-3, (t, group, zp, m, "default")
 
 
 @pytest.mark.parametrize("t, group, bias, config", [
