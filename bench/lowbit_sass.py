@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--bias", action="store_true", help="with zero points (integer types)")
     ap.add_argument("--all", action="store_true", help="every candidate config, not only the default")
+    ap.add_argument("--configs", default="", help="candidate names to count (DecodeConfig.candidates), e.g. reg,r16")
     ap.add_argument("--ops", action="store_true", help="print the main loop's opcode histogram")
     args = ap.parse_args()
     print("type  M   config                             loop  HMMA  per HMMA  per unit  (kernel total)")
@@ -83,8 +84,11 @@ def main() -> None:
         t = ts.dtype(name)
         bias = args.bias and t.is_integer
         for m in (int(m) for m in args.ms.split(",")):
-            cands = DecodeConfig.candidates(t.nbits, m, N0, K0, SMS) if args.all else {
-                "default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}  # fmt: skip
+            cands = DecodeConfig.candidates(t.nbits, m, N0, K0, SMS)
+            if args.configs:
+                cands = {name: c for name, c in cands.items() if name in args.configs.split(",")}
+            elif not args.all:
+                cands = {"default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}
             for cname, c in cands.items():
                 r = count(t, args.group, bias, c)
                 units = (c.stages or c.unroll) * c.rows  # units computed by one pass of the main loop
