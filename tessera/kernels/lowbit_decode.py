@@ -220,7 +220,8 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         xr = ts.register_tensor(f16, [MT, 64])
         sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
-        accg = ts.register_tensor(f32, [4, R, MT, 4])  # one group's unscaled sums (AFTER; 2, 3: FOLD's corrections)
+        # one group's unscaled sums (AFTER): even and odd steps, or (CORRECT) the weights' and the corrections' mmas
+        accg = ts.register_tensor(f32, [2, R, MT, 4])
         a = ts.register_tensor(f16, [8])
         ac = ts.register_tensor(f16, [R, 8])  # FOLD: the correction fragment -(raw_magic + bias)
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
@@ -244,7 +245,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
-        for c in ts.unroll(4):
+        for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
@@ -338,7 +339,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         ts.dequant(a[0], wr[0, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                     for i in ts.unroll(MT):
                                         if AFTER:
-                                            ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                         else:
                                             ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                     if CORRECT:
@@ -349,22 +350,18 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 else:
                                                     ac[r, e] = -MAGIC[4 * s + e // 2]
                                         for i in ts.unroll(MT):
-                                            ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
                                 if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                     for r in ts.unroll(R):
                                         for i in ts.unroll(MT):
                                             for e in ts.unroll(4):
-                                                if CORRECT:
-                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
-                                                        (accg[0, r, i, e] + accg[2, r, i, e])
-                                                        + (accg[1, r, i, e] + accg[3, r, i, e]))
-                                                elif RAW_UNIT != 1.0:
+                                                if RAW_UNIT != 1.0:
                                                     acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
                                                         accg[0, r, i, e] + accg[1, r, i, e])
                                                 else:
                                                     acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
                                                         accg[0, r, i, e] + accg[1, r, i, e])
-                                                for c in ts.unroll(4 if CORRECT else 2):
+                                                for c in ts.unroll(2):
                                                     accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
         elif nt0 * 16 < N:
@@ -418,7 +415,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                     ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
                                 for i in ts.unroll(MT):
                                     if AFTER:
-                                        ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                        ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                     else:
                                         ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                 if CORRECT:
@@ -429,22 +426,18 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                             else:
                                                 ac[r, e] = -MAGIC[4 * s + e // 2]
                                     for i in ts.unroll(MT):
-                                        ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                                        ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
                             if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                 for r in ts.unroll(R):
                                     for i in ts.unroll(MT):
                                         for e in ts.unroll(4):
-                                            if CORRECT:
-                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
-                                                    (accg[0, r, i, e] + accg[2, r, i, e])
-                                                    + (accg[1, r, i, e] + accg[3, r, i, e]))
-                                            elif RAW_UNIT != 1.0:
+                                            if RAW_UNIT != 1.0:
                                                 acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * RAW_UNIT * (
                                                     accg[0, r, i, e] + accg[1, r, i, e])
                                             else:
                                                 acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
                                                     accg[0, r, i, e] + accg[1, r, i, e])
-                                            for c in ts.unroll(4 if CORRECT else 2):
+                                            for c in ts.unroll(2):
                                                 accg[c, r, i, e] = 0.0
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
