@@ -62,7 +62,7 @@ def main_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 
 def count(t: ts.DataType, group: int, bias: bool, config: DecodeConfig) -> dict:
-    code = instructions(make_decode(t, group, bias, config, K0 % 256 == 0).build())
+    code = instructions(make_decode(t, group, bias, config, K0 % 256 == 0, config.span == 2 and group % 32 == 0).build())
     loop = main_loop(code)
     hmma = sum(op == "HMMA" for _, op, _ in loop)
     ops = collections.Counter(op for _, op, _ in loop)

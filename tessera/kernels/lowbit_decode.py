@@ -19,6 +19,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 import tessera as ts
 from tessera import f16, f32, u32
 from tessera.errors import UnsupportedError
@@ -155,14 +157,44 @@ def group_ok(group_size: int) -> bool:
     return group_size > 0 and ((group_size % 64 == 0) or (64 % group_size == 0 and group_size % 4 == 0))
 
 
+def scale_slots(span: int, group_size: int) -> tuple[int, int, tuple[int, ...]]:
+    """(SPQ, NQ, QK): a unit's steps fall in NQ runs of SPQ steps whose k lie in one group for
+    every lane; run q starts at k QK[q] + 4 * span * t of lane t (t = lane % 4)."""
+    if span == 16:
+        spq = min(16, math.gcd(group_size, 64) // 4)
+    else:
+        spq = min(16, math.gcd(group_size, 256) // 16) if group_size % 32 == 0 else (2 if group_size in (8, 16) else 1)
+    nq = 16 // spq
+    return spq, nq, tuple(16 * span * (q * spq // span) + 4 * (q * spq % span) for q in range(nq))
+
+
+def unit_scales(values: np.ndarray, group_size: int, k_tiles: int) -> np.ndarray:
+    """Per-group values [N, G] (scales or biases) in the order the span-2 kernel reads them with
+    `unit_scales`: float16 [ceil(N / 16) * k_tiles * 8, 2 * NQ], row (tile * k_tiles + u) * 8 + g,
+    column 2q + h the value of row tile * 16 + g + 8h for run q of unit u (the same group for the
+    four lanes of g: span 2, groups of 32 and more); rows past N are 0.  One load per unit."""
+    if group_size % 32:
+        raise UnsupportedError(f"unit scales need span-2 groups of 32 or more, got {group_size}")
+    _, nq, qk = scale_slots(2, group_size)
+    n, g_count = values.shape
+    nt = -(-n // 16)
+    grp = np.minimum((np.arange(k_tiles)[:, None] * 256 + np.array(qk)[None, :]) // group_size, g_count - 1)  # [KT, NQ]
+    rows = np.arange(nt)[:, None, None] * 16 + np.arange(8)[None, :, None] + 8 * np.arange(2)[None, None, :]  # [NT, 8, 2]
+    padded = np.zeros((nt * 16, g_count), np.float16)
+    padded[:n] = values
+    out = padded[rows[:, None, :, None, :], grp[None, :, None, :, None]]  # [NT, KT, 8, NQ, 2]
+    return np.ascontiguousarray(out.reshape(nt * k_tiles * 8, 2 * nq))
+
+
 @functools.cache
 def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig,
-                k_whole: bool = False) -> ts.Kernel:  # fmt: skip
+                k_whole: bool = False, unit_scaled: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(X [M, K] f16, Wq [words] u32, S [N, G] f16, B [N, G] f16, Y [M, N] f16, N, KT).
 
     KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`.  `k_whole`: the
     caller promises K % 256 == 0, so no activation load needs a bound check (the kernel reads
-    past the row otherwise)."""
+    past the row otherwise).  `unit_scaled`: S and B come as `unit_scales` lays them out (span 2,
+    groups of 32 on), one vector load per unit and row tile."""
     if wtype.name not in DEQUANT_TYPES:
         raise UnsupportedError(f"the low-bit decode kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if not group_ok(group_size):
@@ -182,13 +214,13 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
     SPAN = config.span
-    # scale slots: runs of SPQ steps whose k lie in one group for every lane
-    if SPAN == 16:
-        SPQ = min(16, math.gcd(GS, 64) // 4)
-    else:
-        SPQ = min(16, math.gcd(GS, 256) // 16) if GS % 32 == 0 else (2 if GS in (8, 16) else 1)
-    NQ = 16 // SPQ
+    SPQ, NQ, QK = scale_slots(SPAN, GS)  # scale slots: runs of SPQ steps whose k lie in one group for every lane
     AFTER = SPAN != 16 and GS % 32 == 0  # every step's 16 k in one group: scale the fp32 sums
+    if unit_scaled and not AFTER:
+        raise UnsupportedError(f"unit scales need span 2 and groups of 32 or more (config {config}, group {GS})")
+    SC_BYTES = min(16, 4 * NQ)  # unit scales: one row of 2 * NQ halves per unit and row tile, in 16-byte pieces
+    SC_Q = SC_BYTES // 4
+    SC_COPIES = NQ // SC_Q
     # (a float's zero point would need the raw unit too: floats with zero points subtract in the dequant)
     FOLD = config.fold and AFTER and not (T.is_float and HAS_BIAS)
     # raw halves of the small floats are value * 2**-raw_shift, the scales carry 2**float_shift
@@ -204,10 +236,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
 
     # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
     KT_LANE = 4 * SPAN
-    QK = tuple(16 * SPAN * (q * SPQ // SPAN) + 4 * (q * SPQ % SPAN) for q in range(NQ))  # k of scale slot q, lane 0
     UG = 256 // GS if 256 % GS == 0 else 0  # groups per unit: the group index is u * UG + lg[q]
     STEPS, EIGHT, QS = tuple(range(16)), tuple(range(8)), tuple(range(NQ))
-    name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}{'_kw' if k_whole else ''}"
+    name = (f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}{'_kw' if k_whole else ''}"
+            f"{'_us' if unit_scaled else ''}")
 
     @ts.kernel(target="cuda", name=name)
     def decode(X: f16["M", "K"], Wq: u32["W"], S: f16["NS", "G"], B: f16["NB", "GB"], Y: f16["M", "N"],
@@ -298,14 +330,21 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                             for j in ts.unroll(BITS):
                                 src = ((((nt0 + r) * KT + lu) * BITS + j) * 32 + lane) * 4
                                 ts.copy_async(wsm[warp, pp, r, j, lane * 4], Wq[ts.select(ok, src, 0)], 16, ok)
-                            for q in QS:  # compile-time: indexes QK
-                                grp = min(min(lu, KT - 1) * UG + lg[q], G - 1) if UG else min(
-                                    (min(lu, KT - 1) * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
-                                for h in ts.unroll(2):
-                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                    sc[pp, r, q, h] = S[row, grp]
+                            if unit_scaled:
+                                srow = min(((nt0 + r) * KT + min(lu, KT - 1)) * 8 + g, NS - 1)
+                                for c in ts.unroll(SC_COPIES):
+                                    ts.copy_vector(sc[pp, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
                                     if HAS_BIAS:
-                                        bz[pp, r, q, h] = B[row, grp]
+                                        ts.copy_vector(bz[pp, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
+                            else:
+                                for q in QS:  # compile-time: indexes QK
+                                    grp = min(min(lu, KT - 1) * UG + lg[q], G - 1) if UG else min(
+                                        (min(lu, KT - 1) * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                    for h in ts.unroll(2):
+                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                        sc[pp, r, q, h] = S[row, grp]
+                                        if HAS_BIAS:
+                                            bz[pp, r, q, h] = B[row, grp]
                         ts.copy_async_commit()
                         if it >= 0:
                             u = u_begin + it
@@ -375,13 +414,21 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                 for j in ts.unroll(BITS):
                                     ts.copy_vector(wr[uu, r, 4 * j],
                                                    Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                            for q in QS:  # compile-time: indexes QK
-                                grp = min(u * UG + lg[q], G - 1) if UG else min((u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
-                                for h in ts.unroll(2):
-                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                    sc[uu, r, q, h] = S[row, grp]
+                            if unit_scaled:
+                                srow = min(((nt0 + r) * KT + u) * 8 + g, NS - 1)
+                                for c in ts.unroll(SC_COPIES):
+                                    ts.copy_vector(sc[uu, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
                                     if HAS_BIAS:
-                                        bz[uu, r, q, h] = B[row, grp]
+                                        ts.copy_vector(bz[uu, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
+                            else:
+                                for q in QS:  # compile-time: indexes QK
+                                    grp = min(u * UG + lg[q], G - 1) if UG else min(
+                                        (u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                    for h in ts.unroll(2):
+                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                        sc[uu, r, q, h] = S[row, grp]
+                                        if HAS_BIAS:
+                                            bz[uu, r, q, h] = B[row, grp]
                 for uu in ts.unroll(UNROLL):
                     if u0 + uu < u_end:
                         # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
