@@ -55,16 +55,20 @@ def float_shift(t: DataType) -> int:
 def int_displacement(t: DataType, reg: int) -> int:
     """d such that CUDA places an integer code u at fp16 mantissa bits [d, d + bits) of
     register `reg`, OR-ed into int_magic(d) = 2**(10 - d): the half is then int_magic(d) + u
-    exactly.  Single-plane widths (1, 2, 4, 8) take d = the field's own position where it fits
-    below bit 10 (no shift at all) and otherwise the position less one shift per word shared by
-    the word's other high fields; other widths take d = 0 (the C lowering always does)."""
+    exactly.  Single-plane widths (1, 2, 4, 8) keep each field where it lies in its word when it
+    fits below bit 10 and otherwise move it with one shift shared by the word's fields, so that d
+    depends only on the register's place in the A fragment (reg % 4): every mma step then has
+    the same magics (a kernel subtracting them in the tensor core needs one constant fragment).
+    1 and 2 bits: d = bits * (reg % 4), shifts by multiples of 4 * bits; 4 bits: the fields at 0
+    and 4 stay, those at 8 and 12 move down by 8; 8 bits: d = 0.  Other widths take d = 0 (the C
+    lowering always does)."""
     bits = t.nbits
     if t.is_float or len(planes(bits)) > 1:
         return 0
+    if bits <= 2:
+        return bits * (reg % 4)
     pos = (reg % (16 // bits)) * bits
-    if pos <= 10 - bits:
-        return pos
-    return pos - bits * -(-(11 - bits) // bits)  # the first position that does not fit
+    return pos % 8 if bits == 4 else 0
 
 
 def int_magic(d: int) -> int:

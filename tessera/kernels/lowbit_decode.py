@@ -73,14 +73,12 @@ class DecodeConfig:
     @staticmethod
     def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
         """The kernel's choice.  M <= 8: the register path (`register_path`) in span 2, the
-        offsets folded into a second mma from 2 bits on: the fewest instructions per weight
-        (bench/lowbit_sass.py; 1-bit codes change magic at every step, so they subtract in the
-        dequantisation).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
+        offsets folded into a second mma: the fewest instructions per weight (bench/lowbit_sass.py).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
         for 1-2 bits), two row tiles per warp where the block's ring stays within 32 KiB, the
         winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md)."""
         r = DecodeConfig.register_path(bits, m, n, k, sms)
         if m <= 8:
-            return dataclasses.replace(r, span=2, fold=bits >= 2)
+            return dataclasses.replace(r, span=2, fold=True)
         stages = 8 if bits <= 2 else 2
         rows = 2 if bits > 1 and r.warps * stages * 2 * bits * 512 <= 32 * 1024 else 1
         return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
