@@ -19,6 +19,9 @@ The packer (tessera.quant.layout), the C lowering and the CUDA lowering all read
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 from tessera.ir.dtypes import DataType
 
 UNIT_VALUES = 128  # values per lane per unit (16 mma steps x 8 values)
@@ -60,15 +63,37 @@ def int_displacement(t: DataType, reg: int) -> int:
     depends only on the register's place in the A fragment (reg % 4): every mma step then has
     the same magics (a kernel subtracting them in the tensor core needs one constant fragment).
     1 and 2 bits: d = bits * (reg % 4), shifts by multiples of 4 * bits; 4 bits: the fields at 0
-    and 4 stay, those at 8 and 12 move down by 8; 8 bits: d = 0.  Other widths take d = 0 (the C
-    lowering always does)."""
+    and 4 stay, those at 8 and 12 move down by 8; 8 bits: d = 0.  Widths of several planes take
+    the d per reg % 4 that needs the fewest distinct shifts over the unit (the C lowering of the
+    non-raw dequant takes d = 0: the value does not depend on d)."""
     bits = t.nbits
-    if t.is_float or len(planes(bits)) > 1:
+    if t.is_float:
         return 0
+    if len(planes(bits)) > 1:
+        return _plane_displacements(t)[reg % 4]
     if bits <= 2:
         return bits * (reg % 4)
     pos = (reg % (16 // bits)) * bits
     return pos % 8 if bits == 4 else 0
+
+
+@functools.cache
+def _plane_displacements(t: DataType) -> tuple[int, ...]:
+    """d for each of the 4 A-fragment places of a several-plane integer width: the choice that
+    leaves the fewest distinct (word, shift) pairs over a unit's 64 registers (one SHF each)."""
+    best: tuple[int, tuple[int, ...]] | None = None
+    shifted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for ds in itertools.product(range(11 - t.nbits), repeat=4):
+        pairs: set[tuple[int, int]] = set()
+        for reg in range(64):
+            key = (reg, ds[reg % 4])
+            if key not in shifted:
+                shifted[key] = [(w, sh) for w, sh, _ in register_terms(t, reg, key[1]) if sh]
+            pairs.update(shifted[key])
+        if best is None or len(pairs) < best[0]:
+            best = (len(pairs), ds)
+    assert best is not None
+    return best[1]
 
 
 def int_magic(d: int) -> int:
