@@ -42,7 +42,8 @@ CHECKS = [(100, 1000, None, 128, None), (40, 520, None, 32, True), (72, 776, Non
 
 def kernel_key(p, config: DecodeConfig) -> tuple:
     """The make_decode arguments cuda_matmul uses for prepared weight `p` under `config`."""
-    return (p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
+    return (p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config, p.weight.shape[1] % 256 == 0,
+            config.span == 2 and p.kernel_group % 32 == 0)  # fmt: skip
 
 
 def plan(types: list[str], ms: list[int], sms: int, device: str) -> tuple[list, list]:

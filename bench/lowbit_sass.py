@@ -1,7 +1,8 @@
 """Instruction counts of the low-bit decode kernels' machine code (issue 12), no GPU needed:
 build each kernel for the configured arch with nvcc, disassemble it with `cuobjdump -sass` and
 count the instructions of its main loop (the backward branch whose body holds the most HMMAs)
-per HMMA and per weight unit (one warp's 16 x 256 tile: 16 * m_tiles HMMAs of the weights).
+per HMMA and per weight unit (one warp's 16 x 256 tile; a pass of the loop computes
+(stages or unroll) * rows units).
 
     python3 bench/lowbit_sass.py                          # every type, the default configs at M=1 and 16
     python3 bench/lowbit_sass.py --types int4,e4m3 --ms 1 --all   # every candidate config too
@@ -61,7 +62,7 @@ def main_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 
 def count(t: ts.DataType, group: int, bias: bool, config: DecodeConfig) -> dict:
-    code = instructions(make_decode(t, group, bias, config).build())
+    code = instructions(make_decode(t, group, bias, config, K0 % 256 == 0, config.span == 2 and group % 32 == 0).build())
     loop = main_loop(code)
     hmma = sum(op == "HMMA" for _, op, _ in loop)
     ops = collections.Counter(op for _, op, _ in loop)
@@ -75,19 +76,23 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--bias", action="store_true", help="with zero points (integer types)")
     ap.add_argument("--all", action="store_true", help="every candidate config, not only the default")
+    ap.add_argument("--configs", default="", help="candidate names to count (DecodeConfig.candidates), e.g. reg,r16")
     ap.add_argument("--ops", action="store_true", help="print the main loop's opcode histogram")
     args = ap.parse_args()
-    print("type  M   config                          loop  HMMA  per HMMA  per unit  (kernel total)")
+    print("type  M   config                             loop  HMMA  per HMMA  per unit  (kernel total)")
     for name in args.types.split(","):
         t = ts.dtype(name)
         bias = args.bias and t.is_integer
         for m in (int(m) for m in args.ms.split(",")):
-            cands = DecodeConfig.candidates(t.nbits, m, N0, K0, SMS) if args.all else {
-                "default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}  # fmt: skip
+            cands = DecodeConfig.candidates(t.nbits, m, N0, K0, SMS)
+            if args.configs:
+                cands = {name: c for name, c in cands.items() if name in args.configs.split(",")}
+            elif not args.all:
+                cands = {"default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}
             for cname, c in cands.items():
                 r = count(t, args.group, bias, c)
-                units = r["hmma"] / (16 * c.m_tiles) if r["hmma"] else float("nan")
-                print(f"{name:5} {m:<3} {cname + ' ' + str(c):31} {r['loop']:5} {r['hmma']:5} "
+                units = (c.stages or c.unroll) * c.rows  # units computed by one pass of the main loop
+                print(f"{name:5} {m:<3} {cname + ' ' + str(c):34} {r['loop']:5} {r['hmma']:5} "
                       f"{r['loop'] / max(r['hmma'], 1):8.1f}  {r['loop'] / units:8.0f}  ({r['total']})", flush=True)  # fmt: skip
                 if args.ops:
                     print("    " + " ".join(f"{op} {n}" for op, n in r["ops"].most_common()))

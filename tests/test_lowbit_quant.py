@@ -11,6 +11,7 @@ import pytest
 
 import tessera as ts
 from tessera.errors import ArgumentError, UnsupportedError
+from tessera.ir import lowbit
 from tessera.kernels.lowbit_decode import DecodeConfig
 from tessera.quant import WEIGHT_TYPES
 from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq, load_quantized_linears
@@ -240,17 +241,27 @@ FOLDED = (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2), DecodeConfig(4, 4, 1, 1, 1, 0, 0
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
 def test_cuda_decode_folded_variants(rng, t):
     """The span-2 register path and the folded offsets at odd sizes, every group size, with and
-    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations; and K a
+    multiple of 256 (k_whole) with the default config too."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul
+    from tessera.quant.linear import cuda_matmul, prepare
 
-    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
+    whole = []  # K a multiple of 256: the activation loads without bound checks (k_whole)
+    for group, zp in ((128, None), (64, True if t.is_integer else None)):
+        q = quantize_weight(rng.normal(size=(72, 768)) * 0.05, t, group, zp)
+        whole.append((group, zp, 768, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()))
+    for group, zp, k, p, w in [*_odd_size_weights(torch, rng, t), *whole]:
         for m, config in zip((1, 16, 5, 40, 9), FOLDED):
             for _ in range(2):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 ref = x.double() @ w.T
                 err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
                 assert err < 2e-3, (t, group, zp, m, config)
+    for group, zp, k, p, w in whole:
+        for m in (1, 7, 16, 33):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            err = float((cuda_matmul(x, p).double() - x.double() @ w.T).norm() / (x.double() @ w.T).norm())
+            assert err < 2e-3, (t, group, zp, m, "default")
 
 
 @pytest.mark.parametrize("t, group, bias, config", [
@@ -266,7 +277,7 @@ def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
     from tessera.kernels.lowbit_decode import make_decode
 
     t = ts.dtype(t)
-    kernel = make_decode(t, group, bias, config)
+    kernel = make_decode(t, group, bias, config, False, group % 32 == 0)  # unit scales where the span allows
     src = kernel.source_full
     folds = config.fold and group % 32 == 0
     assert ("_raw(" in src) == folds and ("_n(" in src or "_n_raw(" in src or "_b_n(" in src) == (group % 32 == 0)
@@ -287,6 +298,32 @@ def test_decode_pipelined_variants_build_with_nvcc(t, group, bias, config):
     assert "cp.async" in kernel.source_full and kernel.build()
 
 
+def test_unit_scales_follow_the_span2_k_order(rng):
+    """unit_scales' row (tile, unit, g), column (run q, half h) holds the value of row
+    tile * 16 + g + 8h for the group of every k that lane (g, t) meets in run q of the unit, in
+    the span-2 k order of tessera.ir.lowbit (0 past N, the last group past K)."""
+    from tessera.kernels.lowbit_decode import scale_slots, unit_scales
+
+    for n, k, group in ((40, 520, 64), (16, 256, 256), (37, 1000, 32), (20, 768, 1024)):
+        g_count = -(-k // group)
+        values = rng.normal(size=(n, g_count)).astype(np.float16)
+        kt = -(-k // 256)
+        got = unit_scales(values, group, kt).reshape(-(-n // 16), kt, 8, -1, 2)
+        spq, nq, _ = scale_slots(2, group)
+        for tile in range(got.shape[0]):
+            for u in range(kt):
+                for lane in range(32):
+                    g = lane // 4
+                    for v in range(128):
+                        row, kk = lowbit.lane_value_position(lane, v, 2)
+                        q, h = (v // 8) // spq, row // 8
+                        n_row, grp = tile * 16 + g + 8 * h, min((u * 256 + kk) // group, g_count - 1)
+                        want = values[n_row, grp] if n_row < n else 0
+                        assert got[tile, u, g, q, h] == want, (n, k, group, tile, u, lane, v)
+    with pytest.raises(UnsupportedError, match="groups of 32"):
+        unit_scales(np.zeros((4, 4), np.float16), 16, 1)
+
+
 def test_decode_candidates_are_valid_configs():
     from tessera.kernels.lowbit_decode import make_decode
 
@@ -299,6 +336,8 @@ def test_decode_candidates_are_valid_configs():
                 assert not c.problems() and c.smem_bytes(bits) <= 160 * 1024
     with pytest.raises(UnsupportedError, match="stages"):
         make_decode(ts.int4, 128, False, DecodeConfig(stages=5))
+    with pytest.raises(UnsupportedError, match="unit scales need span 2"):
+        make_decode(ts.int4, 128, False, DecodeConfig(), False, True)
     with pytest.raises(UnsupportedError, match="shared memory"):
         make_decode(ts.int8, 128, False, DecodeConfig(8, 1, 1, 2, 4, 0, 8))
 

@@ -75,6 +75,12 @@ __device__ __forceinline__ uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint3
 __device__ __forceinline__ uint32_t ts_prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t d; asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector)); return d;
 }
+#if __CUDA_ARCH__ >= 890
+// two e4m3 codes (the low 16 bits, the first in the low byte) to half2, exactly (raw dequant)
+__device__ __forceinline__ uint32_t ts_cvt_e4m3x2(uint32_t x) {
+  uint32_t d; asm("{ .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}\n" : "=r"(d) : "r"(x)); return d;
+}
+#endif
 template <int N> __device__ __forceinline__ void ts_copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void* dst, const void* src) {
   uint32_t* r = reinterpret_cast<uint32_t*>(dst);

@@ -102,8 +102,22 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
     ]  # fmt: skip
     scaled = attrs.get("has_scale", True)
     if attrs.get("raw"):  # the bits alone (lowbit.raw_magic): the kernel subtracts and scales
-        for reg in range(first, last):
-            lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')}; d[{reg - first}] = *reinterpret_cast<half2*>(&r); }}")
+        if t.name in lowbit.HARDWARE_FLOATS:  # one byte per half (an 8-bit plane): gather, convert
+            (p, _, _), = lowbit.plane_layout(t.nbits)
+            lines.append("#if __CUDA_ARCH__ >= 890")
+            for reg in range(first, last):
+                lines.append(f"  {{ uint32_t r = ts_cvt_{t.name}x2(ts_prmt(w[{reg // 2}], 0u, {0x20 + 0x11 * (reg % 2):#x}u)); "
+                             f"d[{reg - first}] = *reinterpret_cast<half2*>(&r); }}")  # fmt: skip
+            lines.append("#else")
+            unit = 2.0 ** (lowbit.float_shift(t) - lowbit.raw_shift(t))
+            for reg in range(first, last):
+                lines.append(f"  {{ uint32_t r = {register_expr(t, reg, 'w')}; "
+                             f"d[{reg - first}] = __hmul2(*reinterpret_cast<half2*>(&r), __float2half2_rn({unit!r}f)); }}")
+            lines.append("#endif")
+            assert p == 8
+        else:
+            for reg in range(first, last):
+                lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')}; d[{reg - first}] = *reinterpret_cast<half2*>(&r); }}")
         return "\n".join([*lines, "}"])
     if scaled:
         lines.append("  const half2 s0 = __half2half2(s[0]), s1 = __half2half2(s[1]);")
@@ -147,7 +161,13 @@ def c_statements(attrs: dict[str, Any], dst: str, src: str, scale: str, bias: st
         row = reg % 2
         if attrs.get("raw"):
             out.append(f"  ts_r = {raw_register_expr(t, reg, 'ts_w')};")
-            out.append(f"  ts_d[{2 * (reg - first)}] = (uint16_t)ts_r; ts_d[{2 * (reg - first) + 1}] = (uint16_t)(ts_r >> 16);")
+            i = 2 * (reg - first)
+            if t.is_float and lowbit.raw_shift(t) != lowbit.float_shift(t):  # the value itself: exact in float
+                unit = 2.0 ** (lowbit.float_shift(t) - lowbit.raw_shift(t))
+                out.append(f"  ts_d[{i}] = ts_f2h(ts_h2f((uint16_t)ts_r) * {unit!r}f); "
+                           f"ts_d[{i + 1}] = ts_f2h(ts_h2f((uint16_t)(ts_r >> 16)) * {unit!r}f);")  # fmt: skip
+            else:
+                out.append(f"  ts_d[{i}] = (uint16_t)ts_r; ts_d[{i + 1}] = (uint16_t)(ts_r >> 16);")
             continue
         if t.is_integer:
             off = f"(1024.0f + ts_h2f(ts_b[{row}]))" if attrs["has_bias"] else f"{1024 + lowbit.code_offset(t)}.0f"

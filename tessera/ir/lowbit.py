@@ -19,6 +19,9 @@ The packer (tessera.quant.layout), the C lowering and the CUDA lowering all read
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 from tessera.ir.dtypes import DataType
 
 UNIT_VALUES = 128  # values per lane per unit (16 mma steps x 8 values)
@@ -55,21 +58,56 @@ def float_shift(t: DataType) -> int:
 def int_displacement(t: DataType, reg: int) -> int:
     """d such that CUDA places an integer code u at fp16 mantissa bits [d, d + bits) of
     register `reg`, OR-ed into int_magic(d) = 2**(10 - d): the half is then int_magic(d) + u
-    exactly.  Single-plane widths (1, 2, 4, 8) take d = the field's own position where it fits
-    below bit 10 (no shift at all) and otherwise the position less one shift per word shared by
-    the word's other high fields; other widths take d = 0 (the C lowering always does)."""
+    exactly.  Single-plane widths (1, 2, 4, 8) keep each field where it lies in its word when it
+    fits below bit 10 and otherwise move it with one shift shared by the word's fields, so that d
+    depends only on the register's place in the A fragment (reg % 4): every mma step then has
+    the same magics (a kernel subtracting them in the tensor core needs one constant fragment).
+    1 and 2 bits: d = bits * (reg % 4), shifts by multiples of 4 * bits; 4 bits: the fields at 0
+    and 4 stay, those at 8 and 12 move down by 8; 8 bits: d = 0.  Widths of several planes take
+    the d per reg % 4 that needs the fewest distinct shifts over the unit (the C lowering of the
+    non-raw dequant takes d = 0: the value does not depend on d)."""
     bits = t.nbits
-    if t.is_float or len(planes(bits)) > 1:
+    if t.is_float:
         return 0
+    if len(planes(bits)) > 1:
+        return _plane_displacements(t)[reg % 4]
+    if bits <= 2:
+        return bits * (reg % 4)
     pos = (reg % (16 // bits)) * bits
-    if pos <= 10 - bits:
-        return pos
-    return pos - bits * -(-(11 - bits) // bits)  # the first position that does not fit
+    return pos % 8 if bits == 4 else 0
+
+
+@functools.cache
+def _plane_displacements(t: DataType) -> tuple[int, ...]:
+    """d for each of the 4 A-fragment places of a several-plane integer width: the choice that
+    leaves the fewest distinct (word, shift) pairs over a unit's 64 registers (one SHF each)."""
+    best: tuple[int, tuple[int, ...]] | None = None
+    shifted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for ds in itertools.product(range(11 - t.nbits), repeat=4):
+        pairs: set[tuple[int, int]] = set()
+        for reg in range(64):
+            key = (reg, ds[reg % 4])
+            if key not in shifted:
+                shifted[key] = [(w, sh) for w, sh, _ in register_terms(t, reg, key[1]) if sh]
+            pairs.update(shifted[key])
+        if best is None or len(pairs) < best[0]:
+            best = (len(pairs), ds)
+    assert best is not None
+    return best[1]
 
 
 def int_magic(d: int) -> int:
     """The fp16 bits of 2**(10 - d): its mantissa bit d weighs 1."""
     return (25 - d) << 10
+
+
+HARDWARE_FLOATS = ("e4m3",)  # raw dequant converts these with cvt.rn.f16x2.<type>x2 (sm_89+)
+
+
+def raw_shift(t: DataType) -> int:
+    """k such that a raw dequant's half of a small float is its value * 2**-k: float_shift, but
+    0 for the HARDWARE_FLOATS (the conversion gives the value itself)."""
+    return 0 if t.name in HARDWARE_FLOATS else float_shift(t)
 
 
 def code_offset(t: DataType) -> int:
@@ -81,7 +119,7 @@ def code_offset(t: DataType) -> int:
 def raw_magic(t: DataType, reg: int) -> float:
     """What a *raw* dequant (no subtraction, no scale) leaves on top of the code in register
     `reg`: the half is raw_magic + u for the integers (2**(10 - d), d = int_displacement: the
-    magic of the CUDA lowering, which both targets then share), and the value * 2**-float_shift
+    magic of the CUDA lowering, which both targets then share), and the value * 2**-raw_shift
     for the small floats (raw_magic 0).  A kernel subtracts raw_magic + bias (or code_offset)
     itself, e.g. with a second mma against those constants (tessera.kernels.lowbit_decode)."""
     return 0.0 if t.is_float else 2.0 ** (10 - int_displacement(t, reg))

@@ -14,9 +14,12 @@ does everything (no workspace, no second kernel).  Tokens beyond 16 take more ti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 import tessera as ts
 from tessera import f16, f32, u32
@@ -50,12 +53,12 @@ class DecodeConfig:
     fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
 
     @staticmethod
-    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """A config for `sms` multiprocessors, from the H200 sweep at K=4096, N=12288 (commit
-        059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1 from 4 bits on at M <= 8,
-        2 at 4 bits beyond); K split until every SM has several blocks (at most 2 ways beyond
-        8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit weights).  Activations are
-        read from global memory: the shared-memory staging (x_units) is not measured yet."""
+    def register_path(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
+        """The register path in span 16 for `sms` multiprocessors, from the H200 sweep at
+        K=4096, N=12288 (commit 059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1
+        from 4 bits on at M <= 8, 2 at 4 bits beyond); K split until every SM has several blocks
+        (at most 2 ways beyond 8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit
+        weights).  Activations are read from global memory (x_units is not measured yet)."""
         small = m <= 8
         unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1 if small or bits > 4 else 2)
         warps, rows, m_tiles = 4, 1 if small or bits == 1 else 2, 1 if small else 2
@@ -68,6 +71,19 @@ class DecodeConfig:
         return DecodeConfig(warps, split, unroll, m_tiles, rows)
 
     @staticmethod
+    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
+        """The kernel's choice.  M <= 8: the register path (`register_path`) in span 2, the
+        offsets folded into a second mma: the fewest instructions per weight (bench/lowbit_sass.py).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
+        for 1-2 bits), two row tiles per warp where the block's ring stays within 32 KiB, the
+        winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md)."""
+        r = DecodeConfig.register_path(bits, m, n, k, sms)
+        if m <= 8:
+            return dataclasses.replace(r, span=2, fold=True)
+        stages = 8 if bits <= 2 else 2
+        rows = 2 if bits > 1 and r.warps * stages * 2 * bits * 512 <= 32 * 1024 else 1
+        return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
+
+    @staticmethod
     def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
@@ -76,7 +92,8 @@ class DecodeConfig:
         per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
-        out = {"reg": d}
+        out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
+        d = out["r16"]  # the variants below vary the register path's shape
         for span in (16, 2):
             tag = "" if span == 16 else "k2"
             for p in (2, 4, 8) if bits <= 2 else (2, 4):
@@ -87,13 +104,12 @@ class DecodeConfig:
         out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
         out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
         out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
-        if d.rows > 1:
-            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
+            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
         return {name: c for name, c in out.items()
-                if (name == "reg" or c != d) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
+                if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []
@@ -139,11 +155,44 @@ def group_ok(group_size: int) -> bool:
     return group_size > 0 and ((group_size % 64 == 0) or (64 % group_size == 0 and group_size % 4 == 0))
 
 
+def scale_slots(span: int, group_size: int) -> tuple[int, int, tuple[int, ...]]:
+    """(SPQ, NQ, QK): a unit's steps fall in NQ runs of SPQ steps whose k lie in one group for
+    every lane; run q starts at k QK[q] + 4 * span * t of lane t (t = lane % 4)."""
+    if span == 16:
+        spq = min(16, math.gcd(group_size, 64) // 4)
+    else:
+        spq = min(16, math.gcd(group_size, 256) // 16) if group_size % 32 == 0 else (2 if group_size in (8, 16) else 1)
+    nq = 16 // spq
+    return spq, nq, tuple(16 * span * (q * spq // span) + 4 * (q * spq % span) for q in range(nq))
+
+
+def unit_scales(values: np.ndarray, group_size: int, k_tiles: int) -> np.ndarray:
+    """Per-group values [N, G] (scales or biases) in the order the span-2 kernel reads them with
+    `unit_scales`: float16 [ceil(N / 16) * k_tiles * 8, 2 * NQ], row (tile * k_tiles + u) * 8 + g,
+    column 2q + h the value of row tile * 16 + g + 8h for run q of unit u (the same group for the
+    four lanes of g: span 2, groups of 32 and more); rows past N are 0.  One load per unit."""
+    if group_size % 32:
+        raise UnsupportedError(f"unit scales need span-2 groups of 32 or more, got {group_size}")
+    _, nq, qk = scale_slots(2, group_size)
+    n, g_count = values.shape
+    nt = -(-n // 16)
+    grp = np.minimum((np.arange(k_tiles)[:, None] * 256 + np.array(qk)[None, :]) // group_size, g_count - 1)  # [KT, NQ]
+    rows = np.arange(nt)[:, None, None] * 16 + np.arange(8)[None, :, None] + 8 * np.arange(2)[None, None, :]  # [NT, 8, 2]
+    padded = np.zeros((nt * 16, g_count), np.float16)
+    padded[:n] = values
+    out = padded[rows[:, None, :, None, :], grp[None, :, None, :, None]]  # [NT, KT, 8, NQ, 2]
+    return np.ascontiguousarray(out.reshape(nt * k_tiles * 8, 2 * nq))
+
+
 @functools.cache
-def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig) -> ts.Kernel:
+def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: DecodeConfig,
+                k_whole: bool = False, unit_scaled: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(X [M, K] f16, Wq [words] u32, S [N, G] f16, B [N, G] f16, Y [M, N] f16, N, KT).
 
-    KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`."""
+    KT = padded K / 256 (the packed k tiles); B is read only when `has_bias`.  `k_whole`: the
+    caller promises K % 256 == 0, so no activation load needs a bound check (the kernel reads
+    past the row otherwise).  `unit_scaled`: S and B come as `unit_scales` lays them out (span 2,
+    groups of 32 on), one vector load per unit and row tile."""
     if wtype.name not in DEQUANT_TYPES:
         raise UnsupportedError(f"the low-bit decode kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if not group_ok(group_size):
@@ -163,28 +212,32 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     THREADS = 32 * WARPS
     WORDS = 4 * BITS  # one lane's words of one unit
     SPAN = config.span
-    # scale slots: runs of SPQ steps whose k lie in one group for every lane
-    if SPAN == 16:
-        SPQ = min(16, math.gcd(GS, 64) // 4)
-    else:
-        SPQ = min(16, math.gcd(GS, 256) // 16) if GS % 32 == 0 else (2 if GS in (8, 16) else 1)
-    NQ = 16 // SPQ
+    SPQ, NQ, QK = scale_slots(SPAN, GS)  # scale slots: runs of SPQ steps whose k lie in one group for every lane
     AFTER = SPAN != 16 and GS % 32 == 0  # every step's 16 k in one group: scale the fp32 sums
-    FOLD = config.fold and AFTER
+    if unit_scaled and not AFTER:
+        raise UnsupportedError(f"unit scales need span 2 and groups of 32 or more (config {config}, group {GS})")
+    SC_BYTES = min(16, 4 * NQ)  # unit scales: one row of 2 * NQ halves per unit and row tile, in 16-byte pieces
+    SC_Q = SC_BYTES // 4
+    SC_COPIES = NQ // SC_Q
+    # (a float's zero point would need the raw unit too: floats with zero points subtract in the dequant)
+    FOLD = config.fold and AFTER and not (T.is_float and HAS_BIAS)
+    # raw halves of the small floats are value * 2**-raw_shift, the scales carry 2**float_shift
+    RAW_UNIT = 2.0 ** (lowbit.raw_shift(T) - lowbit.float_shift(T)) if FOLD and T.is_float else 1.0
     # FOLD: register r of step s holds raw_magic + u; the second mma adds -(raw_magic + bias) x
     MAGIC = tuple(lowbit.raw_magic(T, reg) + (0 if HAS_BIAS else lowbit.code_offset(T)) for reg in range(64))
     CORRECT = FOLD and (HAS_BIAS or any(MAGIC))  # floats without zero points need no second mma
     # the correction fragment changes at step s (new magics, or a new group's zero points)
-    REFILL = tuple(s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s] or (HAS_BIAS and s % SPQ == 0)
-                   for s in range(16))  # fmt: skip
-    # the dequantisation's unit: float_shift stays in the prepared scales (exact powers of two)
+    # one constant fragment for every step (no zero points, the same magics): set once, before the loop
+    AC_ONCE = CORRECT and not HAS_BIAS and all(MAGIC[4 * s:4 * s + 4] == MAGIC[:4] for s in range(16))
+    REFILL = tuple(not AC_ONCE and (s == 0 or MAGIC[4 * s:4 * s + 4] != MAGIC[4 * s - 4:4 * s]
+                                    or (HAS_BIAS and s % SPQ == 0)) for s in range(16))  # fmt: skip
 
     # k within a unit of step s's value 0 in lane t: 16 SPAN (s // SPAN) + 4 (s % SPAN) + KT_LANE t
     KT_LANE = 4 * SPAN
-    QK = tuple(16 * SPAN * (q * SPQ // SPAN) + 4 * (q * SPQ % SPAN) for q in range(NQ))  # k of scale slot q, lane 0
     UG = 256 // GS if 256 % GS == 0 else 0  # groups per unit: the group index is u * UG + lg[q]
     STEPS, EIGHT, QS = tuple(range(16)), tuple(range(8)), tuple(range(NQ))
-    name = f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}"
+    name = (f"lowbit_decode_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{config}{'_kw' if k_whole else ''}"
+            f"{'_us' if unit_scaled else ''}")
 
     @ts.kernel(target="cuda", name=name)
     def decode(X: f16["M", "K"], Wq: u32["W"], S: f16["NS", "G"], B: f16["NB", "GB"], Y: f16["M", "N"],
@@ -197,7 +250,8 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         xr = ts.register_tensor(f16, [MT, 64])
         sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
-        accg = ts.register_tensor(f32, [4, R, MT, 4])  # one group's unscaled sums (AFTER; 2, 3: FOLD's corrections)
+        # one group's unscaled sums (AFTER): even and odd steps, or (CORRECT) the weights' and the corrections' mmas
+        accg = ts.register_tensor(f32, [2, R, MT, 4])
         a = ts.register_tensor(f16, [8])
         ac = ts.register_tensor(f16, [R, 8])  # FOLD: the correction fragment -(raw_magic + bias)
         acc = ts.register_tensor(f32, [2, R, MT, 4])  # two sets: even and odd steps' mmas overlap
@@ -221,11 +275,15 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         acc[c, r, i, e] = 0.0
-        for c in ts.unroll(4):
+        for c in ts.unroll(2):
             for r in ts.unroll(R):
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         accg[c, r, i, e] = 0.0
+        if AC_ONCE:
+            for r in ts.unroll(R):
+                for e in EIGHT:
+                    ac[r, e] = -MAGIC[e // 2]
         n_units = u_end - u_begin
         if XU > 0:  # the activations, in the layout's k order (zero-filled outside M, K)
             for idx in range(tid, 8 * MT * XU * 32, THREADS):
@@ -270,14 +328,21 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                             for j in ts.unroll(BITS):
                                 src = ((((nt0 + r) * KT + lu) * BITS + j) * 32 + lane) * 4
                                 ts.copy_async(wsm[warp, pp, r, j, lane * 4], Wq[ts.select(ok, src, 0)], 16, ok)
-                            for q in QS:  # compile-time: indexes QK
-                                grp = min(min(lu, KT - 1) * UG + lg[q], G - 1) if UG else min(
-                                    (min(lu, KT - 1) * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
-                                for h in ts.unroll(2):
-                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                    sc[pp, r, q, h] = S[row, grp]
+                            if unit_scaled:
+                                srow = min(((nt0 + r) * KT + min(lu, KT - 1)) * 8 + g, NS - 1)
+                                for c in ts.unroll(SC_COPIES):
+                                    ts.copy_vector(sc[pp, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
                                     if HAS_BIAS:
-                                        bz[pp, r, q, h] = B[row, grp]
+                                        ts.copy_vector(bz[pp, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
+                            else:
+                                for q in QS:  # compile-time: indexes QK
+                                    grp = min(min(lu, KT - 1) * UG + lg[q], G - 1) if UG else min(
+                                        (min(lu, KT - 1) * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                    for h in ts.unroll(2):
+                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                        sc[pp, r, q, h] = S[row, grp]
+                                        if HAS_BIAS:
+                                            bz[pp, r, q, h] = B[row, grp]
                         ts.copy_async_commit()
                         if it >= 0:
                             u = u_begin + it
@@ -288,7 +353,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
                                     else:
                                         k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                        if k < K:
+                                        if k_whole:  # every unit is whole: no bound check, no zero fill
+                                            ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                        elif k < K:
                                             ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                         else:
                                             for e in ts.unroll(8):
@@ -309,7 +376,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         ts.dequant(a[0], wr[0, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                     for i in ts.unroll(MT):
                                         if AFTER:
-                                            ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                         else:
                                             ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                     if CORRECT:
@@ -320,19 +387,18 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 else:
                                                     ac[r, e] = -MAGIC[4 * s + e // 2]
                                         for i in ts.unroll(MT):
-                                            ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
                                 if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                     for r in ts.unroll(R):
                                         for i in ts.unroll(MT):
                                             for e in ts.unroll(4):
-                                                if CORRECT:
-                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
-                                                        (accg[0, r, i, e] + accg[2, r, i, e])
-                                                        + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                                if RAW_UNIT != 1.0:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
+                                                        accg[0, r, i, e] + accg[1, r, i, e])
                                                 else:
                                                     acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
                                                         accg[0, r, i, e] + accg[1, r, i, e])
-                                                for c in ts.unroll(4 if CORRECT else 2):
+                                                for c in ts.unroll(2):
                                                     accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
         elif nt0 * 16 < N:
@@ -346,13 +412,21 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                 for j in ts.unroll(BITS):
                                     ts.copy_vector(wr[uu, r, 4 * j],
                                                    Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                            for q in QS:  # compile-time: indexes QK
-                                grp = min(u * UG + lg[q], G - 1) if UG else min((u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
-                                for h in ts.unroll(2):
-                                    row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                    sc[uu, r, q, h] = S[row, grp]
+                            if unit_scaled:
+                                srow = min(((nt0 + r) * KT + u) * 8 + g, NS - 1)
+                                for c in ts.unroll(SC_COPIES):
+                                    ts.copy_vector(sc[uu, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
                                     if HAS_BIAS:
-                                        bz[uu, r, q, h] = B[row, grp]
+                                        ts.copy_vector(bz[uu, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
+                            else:
+                                for q in QS:  # compile-time: indexes QK
+                                    grp = min(u * UG + lg[q], G - 1) if UG else min(
+                                        (u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                    for h in ts.unroll(2):
+                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                        sc[uu, r, q, h] = S[row, grp]
+                                        if HAS_BIAS:
+                                            bz[uu, r, q, h] = B[row, grp]
                 for uu in ts.unroll(UNROLL):
                     if u0 + uu < u_end:
                         # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
@@ -363,7 +437,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                     ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
                                 else:
                                     k = (u0 + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                    if k < K:
+                                    if k_whole:  # every unit is whole: no bound check, no zero fill
+                                        ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                    elif k < K:
                                         ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
                                     else:
                                         for e in ts.unroll(8):
@@ -384,7 +460,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                     ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
                                 for i in ts.unroll(MT):
                                     if AFTER:
-                                        ts.mma(accg[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                        ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                     else:
                                         ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
                                 if CORRECT:
@@ -395,19 +471,18 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                             else:
                                                 ac[r, e] = -MAGIC[4 * s + e // 2]
                                     for i in ts.unroll(MT):
-                                        ts.mma(accg[2 + s % 2, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                                        ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
                             if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                 for r in ts.unroll(R):
                                     for i in ts.unroll(MT):
                                         for e in ts.unroll(4):
-                                            if CORRECT:
-                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
-                                                    (accg[0, r, i, e] + accg[2, r, i, e])
-                                                    + (accg[1, r, i, e] + accg[3, r, i, e]))
+                                            if RAW_UNIT != 1.0:
+                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * RAW_UNIT * (
+                                                    accg[0, r, i, e] + accg[1, r, i, e])
                                             else:
                                                 acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
                                                     accg[0, r, i, e] + accg[1, r, i, e])
-                                            for c in ts.unroll(4 if CORRECT else 2):
+                                            for c in ts.unroll(2):
                                                 accg[c, r, i, e] = 0.0
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):

@@ -45,7 +45,7 @@ def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: i
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
     # the graph's words are packed in span 16 (pack_units' default, tessera.quant.torch_quantize)
     config = dataclasses.replace(DecodeConfig.default(t.nbits, m, n, k, _sms()), span=16, fold=False)
-    f = make_decode(t, group, bool(attrs["has_bias"]), config).ir
+    f = make_decode(t, group, bool(attrs["has_bias"]), config, k % lowbit.UNIT_K == 0).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
     ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32, dtypes.float16)

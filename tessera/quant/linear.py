@@ -46,6 +46,23 @@ class PreparedWeight:
         return got
 
 
+    def unit_scaled(self) -> tuple[Any, Any]:
+        """(scales, biases) laid out per unit for the span-2 kernels (lowbit_decode.unit_scales),
+        made on first use and kept; biases stay the [1, 1] placeholder without zero points."""
+        got = self.cache.get("unit_scales")
+        if got is None:
+            import torch
+
+            from tessera.kernels.lowbit_decode import unit_scales
+
+            def lay(t: Any) -> Any:
+                return torch.from_numpy(unit_scales(t.cpu().numpy(), self.kernel_group, self.k_tiles)).to(t.device)
+
+            got = self.cache["unit_scales"] = (lay(self.scales), lay(self.biases) if self.weight.zeros is not None
+                                               else self.biases)  # fmt: skip
+        return got
+
+
 def kernel_scales_and_biases(w: QuantizedWeight) -> tuple[np.ndarray, np.ndarray | None]:
     """float16 scales and biases in the dequant instruction's terms: W = (u - bias) * scale."""
     t = w.dtype
@@ -146,7 +163,9 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
     if config.x_units and config.x_units < -(-p.k_tiles // config.split):
         raise ArgumentError(f"config {config} stages {config.x_units} units of activations, but a block of split "
                             f"{config.split} reads {-(-p.k_tiles // config.split)} of K = {k}")  # fmt: skip
-    kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config)
+    unit = config.span == 2 and p.kernel_group % 32 == 0  # one scale load per unit (lowbit_decode.unit_scales)
+    kern = make_decode(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config, k % 256 == 0, unit)
     y = out if out is not None else torch.empty((m, n), dtype=torch.float16, device=x.device)
-    kern(x.contiguous(), p.words_for(config.span), p.scales, p.biases, y, p.k_tiles)
+    scales, biases = p.unit_scaled() if unit else (p.scales, p.biases)
+    kern(x.contiguous(), p.words_for(config.span), scales, biases, y, p.k_tiles)
     return y
