@@ -269,7 +269,10 @@ class FlashAnchorKernel:
             return t.clone()
         d = self._plan.shape.d
         b, s = t.shape[0], t.shape[1]
-        return t[..., view[0] : view[0] + heads * d].reshape(b, s, heads, d).transpose(1, 2).contiguous()
+        dense = t[..., view[0] : view[0] + heads * d].reshape(b, s, heads, d).transpose(1, 2).contiguous()
+        # contiguous() returns the view itself when its strides already qualify (one row and
+        # one head), at the same unaligned address: then copy it
+        return dense if dense.data_ptr() % 16 == 0 else dense.clone()
 
     def __repr__(self) -> str:
         return f"<FlashAnchorKernel attention -> {self.out_dtype}{list(self.out_shape)}: {', '.join(self.kernels)}>"
