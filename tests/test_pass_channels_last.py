@@ -80,6 +80,24 @@ def test_non_constant_weights_are_permuted_in_the_graph(rng):
     np.testing.assert_allclose(g.run(xv, wv)[0].astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
+def test_batch_norm_keeps_its_channel_axis(rng):
+    """batch_norm is elementwise but its parameters follow axis 1: it must not run on NHWC."""
+    f = np.float16
+    b = GraphBuilder()
+    x = b.input("x", [2, 8, 5, 6], "float16")
+    y = b.op("relu", b.op("conv2d", x, b.constant((rng.standard_normal((8, 8, 3, 3)) / 9).astype(f)), padding=[1, 1, 1, 1]))
+    params = [rng.standard_normal(8).astype(f) * 0.1, rng.uniform(0.5, 2, 8).astype(f),
+              rng.uniform(0.5, 2, 8).astype(f), rng.standard_normal(8).astype(f)]  # fmt: skip
+    b.output(b.op("batch_norm", y, *(b.constant(p) for p in params)))
+    g = b.build()
+    xs = [rng.standard_normal((2, 8, 5, 6)).astype(f) for _ in range(2)]
+    want = [g.run(x)[0] for x in xs]
+    assert to_channels_last(g) == 1
+    assert next(op for op in g.operators if op.kind == "batch_norm").inputs[0].shape == (2, 8, 5, 6)
+    for x, ref in zip(xs, want):
+        np.testing.assert_allclose(g.run(x)[0].astype(np.float32), ref.astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("bad", ["NCWH", "nhwc"])
 def test_unknown_conv_layout_is_refused(bad):
     b = GraphBuilder()

@@ -33,6 +33,8 @@ from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+# Elementwise operators whose parameters follow axis 1 (not numpy broadcasting): they stay NCHW.
+_CHANNEL_AXIS_OPS = frozenset({"batch_norm"})
 
 
 def tensor_core_conv(op: Operator) -> bool:
@@ -92,7 +94,7 @@ def to_channels_last(graph: FlowGraph, convertible: Callable[[Operator], bool] =
 def _elementwise_operands(op: Operator, nhwc: dict[Tensor, Tensor]) -> list[Tensor] | None:
     """op's operands in NHWC when op is elementwise over a 4-D output and at least one operand
     already has an NHWC form; None when op must stay as it is."""
-    if op.opdef.category != "elementwise" or len(op.outputs) != 1 or op.outputs[0].ndim != 4:
+    if op.opdef.category != "elementwise" or op.kind in _CHANNEL_AXIS_OPS or len(op.outputs) != 1 or op.outputs[0].ndim != 4:
         return None
     if not any(t in nhwc for t in op.inputs):
         return None
