@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -350,8 +351,6 @@ def programmatic_launch() -> bool:
     Safe because every kernel tessera generates executes griddepcontrol.wait before it
     touches memory (backend/codegen_cuda.py: ts_grid_dependency_sync).  $TESSERA_PDL=0
     turns it off."""
-    import os
-
     if os.environ.get(PDL_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
         return False
     props = device_properties()
