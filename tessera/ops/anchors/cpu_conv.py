@@ -43,6 +43,7 @@ from tessera.ops.anchors.cpu_gemm import (
     lanes_or_refuse,
     plan_cpu_gemm,
     spill_free,
+    tuning_probes,
 )
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_shape
@@ -116,22 +117,7 @@ def tuned_conv_config(x_shape: Sequence[int], w_shape: Sequence[int], geo: Geome
         return plan_cpu_conv2d(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=extras,
                                weight=w, config=cfg).load()  # fmt: skip
 
-    def check(cfg: CpuGemmConfig, kernel: Any) -> str | None:
-        out = np.empty(ref.shape, np.float32)
-        kernel(operands, out)
-        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-        return None if err < 1e-4 else f"relative error {err:.2e}"
-
-    def bench(cfg: CpuGemmConfig, kernel: Any) -> float:
-        out = np.empty(ref.shape, np.float32)
-        kernel(operands, out)
-        times = []
-        for _ in range(5):
-            t0 = time.thread_time()
-            kernel(operands, out)
-            times.append(time.thread_time() - t0)
-        return min(times) * 1e6  # other processes only add time: the minimum is the least distorted
-
+    check, bench = tuning_probes(operands, ref, time.thread_time)
     key = (f"cpu_conv2d|x={tuple(x_shape)},w={tuple(w_shape)},geometry={geo}|isa={cpu_isa()}|"
            f"timed on 1 thread|{','.join(map(str, cands))}" + ("|bias" if extras else ""))  # fmt: skip
     best = tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best

@@ -13,7 +13,7 @@ time (`weight=`), so calls read it contiguously and never repack it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any
 
@@ -93,6 +93,32 @@ def heuristic_config(m: int, n: int, k: int, batch: int = 1, extras: bool = Fals
     return min(cands, key=lambda c: (estimate(c, m, n, k, batch), -c.mr * c.nv))
 
 
+def tuning_probes(operands: list[np.ndarray], ref: np.ndarray, clock: Callable[[], float]
+                  ) -> tuple[Callable[[Any, Any], str | None], Callable[[Any, Any], float]]:  # fmt: skip
+    """The `check` and `bench` callbacks of tessera.tune for a CPU kernel called as
+    kernel(operands, out): the relative error against `ref` (float64), and the fastest of five
+    calls in microseconds by `clock` (other processes only add time: the minimum is the least
+    distorted)."""
+
+    def check(cfg: Any, kernel: Any) -> str | None:
+        out = np.empty(ref.shape, np.float32)
+        kernel(operands, out)
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        return None if err < 1e-4 else f"relative error {err:.2e}"
+
+    def bench(cfg: Any, kernel: Any) -> float:
+        out = np.empty(ref.shape, np.float32)
+        kernel(operands, out)
+        times = []
+        for _ in range(5):
+            t0 = clock()
+            kernel(operands, out)
+            times.append(clock() - t0)
+        return min(times) * 1e6
+
+    return check, bench
+
+
 def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool = False) -> CpuGemmConfig:
     """The fastest register tile for this GEMM, timed once on this machine and cached.
 
@@ -131,25 +157,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
 
     operands = [a, b_arg, bias] if extras else [a, b_arg]
 
-    def run(kernel: Any) -> np.ndarray:
-        out = np.empty((batch, m, n), np.float32)
-        kernel(operands, out)
-        return out
-
-    def check(cfg: CpuGemmConfig, kernel: Any) -> str | None:
-        err = float(np.abs(run(kernel) - ref).max() / max(np.abs(ref).max(), 1e-30))
-        return None if err < 1e-4 else f"relative error {err:.2e}"
-
-    def bench(cfg: CpuGemmConfig, kernel: Any) -> float:
-        out = np.empty((batch, m, n), np.float32)
-        kernel(operands, out)
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            kernel(operands, out)
-            times.append(time.perf_counter() - t0)
-        return min(times) * 1e6  # other processes only add time: the minimum is the least distorted
-
+    check, bench = tuning_probes(operands, ref, time.perf_counter)
     key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
     return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
 
