@@ -25,7 +25,7 @@ def _last_axis(op: Operator) -> bool:
     return op.attrs.get("axis") in (-1, op.inputs[0].ndim - 1)
 
 
-def _column_source(t: Tensor, uses: Uses) -> tuple[Tensor, int] | None:
+def _column_source(t: Tensor) -> tuple[Tensor, int] | None:
     """(x, first column) when t is x itself or a piece of a split of x along its last axis."""
     p = t.producer
     if p is None or p.kind != "split" or not _last_axis(p):
@@ -50,7 +50,7 @@ def _split_chain(permute: Operator, uses: Uses) -> tuple[Operator, list[Operator
         return None
     if piece.producer is not None and piece.producer.kind == "split" and uses.only_user(piece) is not reshape:
         return None
-    found = _column_source(piece, uses)
+    found = _column_source(piece)
     if found is None:
         return None
     x, offset = found
