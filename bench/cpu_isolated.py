@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import json
 import os
 import statistics
 import subprocess
@@ -109,9 +110,15 @@ def main() -> None:
         peers = ", ".join(f"{s} {v:.2f}" for s, v in ms.items() if s != "tessera")
         lines.append(f"| {case} | {ms['tessera']:.2f} | {peers} | {x:.2f} |")
     out_dir = Path(args.out or Path(__file__).resolve().parent / "results")
-    path = out_dir / f"{datetime.date.today()}-cpu-cpu-isolated-{current_commit()[:7]}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print(path)
+    stem = out_dir / f"{datetime.date.today()}-cpu-cpu-isolated-{current_commit()[:7]}"
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    with stem.with_suffix(".jsonl").open("w") as f:
+        for case, ms, x in rows:
+            f.write(json.dumps({"suite": "cpu-isolated", "case": case, "tessera_ms": ms["tessera"],
+                                "peers_ms": {s: v for s, v in ms.items() if s != "tessera"}, "vs_best_torch": x,
+                                "calls": args.calls, "threads": int(os.environ.get("OMP_NUM_THREADS", "2")),
+                                "commit": current_commit(), "load": load}) + "\n")  # fmt: skip
+    print(stem.with_suffix(".md"))
 
 
 if __name__ == "__main__":
