@@ -183,8 +183,6 @@ class FlashPlan:
         self.row_strides = row_strides
         self.heads_last = heads_last
         self.shape, self.dtype, self.config, self.splits = shape, dtype, config, splits
-        self.q_view = (s.problems, s.rows, s.d)
-        self.kv_view = (s.problems, s.sk, s.d)
         self.boxes = (tensor_map_box(config, "q"), tensor_map_box(config, "k"))
         self.maps: list[dict[int, bytes]] = [{}, {}, {}]
         self.kernels = kernels = kernels_for(shape, dtype, causal, mask, config, splits, scale, heads_last)
