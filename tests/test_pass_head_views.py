@@ -91,3 +91,25 @@ def test_operators_refuse_bad_attributes():
         b.op("split_heads", x, heads=0, head_dim=4)
     with pytest.raises(ShapeError, match="batch, heads, seq"):
         b.op("merge_heads", x)
+
+
+def test_column_slices_become_head_views(rng):
+    # Phi-3 slices its fused projection: q = qkv[..., :H*D], k = qkv[..., H*D:(H+Hk)*D], v = qkv[..., -Hk*D:]
+    h, hk, d, s = 4, 2, 8, 5
+    b = GraphBuilder()
+    x = b.input("x", [1, s, (h + 2 * hk) * d])
+    big = 2**62
+    q = b.op("slice", x, axes=[-1], starts=[0], ends=[h * d])
+    k = b.op("slice", x, axes=[2], starts=[h * d], ends=[(h + hk) * d], steps=[1])
+    v = b.op("slice", x, axes=[-1], starts=[-hk * d], ends=[big])
+    heads = [_heads(b, t, 1, s, n, d) for t, n in ((q, h), (k, hk), (v, hk))]
+    b.output(b.op("scaled_dot_product_attention", *heads, causal=True))
+    g = b.build()
+    xs = [rng.standard_normal((1, s, (h + 2 * hk) * d)).astype(np.float32) for _ in range(2)]
+    before = [g.run(a)[0] for a in xs]
+    assert head_views(g) == 3
+    eliminate_dead_code(g)
+    assert sorted(op.attrs["offset"] for op in g.operators if op.kind == "split_heads") == [0, h * d, (h + hk) * d]
+    assert "slice" not in g.summary()
+    for a, want in zip(xs, before):
+        np.testing.assert_allclose(g.run(a)[0], want, rtol=1e-5, atol=1e-6)

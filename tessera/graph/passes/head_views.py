@@ -3,7 +3,7 @@
 Every transformer writes, around its attention,
     q = permute(reshape(split(qkv)[i], [B, S, H, D]), [0, 2, 1, 3])     -> split_heads(qkv, offset=...)
     y = reshape(permute(attn, [0, 2, 1, 3]), [B, S, H * D])             -> merge_heads(attn)
-(the split is absent when q has a projection of its own).  As reshapes and permutes these are
+(the split is absent when q has a projection of its own, or a slice of the columns).  As reshapes and permutes these are
 copies: kernels of their own before and after attention.  As one operator each, the GPU
 attention anchor takes them into its own loads and stores (`compiler/anchors.py`: its TMA
 maps read the heads straight from the projection's output through strides, and it writes its
@@ -14,6 +14,7 @@ injective computations as before.  Every intermediate must have no other use.
 from __future__ import annotations
 
 from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.opdefs.shape import slice_window
 from tessera.graph.operator import Operator
 from tessera.graph.passes._match import Uses, rewrite
 from tessera.graph.tensor import Tensor
@@ -26,15 +27,24 @@ def _last_axis(op: Operator) -> bool:
 
 
 def _column_source(t: Tensor) -> tuple[Tensor, int] | None:
-    """(x, first column) when t is x itself or a piece of a split of x along its last axis."""
+    """(x, first column) when t is x itself or a piece of a split of x along its last axis, or
+    a unit-step slice of x's columns (Phi-3's fused projection)."""
     p = t.producer
-    if p is None or p.kind != "split" or not _last_axis(p):
-        return t, 0
-    sizes = [t2.shape[-1] for t2 in p.outputs]
-    k = p.outputs.index(t)
-    if not all(isinstance(s, int) for s in sizes[:k]):
-        return None
-    return p.inputs[0], sum(sizes[:k])
+    if p is not None and p.kind == "split" and _last_axis(p):
+        sizes = [t2.shape[-1] for t2 in p.outputs]
+        k = p.outputs.index(t)
+        return (p.inputs[0], sum(sizes[:k])) if all(isinstance(s, int) for s in sizes[:k]) else None
+    if p is not None and p.kind == "slice" and _column_slice(p):
+        first, _ = slice_window(p.inputs[0].shape[-1], p.attrs["starts"][0], p.attrs["ends"][0], 1)
+        return (p.inputs[0], first) if isinstance(first, int) else None
+    return t, 0
+
+
+def _column_slice(op: Operator) -> bool:
+    """A slice of the last axis alone, with step 1."""
+    x = op.inputs[0]
+    axes, steps = list(op.attrs["axes"]), op.attrs.get("steps") or [1]
+    return len(axes) == 1 and axes[0] in (-1, x.ndim - 1) and list(steps) == [1]
 
 
 def _split_chain(permute: Operator, uses: Uses) -> tuple[Operator, list[Operator]] | None:
@@ -48,7 +58,7 @@ def _split_chain(permute: Operator, uses: Uses) -> tuple[Operator, list[Operator
     b, s, h, d = reshape.outputs[0].shape
     if piece.ndim != 3 or not (isinstance(h, int) and isinstance(d, int)) or tuple(piece.shape) != (b, s, h * d):
         return None
-    if piece.producer is not None and piece.producer.kind == "split" and uses.only_user(piece) is not reshape:
+    if piece.producer is not None and piece.producer.kind in ("split", "slice") and uses.only_user(piece) is not reshape:
         return None
     found = _column_source(piece)
     if found is None:
