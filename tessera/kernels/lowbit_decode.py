@@ -88,8 +88,8 @@ class DecodeConfig:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
         ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), f = fold (offsets subtracted by a second mma), sN = split N, r1 = one row tile
-        per warp, x = activations staged per block."""
+        the mma), f = fold (offsets subtracted by a second mma), uN = N units per batch, sN =
+        split N, r1 = one row tile per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
@@ -103,6 +103,8 @@ class DecodeConfig:
         # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
         out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
         out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
+        if d.unroll == 1:  # two units' loads in flight per warp (the folded loop is short)
+            out["k2f_u2"] = DecodeConfig(d.warps, d.split, 2, d.m_tiles, d.rows, 0, 0, 2, True)
         out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
