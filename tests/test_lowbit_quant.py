@@ -457,10 +457,11 @@ def test_lowbit_anchor_with_fused_epilogue_builds():
     bias = Placeholder("bias", (40,), dtypes.float16)
     out = compute((5, 40), lambda i, j: E.Cast(acc[(i, j)] + E.Cast(bias[(j,)], dtypes.float32), dtypes.float16),
                   "bias_add", dtypes.float16)  # fmt: skip
-    attrs = {"wtype": "int3", "n": 40, "k": 264, "group_size": 64, "has_bias": True}
-    plan = plan_lowbit_linear((5, 264), attrs, 3 * 2 * 3 * 128, (40, 5), (40, 5), Epilogue(acc, out, [bias]))
-    assert "ep0_bias" in plan.source
-    plan.build()
+    for span in (16, 2):  # graphs saved before the span attribute, and tessera.quantize's (span 2: folded)
+        attrs = {"wtype": "int3", "n": 40, "k": 264, "group_size": 64, "has_bias": True, "span": span}
+        plan = plan_lowbit_linear((5, 264), attrs, 3 * 2 * 3 * 128, (40, 5), (40, 5), Epilogue(acc, out, [bias]))
+        assert "ep0_bias" in plan.source and ("_raw(" in plan.source) == (span == 2)
+        plan.build()
 
 
 @pytest.mark.cuda
