@@ -2,7 +2,7 @@
 build each kernel for the configured arch with nvcc, disassemble it with `cuobjdump -sass` and
 count the instructions of its main loop (the backward branch whose body holds the most HMMAs)
 per HMMA and per weight unit (one warp's 16 x 256 tile; a pass of the loop computes
-(stages or unroll) * rows units).
+(stages or unroll, twice that with prefetch) * rows units).
 
     python3 bench/lowbit_sass.py                          # every type, the default configs at M=1 and 16
     python3 bench/lowbit_sass.py --types int4,e4m3 --ms 1 --all   # every candidate config too
@@ -91,7 +91,7 @@ def main() -> None:
                 cands = {"default": DecodeConfig.default(t.nbits, m, N0, K0, SMS)}
             for cname, c in cands.items():
                 r = count(t, args.group, bias, c)
-                units = (c.stages or c.unroll) * c.rows  # units computed by one pass of the main loop
+                units = (c.stages or c.unroll * (2 if c.prefetch else 1)) * c.rows  # units per pass of the main loop
                 print(f"{name:5} {m:<3} {cname + ' ' + str(c):34} {r['loop']:5} {r['hmma']:5} "
                       f"{r['loop'] / max(r['hmma'], 1):8.1f}  {r['loop'] / units:8.0f}  ({r['total']})", flush=True)  # fmt: skip
                 if args.ops:

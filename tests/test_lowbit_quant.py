@@ -232,9 +232,12 @@ def test_cuda_decode_pipelined_variants(rng, t):
 
 # span 2 on the register path (scales after the mma) and fold (raw dequant, the offsets
 # subtracted by a second mma) on both paths; group 8 and 16 fall back to scaling in the dequant
+# (and prefetch: the register path's next units loaded before this one's math, activations too
+# unless staged in shared memory)
 FOLDED = (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2), DecodeConfig(4, 4, 1, 1, 1, 0, 0, 2, True),
           DecodeConfig(2, 8, 2, 2, 2, 0, 0, 2, True), DecodeConfig(4, 2, 1, 2, 2, 0, 2, 2, True),
-          DecodeConfig(8, 1, 1, 1, 1, 4, 0, 2, True))  # fmt: skip
+          DecodeConfig(8, 1, 1, 1, 1, 4, 0, 2, True), DecodeConfig(4, 4, 1, 1, 1, 0, 0, 2, True, True),
+          DecodeConfig(4, 2, 2, 1, 2, 0, 0, 2, True, True), DecodeConfig(4, 1, 1, 2, 1, 4, 0, 2, True, True))  # fmt: skip
 
 
 @pytest.mark.cuda
@@ -251,7 +254,7 @@ def test_cuda_decode_folded_variants(rng, t):
         q = quantize_weight(rng.normal(size=(72, 768)) * 0.05, t, group, zp)
         whole.append((group, zp, 768, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()))
     for group, zp, k, p, w in [*_odd_size_weights(torch, rng, t), *whole]:
-        for m, config in zip((1, 16, 5, 40, 9), FOLDED):
+        for m, config in zip((1, 16, 5, 40, 9, 1, 3, 13), FOLDED):
             for _ in range(2):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 ref = x.double() @ w.T
@@ -267,7 +270,8 @@ def test_cuda_decode_folded_variants(rng, t):
 @pytest.mark.parametrize("t, group, bias, config", [
     ("int1", 128, False, FOLDED[1]), ("int2", 64, True, FOLDED[2]), ("int4", 128, True, FOLDED[1]),
     ("uint3", 32, False, FOLDED[3]), ("e4m3", 128, False, FOLDED[2]), ("int8", 8, True, FOLDED[1]),
-    ("uint7", 1024, True, FOLDED[4]), ("int4", 128, False, FOLDED[0])])  # fmt: skip
+    ("uint7", 1024, True, FOLDED[4]), ("int4", 128, False, FOLDED[0]), ("int4", 128, True, FOLDED[5]),
+    ("e4m3", 64, False, FOLDED[6]), ("int3", 32, True, FOLDED[7])])  # fmt: skip
 def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
     """The folded kernels dequantise raw (no HSUB2/HMUL2 in the loop) and add a second mma per
     step where there is something to subtract (integers, zero points); group 8 keeps the
@@ -281,8 +285,8 @@ def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
     src = kernel.source_full
     folds = config.fold and group % 32 == 0
     assert ("_raw(" in src) == folds and ("_n(" in src or "_n_raw(" in src or "_b_n(" in src) == (group % 32 == 0)
-    calls = src.count("ts_mma_m16n8k16_f16(")  # the 16 steps are spelled out, rows and tiles are loops
-    assert calls == 16 * (2 if folds and (t.is_integer or bias) else 1)
+    calls = src.count("ts_mma_m16n8k16_f16(")  # the 16 steps are spelled out (twice with prefetch: two register sets)
+    assert calls == 16 * (2 if folds and (t.is_integer or bias) else 1) * (2 if config.prefetch else 1)
     assert kernel.build()
 
 
@@ -336,6 +340,8 @@ def test_decode_candidates_are_valid_configs():
                 assert not c.problems() and c.smem_bytes(bits) <= 160 * 1024
     with pytest.raises(UnsupportedError, match="stages"):
         make_decode(ts.int4, 128, False, DecodeConfig(stages=5))
+    with pytest.raises(UnsupportedError, match="prefetch is for the register path"):
+        make_decode(ts.int4, 128, False, DecodeConfig(4, 2, 4, 1, 1, 0, 0, 2, True, True))
     with pytest.raises(UnsupportedError, match="unit scales need span 2"):
         make_decode(ts.int4, 128, False, DecodeConfig(), False, True)
     with pytest.raises(UnsupportedError, match="shared memory"):
@@ -451,10 +457,11 @@ def test_lowbit_anchor_with_fused_epilogue_builds():
     bias = Placeholder("bias", (40,), dtypes.float16)
     out = compute((5, 40), lambda i, j: E.Cast(acc[(i, j)] + E.Cast(bias[(j,)], dtypes.float32), dtypes.float16),
                   "bias_add", dtypes.float16)  # fmt: skip
-    attrs = {"wtype": "int3", "n": 40, "k": 264, "group_size": 64, "has_bias": True}
-    plan = plan_lowbit_linear((5, 264), attrs, 3 * 2 * 3 * 128, (40, 5), (40, 5), Epilogue(acc, out, [bias]))
-    assert "ep0_bias" in plan.source
-    plan.build()
+    for span in (16, 2):  # graphs saved before the span attribute, and tessera.quantize's (span 2: folded)
+        attrs = {"wtype": "int3", "n": 40, "k": 264, "group_size": 64, "has_bias": True, "span": span}
+        plan = plan_lowbit_linear((5, 264), attrs, 3 * 2 * 3 * 128, (40, 5), (40, 5), Epilogue(acc, out, [bias]))
+        assert "ep0_bias" in plan.source and ("_raw(" in plan.source) == (span == 2)
+        plan.build()
 
 
 @pytest.mark.cuda

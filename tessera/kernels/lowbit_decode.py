@@ -51,6 +51,7 @@ class DecodeConfig:
     stages: int = 0  # > 0 (2..8): units in flight per warp through a shared-memory ring (cp.async)
     span: int = 16  # the weights' k order (tessera.ir.lowbit.lane_value_position); 2: scales after the mma
     fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
+    prefetch: bool = False  # register path: the next batch's loads go out before this batch's math
 
     @staticmethod
     def register_path(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
@@ -88,8 +89,9 @@ class DecodeConfig:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
         ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), f = fold (offsets subtracted by a second mma), sN = split N, r1 = one row tile
-        per warp, x = activations staged per block."""
+        the mma), f = fold (offsets subtracted by a second mma), pf = the register path's next
+        batch loaded before this one's math, uN = N units per batch, sN =
+        split N, r1 = one row tile per warp, x = activations staged per block."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
@@ -103,6 +105,10 @@ class DecodeConfig:
         # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
         out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
         out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
+        if d.unroll == 1:  # two units' loads in flight per warp (the folded loop is short)
+            out["k2f_u2"] = DecodeConfig(d.warps, d.split, 2, d.m_tiles, d.rows, 0, 0, 2, True)
+        out["k2f_pf"] = DecodeConfig(d.warps, d.split, max(1, min(d.unroll, 2 // d.m_tiles)), d.m_tiles, d.rows, 0, 0,
+                                     2, True, True)  # fmt: skip
         out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
         if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
@@ -131,6 +137,9 @@ class DecodeConfig:
             out.append(f"span must be one of {lowbit.SPANS}")
         if self.fold and self.span == 16:
             out.append("fold needs span 2 (scales applied after the mma)")
+        if self.prefetch and (self.stages or self.unroll * self.m_tiles > 2):
+            out.append("prefetch is for the register path (stages == 0; the ring prefetches by itself) with "
+                       "unroll * m_tiles <= 2 (two sets of registers)")
         return out
 
     def smem_bytes(self, bits: int) -> int:
@@ -142,7 +151,7 @@ class DecodeConfig:
     def __str__(self) -> str:
         return (f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
                 f"{f'_x{self.x_units}' if self.x_units else ''}{f'_p{self.stages}' if self.stages else ''}"
-                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}")
+                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}{'_pf' if self.prefetch else ''}")
 
 
 def x_smem_bytes(x_units: int, m_tiles: int) -> int:
@@ -205,7 +214,12 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
     XU, P = config.x_units, config.stages
-    SLOTS = P if P else UNROLL  # register slots of scales: one per unit in flight
+    PF = config.prefetch
+    SLOTS = P if P else UNROLL * (2 if PF else 1)  # register slots of weights and scales: one per unit in flight
+    HALVES = (0, 1) if PF else (0,)  # prefetch: two register sets, loaded and computed in turn
+    LOAD_SET = tuple(h * UNROLL if PF else 0 for h in HALVES)
+    COMP_SET = tuple((1 - h) * UNROLL if PF else 0 for h in HALVES)
+    XPF = PF and XU == 0  # prefetch the activations from global memory with the weights
     # shared activations [8 * MT tokens, XU units x 4 lanes' 64 k + 8 halves of padding each]; the
     # row length keeps a row 64 bytes off the next modulo 128: a warp's 16-byte reads hit no bank twice
     XROW = XU * 288 + (32 if XU % 2 == 0 else 0)
@@ -246,8 +260,8 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         ts.attrs.block = THREADS
         if SPLIT > 1:
             ts.attrs.cluster = (SPLIT, 1, 1)
-        wr = ts.register_tensor(u32, [1 if P else UNROLL, R, WORDS])
-        xr = ts.register_tensor(f16, [MT, 64])
+        wr = ts.register_tensor(u32, [1 if P else SLOTS, R, WORDS])
+        xr = ts.register_tensor(f16, [SLOTS if XPF else 1, MT, 64])
         sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         # one group's unscaled sums (AFTER): even and odd steps, or (CORRECT) the weights' and the corrections' mmas
@@ -350,16 +364,16 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                 m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
                                 for j in ts.unroll(8):
                                     if XU > 0:
-                                        ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
+                                        ts.copy_vector(xr[0, i, j * 8], xs[i * 8 + g, it * 288 + t * 72 + j * 8], 16)
                                     else:
                                         k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
                                         if k_whole:  # every unit is whole: no bound check, no zero fill
-                                            ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                            ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
                                         elif k < K:
-                                            ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
+                                            ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
                                         else:
                                             for e in ts.unroll(8):
-                                                xr[i, j * 8 + e] = 0.0
+                                                xr[0, i, j * 8 + e] = 0.0
                             for s in STEPS:
                                 q = s // SPQ
                                 for r in ts.unroll(R):
@@ -376,9 +390,9 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         ts.dequant(a[0], wr[0, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                     for i in ts.unroll(MT):
                                         if AFTER:
-                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[0, i, 4 * s])
                                         else:
-                                            ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
+                                            ts.mma(acc[s % 2, r, i, 0], a[0], xr[0, i, 4 * s])
                                     if CORRECT:
                                         if REFILL[s]:
                                             for e in EIGHT:  # compile-time: indexes MAGIC
@@ -387,7 +401,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 else:
                                                     ac[r, e] = -MAGIC[4 * s + e // 2]
                                         for i in ts.unroll(MT):
-                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
+                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[0, i, 4 * s])
                                 if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
                                     for r in ts.unroll(R):
                                         for i in ts.unroll(MT):
@@ -402,88 +416,108 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                     accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
         elif nt0 * 16 < N:
-            for u0 in range(u_begin, u_end, UNROLL):
-                # every load of UNROLL units first (weights, activations, scales), then the math
-                for uu in ts.unroll(UNROLL):
-                    u = u0 + uu
-                    if u < u_end:
-                        for r in ts.unroll(R):
-                            if (nt0 + r) * 16 < N:
-                                for j in ts.unroll(BITS):
-                                    ts.copy_vector(wr[uu, r, 4 * j],
-                                                   Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
-                            if unit_scaled:
-                                srow = min(((nt0 + r) * KT + u) * 8 + g, NS - 1)
-                                for c in ts.unroll(SC_COPIES):
-                                    ts.copy_vector(sc[uu, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
-                                    if HAS_BIAS:
-                                        ts.copy_vector(bz[uu, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
-                            else:
-                                for q in QS:  # compile-time: indexes QK
-                                    grp = min(u * UG + lg[q], G - 1) if UG else min(
-                                        (u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
-                                    for h in ts.unroll(2):
-                                        row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
-                                        sc[uu, r, q, h] = S[row, grp]
-                                        if HAS_BIAS:
-                                            bz[uu, r, q, h] = B[row, grp]
-                for uu in ts.unroll(UNROLL):
-                    if u0 + uu < u_end:
-                        # activations per unit (L1/L2 hits: every warp of the block reads the same ones)
-                        for i in ts.unroll(MT):
-                            m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
-                            for j in ts.unroll(8):
-                                if XU > 0:
-                                    ts.copy_vector(xr[i, j * 8], xs[i * 8 + g, (u0 + uu - u_begin) * 288 + t * 72 + j * 8], 16)
-                                else:
-                                    k = (u0 + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                    if k_whole:  # every unit is whole: no bound check, no zero fill
-                                        ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
-                                    elif k < K:
-                                        ts.copy_vector(xr[i, j * 8], X[min(m, M - 1), k], 16)
-                                    else:
-                                        for e in ts.unroll(8):
-                                            xr[i, j * 8 + e] = 0.0
-                        for s in STEPS:  # a compile-time list: dequant's start is a constant
-                            q = s // SPQ
+            # batches of UNROLL units: every load of a batch first (weights, scales), then its math;
+            # with prefetch the loads of the next batch go out before the math of this one
+            # (register sets alternate: the loop starts one batch early and takes two per pass)
+            for u00 in range(u_begin - UNROLL if PF else u_begin, u_end, UNROLL * len(HALVES)):
+                for hb in HALVES:  # compile-time: the register sets
+                    ub = u00 + hb * UNROLL  # the batch computed in this half
+                    for uu in ts.unroll(UNROLL):
+                        u = ub + (UNROLL if PF else 0) + uu
+                        ls = LOAD_SET[hb] + uu
+                        if u < u_end:
                             for r in ts.unroll(R):
-                                if FOLD:
-                                    ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8, raw=True)
-                                elif AFTER and HAS_BIAS:
-                                    ts.dequant(a[0], wr[uu, r, 0], bias=bz[uu, r, q, 0], wtype=T, start=8 * s, count=8)
-                                elif AFTER:
-                                    ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8)
-                                elif HAS_BIAS:
-                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
-                                               start=8 * s, count=8)
+                                if (nt0 + r) * 16 < N:
+                                    for j in ts.unroll(BITS):
+                                        ts.copy_vector(wr[ls, r, 4 * j],
+                                                       Wq[((((nt0 + r) * KT + u) * BITS + j) * 32 + lane) * 4], 16)
+                                if unit_scaled:
+                                    srow = min(((nt0 + r) * KT + u) * 8 + g, NS - 1)
+                                    for c in ts.unroll(SC_COPIES):
+                                        ts.copy_vector(sc[ls, r, c * SC_Q, 0], S[srow, c * 2 * SC_Q], SC_BYTES)
+                                        if HAS_BIAS:
+                                            ts.copy_vector(bz[ls, r, c * SC_Q, 0], B[srow, c * 2 * SC_Q], SC_BYTES)
                                 else:
-                                    ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
-                                for i in ts.unroll(MT):
-                                    if AFTER:
-                                        ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[i, 4 * s])
-                                    else:
-                                        ts.mma(acc[s % 2, r, i, 0], a[0], xr[i, 4 * s])
-                                if CORRECT:
-                                    if REFILL[s]:
-                                        for e in EIGHT:  # compile-time: indexes MAGIC
+                                    for q in QS:  # compile-time: indexes QK
+                                        grp = min(u * UG + lg[q], G - 1) if UG else min(
+                                            (u * 256 + KT_LANE * t + QK[q]) // GS, G - 1)
+                                        for h in ts.unroll(2):
+                                            row = min((nt0 + r) * 16 + g + 8 * h, NS - 1)
+                                            sc[ls, r, q, h] = S[row, grp]
                                             if HAS_BIAS:
-                                                ac[r, e] = -(bz[uu, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                                bz[ls, r, q, h] = B[row, grp]
+                            if XPF:  # this unit's activations, with its weights
+                                for i in ts.unroll(MT):
+                                    m = m_base + i * 8 + g  # tokens past M read token M - 1: never stored
+                                    for j in ts.unroll(8):
+                                        k = u * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
+                                        if k_whole:
+                                            ts.copy_vector(xr[ls, i, j * 8], X[min(m, M - 1), k], 16)
+                                        elif k < K:
+                                            ts.copy_vector(xr[ls, i, j * 8], X[min(m, M - 1), k], 16)
+                                        else:
+                                            for e in ts.unroll(8):
+                                                xr[ls, i, j * 8 + e] = 0.0
+                    for uu in ts.unroll(UNROLL):
+                        cs = COMP_SET[hb] + uu
+                        if ub + uu < u_end and (ub >= u_begin if PF else True):
+                            # activations per unit (L1/L2 hits: every warp of the block reads the same ones;
+                            # with prefetch from global memory they came with the weights)
+                            if not XPF:
+                                for i in ts.unroll(MT):
+                                    m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
+                                    for j in ts.unroll(8):
+                                        if XU > 0:
+                                            ts.copy_vector(xr[0, i, j * 8], xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + j * 8], 16)
+                                        else:
+                                            k = (ub + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
+                                            if k_whole:  # every unit is whole: no bound check, no zero fill
+                                                ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
+                                            elif k < K:
+                                                ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
                                             else:
-                                                ac[r, e] = -MAGIC[4 * s + e // 2]
-                                    for i in ts.unroll(MT):
-                                        ts.mma(accg[1, r, i, 0], ac[r, 0], xr[i, 4 * s])
-                            if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                                for e in ts.unroll(8):
+                                                    xr[0, i, j * 8 + e] = 0.0
+                            for s in STEPS:  # a compile-time list: dequant's start is a constant
+                                q = s // SPQ
                                 for r in ts.unroll(R):
+                                    if FOLD:
+                                        ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8, raw=True)
+                                    elif AFTER and HAS_BIAS:
+                                        ts.dequant(a[0], wr[cs, r, 0], bias=bz[cs, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    elif AFTER:
+                                        ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8)
+                                    elif HAS_BIAS:
+                                        ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], bz[cs, r, q, 0], wtype=T,
+                                                   start=8 * s, count=8)
+                                    else:
+                                        ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                     for i in ts.unroll(MT):
-                                        for e in ts.unroll(4):
-                                            if RAW_UNIT != 1.0:
-                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * RAW_UNIT * (
-                                                    accg[0, r, i, e] + accg[1, r, i, e])
-                                            else:
-                                                acc[0, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * (
-                                                    accg[0, r, i, e] + accg[1, r, i, e])
-                                            for c in ts.unroll(2):
-                                                accg[c, r, i, e] = 0.0
+                                        if AFTER:
+                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
+                                        else:
+                                            ts.mma(acc[s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
+                                    if CORRECT:
+                                        if REFILL[s]:
+                                            for e in EIGHT:  # compile-time: indexes MAGIC
+                                                if HAS_BIAS:
+                                                    ac[r, e] = -(bz[cs, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                                else:
+                                                    ac[r, e] = -MAGIC[4 * s + e // 2]
+                                        for i in ts.unroll(MT):
+                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[cs if XPF else 0, i, 4 * s])
+                                if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                    for r in ts.unroll(R):
+                                        for i in ts.unroll(MT):
+                                            for e in ts.unroll(4):
+                                                if RAW_UNIT != 1.0:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
+                                                        accg[0, r, i, e] + accg[1, r, i, e])
+                                                else:
+                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
+                                                        accg[0, r, i, e] + accg[1, r, i, e])
+                                                for c in ts.unroll(2):
+                                                    accg[c, r, i, e] = 0.0
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
             for i in ts.unroll(MT):

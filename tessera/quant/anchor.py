@@ -43,8 +43,10 @@ def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: i
     group = kpad if gs >= k else gs
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
-    # the graph's words are packed in span 16 (pack_units' default, tessera.quant.torch_quantize)
-    config = dataclasses.replace(DecodeConfig.default(t.nbits, m, n, k, _sms()), span=16, fold=False)
+    # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
+    config = DecodeConfig.default(t.nbits, m, n, k, _sms())
+    if attrs.get("span", 16) != config.span:
+        config = dataclasses.replace(config, span=attrs.get("span", 16), fold=False)
     f = make_decode(t, group, bool(attrs["has_bias"]), config, k % lowbit.UNIT_K == 0).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip

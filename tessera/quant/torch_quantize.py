@@ -67,10 +67,11 @@ class QuantizedLinear(torch.nn.Module):
 
             w = self.weight_q
             scales, biases = kernel_scales_and_biases(w)
-            consts = [pack_units(w.codes.codes(), w.dtype), np.ascontiguousarray(scales),
+            span = 2  # the decode kernels' k order by default (DecodeConfig.default): scales after the mma
+            consts = [pack_units(w.codes.codes(), w.dtype, span), np.ascontiguousarray(scales),
                       np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16)]  # fmt: skip
             attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
-                     "group_size": w.group_size, "has_bias": biases is not None}  # fmt: skip
+                     "group_size": w.group_size, "has_bias": biases is not None, "span": span}  # fmt: skip
             self._prepared["graph"] = (consts, attrs)
         return self._prepared["graph"]
 

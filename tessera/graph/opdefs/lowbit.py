@@ -1,10 +1,12 @@
 """lowbit_linear: y = x @ W^T with W held as low-bit codes in the tensor-core layout.
 
-Inputs: x [M, K] (float16), words uint32 (tessera.quant.layout.pack_units of the codes),
+Inputs: x [M, K] (float16), words uint32 (tessera.quant.layout.pack_units of the codes in the
+k order `span`, 16 or 2: tessera.ir.lowbit.lane_value_position),
 scales float16 [N, G] and biases float16 [N, G] (or [1, 1] when `has_bias` is False), in the
 terms of the `dequant` instruction: W[n, k] = (u - bias[n, g]) * scale[n, g], g = k //
 group_size, u the layout code (offset binary for signed ints; for the small floats u stands
-for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias.
+for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias, span (16
+when absent, as in graphs saved before it existed).
 On the GPU it is an anchor (tessera.quant.anchor: the decode kernel with the epilogue fused).
 """
 
@@ -38,7 +40,7 @@ def dequantized_weight(words: np.ndarray, scales: np.ndarray, biases: np.ndarray
 
     t = dtypes.dtype(a["wtype"])
     n, k, gs = a["n"], a["k"], a["group_size"]
-    u = unpack_units(words, t, n, k).astype(np.int64)
+    u = unpack_units(words, t, n, k, a.get("span", 16)).astype(np.int64)
     cols = np.arange(k) // gs
     s = scales.astype(np.float64)[:, cols]
     if t.is_float:
@@ -54,5 +56,6 @@ def _reference(xs, a):
 
 
 register("lowbit_linear", infer=_infer, reference=_reference, category="anchor", num_inputs=4,
-         attrs={"wtype": REQUIRED, "n": REQUIRED, "k": REQUIRED, "group_size": REQUIRED, "has_bias": REQUIRED},
+         attrs={"wtype": REQUIRED, "n": REQUIRED, "k": REQUIRED, "group_size": REQUIRED, "has_bias": REQUIRED,
+                "span": 16},
          doc="x @ W^T with low-bit W in the tensor-core layout (tessera.quant); see the module docstring")  # fmt: skip
