@@ -25,7 +25,7 @@ from tessera.ir import fragments
 from tessera.ir.dtypes import *  # noqa: F403  (f32, float16, int4, e4m3, ...)
 from tessera.ir.dtypes import DataType, dtype
 from tessera.ir.mapping import TaskMapping, repeat, spatial
-from tessera.ir.types import Swizzle, TensorMapType, VectorType, tensor_map
+from tessera.ir.types import Swizzle, TensorMapType, VectorType, tensor_map, tensor_map_im2col
 from tessera.ir.vector import f32x8, f32x16
 from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
@@ -87,6 +87,7 @@ from tessera.lang.builtins import (
     tanh,
     thread_idx,
     tma_load,
+    tma_load_im2col,
     unroll,
     vadd,
     vbroadcast,
@@ -116,6 +117,7 @@ __all__ = [
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "mma",
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
+    "tensor_map_im2col", "tma_load_im2col",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
     "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "explain", "named_barrier_sync", "named_barrier_arrive",
     "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",

@@ -50,6 +50,7 @@ from tessera.ops.anchors import (
 from tessera.ops.anchors.kernel import INPUT
 from tessera.ops.anchors.rewrite import accesses, remap_operand, specialize
 from tessera.runtime.cpu import CpuKernel
+from tessera.runtime.tensor_map import Im2colWindow
 from tessera.transforms.pipeline import lower
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -248,8 +249,8 @@ def test_attention_mask_is_an_epilogue_operand():
 @needs_nvcc
 @pytest.mark.parametrize("which", ["matmul_batched_bcast", "matmul_vec", "linear_splitk_bias", "linear_wgmma",
                                    "linear_tma", "matmul_tma_kn", "conv_stem", "conv_1x1_direct", "conv_3x3_bf16",
-                                   "conv_nhwc_3x3", "conv_nhwc_stem", "conv_nhwc_1x1"])  # fmt: skip
-def test_plans_compile_with_nvcc(which):
+                                   "conv_nhwc_3x3", "conv_nhwc_3x3_col", "conv_nhwc_stem", "conv_nhwc_1x1"])  # fmt: skip
+def test_plans_compile_with_nvcc(which, monkeypatch):
     if which == "linear_tma":  # the planning device is an H200: aligned linear layers go to the TMA GEMM
         plan = plan_linear((3, 50, 1024), (4096, 1024), "float16", bias=True, epilogue=gelu_ep((3, 50, 4096)))
         assert isinstance(plan.config, TmaConfig) and plan.aligned_output
@@ -282,7 +283,18 @@ def test_plans_compile_with_nvcc(which):
     elif which == "conv_1x1_direct":
         plan = plan_conv2d((2, 64, 8, 8), (256, 64, 1, 1), "float16", wgmma=False)
         assert len(plan.launches) == 1 and plan.workspaces == [] and plan.aligned_inputs == [1, 0]
-    elif which == "conv_nhwc_3x3":  # channels-last: im2col rows of contiguous channels, then the TMA GEMM
+    elif which == "conv_nhwc_3x3":  # channels-last: an implicit GEMM, x read through an im2col tensor map
+        plan = plan_conv2d((2, 14, 15, 72), (64, 3, 3, 72), "float16", stride=2, padding=(1, 1, 0, 2), bias=True,
+                           layout="NHWC", epilogue=gelu_ep((2, 7, 8, 64)))  # fmt: skip
+        assert isinstance(plan.config, TmaConfig) and plan.workspaces == [] and len(plan.launches) == 1
+        a_map, w_map = plan.tensor_maps
+        assert a_map.shape == (2, 14, 15, 72) and a_map.box == (plan.config.block_m, 64)
+        # the window of output pixels' filter origins: rows -1, 1, .. 11; columns -1, 1, .. 13
+        assert a_map.window == Im2colWindow(lower=(-1, -1), upper=(11 - 13, 13 - 14), strides=(2, 2))
+        assert w_map.shape == (1, 64, 648) and w_map.operand == (0, 1)  # the OHWI weight is [O, kh*kw*C] itself
+        assert "cp.async.bulk.tensor.4d.shared::cluster.global.im2col" in plan.source
+    elif which == "conv_nhwc_3x3_col":  # TESSERA_IMPLICIT_CONV=0: im2col rows of contiguous channels, then the GEMM
+        monkeypatch.setenv("TESSERA_IMPLICIT_CONV", "0")
         plan = plan_conv2d((2, 14, 15, 64), (64, 3, 3, 64), "float16", padding=1, bias=True, layout="NHWC",
                            epilogue=gelu_ep((2, 14, 15, 64)))  # fmt: skip
         assert isinstance(plan.config, TmaConfig) and plan.workspaces == [((2 * 14 * 15, 576), dtypes.float16)]
@@ -466,6 +478,10 @@ CONV_CASES = [
     ((1, 16, 13, 11), (24, 16, 3, 3), 1, (0, 1, 1, 2), 2, True, "bfloat16", "gelu"),  # dilation, uneven pads
     ((1, 12, 9, 10), (8, 12, 3, 3), 1, (1, 1, 1, 1), 1, True, "float16", "relu"),  # NHWC: 16 channels per tap
     ((2, 1, 11, 9), (8, 1, 3, 3), 2, (1, 1, 1, 1), 1, False, "bfloat16", "none"),  # NHWC: 2-byte copies
+    # NHWC implicit GEMM: 72 channels (a k-block bleeds into the next tap), tiles across 3 images
+    ((3, 72, 9, 7), (40, 72, 3, 3), 2, (1, 1, 1, 1), 1, True, "bfloat16", "relu_residual"),
+    ((1, 8, 5, 1), (16, 8, 3, 3), 1, (1, 1, 1, 1), 1, False, "float16", "none"),  # width 1, 8 channels
+    ((4, 128, 6, 5), (136, 128, 3, 3), 1, (1, 1, 1, 1), 1, True, "float16", "relu"),  # 2 blocks per tap
 ]
 
 

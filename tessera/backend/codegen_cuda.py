@@ -182,6 +182,21 @@ __device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map
 """
 
 
+def tma_im2col_helper(rank: int) -> str:
+    """ts_tma_load_im2col_{rank}d(dst, map, bar, c, w, [h, [d,]] n, off_w, [off_h, [off_d]]): one
+    im2col-mode TMA load; coordinates and the 16-bit window offsets innermost first."""
+    coords = [f"int32_t c{i}" for i in range(rank)]
+    offsets = [f"int32_t o{i}" for i in range(rank - 2)]
+    regs = ", ".join(f"%{3 + i}" for i in range(rank))
+    oregs = ", ".join(f"%{3 + rank + i}" for i in range(rank - 2))
+    ins = ", ".join([*(f'"r"(c{i})' for i in range(rank)), *(f'"h"((unsigned short)o{i})' for i in range(rank - 2))])
+    return (f"__device__ __forceinline__ void ts_tma_load_im2col_{rank}d(void* dst, const CUtensorMap* map, void* bar, "
+            f"{', '.join(coords + offsets)}) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes '
+            f'[%0], [%1, {{{regs}}}], [%2], {{{oregs}}};\\n"\n'
+            f'               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), {ins} : "memory");\n}}\n')  # fmt: skip
+
+
 def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
     """ts_wgmma_m64n{n}k16_{kind}[_t{chunk}][_rs](float* d, const void* a, const void* b): d += A @ B^T.
 
@@ -305,6 +320,12 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "tma_load":
             coords = ", ".join(reversed(ops[3:]))  # the IR gives them outermost first, TMA innermost first
             self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
+        elif s.name == "tma_load_im2col":
+            rank = s.operands[1].type.rank
+            coords, offsets = ops[3 : 3 + rank], ops[3 + rank :]
+            self.helpers.add(tma_im2col_helper(rank))
+            args = ", ".join([*reversed(coords), *reversed(offsets)])  # innermost first
+            self.emit(f"ts_tma_load_im2col_{rank}d({ops[0]}, &{ops[1]}, {ops[2]}, {args});")
         elif s.name in ("named_barrier_sync", "named_barrier_arrive"):
             op = "sync" if s.name == "named_barrier_sync" else "arrive"
             self.emit(f'asm volatile("bar.{op} %0, %1;\\n" :: "r"({ops[0]}), "r"({ops[1]}) : "memory");')

@@ -188,8 +188,27 @@ def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
         return f"tma_load's destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
     if not _is_barrier(bar):
         return "tma_load completes on an mbarrier: " + _BARRIER
+    if t.im2col_rank:
+        return "tma_load reads tiled maps; an im2col map (ts.tensor_map_im2col) is read by tma_load_im2col"
     if len(coords) != t.rank:
         return f"tma_load into a rank-{t.rank} tensor map takes {t.rank} coordinates (outermost first), got {len(coords)}"
+    return None
+
+
+def _check_tma_load_im2col(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, tmap, bar, *coords = ops
+    if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType) and tmap.type.im2col_rank):
+        return "tma_load_im2col's second operand must be an im2col tensor-map parameter (ts.tensor_map_im2col)"
+    t: TensorMapType = tmap.type
+    if dst.scope != SHARED:
+        return f"tma_load_im2col writes shared memory, got a {dst.scope} destination"
+    if dst.type.dtype != t.dtype:
+        return f"tma_load_im2col's destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
+    if not _is_barrier(bar):
+        return "tma_load_im2col completes on an mbarrier: " + _BARRIER
+    if len(coords) != 2 * t.rank - 2:
+        return (f"tma_load_im2col over a rank-{t.rank} tensor takes {t.rank} coordinates and {t.rank - 2} "
+                f"window offsets (outermost first), got {len(coords)} values")  # fmt: skip
     return None
 
 
@@ -279,6 +298,10 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("tma_load", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load,
                         "cp.async.bulk.tensor (TMA) global->shared of one box at the given coordinates (outermost "
                         "first, zero-filled past the edges), completing `box_bytes` on the mbarrier"),
+        InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
+                        "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
+                        "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "
+                        "`channels` channels each, zero-filled outside the tensor"),
         InstructionSpec("cluster_sync", (), (), True, _ok,
                         "barrier.cluster arrive (release) + wait (acquire): every thread of the thread-block "
                         "cluster (attrs.cluster) meets; earlier global and shared writes become visible"),

@@ -126,15 +126,21 @@ class TensorMapType:
     boxes of `box` elements (outermost dimension first, like tensor indices) into shared
     memory laid out with a `swizzle`-byte swizzle (0, 32, 64 or 128).  The host builds the
     map (tessera.runtime.tensor_map.TensorMap); kernels name it in `tma_load`.
+
+    An im2col map (`im2col_rank` 3, 4 or 5: an N[D][H]WC tensor) is read by `tma_load_im2col`:
+    `box` is then (pixels, channels), one row of `channels` channels for each of `pixels`
+    consecutive positions of a convolution's sliding window (the TMA im2col mode).
     """
 
     dtype: DataType
     box: tuple[int, ...]
     swizzle: int = 128
+    im2col_rank: int = 0
 
     @property
     def rank(self) -> int:
-        return len(self.box)
+        """The rank of the tensor the map describes (coordinates of one load)."""
+        return self.im2col_rank or len(self.box)
 
     @property
     def box_bytes(self) -> int:
@@ -145,7 +151,8 @@ class TensorMapType:
         return n
 
     def __str__(self) -> str:
-        return f"tensor_map[{self.dtype}, box={list(self.box)}, swizzle={self.swizzle}]"
+        kind = f", im2col rank {self.im2col_rank}" if self.im2col_rank else ""
+        return f"tensor_map[{self.dtype}, box={list(self.box)}, swizzle={self.swizzle}{kind}]"
 
 
 def tensor_map(dtype: DataType, box: tuple[int, ...] | list[int], swizzle: int = 128) -> TensorMapType:
@@ -162,6 +169,15 @@ def tensor_map(dtype: DataType, box: tuple[int, ...] | list[int], swizzle: int =
     if swizzle and box[-1] * dtype.nbytes > swizzle:
         raise TypeError(f"tensor_map() inner box dimension ({box[-1] * dtype.nbytes} bytes) exceeds the {swizzle}-byte swizzle span")
     return TensorMapType(dtype, box, swizzle)
+
+
+def tensor_map_im2col(dtype: DataType, pixels: int, channels: int, rank: int = 4, swizzle: int = 128) -> TensorMapType:
+    """Annotation for an im2col tensor-map parameter over a rank-`rank` N[D][H]WC tensor: each
+    `tma_load_im2col` writes `pixels` rows of `channels` channels (a [pixels, channels] tile)."""
+    if rank not in (3, 4, 5):
+        raise TypeError(f"tensor_map_im2col() describes a rank 3, 4 or 5 tensor (NWC, NHWC, NDHWC), got rank {rank!r}")
+    t = tensor_map(dtype, (pixels, channels), swizzle)
+    return TensorMapType(t.dtype, t.box, t.swizzle, rank)
 
 
 Type = Union[DataType, PointerType, TensorType, TensorMapType, VectorType, VoidType]

@@ -143,21 +143,51 @@ def c_pairs(n: int) -> ts.TaskMapping:
     return spatial(4, 1) * repeat(1, n // 8) * repeat(2, 1) * spatial(8, 4)
 
 
-def make_gemm_tma(dtype: DataType, config: TmaConfig, b_layout: str = "nk") -> ts.Kernel:
+@dataclass(frozen=True)
+class ConvWindow:
+    """An implicit-GEMM convolution's A operand: the NHWC input read through an im2col tensor map.
+
+    Row m of A is output pixel m = (n, oh, ow) of [N, OH, OW]; column k = (tap, c) with tap =
+    (u, v) over the kh x kw filter and c over `channels`.  B is the OHWI weight as
+    [O, kh * kw * channels].  The k-loop visits each tap's channels in blocks of BLOCK_K; when
+    `channels` is not a multiple of BLOCK_K the last block of a tap reads zeros past the
+    image's channels (TMA's fill) against the next tap's weights, so they add nothing."""
+
+    channels: int
+    kernel: tuple[int, int]
+    out_hw: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]  # top, left
+    dilation: tuple[int, int]
+
+    def problems(self) -> list[str]:
+        out = [] if self.channels % 8 == 0 else [f"channels must be a multiple of 8 (16-byte rows), got {self.channels}"]
+        if not all(1 <= s <= 8 for s in self.stride):
+            out.append(f"strides must be 1..8 (TMA element strides), got {self.stride}")
+        if max((k - 1) * d for k, d in zip(self.kernel, self.dilation)) >= 1 << 15:
+            out.append("the filter's extent must fit the 16-bit window offsets")
+        return out
+
+
+def make_gemm_tma(dtype: DataType, config: TmaConfig, b_layout: str = "nk", conv: ConvWindow | None = None) -> ts.Kernel:
     """kernel(A, B, C, tma_a, tma_b, split, ctas): with split == 1, or split-k reduced in a cluster,
     it writes `dtype` results into C [batch, M, N]; otherwise float32 partials into
     C [batch * split, M, N] (see tessera.kernels.gemm.make_split_k_reduce).  tma_a / tma_b are
     TensorMaps over A and B with the boxes of `tensor_map_boxes`; ctas is the grid size
-    (`config.grid`)."""
+    (`config.grid`).  With `conv`, A is an NHWC image and tma_a an im2col map over it
+    (`ts.tensor_map_im2col(dtype, block_m, 64)`, the window of `conv`): an implicit-GEMM
+    convolution, batch 1, b_layout "nk"."""
+    if conv is not None and (conv.problems() or b_layout != "nk"):
+        raise UnsupportedError(f"implicit-GEMM convolution {conv}: {'; '.join(conv.problems() or ['needs b_layout nk'])}")
     if config.cluster:  # the cluster shape is compiled in
-        return _make(dtype, replace(config, persistent=False), b_layout, True)
+        return _make(dtype, replace(config, persistent=False), b_layout, True, conv)
     # split_k and persistence are run-time arguments: one kernel serves them all.
     return _make(dtype, replace(config, split_k=1, persistent=False, split_reduce="launch"), b_layout,
-                 config.split_k > 1)  # fmt: skip
+                 config.split_k > 1, conv)  # fmt: skip
 
 
 @functools.cache
-def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> ts.Kernel:
+def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool, conv: ConvWindow | None = None) -> ts.Kernel:
     if dtype not in (dtypes.float16, dtypes.bfloat16):
         raise UnsupportedError(f"the tensor-core GEMM takes float16 or bfloat16, not {dtype}")
     if b_layout not in LAYOUTS:
@@ -185,6 +215,15 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
     CPR = BN // 8  # 16-byte chunks per staged row
     A_BOX, B_BOX = tensor_map_boxes(config, b_layout)
     TA, TB = ts.tensor_map(T, A_BOX), ts.tensor_map(T, B_BOX)
+    CONV = conv is not None
+    if CONV:
+        TA = ts.tensor_map_im2col(T, BM, BK, 4)
+        CIN, CB = conv.channels, -(-conv.channels // BK)  # channels, and their blocks per tap
+        TAPS, KW = conv.kernel[0] * conv.kernel[1], conv.kernel[1]
+        (OH, OW), (SH, SW), (PT, PL), (DH, DW) = conv.out_hw, conv.stride, conv.pad, conv.dilation
+        A_SHAPE = ("images", "in_h", "in_w", "in_c")
+    else:
+        A_SHAPE = ("batch", "M", "K")
     B_SHAPE = ("batch", "K", "N") if KN else ("batch", "N", "K")
     B_TILE = [STAGES, BN // 64, BK, 64] if KN else [STAGES, BN, BK]
     STAGE_BYTES = config.stage_bytes()
@@ -197,9 +236,10 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
     epi = {"scalar": "", "pair": "_v", "staged": "_e"}[EPI]
     name = f"gemm_{T.short}_{b_layout}_{tile}{epi}{f'_g{GROUP}' if GROUP != GROUP_M else ''}"
     name += f"_cluster{SPLIT}" if CLUSTER else "_partial" if partial else ""
+    name += "_conv" if CONV else ""
 
     @ts.kernel(target="cuda", name=name)
-    def gemm(A: T["batch", "M", "K"], B: T[B_SHAPE], C: OUT["zdim", "M", "N"], tma_a: TA, tma_b: TB,
+    def gemm(A: T[A_SHAPE], B: T[B_SHAPE], C: OUT["zdim", "M", "N"], tma_a: TA, tma_b: TB,
              split: ts.int32, ctas: ts.int32):  # fmt: skip
         ts.attrs.grid = ctas
         ts.attrs.block = 128 * (CONSUMERS + 1)
@@ -225,7 +265,7 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
         per_z = tiles_m * tiles_n
         group_tiles = GROUP * tiles_n
         total = per_z * batch * split
-        k_tiles = ts.ceil_div(K, BK)
+        k_tiles = TAPS * CB if CONV else ts.ceil_div(K, BK)
         per_split = ts.ceil_div(k_tiles, split)
         stage = 0
         phase = 0
@@ -247,7 +287,17 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool) -> t
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
                         ts.mbarrier_arrive_expect_tx(full[stage], STAGE_BYTES)
                         k0 = (kt0 + kk) * BK
-                        ts.tma_load(As[stage, 0, 0], tma_a, full[stage], bi, m0, k0)
+                        if CONV:
+                            # The tile's first output pixel as the window's input coordinates; the
+                            # tap shifts the window, TMA walks it over BM pixels (rows, images).
+                            tap = (kt0 + kk) // CB
+                            c0 = (kt0 + kk) % CB * BK
+                            k0 = tap * CIN + c0
+                            ts.tma_load_im2col(As[stage, 0, 0], tma_a, full[stage], m0 // (OH * OW),
+                                               m0 % (OH * OW) // OW * SH - PT, m0 % OW * SW - PL, c0, tap // KW * DH,
+                                               tap % KW * DW)  # fmt: skip
+                        else:
+                            ts.tma_load(As[stage, 0, 0], tma_a, full[stage], bi, m0, k0)
                         if KN:
                             for c in range(BN // 64):
                                 ts.tma_load(Bs[stage, c, 0, 0], tma_b, full[stage], bi, k0, n0 + c * 64)

@@ -110,7 +110,7 @@ SIGNATURES = {
     "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _copy_async_wait,
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
-    "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
+    "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "tma_load_im2col": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
     "dequant": _dequant, "named_barrier_sync": _named_barrier, "named_barrier_arrive": _named_barrier,
 }  # fmt: skip

@@ -9,6 +9,8 @@ keeps the array alive (kernels usually take the array as an argument as well).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -90,12 +92,59 @@ class TensorMap:
                                 f"got address {ptr:#x} and strides of {[v * dtype.nbytes for v in strides]} bytes")  # fmt: skip
         return TensorMap(t, _encode(ptr, dtype, shape, t, strides), shape)
 
+    @staticmethod
+    def im2col_from_pointer(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], window: Im2colWindow,
+                            pixels: int, channels: int, swizzle: int = 128) -> TensorMap:  # fmt: skip
+        """Encode an im2col map over the contiguous N[D][H]WC tensor of `dtype` and `shape` at `ptr`:
+        each load reads `pixels` positions of the sliding `window`, `channels` channels each
+        (`cuTensorMapEncodeIm2col`; kernels read it with `tma_load_im2col`)."""
+        from tessera.ir.types import tensor_map_im2col
+
+        shape = tuple(int(d) for d in shape)
+        try:
+            t = tensor_map_im2col(dtype, pixels, channels, len(shape), swizzle)
+        except TypeError as exc:
+            raise ArgumentError(str(exc)) from None
+        spatial = len(shape) - 2
+        if not (len(window.lower) == len(window.upper) == len(window.strides) == spatial):
+            raise ArgumentError(f"an im2col window over a rank-{len(shape)} tensor needs {spatial} lower corners, "
+                                f"upper corners and strides, got {window}")  # fmt: skip
+        bits = {1: 15, 2: 7, 3: 4}[spatial]  # the signed corner range TMA encodes per spatial rank
+        if not all(-(2**bits) <= v < 2**bits for v in (*window.lower, *window.upper)):
+            raise ArgumentError(f"im2col window corners {window} out of the range TMA encodes for {spatial} spatial dimensions")
+        if not all(1 <= s <= 8 for s in window.strides):
+            raise ArgumentError(f"im2col window strides must be 1..8 (TMA element strides), got {list(window.strides)}")
+        strides = tuple(prod(shape[k + 1 :]) for k in range(len(shape)))
+        if ptr % 16 or (shape[-1] * dtype.nbytes) % 16:
+            raise ArgumentError(f"TMA needs a 16-byte aligned base and rows of a multiple of 16 bytes; got address "
+                                f"{ptr:#x} and {shape[-1]} channels of {dtype}")  # fmt: skip
+        return TensorMap(t, _encode(ptr, dtype, shape, t, strides, window), shape)
+
     def __repr__(self) -> str:
         return f"TensorMap({self.type}, shape={list(self.shape)})"
 
 
+@dataclass(frozen=True)
+class Im2colWindow:
+    """Where an im2col map's sliding window goes over the spatial dimensions (outermost first):
+    the window's first position at `lower` (e.g. -padding) and its last at the dimension's
+    size - 1 + `upper` (both for window offset 0, inclusive), stepping by `strides`."""
+
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @staticmethod
+    def convolution(size: Sequence[int], stride: Sequence[int], pad_lo: Sequence[int], out: Sequence[int]) -> Im2colWindow:
+        """The window of a convolution's output positions (where the filter's first tap reads;
+        each other tap is a load offset of u * dilation): from -pad_lo to (out - 1) * stride - pad_lo
+        in steps of `stride`."""
+        upper = tuple((o - 1) * s - p - (n - 1) for n, s, p, o in zip(size, stride, pad_lo, out))
+        return Im2colWindow(tuple(-p for p in pad_lo), upper, tuple(stride))
+
+
 def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorMapType,
-            element_strides: tuple[int, ...]) -> bytes:  # fmt: skip
+            element_strides: tuple[int, ...], window: Im2colWindow | None = None) -> bytes:  # fmt: skip
     try:
         from cuda.bindings import driver
     except ImportError as exc:
@@ -111,15 +160,22 @@ def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorM
     strides = [driver.cuuint64_t(v * dtype.nbytes) for v in reversed(element_strides[:-1])]
     data_type = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DATA_TYPES[dtype.name]}")
     swizzle = getattr(driver.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + ("NONE" if not t.swizzle else f"{t.swizzle}B"))
-    tmap = check(
-        driver.cuTensorMapEncodeTiled(
-            data_type, rank, ptr, dims, strides, [driver.cuuint32_t(b) for b in reversed(t.box)],
-            [driver.cuuint32_t(1)] * rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+    tail = (driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        ),
-        f"cuTensorMapEncodeTiled(shape={list(shape)}, box={list(t.box)})",
-    )  # fmt: skip
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # fmt: skip
+    if window is None:
+        tmap = check(
+            driver.cuTensorMapEncodeTiled(data_type, rank, ptr, dims, strides, [driver.cuuint32_t(b) for b in reversed(t.box)],
+                                          [driver.cuuint32_t(1)] * rank, *tail),
+            f"cuTensorMapEncodeTiled(shape={list(shape)}, box={list(t.box)})",
+        )  # fmt: skip
+    else:
+        steps = [driver.cuuint32_t(s) for s in (1, *reversed(window.strides), 1)]
+        tmap = check(
+            driver.cuTensorMapEncodeIm2col(data_type, rank, ptr, dims, strides, list(reversed(window.lower)),
+                                           list(reversed(window.upper)), t.box[1], t.box[0], steps, *tail),
+            f"cuTensorMapEncodeIm2col(shape={list(shape)}, {window}, pixels={t.box[0]}, channels={t.box[1]})",
+        )  # fmt: skip
     return ctypes.string_at(int(tmap.getPtr()), MAP_BYTES)
 
 

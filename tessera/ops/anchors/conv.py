@@ -16,13 +16,18 @@ Two forms:
 With layout "NHWC" (x [N, H, W, C], weight OHWI [O, kh, kw, C], out [N, OH, OW, O]: what the
 GPU layout pass gives convolutions) every form is one plain row-major GEMM over all pixels,
 so it runs on the TMA GEMM: out[pixel, o] = x[pixel, :] @ W[o, :] for a 1x1 stride-1 conv
-(no copy), else col @ W.T with col[pixel, (u, v, c)] — each im2col row is kh*kw runs of C
-contiguous channels, moved by vector copies (tessera.kernels.im2col), and OHWI is already
-[O, kh*kw*C] in memory (channel counts that are not multiples of 8 are padded per tap).
+(no copy); every other conv with C a multiple of 8 is an implicit GEMM: the TMA GEMM's producer
+reads the rows of col[pixel, (u, v, c)] straight from x through an im2col tensor map (TMA's
+im2col mode: one load per tap and 64-channel block, the hardware walks the output pixels and
+zero-fills the padding), and OHWI is already [O, kh*kw*C] in memory.  Where that cannot run
+(C not a multiple of 8, e.g. the RGB stem; a GPU without TMA; TESSERA_IMPLICIT_CONV=0) col is
+materialised: each im2col row is kh*kw runs of C contiguous channels, moved by vector copies
+(tessera.kernels.im2col), padded per tap when C is not a multiple of 8.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from tessera.errors import ArgumentError, UnsupportedError
@@ -30,9 +35,10 @@ from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.kernels.gemm_space import Config
+from tessera.kernels.gemm_tma import ConvWindow, TmaConfig
 from tessera.kernels.im2col import channels_per_tap, col_width, make_im2col_nhwc
 from tessera.ops.anchors.epilogue import Epilogue
-from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, plan_gemm
+from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, choose_config, plan_gemm
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
 from tessera.ops.anchors.rewrite import i32, rename, specialize, unravel
 
@@ -142,12 +148,28 @@ def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int,
     return col_slot, w_slot, kp
 
 
+def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType, geo: dict[str, int]
+                      ) -> GemmProblem | None:  # fmt: skip
+    """The implicit-GEMM form of an NHWC conv (the TMA GEMM reads x through an im2col map: no col
+    buffer), or None where it does not apply (channels not a multiple of 8; TESSERA_IMPLICIT_CONV=0)."""
+    n, h, w, c = x_shape
+    o, kh, kw, _ = w_shape
+    window = ConvWindow(c, (kh, kw), (geo["oh"], geo["ow"]), (geo["sh"], geo["sw"]), (geo["pt"], geo["pl"]),
+                        (geo["dh"], geo["dw"]))  # fmt: skip
+    if window.problems() or os.environ.get("TESSERA_IMPLICIT_CONV", "1") == "0":
+        return None
+    pixels = (n, geo["oh"], geo["ow"])
+    a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)  # (TMA reads it)
+    b = Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, q // i32(kw * c), (q // i32(c)) % i32(kw), q % i32(c)),
+                plain=True)  # fmt: skip
+    return GemmProblem(dt, "nk", 1, n * geo["oh"] * geo["ow"], o, kh * kw * c, a, b,
+                       lambda z, r, col: (*unravel(r, pixels), col), True, row_major_out=True, conv=window)  # fmt: skip
+
+
 def _nhwc_problem(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
                   geo: dict[str, int]) -> GemmProblem:  # fmt: skip
     n, h, w, c = x_shape
     o, kh, kw, cw = w_shape
-    if cw != c:
-        raise ArgumentError(f"conv2d: x (NHWC) has {c} channels but the weight {w_shape} (OHWI) expects {cw}")
     oh, ow = geo["oh"], geo["ow"]
     pixels = (n, oh, ow)
     pointwise = kh == kw == 1 and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
@@ -183,12 +205,23 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
     if groups != 1:
         raise UnsupportedError(f"conv2d: the GEMM template handles groups=1 only, got groups={groups}")
     if nhwc:
+        if w_shape[3] != x_shape[3]:
+            raise ArgumentError(f"conv2d: x (NHWC) has {x_shape[3]} channels but the weight {w_shape} (OHWI) expects "
+                                f"{w_shape[3]}")  # fmt: skip
         geo = _geometry(x_shape[1:3], w_shape[1:3], stride, padding, dilation)
         out_shape = (x_shape[0], geo["oh"], geo["ow"], w_shape[0])
         plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
+        bias_slot = (INPUT, 2) if bias else None
+        pointwise = w_shape[1] == w_shape[2] == 1 and geo["sh"] == geo["sw"] == 1 and not any(
+            geo[q] for q in ("pt", "pl", "pb", "pr"))  # fmt: skip
+        implicit = None if pointwise else _implicit_problem(x_shape, w_shape, dt, geo)
+        if implicit is not None:
+            cfg = config or choose_config(implicit, tune, wgmma)
+            if isinstance(cfg, TmaConfig):  # else (no SM90 TMA, a tiny problem's mma tile) the col buffer
+                return plan_gemm("conv2d", implicit, out_shape, plan.num_inputs, epilogue, bias_slot, 3, tune, wgmma,
+                                 cfg, plan)  # fmt: skip
         p = _nhwc_problem(plan, x_shape, w_shape, dt, geo)
-        return plan_gemm("conv2d", p, out_shape, plan.num_inputs, epilogue, (INPUT, 2) if bias else None, 3, tune,
-                         wgmma, config, plan)  # fmt: skip
+        return plan_gemm("conv2d", p, out_shape, plan.num_inputs, epilogue, bias_slot, 3, tune, wgmma, config, plan)
     n, c, h, w = x_shape
     o, cw, kh, kw = w_shape
     if cw != c:

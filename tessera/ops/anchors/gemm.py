@@ -36,10 +36,11 @@ from tessera.ir.dtypes import DataType
 from tessera.kernels import gemm_space
 from tessera.kernels.gemm import make_split_k_reduce
 from tessera.kernels.gemm_space import Config
-from tessera.kernels.gemm_tma import TmaConfig, tensor_map_boxes
+from tessera.kernels.gemm_tma import BLOCK_K, ConvWindow, TmaConfig, make_gemm_tma, tensor_map_boxes
 from tessera.ops.anchors.epilogue import Epilogue, EpilogueError, compose, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
 from tessera.ops.anchors.rewrite import IndexMap, i32, remap_operand, rename, retype_operand, specialize, unravel
+from tessera.runtime.tensor_map import Im2colWindow
 
 ANCHOR_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
@@ -67,11 +68,17 @@ class GemmProblem:
     out_map: IndexMap  # (z, m, n) -> logical output index
     vector: bool  # 16-byte cp.async loads (rows of A and B 16-byte aligned)
     row_major_out: bool = False  # the output's row-major layout is the template's [batch, M, N]
+    conv: ConvWindow | None = None  # A is an NHWC image read through an im2col map (TMA only)
 
     @property
     def tma(self) -> bool:
         """Whether the TMA GEMM can run this problem: operands read whole through tensor maps."""
         return self.vector and self.a.plain and self.b.plain and self.row_major_out
+
+    @property
+    def a_shape(self) -> tuple[int, ...]:
+        """A as the template reads it: [batch, M, K], or the image of an implicit convolution."""
+        return self.a.shape if self.conv else (self.batch, self.m, self.k)
 
 
 def check_dtype(dtype: DataType | str, op: str) -> DataType:
@@ -103,6 +110,10 @@ def choose_config(p: GemmProblem, tune: bool, wgmma: bool | None = None) -> Conf
 def _template(p: GemmProblem, cfg: Config):  # -> tessera.Kernel
     from tessera.kernels.matmul import make_kernel
 
+    if p.conv is not None:
+        if not isinstance(cfg, TmaConfig):
+            raise UnsupportedError(f"an implicit-GEMM convolution runs on the TMA GEMM only, not {cfg}")
+        return make_gemm_tma(p.dtype, cfg, p.layout, p.conv)
     return make_kernel(p.dtype, cfg, p.layout, p.vector)
 
 
@@ -114,8 +125,17 @@ def _tma_operands(plan: AnchorPlan, f, p: GemmProblem, cfg: TmaConfig):  # -> (F
     slots = []
     for name, op, shape, box in (("A", p.a, (p.batch, p.m, p.k), boxes[0]), ("B", p.b, b_shape, boxes[1])):
         f = retype_operand(f, name, op.shape)
-        slots.append(plan.tensor_map(MapSpec(op.slot, p.dtype, shape, box)))
+        if name == "A" and p.conv is not None:
+            spec = MapSpec(op.slot, p.dtype, op.shape, (cfg.block_m, BLOCK_K), conv_window(p.conv, op.shape))
+        else:
+            spec = MapSpec(op.slot, p.dtype, shape, box)
+        slots.append(plan.tensor_map(spec))
     return f, slots
+
+
+def conv_window(conv: ConvWindow, x_shape: tuple[int, ...]) -> Im2colWindow:
+    """The im2col map's window over the NHWC image `x_shape`: the output pixels' filter origins."""
+    return Im2colWindow.convolution(x_shape[1:3], conv.stride, conv.pad, conv.out_hw)
 
 
 def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, ep_slots: list[Slot], prefix: str,
@@ -132,7 +152,7 @@ def gemm_launches(plan: AnchorPlan, p: GemmProblem, cfg: Config, ep: Epilogue, e
             raise UnsupportedError(f"{cfg} reads its operands through tensor maps; this problem's operands are not "
                                    "plain row-major tensors")  # fmt: skip
         scalars["ctas"] = cfg.grid(p.m, p.n, p.batch, gemm_space.device().sms)
-    f = specialize(f, {"A": (p.batch, p.m, p.k), "B": b_shape, "C": (p.batch * split, p.m, p.n)}, scalars)
+    f = specialize(f, {"A": p.a_shape, "B": b_shape, "C": (p.batch * split, p.m, p.n)}, scalars)
     extra_slots: list[Slot] = []
     if tma:
         f, extra_slots = _tma_operands(plan, f, p, cfg)
@@ -180,7 +200,7 @@ def build_gemm(plan: AnchorPlan, p: GemmProblem, ep: Epilogue, ep_slots: list[Sl
     try:
         launches = gemm_launches(plan, p, cfg, ep, ep_slots, name, out_slot)
     except TesseraError as exc:
-        if config is not None or gemm_space.family(cfg) == "mma":
+        if config is not None or gemm_space.family(cfg) == "mma" or p.conv is not None:
             raise
         # The Hopper template could not be built or rewritten for this epilogue or operand
         # mapping: the mma.sync template always can.

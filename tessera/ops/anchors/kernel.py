@@ -17,6 +17,7 @@ from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
 from tessera.runtime.cuda import current_stream
+from tessera.runtime.tensor_map import Im2colWindow, TensorMap
 from tessera.transforms.pipeline import lower
 
 # Where a kernel argument comes from: (source, index) with source one of these; a TENSOR_MAP
@@ -29,12 +30,20 @@ Slot = tuple[int, int]
 @dataclass(frozen=True)
 class MapSpec:
     """A TMA tensor map over one operand: where the operand comes from, the row-major shape the
-    kernel reads it as, its dtype and the box of one copy."""
+    kernel reads it as, its dtype and the box of one copy; with a `window`, an im2col map whose
+    box is (pixels, channels) (an implicit-GEMM convolution's input)."""
 
     operand: Slot
     dtype: DataType
     shape: tuple[int, ...]
     box: tuple[int, ...]
+    window: Im2colWindow | None = None
+
+    def encode(self, ptr: int) -> TensorMap:
+        """The map over the operand at device address `ptr`."""
+        if self.window is None:
+            return TensorMap.from_pointer(ptr, self.dtype, self.shape, self.box)
+        return TensorMap.im2col_from_pointer(ptr, self.dtype, self.shape, self.window, *self.box)
 
 
 @dataclass
@@ -217,8 +226,6 @@ class AnchorKernel(PreparedAnchor):
         a CUDA-graph replay passes the same buffers every time)."""
         if not self._maps:
             return []
-        from tessera.runtime.tensor_map import TensorMap
-
         sources = (inputs, (out,), extras, self.workspaces)
         maps = []
         for spec, cache in zip(self._maps, self._encoded):
@@ -227,6 +234,6 @@ class AnchorKernel(PreparedAnchor):
             if tmap is None:
                 if len(cache) >= 16:
                     cache.pop(next(iter(cache)))
-                tmap = cache[ptr] = TensorMap.from_pointer(ptr, spec.dtype, spec.shape, spec.box)
+                tmap = cache[ptr] = spec.encode(ptr)
             maps.append(tmap)
         return maps
