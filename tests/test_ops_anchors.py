@@ -300,10 +300,10 @@ def test_plans_compile_with_nvcc(which, monkeypatch):
         assert isinstance(plan.config, TmaConfig) and plan.workspaces == [((2 * 14 * 15, 576), dtypes.float16)]
         assert [m.shape for m in plan.tensor_maps] == [(1, 420, 576), (1, 64, 576)]
         assert plan.tensor_maps[1].operand == (0, 1)  # the OHWI weight is [O, kh*kw*C] itself
-    elif which == "conv_nhwc_stem":  # 3 channels take 4 columns per tap: 8-byte stores, Kp = 200
+    elif which == "conv_nhwc_stem":  # 3 channels: dense (tap, channel) columns, K = 147 -> Kp = 152
         plan = plan_conv2d((1, 67, 65, 3), (64, 7, 7, 3), "float16", stride=2, padding=3, bias=True, layout="NHWC")
-        assert plan.workspaces == [((34 * 33, 200), dtypes.float16), ((64, 200), dtypes.float16)]
-        assert "ts_copy_vector<8>" in plan.source
+        assert plan.workspaces == [((34 * 33, 152), dtypes.float16), ((64, 152), dtypes.float16)]
+        assert "ts_copy_vector<16>" in plan.source
     elif which == "conv_nhwc_1x1":  # a 1x1 stride-1 NHWC conv reads x itself: no copy
         plan = plan_conv2d((2, 7, 7, 512), (128, 1, 1, 512), "float16", layout="NHWC")
         assert isinstance(plan.config, TmaConfig) and len(plan.launches) == 1 and plan.workspaces == []
@@ -476,7 +476,7 @@ CONV_CASES = [
     ((2, 256, 14, 14), (512, 256, 1, 1), 2, (0, 0, 0, 0), 1, True, "bfloat16", "none"),  # 1x1 stride 2
     ((1, 32, 17, 17), (48, 32, 3, 3), 2, (1, 1, 1, 1), 1, False, "float16", "cast"),
     ((1, 16, 13, 11), (24, 16, 3, 3), 1, (0, 1, 1, 2), 2, True, "bfloat16", "gelu"),  # dilation, uneven pads
-    ((1, 12, 9, 10), (8, 12, 3, 3), 1, (1, 1, 1, 1), 1, True, "float16", "relu"),  # NHWC: 16 channels per tap
+    ((1, 12, 9, 10), (8, 12, 3, 3), 1, (1, 1, 1, 1), 1, True, "float16", "relu"),  # NHWC: dense columns, K 108
     ((2, 1, 11, 9), (8, 1, 3, 3), 2, (1, 1, 1, 1), 1, False, "bfloat16", "none"),  # NHWC: 2-byte copies
     # NHWC implicit GEMM: 72 channels (a k-block bleeds into the next tap), tiles across 3 images
     ((3, 72, 9, 7), (40, 72, 3, 3), 2, (1, 1, 1, 1), 1, True, "bfloat16", "relu_residual"),
@@ -501,6 +501,22 @@ def test_conv2d_anchor(torch, x_shape, w_shape, stride, pads, dilation, bias, dt
                             bias=bias, epilogue=ep, layout=layout)  # fmt: skip
     assert kernel.out_shape == tuple(y.shape)
     run_anchor(torch, kernel, [x, w, b] if bias else [x, w], extras, fn(y.to(getattr(torch, dtype)).double()), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("implicit", ["1", "0"])
+def test_nhwc_conv_implicit_and_materialised_agree(torch, implicit, monkeypatch):
+    """The same NHWC conv as an implicit GEMM and with the col buffer (TESSERA_IMPLICIT_CONV=0),
+    called twice with different inputs."""
+    monkeypatch.setenv("TESSERA_IMPLICIT_CONV", implicit)
+    kernel = prepare_conv2d((2, 11, 13, 64), (72, 3, 3, 64), "float16", stride=(2, 1), padding=1, bias=True,
+                            layout="NHWC")  # fmt: skip
+    assert (kernel.plan.workspaces == []) == (implicit == "1")
+    for _ in range(2):
+        x, w, b = rand(torch, (2, 11, 13, 64), "float16"), rand(torch, (72, 3, 3, 64), "float16", 576**-0.5), rand(torch, (72,), "float16")
+        y = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2).double(), w.permute(0, 3, 1, 2).double(), b.double(),
+                                       stride=(2, 1), padding=1).permute(0, 2, 3, 1)  # fmt: skip
+        run_anchor(torch, kernel, [x, w, b], [], y, "float16")
 
 
 @pytest.mark.cuda

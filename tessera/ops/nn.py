@@ -8,6 +8,7 @@ they are scheduled as contractions and are slow next to a tuned template.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
@@ -119,27 +120,50 @@ def conv2d(x: TensorNode, weight: TensorNode, bias: TensorNode | None = None, st
     return compute(out.shape, lambda *i: out[i] + E.Cast(bias[(i[1],)], acc), fresh_name("conv2d_bias"), t)
 
 
-def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool, count_include_pad: bool) -> TensorNode:
-    _check_nchw(x, op)
+class _Image:
+    """A 4-D image in NCHW or NHWC: its sizes, element access and output shapes in NCHW terms."""
+
+    def __init__(self, x: TensorNode, layout: str, op: str):
+        _check_nchw(x, op)
+        if layout not in ("NCHW", "NHWC"):
+            raise ArgumentError(f"{op}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        self.x, self.nhwc = x, layout == "NHWC"
+        n, a, b, c = x.shape
+        self.n, self.c, self.h, self.w = (n, c, a, b) if self.nhwc else (n, a, b, c)
+
+    def at(self, n: E.Expr, c: E.Expr, h: E.Expr, w: E.Expr) -> E.Expr:
+        return self.x[(n, h, w, c)] if self.nhwc else self.x[(n, c, h, w)]
+
+    def shape(self, oh: Any, ow: Any) -> list[Any]:
+        return [self.n, oh, ow, self.c] if self.nhwc else [self.n, self.c, oh, ow]
+
+    def nchw(self, i: Sequence[E.Expr]) -> tuple[E.Expr, ...]:
+        """An output index as (n, c, y, x)."""
+        return (i[0], i[3], i[1], i[2]) if self.nhwc else tuple(i)
+
+
+def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool, count_include_pad: bool,
+          layout: str = "NCHW") -> TensorNode:  # fmt: skip
+    img = _Image(x, layout, op)
     check_float(x, op)
     kh, kw = _pair(kernel_size, "kernel_size", op)
     sh, sw = _pair(stride if stride is not None else kernel_size, "stride", op)
     ph, pw = _pair(padding, "padding", op)
     if ph * 2 > kh or pw * 2 > kw:
         raise ArgumentError(f"{op}: padding ({ph}, {pw}) must be at most half the kernel size ({kh}, {kw})")
-    oh = _out_size(x.shape[2], kh, sh, ph, 1, op, ceil_mode)
-    ow = _out_size(x.shape[3], kw, sw, pw, 1, op, ceil_mode)
+    H, W = img.h, img.w
+    oh = _out_size(H, kh, sh, ph, 1, op, ceil_mode)
+    ow = _out_size(W, kw, sw, pw, 1, op, ceil_mode)
     acc = compute_type(x.dtype)
-    H, W = x.shape[2], x.shape[3]
 
     def window(i, r):
-        n, c, y, xx = i
+        n, c, y, xx = img.nchw(i)
         u, v = r
         h, w = y * sh + u - ph, xx * sw + v - pw
         inside = E.Binary("&&", E.Binary("&&", h >= 0, h < H), E.Binary("&&", w >= 0, w < W))
-        return inside, E.Cast(x[(n, c, h, w)], acc)
+        return inside, E.Cast(img.at(n, c, h, w), acc)
 
-    shape = [x.shape[0], x.shape[1], oh, ow]
+    shape = img.shape(oh, ow)
     if op == "max_pool2d":
         # A tap in the padding reads the nearest input element instead: that element is in the
         # same window (padding is at most half the kernel, and every window starts inside the
@@ -149,9 +173,9 @@ def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool,
             return E.Call("min", (E.Call("max", (v, E.Const(0, dtypes.int32)), dtypes.int32), n - 1), dtypes.int32)
 
         def fmax(i, r):
-            n, c, y, xx = i
+            n, c, y, xx = img.nchw(i)
             u, v = r
-            return E.Cast(x[(n, c, clamp(y * sh + u - ph, H), clamp(xx * sw + v - pw, W))], acc)
+            return E.Cast(img.at(n, c, clamp(y * sh + u - ph, H), clamp(xx * sw + v - pw, W)), acc)
 
         return reduce(shape, [kh, kw], fmax, "max", fresh_name(op), x.dtype, acc, tag="pool")
 
@@ -171,27 +195,29 @@ def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool,
 
         return E.Cast(count(y, sh, ph, kh, H) * count(w, sw, pw, kw, W), acc)
 
-    return compute(shape, lambda *i: E.Binary("/", total[i], divisor(i[2], i[3])), fresh_name(op), x.dtype)
+    return compute(shape, lambda *i: E.Binary("/", total[i], divisor(*img.nchw(i)[2:])), fresh_name(op), x.dtype)
 
 
 def max_pool2d(x: TensorNode, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
-               padding: int | Sequence[int] = 0, ceil_mode: bool = False) -> TensorNode:  # fmt: skip
-    """Max over windows (padding never wins: it is -inf), NCHW."""
-    return _pool("max_pool2d", x, kernel_size, stride, padding, ceil_mode, True)
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, layout: str = "NCHW") -> TensorNode:  # fmt: skip
+    """Max over windows (padding never wins: it is -inf); NCHW, or NHWC in and out."""
+    return _pool("max_pool2d", x, kernel_size, stride, padding, ceil_mode, True, layout)
 
 
 def avg_pool2d(x: TensorNode, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
-               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> TensorNode:  # fmt: skip
-    """Average over windows, NCHW, with torch's divisor rules."""
-    return _pool("avg_pool2d", x, kernel_size, stride, padding, ceil_mode, count_include_pad)
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+               layout: str = "NCHW") -> TensorNode:  # fmt: skip
+    """Average over windows with torch's divisor rules; NCHW, or NHWC in and out."""
+    return _pool("avg_pool2d", x, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
 
 
-def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int]) -> TensorNode:
-    """torch's adaptive average pooling: window [floor(i*H/OH), ceil((i+1)*H/OH)) per output index."""
-    _check_nchw(x, "adaptive_avg_pool2d")
+def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int], layout: str = "NCHW") -> TensorNode:
+    """torch's adaptive average pooling: window [floor(i*H/OH), ceil((i+1)*H/OH)) per output index;
+    NCHW, or NHWC in and out."""
+    img = _Image(x, layout, "adaptive_avg_pool2d")
     check_float(x, "adaptive_avg_pool2d")
     oh, ow = _pair(output_size, "output_size", "adaptive_avg_pool2d")
-    H, W = static(x.shape[2]), static(x.shape[3])
+    H, W = static(img.h), static(img.w)
     if H is None or W is None:
         raise UnsupportedError("adaptive_avg_pool2d: needs static spatial sizes")
     kh = max(-(-((i + 1) * H) // oh) - (i * H) // oh for i in range(oh))
@@ -202,19 +228,20 @@ def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int]) -> Tens
         return (o * n) // out, ((o + 1) * n + (out - 1)) // out
 
     def fn(i, r):
-        nb, c, y, xx = i
+        nb, c, y, xx = img.nchw(i)
         u, v = r
         h0, h1 = bounds(y, H, oh)
         w0, w1 = bounds(xx, W, ow)
         inside = E.Binary("&&", h0 + u < h1, w0 + v < w1)
-        return E.Select(inside, E.Cast(x[(nb, c, h0 + u, w0 + v)], acc), E.Const(0, acc))
+        return E.Select(inside, E.Cast(img.at(nb, c, h0 + u, w0 + v), acc), E.Const(0, acc))
 
-    shape = [x.shape[0], x.shape[1], oh, ow]
+    shape = img.shape(oh, ow)
     total = reduce(shape, [kh, kw], fn, "sum", fresh_name("adaptive_avg_pool2d_sum"), acc, acc, tag="pool")
 
     def avg(*i: E.Var) -> E.Expr:
-        h0, h1 = bounds(i[2], H, oh)
-        w0, w1 = bounds(i[3], W, ow)
+        _, _, y, xx = img.nchw(i)
+        h0, h1 = bounds(y, H, oh)
+        w0, w1 = bounds(xx, W, ow)
         return E.Binary("/", total[i], E.Cast((h1 - h0) * (w1 - w0), acc))
 
     return compute(shape, avg, fresh_name("adaptive_avg_pool2d"), x.dtype)

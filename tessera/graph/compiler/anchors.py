@@ -85,7 +85,7 @@ def _is_cpu_pool(op: Operator) -> bool:
     """max_pool2d over a static float32 NCHW tensor (the lowering has checked the padding): the row kernel."""
     from tessera.backend.isa import vector_lanes
 
-    if op.kind != "max_pool2d" or len(op.inputs) != 1 or vector_lanes() == 1:
+    if op.kind != "max_pool2d" or len(op.inputs) != 1 or vector_lanes() == 1 or op.attrs.get("layout", "NCHW") != "NCHW":
         return False
     x = op.inputs[0]
     return (x.ndim == 4 and x.dtype == dtypes.float32 and op.outputs[0].dtype == dtypes.float32

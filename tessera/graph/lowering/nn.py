@@ -121,13 +121,15 @@ def _pool_args(ctx: Ctx) -> tuple[tuple[int, int], tuple[int, int], tuple[int, i
 
 def max_pool2d(ctx: Ctx) -> list[TensorNode]:
     kernel, stride, padding = _pool_args(ctx)
-    return ctx.finish([ops.max_pool2d(ctx.x(), kernel, stride, padding, bool(ctx.attrs["ceil_mode"]))])
+    a = ctx.attrs
+    return ctx.finish([ops.max_pool2d(ctx.x(), kernel, stride, padding, bool(a["ceil_mode"]), a["layout"])])
 
 
 def avg_pool2d(ctx: Ctx) -> list[TensorNode]:
     kernel, stride, padding = _pool_args(ctx)
     a = ctx.attrs
-    return ctx.finish([ops.avg_pool2d(ctx.x(), kernel, stride, padding, bool(a["ceil_mode"]), bool(a["count_include_pad"]))])
+    return ctx.finish([ops.avg_pool2d(ctx.x(), kernel, stride, padding, bool(a["ceil_mode"]), bool(a["count_include_pad"]),
+                                      a["layout"])])  # fmt: skip
 
 
 def check_pool(op: Operator) -> str | None:
@@ -149,10 +151,12 @@ def check_pool(op: Operator) -> str | None:
 def adaptive_avg_pool2d(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
     size = pair(ctx.attrs["output_size"])
-    if static(x.shape[2]) is not None and static(x.shape[3]) is not None:
-        return ctx.finish([ops.adaptive_avg_pool2d(x, size)])
+    layout = ctx.attrs["layout"]
+    spatial = (1, 2) if layout == "NHWC" else (2, 3)
+    if all(static(x.shape[d]) is not None for d in spatial):
+        return ctx.finish([ops.adaptive_avg_pool2d(x, size, layout)])
     if size == (1, 1):  # the global average pool: a mean over any (symbolic) image size
-        return ctx.finish([ops.mean(x, (2, 3), keepdims=True)])
+        return ctx.finish([ops.mean(x, spatial, keepdims=True)])
     raise LoweringError(f"adaptive_avg_pool2d to {size} over symbolic spatial sizes is not lowered")
 
 
@@ -160,8 +164,10 @@ def check_adaptive(op: Operator) -> str | None:
     x = op.inputs[0]
     if not x.dtype.is_float:
         return f"adaptive_avg_pool2d of {x.dtype} is not lowered"
-    size = pair(op.opdef.normalize_attrs(op.attrs)["output_size"])
-    if size != (1, 1) and not all(isinstance(d, int) for d in x.shape[2:]):
+    a = op.opdef.normalize_attrs(op.attrs)
+    size = pair(a["output_size"])
+    spatial = x.shape[1:3] if a["layout"] == "NHWC" else x.shape[2:]
+    if size != (1, 1) and not all(isinstance(d, int) for d in spatial):
         return f"adaptive_avg_pool2d to {list(size)} over symbolic spatial sizes is not lowered"
     return None
 

@@ -130,11 +130,40 @@ def _pool_out_hw(shape, a):
     return oh, ow
 
 
+def _nchw_shape(shape, a):
+    """A pooling input's shape as NCHW (attribute layout 'NHWC': x is [N, H, W, C])."""
+    return (shape[0], shape[3], shape[1], shape[2]) if a.get("layout", "NCHW") == "NHWC" else tuple(shape)
+
+
+def _in_layout(shape, a):
+    """An NCHW output shape in the operator's layout."""
+    return (shape[0], shape[2], shape[3], shape[1]) if a.get("layout", "NCHW") == "NHWC" else tuple(shape)
+
+
+def _layout_ref(ref):
+    """The NCHW reference `ref` run on NHWC operands when the operator's layout is 'NHWC'."""
+
+    def run(xs, a):
+        if a.get("layout", "NCHW") != "NHWC":
+            return ref(xs, a)
+        (y,) = ref([np.ascontiguousarray(xs[0].transpose(0, 3, 1, 2))], a)
+        return [np.ascontiguousarray(y.transpose(0, 2, 3, 1))]
+
+    return run
+
+
+def _check_layout(a, op):
+    if a.get("layout", "NCHW") not in ("NCHW", "NHWC"):
+        raise ShapeError(f"{op}: layout must be 'NCHW' or 'NHWC', got {a['layout']!r}")
+
+
 def _pool_infer(xs, a):
     x = xs[0]
     if x.ndim != 4:
-        raise ShapeError(f"2-D pooling takes NCHW input, got {x.shape}")
-    return [((x.shape[0], x.shape[1], *_pool_out_hw(x.shape, a)), x.dtype)]
+        raise ShapeError(f"2-D pooling takes NCHW (or NHWC) input, got {x.shape}")
+    _check_layout(a, "pooling")
+    shape = _nchw_shape(x.shape, a)
+    return [(_in_layout((shape[0], shape[1], *_pool_out_hw(shape, a)), a), x.dtype)]
 
 
 def _max_pool_ref(xs, a):
@@ -163,19 +192,23 @@ def _avg_pool_ref(xs, a):
     return [total / count]
 
 
-register("max_pool2d", infer=_pool_infer, reference=_max_pool_ref, category="reduce",
-         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False},
-         doc="stride None means stride = kernel; padding (top, left, bottom, right) is -inf")  # fmt: skip
-register("avg_pool2d", infer=_pool_infer, reference=_avg_pool_ref, category="reduce",
+register("max_pool2d", infer=_pool_infer, reference=_layout_ref(_max_pool_ref), category="reduce",
          attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False,
-                "count_include_pad": True})  # fmt: skip
+                "layout": "NCHW"},
+         doc="stride None means stride = kernel; padding (top, left, bottom, right) is -inf; layout 'NHWC': x and "
+             "the output channels-last")  # fmt: skip
+register("avg_pool2d", infer=_pool_infer, reference=_layout_ref(_avg_pool_ref), category="reduce",
+         attrs={"kernel": [1, 1], "stride": None, "padding": [0, 0, 0, 0], "dilation": [1, 1], "ceil_mode": False,
+                "count_include_pad": True, "layout": "NCHW"})  # fmt: skip
 
 
 def _adaptive_infer(xs, a):
     x = xs[0]
     if x.ndim != 4:
-        raise ShapeError(f"adaptive_avg_pool2d takes NCHW input, got {x.shape}")
-    return [((x.shape[0], x.shape[1], *pair(a["output_size"])), x.dtype)]
+        raise ShapeError(f"adaptive_avg_pool2d takes NCHW (or NHWC) input, got {x.shape}")
+    _check_layout(a, "adaptive_avg_pool2d")
+    shape = _nchw_shape(x.shape, a)
+    return [(_in_layout((shape[0], shape[1], *pair(a["output_size"])), a), x.dtype)]
 
 
 def _adaptive_ref(xs, a):
@@ -191,8 +224,8 @@ def _adaptive_ref(xs, a):
     return [out]
 
 
-register("adaptive_avg_pool2d", infer=_adaptive_infer, reference=_adaptive_ref, category="reduce",
-         attrs={"output_size": [1, 1]})  # fmt: skip
+register("adaptive_avg_pool2d", infer=_adaptive_infer, reference=_layout_ref(_adaptive_ref), category="reduce",
+         attrs={"output_size": [1, 1], "layout": "NCHW"})  # fmt: skip
 
 
 # ---- normalizations -----------------------------------------------------------------------

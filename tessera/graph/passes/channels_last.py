@@ -13,10 +13,12 @@ the NCHW tensor t in NHWC:
 * a convertible conv2d (fp16/bf16, groups 1) reads nhwc[x] (a permute of x when there is
   none), its weight permuted to OHWI (at compile time when constant), and writes y';
 * an elementwise operator whose 4-D operands all have NHWC forms (other operands: constants,
-  permuted here, or rank-0 tensors) runs on those forms, writing out'.
+  permuted here, or rank-0 tensors) runs on those forms, writing out';
+* max/average pooling (and adaptive average pooling) of a tensor with an NHWC form pools it
+  in NHWC (layout attribute), so a stem -> pool -> conv chain never leaves NHWC.
 The original output (y, out) is then produced by permute(y', (0, 3, 1, 2)), so every other
-reader still sees NCHW: a pooling or a reduction reads the permute, which fuses into its
-kernel as an index map.  Back-permutes that nobody reads any more are dropped by dead-code
+reader still sees NCHW: a reduction reads the permute, which fuses into its kernel as an
+index map.  Back-permutes that nobody reads any more are dropped by dead-code
 elimination; a chain conv -> bias/activation/residual add -> conv never leaves NHWC.
 """
 
@@ -35,6 +37,8 @@ from tessera.ir import dtypes
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 # Elementwise operators whose parameters follow axis 1 (not numpy broadcasting): they stay NCHW.
 _CHANNEL_AXIS_OPS = frozenset({"batch_norm"})
+# Pooling that runs on NHWC as well (layout attribute): it keeps a chain of convolutions in NHWC.
+_POOLS = frozenset({"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"})
 
 
 def tensor_core_conv(op: Operator) -> bool:
@@ -79,6 +83,10 @@ def to_channels_last(graph: FlowGraph, convertible: Callable[[Operator], bool] =
             replace(op, Operator.create("conv2d", [as_nhwc(x), w_nhwc, *bias], {**op.attrs, "layout": "NHWC"},
                                         name=f"{op.name}_nhwc"))  # fmt: skip
             converted += 1
+            continue
+        if op.kind in _POOLS and op.inputs[0] in nhwc and op.attrs.get("layout", "NCHW") == "NCHW":
+            replace(op, Operator.create(op.kind, [nhwc[op.inputs[0]]], {**op.attrs, "layout": "NHWC"},
+                                        name=f"{op.name}_nhwc"))  # fmt: skip
             continue
         operands = _elementwise_operands(op, nhwc)
         if operands is not None:

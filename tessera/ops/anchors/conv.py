@@ -21,8 +21,8 @@ reads the rows of col[pixel, (u, v, c)] straight from x through an im2col tensor
 im2col mode: one load per tap and 64-channel block, the hardware walks the output pixels and
 zero-fills the padding), and OHWI is already [O, kh*kw*C] in memory.  Where that cannot run
 (C not a multiple of 8, e.g. the RGB stem; a GPU without TMA; TESSERA_IMPLICIT_CONV=0) col is
-materialised: each im2col row is kh*kw runs of C contiguous channels, moved by vector copies
-(tessera.kernels.im2col), padded per tap when C is not a multiple of 8.
+materialised: each im2col row is the kh*kw taps' C channels, dense, written with 16-byte stores
+(tessera.kernels.im2col).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
 from tessera.kernels.gemm_space import Config
 from tessera.kernels.gemm_tma import ConvWindow, TmaConfig
-from tessera.kernels.im2col import channels_per_tap, col_width, make_im2col_nhwc
+from tessera.kernels.im2col import col_width, make_im2col_nhwc
 from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, choose_config, plan_gemm
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
@@ -119,28 +119,26 @@ def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dil
 
 def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
                  geo: dict[str, int]) -> tuple[Slot, Slot, int]:  # fmt: skip
-    """col[N*OH*OW, Kp] (tessera.kernels.im2col: tap-major columns, CP channels per tap) and the
-    weight as [O, Kp] in the same column order (OHWI itself when CP == C and Kp == K, else a
-    zero-padded copy); return both slots and Kp."""
+    """col[N*OH*OW, Kp] (tessera.kernels.im2col: dense (tap, channel) columns, Kp = K rounded up
+    to a multiple of 8) and the weight as [O, Kp] in the same column order (OHWI itself when
+    Kp == K, else a zero-padded copy); return both slots and Kp."""
     n, h, w, c = x_shape
     o, kh, kw, _ = w_shape
     oh, ow = geo["oh"], geo["ow"]
-    cp, kp = channels_per_tap(c), col_width(c, kh * kw)
+    k, kp = kh * kw * c, col_width(c, kh * kw)
     col_slot = plan.workspace((n * oh * ow, kp), dt)
     f = make_im2col_nhwc(dt, c, (kh, kw), (geo["sh"], geo["sw"]), (geo["dh"], geo["dw"]), (geo["pt"], geo["pl"]),
                          (oh, ow)).ir  # fmt: skip
     f = rename(specialize(f, {"X": x_shape, "Col": (n * oh * ow, kp)}), "conv2d_im2col")
     plan.launches.append(Launch(f, [(INPUT, 0), col_slot]))
-    if cp == c:  # read with vector copies
+    if c % 8 == 0:  # read with vector copies
         plan.aligned_inputs += [] if 0 in plan.aligned_inputs else [0]
-    if cp == c and kp == kh * kw * c:
+    if kp == k:
         return col_slot, (INPUT, 1), kp
     wt = Placeholder("w", w_shape, dt)
 
     def padded(r: E.Expr, q: E.Expr) -> E.Expr:
-        tap, ci = q // i32(cp), q % i32(cp)
-        return E.Select(E.Binary("&&", tap < i32(kh * kw), ci < i32(c)),
-                        wt[r, tap // i32(kw), tap % i32(kw), ci], E.Const(0, dt))  # fmt: skip
+        return E.Select(q < i32(k), wt[r, q // i32(kw * c), (q // i32(c)) % i32(kw), q % i32(c)], E.Const(0, dt))
 
     wpad = compute((o, kp), padded, "weight_pad", dt)
     w_slot = plan.workspace((o, kp), dt)

@@ -1,6 +1,10 @@
 """CUDA schedules.
 
-* Elementwise: one thread per output element, 256-thread blocks.
+* Elementwise: 256-thread blocks, each thread ELEMENTS_PER_THREAD elements one block-width
+  apart (so every access stays coalesced); a block whose elements are all in range runs them
+  without guards, which lets the compiler issue all their loads before the first store: four
+  times the bytes in flight of one element per thread, which is what reaches HBM bandwidth
+  (one 2-byte element per thread moved ~1.2 TB/s on the H200).
 * Reductions, by the amount of work per outer index (reduction extent and epilogue size):
   - `thread`: one thread per outer index, serial loops: tiny reductions and contractions
     (naive matmul/convolution: neighbouring threads read neighbouring columns);
@@ -25,6 +29,7 @@ from tessera.ops.schedule.reduction import WARP
 from tessera.ops.schedule.row import Cooperative, Workers, elementwise_value, outer_extents, row_body
 
 ELEMENTWISE_BLOCK = 256
+ELEMENTS_PER_THREAD = 4
 THREAD_BLOCK = 128
 WARPS_PER_BLOCK = 8
 ROW_BLOCK = 256
@@ -75,14 +80,24 @@ def lower_cuda(plan: KernelPlan, buffers: Buffers) -> tuple[S.Stmt, LaunchConfig
     if sched.kind == "elementwise":
         shape = list(plan.anchor.shape)
         total = numel(shape)
-        flat = index_var("idx")
-        coords = [index_var(f"i{k}") for k in range(len(shape))]
-        store = buffers.store(plan.anchor, tuple(coords), elementwise_value(plan, coords))
+        per_block = sched.threads * ELEMENTS_PER_THREAD
+        first = index_var("first")
+
+        def element(j: int, guarded: bool) -> S.Stmt:
+            flat = index_var(f"idx{j}{'' if guarded else 'f'}")
+            coords = [index_var(f"i{j}{'' if guarded else 'f'}_{k}") for k in range(len(shape))]
+            store = buffers.store(plan.anchor, tuple(coords), elementwise_value(plan, coords))
+            work = S.seq(*declare_coords(coords, flat, shape), store)
+            return S.seq(S.DeclareVar(flat, first + i32(j * sched.threads)),
+                         S.If(E.Binary("<", flat, total), work) if guarded else work)  # fmt: skip
+
+        whole = E.Binary("<=", _bid() * i32(per_block) + i32(per_block), total)
         body = S.seq(
-            S.DeclareVar(flat, _bid() * i32(sched.threads) + _tid()),
-            S.If(E.Binary("<", flat, total), S.seq(*declare_coords(coords, flat, shape), store)),
+            S.DeclareVar(first, _bid() * i32(per_block) + _tid()),
+            S.If(whole, S.seq(*(element(j, False) for j in range(ELEMENTS_PER_THREAD))),
+                 S.seq(*(element(j, True) for j in range(ELEMENTS_PER_THREAD)))),  # fmt: skip
         )
-        return body, LaunchConfig((ceil_div(total, sched.threads),), (i32(sched.threads),)), sched
+        return body, LaunchConfig((ceil_div(total, per_block),), (i32(sched.threads),)), sched
 
     extents = outer_extents(plan)
     total = numel(extents)
