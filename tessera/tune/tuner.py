@@ -22,6 +22,7 @@ import contextvars
 import json
 import logging
 import os
+import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,30 @@ def _note(full_key: str, best: str) -> None:
         found.append((full_key, best))
 
 
+CONFIRM_CANDIDATES = 4  # the fastest few, when within CONFIRM_MARGIN of the best, are timed again
+CONFIRM_MARGIN = 1.15
+CONFIRM_ROUNDS = 4
+
+
+def _confirm(times: dict[str, float], bench: Callable[[str], float]) -> None:
+    """Time the candidates close to the fastest again, round-robin, and keep each one's median.
+
+    One timing of a kernel of a few µs varies by 10-20% between runs (H200, 2026-11-23: the
+    same model measured 0.33 and 0.44 ms with different tuned picks); the winner of one pass
+    over the space is then partly the luckiest candidate.  Interleaving the rounds spreads
+    clock drift over all of them."""
+    fastest = min(times.values())
+    close = [n for n in sorted(times, key=times.__getitem__)[:CONFIRM_CANDIDATES] if times[n] <= fastest * CONFIRM_MARGIN]
+    if len(close) < 2:
+        return
+    samples = {n: [times[n]] for n in close}
+    for _ in range(CONFIRM_ROUNDS):
+        for n in close:
+            samples[n].append(bench(n))
+    for n in close:
+        times[n] = statistics.median(samples[n])
+
+
 def tune(
     key: str,
     candidates: Sequence[C],
@@ -172,6 +197,7 @@ def tune(
         reasons = "; ".join(f"{n}: {r}" for n, r in list(rejected.items())[:5])
         raise TuningError(f"tune({key!r}): all {len(candidates)} candidates failed ({reasons}"
                           f"{'; ...' if len(rejected) > 5 else ''})")  # fmt: skip
+    _confirm(times, lambda name: float(bench(by_name[name], built[name])))
     best = min(times, key=times.__getitem__)
     store(full_key, best, times)
     _note(full_key, best)
