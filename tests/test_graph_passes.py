@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tessera.graph import GraphBuilder
 from tessera.graph.passes import (
@@ -69,6 +70,31 @@ def test_qkv_projections_merge_into_one_linear(rng):
     assert merge_parallel_projections(g) == 1
     assert g.summary()["linear"] == 1 and g.summary()["split"] == 1
     np.testing.assert_allclose(g.verify().run(xv)[0], before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_gated_projections_stay_apart_for_their_epilogues(rng, act):
+    """act(x @ Wg) * (x @ Wu) (SwiGLU/GeGLU) is not merged: the activation and the product fold
+    into the two GEMMs' stores; a third projection of x (a plain one) has nothing to merge with."""
+    b = GraphBuilder()
+    x = b.input("x", ["n", 8])
+    gate, up, other = (b.op("linear", x, b.constant(_f32(rng, n, 8))) for n in (12, 12, 5))
+    b.output(b.op("linear", b.op("mul", b.op(act, gate), up), b.constant(_f32(rng, 8, 12))), other)
+    g = b.build()
+    xv = _f32(rng, 3, 8)
+    before = g.run(xv)
+    assert merge_parallel_projections(g) == 0 and g.summary()["linear"] == 4
+    for got, want in zip(g.verify().run(xv), before):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_projections_merge_when_the_product_is_not_gated(rng):
+    b = GraphBuilder()
+    x = b.input("x", ["n", 8])
+    a, c = (b.op("linear", x, b.constant(_f32(rng, 12, 8))) for _ in range(2))
+    b.output(b.op("mul", b.op("silu", a), c), a)  # the gate's output is used twice: no gated pair
+    g = b.build()
+    assert merge_parallel_projections(g) == 1
 
 
 def test_default_pipeline_is_idempotent(rng):

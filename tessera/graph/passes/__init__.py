@@ -22,6 +22,7 @@ from tessera.graph.passes.head_views import head_views
 from tessera.graph.passes.linear_bias import fold_linear_bias
 from tessera.graph.passes.matmul_to_linear import matmul_to_linear
 from tessera.graph.passes.merge_qkv import merge_parallel_projections
+from tessera.graph.passes.sink_anchors import sink_anchors_to_epilogues
 
 Pass = Callable[[FlowGraph], int]
 
@@ -40,6 +41,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     merge_parallel_projections,
     head_views,
     eliminate_dead_code,
+    sink_anchors_to_epilogues,
 )
 
 _log = logging.getLogger("tessera")
@@ -58,4 +60,5 @@ def optimize(graph: FlowGraph, passes: Sequence[Pass] = DEFAULT_PASSES, verify: 
 
 __all__ = ["DEFAULT_PASSES", "Pass", "optimize", "fold_constants", "eliminate_dead_code", "fold_batchnorm",
            "fuse_gelu", "fuse_rms_norm", "matmul_to_linear", "fold_linear_bias", "drop_reshapes",
-           "fuse_attention", "simplify_attention_masks", "merge_parallel_projections", "head_views", "fold_repeat_kv"]  # fmt: skip
+           "fuse_attention", "simplify_attention_masks", "merge_parallel_projections", "head_views", "fold_repeat_kv",
+           "sink_anchors_to_epilogues"]  # fmt: skip
