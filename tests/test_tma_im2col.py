@@ -108,12 +108,14 @@ def test_convolution_window():
 
 
 def test_im2col_encoding_rejects_bad_windows():
-    with pytest.raises(ArgumentError, match="2 lower corners"):
+    with pytest.raises(ArgumentError, match="needs 2 lower corners"):
         from tessera.runtime.tensor_map import TensorMap
 
         TensorMap.im2col_from_pointer(0x1000, f16, (1, 8, 8, 64), Im2colWindow((0,), (0,), (1,)), 64, 64)
     with pytest.raises(ArgumentError, match="strides must be 1..8"):
         TensorMap.im2col_from_pointer(0x1000, f16, (1, 8, 8, 64), Im2colWindow((0, 0), (0, 0), (9, 1)), 64, 64)
+    with pytest.raises(ArgumentError, match="range TMA encodes"):
+        TensorMap.im2col_from_pointer(0x1000, f16, (1, 8, 8, 64), Im2colWindow((0, -200), (0, 0), (1, 1)), 64, 64)
     with pytest.raises(ArgumentError, match="16-byte"):
         TensorMap.im2col_from_pointer(0x1000, f16, (1, 8, 8, 3), Im2colWindow((0, 0), (0, 0), (1, 1)), 64, 8)
 

@@ -162,8 +162,6 @@ class ConvWindow:
 
     def problems(self) -> list[str]:
         out = [] if self.channels % 8 == 0 else [f"channels must be a multiple of 8 (16-byte rows), got {self.channels}"]
-        if not all(1 <= s <= 8 for s in self.stride):
-            out.append(f"strides must be 1..8 (TMA element strides), got {self.stride}")
         if max((k - 1) * d for k, d in zip(self.kernel, self.dilation)) >= 1 << 15:
             out.append("the filter's extent must fit the 16-bit window offsets")
         return out

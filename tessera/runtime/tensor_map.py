@@ -105,15 +105,9 @@ class TensorMap:
             t = tensor_map_im2col(dtype, pixels, channels, len(shape), swizzle)
         except TypeError as exc:
             raise ArgumentError(str(exc)) from None
-        spatial = len(shape) - 2
-        if not (len(window.lower) == len(window.upper) == len(window.strides) == spatial):
-            raise ArgumentError(f"an im2col window over a rank-{len(shape)} tensor needs {spatial} lower corners, "
-                                f"upper corners and strides, got {window}")  # fmt: skip
-        bits = {1: 15, 2: 7, 3: 4}[spatial]  # the signed corner range TMA encodes per spatial rank
-        if not all(-(2**bits) <= v < 2**bits for v in (*window.lower, *window.upper)):
-            raise ArgumentError(f"im2col window corners {window} out of the range TMA encodes for {spatial} spatial dimensions")
-        if not all(1 <= s <= 8 for s in window.strides):
-            raise ArgumentError(f"im2col window strides must be 1..8 (TMA element strides), got {list(window.strides)}")
+        problems = window.problems(len(shape) - 2)
+        if problems:
+            raise ArgumentError(f"im2col window {window} over a rank-{len(shape)} tensor: {'; '.join(problems)}")
         strides = tuple(prod(shape[k + 1 :]) for k in range(len(shape)))
         if ptr % 16 or (shape[-1] * dtype.nbytes) % 16:
             raise ArgumentError(f"TMA needs a 16-byte aligned base and rows of a multiple of 16 bytes; got address "
@@ -133,6 +127,18 @@ class Im2colWindow:
     lower: tuple[int, ...]
     upper: tuple[int, ...]
     strides: tuple[int, ...]
+
+    def problems(self, spatial: int) -> list[str]:
+        """Why TMA cannot encode this window over `spatial` spatial dimensions (empty when it can)."""
+        if not (len(self.lower) == len(self.upper) == len(self.strides) == spatial):
+            return [f"needs {spatial} lower corners, upper corners and strides"]
+        bits = {1: 15, 2: 7, 3: 4}[spatial]  # the signed corner range TMA encodes per spatial rank
+        out = []
+        if not all(-(2**bits) <= v < 2**bits for v in (*self.lower, *self.upper)):
+            out.append(f"corners out of the range TMA encodes ({-(2**bits)}..{2**bits - 1})")
+        if not all(1 <= s <= 8 for s in self.strides):
+            out.append(f"strides must be 1..8 (TMA element strides), got {list(self.strides)}")
+        return out
 
     @staticmethod
     def convolution(size: Sequence[int], stride: Sequence[int], pad_lo: Sequence[int], out: Sequence[int]) -> Im2colWindow:

@@ -38,7 +38,15 @@ from tessera.kernels.gemm_space import Config
 from tessera.kernels.gemm_tma import ConvWindow, TmaConfig
 from tessera.kernels.im2col import col_width, make_im2col_nhwc
 from tessera.ops.anchors.epilogue import Epilogue
-from tessera.ops.anchors.gemm import GemmProblem, Operand, check_dtype, check_shape, choose_config, plan_gemm
+from tessera.ops.anchors.gemm import (
+    GemmProblem,
+    Operand,
+    check_dtype,
+    check_shape,
+    choose_config,
+    conv_window,
+    plan_gemm,
+)
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
 from tessera.ops.anchors.rewrite import i32, rename, specialize, unravel
 
@@ -154,7 +162,7 @@ def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: Da
     o, kh, kw, _ = w_shape
     window = ConvWindow(c, (kh, kw), (geo["oh"], geo["ow"]), (geo["sh"], geo["sw"]), (geo["pt"], geo["pl"]),
                         (geo["dh"], geo["dw"]))  # fmt: skip
-    if window.problems() or os.environ.get("TESSERA_IMPLICIT_CONV", "1") == "0":
+    if window.problems() or conv_window(window, x_shape).problems(2) or os.environ.get("TESSERA_IMPLICIT_CONV", "1") == "0":
         return None
     pixels = (n, geo["oh"], geo["ow"])
     a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)  # (TMA reads it)
