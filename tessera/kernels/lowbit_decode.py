@@ -40,7 +40,8 @@ class DecodeConfig:
     (with scales after the mma: the dequantisation only rebuilds the bits, `dequant(raw=True)`,
     and a second mma per step against the constant fragment -(raw_magic + bias) subtracts the
     magic, the signed offset and the zero point in the tensor core; groups under 32 subtract in
-    the dequantisation as without fold)."""
+    the dequantisation as without fold), min_blocks (> 0: `__launch_bounds__` asks ptxas for
+    registers that let this many blocks share an SM, so that the grid runs in one wave)."""
 
     warps: int = 4
     split: int = 4
@@ -52,6 +53,7 @@ class DecodeConfig:
     span: int = 16  # the weights' k order (tessera.ir.lowbit.lane_value_position); 2: scales after the mma
     fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
     prefetch: bool = False  # register path: the next batch's loads go out before this batch's math
+    min_blocks: int = 0  # > 0: blocks per SM the registers must allow (__launch_bounds__)
 
     @staticmethod
     def register_path(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
@@ -85,13 +87,47 @@ class DecodeConfig:
         return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
 
     @staticmethod
+    def streaming(bits: int, m: int, n: int, k: int, sms: int, warps: int = 4) -> DecodeConfig:
+        """One wave in which every SM streams an equal share with its loads out early (issue
+        12; the launch model of tessera/kernels/lowbit_launch.py): the register path in span 2
+        with the offsets folded; the block's activations staged in shared memory by cp.async
+        while its first weights are in flight, then read 16 bytes per two steps (no L2 round
+        trip per unit); K split until the grid holds 16 (M <= 8) or 8 warps per SM and spreads
+        evenly (the busiest SM within 10% of the mean); min_blocks = the busiest SM's blocks,
+        so that ptxas keeps the registers to hold them all at once; as many units per batch
+        as fit half of those registers, a third beyond 8 tokens (one row tile per warp at M <= 8
+        or with 8 warps, else 2)."""
+        small = m <= 8
+        m_tiles, rows = (1 if small else 2), (1 if small or warps >= 8 else 2)
+        k_tiles, row_tiles = -(-k // 256), -(-n // 16)
+        per_split = -(-row_tiles // (warps * rows)) * -(-m // (8 * m_tiles))
+        want = (16 if small else 8) * sms
+        split = 1
+        while split < min(8, k_tiles) and (per_split * split * warps < want
+                                           or per_split * split / sms / -(-per_split * split // sms) < 0.9):  # fmt: skip
+            split *= 2
+        blocks = per_split * split
+        min_blocks = min(-(-blocks // sms), 2048 // (32 * warps))
+        units_k = -(-k_tiles // split)
+        # weight registers: half the bound at M <= 8, a third with two token tiles (nvcc 13 then spills
+        # at most a few words; more unroll spilled ~100 bytes)
+        budget = 65536 // (min_blocks * 32 * warps) // (2 if small else 3)
+        unroll = 1
+        while unroll < min(8, units_k) and 2 * unroll * rows * 4 * bits <= budget:
+            unroll *= 2
+        return DecodeConfig(warps, split, unroll, m_tiles, rows, units_k, 0, 2, True, False, min_blocks)
+
+    @staticmethod
     def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
         ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
         the mma), f = fold (offsets subtracted by a second mma), pf = the register path's next
         batch loaded before this one's math, uN = N units per batch, sN =
-        split N, r1 = one row tile per warp, x = activations staged per block."""
+        split N, r1 = one row tile per warp, x = activations staged per block; xa = `streaming`
+        (one even wave, activations staged while the weights stream), xa8 = that with 8 warps
+        per block (M <= 8), xa_nf = without fold, xa_b0 = without min_blocks; reg_b = the default with
+        min_blocks for one wave."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
@@ -114,8 +150,17 @@ class DecodeConfig:
             out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
             out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
         out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
+        xa = out["xa"] = DecodeConfig.streaming(bits, m, n, k, sms)
+        if m <= 8:  # (beyond 8 tokens its bound of 85 registers spills)
+            out["xa8"] = DecodeConfig.streaming(bits, m, n, k, sms, 8)
+        out["xa_nf"] = dataclasses.replace(xa, fold=False)
+        out["xa_b0"] = dataclasses.replace(xa, min_blocks=0)
+        reg = out["reg"]
+        blocks = -(-n // (16 * reg.warps * reg.rows)) * reg.split * -(-m // (8 * reg.m_tiles))
+        out["reg_b"] = dataclasses.replace(reg, min_blocks=min(-(-blocks // sms), 2048 // (32 * reg.warps)))
         return {name: c for name, c in out.items()
-                if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
+                if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024
+                and c.min_blocks * (c.smem_bytes(bits) + 1024) <= 228 * 1024}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []
@@ -137,6 +182,8 @@ class DecodeConfig:
             out.append(f"span must be one of {lowbit.SPANS}")
         if self.fold and self.span == 16:
             out.append("fold needs span 2 (scales applied after the mma)")
+        if not 0 <= self.min_blocks <= 32 or self.min_blocks * 32 * self.warps > 2048:
+            out.append("min_blocks must be 0..32 with min_blocks * 32 * warps <= 2048 threads per SM")
         if self.prefetch and (self.stages or self.unroll * self.m_tiles > 2):
             out.append("prefetch is for the register path (stages == 0; the ring prefetches by itself) with "
                        "unroll * m_tiles <= 2 (two sets of registers)")
@@ -151,7 +198,8 @@ class DecodeConfig:
     def __str__(self) -> str:
         return (f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
                 f"{f'_x{self.x_units}' if self.x_units else ''}{f'_p{self.stages}' if self.stages else ''}"
-                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}{'_pf' if self.prefetch else ''}")
+                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}{'_pf' if self.prefetch else ''}"
+                f"{f'_b{self.min_blocks}' if self.min_blocks else ''}")
 
 
 def x_smem_bytes(x_units: int, m_tiles: int) -> int:
@@ -215,6 +263,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
     XU, P = config.x_units, config.stages
     PF = config.prefetch
+    MIN_BLOCKS = config.min_blocks
     SLOTS = P if P else UNROLL * (2 if PF else 1)  # register slots of weights and scales: one per unit in flight
     HALVES = (0, 1) if PF else (0,)  # prefetch: two register sets, loaded and computed in turn
     LOAD_SET = tuple(h * UNROLL if PF else 0 for h in HALVES)
@@ -258,6 +307,8 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                KT: ts.int32):  # fmt: skip
         ts.attrs.grid = (ts.ceil_div(ts.ceil_div(N, 16), WARPS * R) * SPLIT, ts.ceil_div(M, 8 * MT))
         ts.attrs.block = THREADS
+        if MIN_BLOCKS:
+            ts.attrs.min_blocks = MIN_BLOCKS
         if SPLIT > 1:
             ts.attrs.cluster = (SPLIT, 1, 1)
         wr = ts.register_tensor(u32, [1 if P else SLOTS, R, WORDS])
@@ -310,15 +361,11 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 xj = (c16 // (2 * SPAN)) * (SPAN // 2) + c16 % (SPAN // 2)
                 dst = (col // 32) * 288 + xt * 72 + xj * 8
                 ok = m < M and k < K and col // 32 < n_units
-                if P > 0:  # joins the first group of copies
-                    ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
-                elif ok:
-                    ts.copy_vector(xs[row, dst], X[m, k], 16)
-                else:
-                    for e in ts.unroll(8):
-                        xs[row, dst + e] = 0.0
+                # asynchronous (zero-filled where not ok): the ring's first group of copies, or the
+                # register path's own group, awaited after its first weight loads are out
+                ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
             if P == 0:
-                ts.syncthreads()
+                ts.copy_async_commit()
         if P > 0:
             warp = tid // 32
             wsm = ts.shared_tensor(u32, [WARPS, P, R, BITS, 128])  # each lane reads back only its own copies
@@ -415,7 +462,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 for c in ts.unroll(2):
                                                     accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
-        elif nt0 * 16 < N:
+        elif XU > 0 or nt0 * 16 < N:  # staged activations: every warp meets the block barrier below
             # batches of UNROLL units: every load of a batch first (weights, scales), then its math;
             # with prefetch the loads of the next batch go out before the math of this one
             # (register sets alternate: the loop starts one batch early and takes two per pass)
@@ -458,28 +505,33 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         else:
                                             for e in ts.unroll(8):
                                                 xr[ls, i, j * 8 + e] = 0.0
+                    if XU > 0:
+                        if ub == u_begin:  # the first batch's weights are in flight: now the activations
+                            ts.copy_async_wait(0)
+                            ts.syncthreads()
                     for uu in ts.unroll(UNROLL):
                         cs = COMP_SET[hb] + uu
                         if ub + uu < u_end and (ub >= u_begin if PF else True):
                             # activations per unit (L1/L2 hits: every warp of the block reads the same ones;
                             # with prefetch from global memory they came with the weights)
-                            if not XPF:
+                            if XU == 0 and not XPF:
                                 for i in ts.unroll(MT):
                                     m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
                                     for j in ts.unroll(8):
-                                        if XU > 0:
-                                            ts.copy_vector(xr[0, i, j * 8], xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + j * 8], 16)
+                                        k = (ub + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
+                                        if k_whole:  # every unit is whole: no bound check, no zero fill
+                                            ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
+                                        elif k < K:
+                                            ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
                                         else:
-                                            k = (ub + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
-                                            if k_whole:  # every unit is whole: no bound check, no zero fill
-                                                ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
-                                            elif k < K:
-                                                ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
-                                            else:
-                                                for e in ts.unroll(8):
-                                                    xr[0, i, j * 8 + e] = 0.0
+                                            for e in ts.unroll(8):
+                                                xr[0, i, j * 8 + e] = 0.0
                             for s in STEPS:  # a compile-time list: dequant's start is a constant
                                 q = s // SPQ
+                                if XU > 0 and s % 2 == 0:  # staged activations: 16 bytes per two steps, as needed
+                                    for i in ts.unroll(MT):
+                                        ts.copy_vector(xr[0, i, 4 * s], xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + 4 * s],
+                                                       16)  # fmt: skip
                                 for r in ts.unroll(R):
                                     if FOLD:
                                         ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8, raw=True)
@@ -518,6 +570,8 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                         accg[0, r, i, e] + accg[1, r, i, e])
                                                 for c in ts.unroll(2):
                                                     accg[c, r, i, e] = 0.0
+            if XU > 0:
+                ts.copy_async_wait(0)  # a block without units still staged (zeros): they land before it leaves
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
             for i in ts.unroll(MT):
