@@ -65,22 +65,31 @@ def test_streaming_config_is_one_even_wave(bits, m):
     assert lm.waves == 1 and lm.act_trips == 0
     cands = DecodeConfig.candidates(bits, m, N0, K0, SMS)
     assert cands["xa"] == c and cands["xa_b0"].min_blocks == 0 and cands["reg_b"].min_blocks > 0
-    assert ("xa8" in cands) == (m <= 8)
+    assert ("xa8" in cands) == ("xa_il" in cands) == (m <= 8)
+    if m <= 8:
+        il = cands["xa_il"]
+        assert il.interleave and il.split == c.split // 2 and il.staged_units == il.x_units == 16 // il.split
 
 
-def test_min_blocks_is_checked():
+def test_min_blocks_and_interleave_are_checked():
     with pytest.raises(UnsupportedError, match="min_blocks"):
         make_decode(ts.int4, 128, False, DecodeConfig(8, 1, 1, 1, 1, 0, 0, 16, False, False, 9))
+    for bad in (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2, True, False, 0, True), DecodeConfig(4, 2, 1, 1, 1, 4, 0, 2,
+                interleave=True), DecodeConfig(4, 2, 2, 1, 1, 4, 2, 2, interleave=True)):  # fmt: skip
+        with pytest.raises(UnsupportedError, match="interleave is for the register path"):
+            make_decode(ts.int4, 128, False, bad)
+    # interleaved batches stage whole batches of activations (zeros past the block's units)
+    assert DecodeConfig(4, 2, 4, 1, 1, 3, 0, 2, interleave=True).staged_units == 4
     assert str(DecodeConfig(4, 4, 2, 1, 1, 4, 0, 2, True, False, 6)) == "w4_s4_u2_m1_r1_x4_k2_f_b6"
 
 
 @needs_nvcc
-@pytest.mark.parametrize("t, m", [("int4", 1), ("int2", 16), ("e4m3", 1)])
-def test_streaming_kernel_builds_within_its_register_bound(t, m, tmp_path):
+@pytest.mark.parametrize("t, m, name", [("int4", 1, "xa"), ("int2", 16, "xa"), ("e4m3", 1, "xa"), ("int3", 1, "xa_il")])
+def test_streaming_kernel_builds_within_its_register_bound(t, m, name, tmp_path):
     """The cubin's register count (read from its ELF) is what ptxas reports, and within the
     bound that min_blocks sets; the staged activations are cp.async copies awaited once."""
     t = ts.dtype(t)
-    c = DecodeConfig.streaming(t.nbits, m, N0, K0, SMS)
+    c = DecodeConfig.candidates(t.nbits, m, N0, K0, SMS)[name]
     kernel = make_decode(t, 128, False, c, True, True)
     src = kernel.source_full
     assert f"__launch_bounds__({32 * c.warps}, {c.min_blocks})" in src and "ts_copy_async<16>" in src
@@ -103,11 +112,15 @@ def test_cubin_registers_refuses_other_files(tmp_path):
         cubin_registers(f)
 
 
-# streaming configs and their variants at odd sizes: split 4 and 2, staged units 4 (>= a block's
-# units at K = 1000 or 520), batches of 1, 2 and 4, one and two token tiles, fold on and off
+# streaming configs and their variants at odd sizes: split 4, 2 and 1, staged units 4 (>= a block's
+# units at K = 1000 or 520), batches of 1, 2 and 4, one and two token tiles, fold on and off, span 16;
+# interleaved batches (the last four), whose units past the block's end run on zero activations
 STREAMING = (DecodeConfig(4, 4, 2, 1, 1, 4, 0, 2, True, False, 6), DecodeConfig(4, 4, 1, 2, 2, 4, 0, 2, True, False, 3),
              DecodeConfig(8, 2, 4, 1, 1, 4, 0, 2, True, False, 3), DecodeConfig(4, 4, 2, 2, 2, 4, 0, 2, False, False, 3),
-             DecodeConfig(4, 2, 1, 1, 1, 4, 0, 16))  # fmt: skip
+             DecodeConfig(4, 2, 1, 1, 1, 4, 0, 16), DecodeConfig(4, 2, 2, 1, 1, 4, 0, 2, True, False, 3, True),
+             DecodeConfig(4, 1, 4, 1, 1, 4, 0, 16, False, False, 0, True),
+             DecodeConfig(4, 2, 2, 2, 2, 3, 0, 2, True, False, 0, True),
+             DecodeConfig(8, 1, 4, 1, 1, 4, 0, 2, False, False, 0, True))  # fmt: skip
 
 
 @pytest.mark.cuda
@@ -120,6 +133,7 @@ def test_cuda_decode_streaming_variants(rng, t):
 
     cands = [c for m in (1, 16) for name, c in DecodeConfig.candidates(t.nbits, m, N0, K0, SMS).items()
              if name.startswith("xa") or name == "reg_b"]  # fmt: skip
+    assert any(c.interleave for c in cands)
     for i, group in enumerate((128, 32, 64, None, 8)):
         for zp in ((None, True) if t.is_integer else (None,)):
             n, k = (40, 520) if i % 2 else (100, 1000)
@@ -131,3 +145,19 @@ def test_cuda_decode_streaming_variants(rng, t):
                     ref = x.double() @ w.T
                     err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
                     assert err < 2e-3, (t, group, zp, m, config)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("t, group, bias, config", [
+    ("int1", 128, False, STREAMING[0]), ("uint3", 32, True, STREAMING[1]), ("e2m1", 64, False, STREAMING[2]),
+    ("int4", 128, True, STREAMING[3]), ("int8", 8, True, STREAMING[4]), ("int4", 64, True, STREAMING[5]),
+    ("e4m3", 16, False, STREAMING[6]), ("int5", 1024, True, STREAMING[7]), ("e5m2", 128, False, STREAMING[8]),
+    ("uint2", 8, True, STREAMING[5])])  # fmt: skip
+def test_streaming_variants_build_with_nvcc(t, group, bias, config):
+    """Interleaved kernels step the batch's units together: each step's mmas are spelled out
+    once per unit and step (a C loop over the units that nvcc unrolls), with no per-unit branch."""
+    kernel = make_decode(ts.dtype(t), group, bias, config, False, config.span == 2 and group % 32 == 0)
+    src = kernel.source_full
+    assert src.count("ts_copy_async_wait<0>();") == 2 and kernel.build()
+    if config.interleave:
+        assert "u_end_ - 1)" in src and "if ((ub_ + uu" not in src

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.kernels.lowbit_decode import DecodeConfig
+from tessera.kernels.lowbit_decode_config import DecodeConfig
 
 # sm_90 per-SM limits
 SM_REGISTERS = 65536
