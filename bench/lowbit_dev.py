@@ -21,6 +21,7 @@ its numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -175,6 +176,10 @@ def run(checks: list, timings: list, lms: dict[tuple, LaunchModel]) -> None:
         if name == "int4" and m == 1:
             print("int4 N=128 K=256 M=1: " + " ".join(f"{k} {timer(cuda_matmul, xt, tiny, c):.1f}"
                                                        for k, c in cands.items()), flush=True)  # fmt: skip
+            # the same kernels without a cluster (split 1): what the cluster launch and its reduction cost
+            solo = {k: dataclasses.replace(cands[k], split=1, min_blocks=0) for k in ("reg", "p2k2", "xa") if k in cands}
+            print("  split 1 (no cluster): " + " ".join(f"{k} {timer(cuda_matmul, xt, tiny, c):.1f}"
+                                                        for k, c in solo.items()), flush=True)  # fmt: skip
     print(f"copy bandwidth {bw:.0f} GB/s; times in us (L2 flushed, median of {timer.repeats})")
     dequantized: dict[str, torch.Tensor] = {}
     for name, m, p, q, cands in timings:

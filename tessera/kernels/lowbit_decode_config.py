@@ -105,23 +105,21 @@ class DecodeConfig:
     def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
         """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
         what differs from the default ("reg", the register path): pN = the cp.async weight
-        ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), f = fold (offsets subtracted by a second mma), pf = the register path's next
-        batch loaded before this one's math, uN = N units per batch, sN =
-        split N, r1 = one row tile per warp, x = activations staged per block; xa = `streaming`
-        (one even wave, activations staged while the weights stream), xa8 = that with 8 warps
-        per block (M <= 8), xa_nf = without fold, xa_b0 = without min_blocks, xa_il = interleaved (M <= 8, half the split); reg_b = the default with
-        min_blocks for one wave."""
+        ring with N stages (4 and 8 only for 1-2 bits, whose units are small), k2 = span 2
+        (scales after the mma), f = fold (offsets subtracted by a second mma), pf = the register
+        path's next batch loaded before this one's math, uN = N units per batch, r1 = one row
+        tile per warp, x = activations staged per block; xa = `streaming` (one even wave,
+        activations staged while the weights stream), xa8 = that with 8 warps per block
+        (M <= 8), xa_nf = without fold, xa_b0 = without min_blocks, xa_il = interleaved (M <= 8,
+        half the split); reg_b = the default with min_blocks for one wave.  The span-16 rings,
+        the 4-stage ring from 3 bits on and the doubled split were dropped after two H200 sweeps
+        (dcce684, 02c490e) where they never won and ran 2-20 us behind."""
         d = DecodeConfig.default(bits, m, n, k, sms)
         xu = -(-k // 256 // d.split)
         out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
         d = out["r16"]  # the variants below vary the register path's shape
-        for span in (16, 2):
-            tag = "" if span == 16 else "k2"
-            for p in (2, 4, 8) if bits <= 2 else (2, 4):
-                out[f"p{p}{tag}"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, span)
-        split = min(8, 2 * d.split)
-        out[f"p4k2_s{split}"] = DecodeConfig(d.warps, split, 1, d.m_tiles, d.rows, 0, 4, 2)
+        for p in (2, 4, 8) if bits <= 2 else (2,):
+            out[f"p{p}k2"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, 2)
         # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
         out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
         out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
