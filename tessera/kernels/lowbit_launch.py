@@ -116,8 +116,9 @@ def launch_model(config: DecodeConfig, bits: int, m: int, n: int, k: int, sms: i
     # the register path reads each unit's activations before its math (an L2 round trip), unless they
     # come with the weights (prefetch) or were staged in shared memory (cp.async, beside the first weights)
     act_trips = 0 if (c.x_units or c.prefetch) else units_k
-    # dependent mmas: each of a unit's 16 steps adds into the same accumulator pair (two chains)
-    mma_chain = units_k * 8
+    # dependent mmas: each of a unit's 16 steps adds into the same accumulator pair (two chains);
+    # interleaved, the batch's units run their chains side by side
+    mma_chain = units_k * 8 // (c.unroll if c.interleave else 1)
     inflight = ahead * unit_bytes * min(warps_per_sm, busiest * c.warps)
     chain_cycles = round_trips * DRAM_CYCLES + act_trips * L2_CYCLES + mma_chain * MMA_CYCLES
     chain_us = waves * chain_cycles / (CLOCK_GHZ * 1e3)
@@ -126,7 +127,7 @@ def launch_model(config: DecodeConfig, bits: int, m: int, n: int, k: int, sms: i
     latency_us = DRAM_CYCLES / (CLOCK_GHZ * 1e3)
     sm_rate = min(inflight / latency_us, bandwidth_gbs * 1e3 / sms) if inflight else 1e-9  # bytes per us
     stream_us = sm_bytes / sm_rate
-    mmas_per_step = c.m_tiles * c.rows * (2 if c.fold else 1)
+    mmas_per_step = c.m_tiles * c.rows * (2 if c.fold else 1)  # (fold: the integers' second mma)
     warp_units = busiest * c.warps * units_k  # the busiest SM's warp passes over a unit
     mma_us = warp_units * 16 * mmas_per_step * MMA_ISSUE / 4 / (CLOCK_GHZ * 1e3)
     issue_us = warp_units * c.rows * (UNIT_INSTRUCTIONS + 16 * mmas_per_step) / 4 / (CLOCK_GHZ * 1e3)
