@@ -110,7 +110,8 @@ class DecodeConfig:
         path's next batch loaded before this one's math, uN = N units per batch, r1 = one row
         tile per warp, x = activations staged per block; xa = `streaming` (one even wave,
         activations staged while the weights stream), xa8 = that with 8 warps per block
-        (M <= 8), xa_nf = without fold, xa_b0 = without min_blocks, xa_il = interleaved (M <= 8,
+        (M <= 8), xa_nf = without fold, xa_b0 = without min_blocks, xa_pf = prefetching
+        (up to 4 bits at M <= 8, 2 beyond), xa_il = interleaved (M <= 8,
         half the split); reg_b = the default with min_blocks for one wave.  The span-16 rings,
         the 4-stage ring from 3 bits on and the doubled split were dropped after two H200 sweeps
         (dcce684, 02c490e) where they never won and ran 2-20 us behind."""
@@ -137,6 +138,9 @@ class DecodeConfig:
             out["xa8"] = DecodeConfig.streaming(bits, m, n, k, sms, 8)
         out["xa_nf"] = dataclasses.replace(xa, fold=False)
         out["xa_b0"] = dataclasses.replace(xa, min_blocks=0)
+        if bits <= (4 if m <= 8 else 2):  # prefetching: the next batch's weights load during this one's math
+            # (wider weights, or two token tiles from 3 bits on, spill ~100 bytes under the bound with nvcc 13)
+            out["xa_pf"] = dataclasses.replace(xa, prefetch=True, unroll=max(1, xa.unroll // 2 // xa.m_tiles))
         if m <= 8 and xa.split > 1:  # interleaved: ~100-150 registers (ptxas, no spills), so half the split
             split = xa.split // 2
             blocks = -(-n // (16 * xa.warps)) * split
