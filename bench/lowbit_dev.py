@@ -10,12 +10,18 @@ N=12288, group 128, M = 1 and 16, with the suite's protocol (bench/harness.py: L
 A "!" after a time marks a candidate whose result or checks were wrong (never "best").
 
 Candidates come from `DecodeConfig.candidates` (the register path, the cp.async weight ring
-with 2..4 stages, activations staged in shared memory or not, other splits).
+with 2..4 stages, activations staged in shared memory or not, other splits, `streaming`: one
+even wave with the activations staged while the weights stream).  Before the timings (and in a
+dry run) each candidate's launch model is printed (tessera/kernels/lowbit_launch.py: the grid
+against the SMs, resident blocks from the cubin's registers, waves, weight bytes in flight per
+SM, each warp's serial chain, the reduction tail, the bound it predicts); the JSONL rows carry
+its numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -30,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tessera as ts  # noqa: E402
 from tessera.kernels.lowbit_decode import DecodeConfig, make_decode  # noqa: E402
+from tessera.kernels.lowbit_launch import LaunchModel, cubin_registers, launch_model  # noqa: E402
 from tessera.quant import WEIGHT_TYPES  # noqa: E402
 from tessera.quant.linear import prepare  # noqa: E402
 from tessera.quant.quantize import quantize_weight  # noqa: E402
@@ -83,11 +90,26 @@ def plan(types: list[str], ms: list[int], sms: int, device: str) -> tuple[list, 
     return checks, timings
 
 
-def build_all(keys: set, workers: int) -> float:
+def build_all(keys: set, workers: int) -> tuple[float, dict]:
+    """(seconds, {kernel key: registers per thread}) after building every kernel."""
     t0 = time.time()
+    keys = sorted(keys, key=str)
     with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(lambda key: make_decode(*key).build(), sorted(keys, key=str)))
-    return time.time() - t0
+        regs = list(ex.map(lambda key: cubin_registers(make_decode(*key).build()), keys))
+    return time.time() - t0, dict(zip(keys, regs))
+
+
+def models(timings: list, regs: dict, sms: int) -> dict:
+    """{(type, m, candidate name): LaunchModel} of every timed candidate, printed."""
+    out = {}
+    print("launch model (tessera/kernels/lowbit_launch.py; est = rough latency terms, us):")
+    for name, m, p, _, cands in timings:
+        bits = p.weight.dtype.nbits
+        for cname, c in cands.items():
+            r = regs[kernel_key(p, c)]
+            lm = out[name, m, cname] = launch_model(c, bits, m, N0, K0, sms, r)
+            print(f"  {name:5} M={m:<3} {cname:7} {str(c):28} {r:3} regs | {lm.line()}")
+    return out
 
 
 def main() -> None:
@@ -106,15 +128,15 @@ def main() -> None:
                                                            for c in cs.values()}  # fmt: skip
     print(f"{sms} SMs; planned in {time.time() - t0:.1f}s: {len(checks)} checks, "
           f"{sum(len(cs) for *_, cs in timings)} timings, {len(keys)} kernels", flush=True)
-    print(f"built {len(keys)} kernels in {build_all(keys, args.workers):.1f}s", flush=True)
+    seconds, regs = build_all(keys, args.workers)
+    print(f"built {len(keys)} kernels in {seconds:.1f}s", flush=True)
+    lms = models(timings, regs, sms)
     if args.dry_run:
-        for name, m, _, _, cs in timings:
-            print(f"{name} M={m}: " + ", ".join(f"{k}={c}" for k, c in cs.items()))
         return
-    run(checks, timings)
+    run(checks, timings, lms)
 
 
-def run(checks: list, timings: list) -> None:
+def run(checks: list, timings: list, lms: dict[tuple, LaunchModel]) -> None:
     import torch
     from harness import Timer, copy_bandwidth_gbs, environment, rel_err
 
@@ -154,6 +176,10 @@ def run(checks: list, timings: list) -> None:
         if name == "int4" and m == 1:
             print("int4 N=128 K=256 M=1: " + " ".join(f"{k} {timer(cuda_matmul, xt, tiny, c):.1f}"
                                                        for k, c in cands.items()), flush=True)  # fmt: skip
+            # the same kernels without a cluster (split 1): what the cluster launch and its reduction cost
+            solo = {k: dataclasses.replace(cands[k], split=1, min_blocks=0) for k in ("reg", "p2k2", "xa") if k in cands}
+            print("  split 1 (no cluster): " + " ".join(f"{k} {timer(cuda_matmul, xt, tiny, c):.1f}"
+                                                        for k, c in solo.items()), flush=True)  # fmt: skip
     print(f"copy bandwidth {bw:.0f} GB/s; times in us (L2 flushed, median of {timer.repeats})")
     dequantized: dict[str, torch.Tensor] = {}
     for name, m, p, q, cands in timings:
@@ -175,7 +201,7 @@ def run(checks: list, timings: list) -> None:
             res[cname] = (us, err, c)
             rows.append({"suite": "lowbit-dev", "case": f"M={m},N={N0},K={K0},w={name},g=128,fp16", "variant": cname,
                          "config": str(c), "tessera_us": us, "floor_us": floor, "target_us": 1.25 * floor + 1.5,
-                         "rel_err": err, "copy_gbs": bw, **env})  # fmt: skip
+                         "rel_err": err, "copy_gbs": bw, **model_fields(lms[name, m, cname]), **env})  # fmt: skip
         cub = timer(torch.matmul, x, w16.T) if name == "int4" else None
         good = {k: v for k, v in res.items() if v[1] < 2e-3 and str(v[2]) not in failed}
         best = min(good.items(), key=lambda kv: kv[1][0]) if good else None
@@ -192,6 +218,13 @@ def run(checks: list, timings: list) -> None:
         path = Path(out_dir) / f"{env['date']}-lowbit-dev.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
         print(f"wrote {path}")
+
+
+def model_fields(lm: LaunchModel) -> dict:
+    """The launch model's numbers for a JSONL row (prefixed model_)."""
+    keys = ("blocks", "per_sm", "limit", "waves", "fill", "warps_per_sm", "units_per_warp", "round_trips", "act_trips",
+            "inflight_kib", "chain_us", "stream_us", "mma_us", "issue_us", "bound")  # fmt: skip
+    return {f"model_{k}": getattr(lm, k) for k in keys}
 
 
 if __name__ == "__main__":

@@ -14,10 +14,8 @@ does everything (no workspace, no second kernel).  Tokens beyond 16 take more ti
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,141 +25,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """warps per block (each owns a 16-row tile), split (cluster size along K), unroll (units
-    whose loads are issued together, register path), m_tiles (8-token mma tiles per launch
-    tile: 1 or 2), stages (> 0: the weights stream through a cp.async ring of this many units
-    per warp in shared memory instead of registers, scales prefetched with them; `unroll` is
-    then unused), span (the weights' k order: 2 applies the scales to each group's fp32 sums
-    after the mma, from groups of 32 on, so the dequantisation only rebuilds and subtracts), fold
-    (with scales after the mma: the dequantisation only rebuilds the bits, `dequant(raw=True)`,
-    and a second mma per step against the constant fragment -(raw_magic + bias) subtracts the
-    magic, the signed offset and the zero point in the tensor core; groups under 32 subtract in
-    the dequantisation as without fold)."""
-
-    warps: int = 4
-    split: int = 4
-    unroll: int = 2
-    m_tiles: int = 2
-    rows: int = 1  # 16-row tiles per warp (they share the warp's activation registers)
-    x_units: int = 0  # > 0: the block's activations (at most this many units) staged in shared memory
-    stages: int = 0  # > 0 (2..8): units in flight per warp through a shared-memory ring (cp.async)
-    span: int = 16  # the weights' k order (tessera.ir.lowbit.lane_value_position); 2: scales after the mma
-    fold: bool = False  # raw dequant, the offsets subtracted by a second mma (needs span 2)
-    prefetch: bool = False  # register path: the next batch's loads go out before this batch's math
-
-    @staticmethod
-    def register_path(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """The register path in span 16 for `sms` multiprocessors, from the H200 sweep at
-        K=4096, N=12288 (commit 059ebcc): 4 warps; units per batch 8 / bits for 1..3 bits (1
-        from 4 bits on at M <= 8, 2 at 4 bits beyond); K split until every SM has several blocks
-        (at most 2 ways beyond 8 tokens); 2 row tiles per warp beyond 8 tokens (1 for 1-bit
-        weights).  Activations are read from global memory (x_units is not measured yet)."""
-        small = m <= 8
-        unroll = {1: 8, 2: 4, 3: 2}.get(bits, 1 if small or bits > 4 else 2)
-        warps, rows, m_tiles = 4, 1 if small or bits == 1 else 2, 1 if small else 2
-        tiles = -(-n // 16)
-        blocks = -(-tiles // (warps * rows))
-        k_tiles = -(-k // 256)
-        split, most = 1, 8 if small else 2
-        while split < most and blocks * split < 4 * sms and k_tiles >= 2 * split * unroll:
-            split *= 2
-        return DecodeConfig(warps, split, unroll, m_tiles, rows)
-
-    @staticmethod
-    def default(bits: int, m: int, n: int, k: int, sms: int) -> DecodeConfig:
-        """The kernel's choice.  M <= 8: the register path (`register_path`) in span 2, the
-        offsets folded into a second mma: the fewest instructions per weight (bench/lowbit_sass.py).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
-        for 1-2 bits), two row tiles per warp where the block's ring stays within 32 KiB, the
-        winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md)."""
-        r = DecodeConfig.register_path(bits, m, n, k, sms)
-        if m <= 8:
-            return dataclasses.replace(r, span=2, fold=True)
-        stages = 8 if bits <= 2 else 2
-        rows = 2 if bits > 1 and r.warps * stages * 2 * bits * 512 <= 32 * 1024 else 1
-        return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
-
-    @staticmethod
-    def candidates(bits: int, m: int, n: int, k: int, sms: int) -> dict[str, DecodeConfig]:
-        """Configs worth timing for one shape (bench/lowbit_dev.py sweeps them), named by
-        what differs from the default ("reg", the register path): pN = the cp.async weight
-        ring with N stages (8 for 1-2 bits, whose units are small), k2 = span 2 (scales after
-        the mma), f = fold (offsets subtracted by a second mma), pf = the register path's next
-        batch loaded before this one's math, uN = N units per batch, sN =
-        split N, r1 = one row tile per warp, x = activations staged per block."""
-        d = DecodeConfig.default(bits, m, n, k, sms)
-        xu = -(-k // 256 // d.split)
-        out = {"reg": d, "r16": DecodeConfig.register_path(bits, m, n, k, sms)}  # r16: the span-16 register path
-        d = out["r16"]  # the variants below vary the register path's shape
-        for span in (16, 2):
-            tag = "" if span == 16 else "k2"
-            for p in (2, 4, 8) if bits <= 2 else (2, 4):
-                out[f"p{p}{tag}"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, p, span)
-        split = min(8, 2 * d.split)
-        out[f"p4k2_s{split}"] = DecodeConfig(d.warps, split, 1, d.m_tiles, d.rows, 0, 4, 2)
-        # the register path in span 2 (scales after the mma), then with the offsets folded into a second mma
-        out["k2"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2)
-        out["k2f"] = DecodeConfig(d.warps, d.split, d.unroll, d.m_tiles, d.rows, 0, 0, 2, True)
-        if d.unroll == 1:  # two units' loads in flight per warp (the folded loop is short)
-            out["k2f_u2"] = DecodeConfig(d.warps, d.split, 2, d.m_tiles, d.rows, 0, 0, 2, True)
-        out["k2f_pf"] = DecodeConfig(d.warps, d.split, max(1, min(d.unroll, 2 // d.m_tiles)), d.m_tiles, d.rows, 0, 0,
-                                     2, True, True)  # fmt: skip
-        out["p2k2f"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, 0, 2, 2, True)
-        if d.rows > 1:  # one row tile per warp: half the ring (and more blocks per SM)
-            out["p2k2_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2)
-            out["p2k2f_r1"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, 1, 0, 2, 2, True)
-        out["p4k2x"] = DecodeConfig(d.warps, d.split, 1, d.m_tiles, d.rows, xu, 4, 2)
-        return {name: c for name, c in out.items()
-                if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024}  # fmt: skip
-
-    def problems(self) -> list[str]:
-        out = []
-        if self.warps not in (1, 2, 4, 8):
-            out.append("warps must be 1, 2, 4 or 8")
-        if self.split not in (1, 2, 4, 8):
-            out.append("split must be 1, 2, 4 or 8 (a portable cluster)")
-        if self.unroll not in (1, 2, 4, 8):
-            out.append("unroll must be 1, 2, 4 or 8")
-        if self.m_tiles not in (1, 2):
-            out.append("m_tiles must be 1 or 2")
-        if self.rows not in (1, 2, 4):
-            out.append("rows must be 1, 2 or 4")
-        if self.x_units < 0 or x_smem_bytes(self.x_units, self.m_tiles) > 200 * 1024:
-            out.append("x_units must be >= 0 and its shared activations fit 200 KiB")
-        if self.stages not in (0, 2, 3, 4, 6, 8):
-            out.append("stages must be 0 (register path) or 2, 3, 4, 6, 8")
-        if self.span not in lowbit.SPANS:
-            out.append(f"span must be one of {lowbit.SPANS}")
-        if self.fold and self.span == 16:
-            out.append("fold needs span 2 (scales applied after the mma)")
-        if self.prefetch and (self.stages or self.unroll * self.m_tiles > 2):
-            out.append("prefetch is for the register path (stages == 0; the ring prefetches by itself) with "
-                       "unroll * m_tiles <= 2 (two sets of registers)")
-        return out
-
-    def smem_bytes(self, bits: int) -> int:
-        """Shared memory of a block: weight ring, staged activations, split-K partials."""
-        ring = self.warps * self.stages * self.rows * bits * 512
-        part = 32 * self.warps * self.rows * self.m_tiles * 16 if self.split > 1 else 0
-        return ring + (x_smem_bytes(self.x_units, self.m_tiles) if self.x_units else 0) + part
-
-    def __str__(self) -> str:
-        return (f"w{self.warps}_s{self.split}_u{self.unroll}_m{self.m_tiles}_r{self.rows}"
-                f"{f'_x{self.x_units}' if self.x_units else ''}{f'_p{self.stages}' if self.stages else ''}"
-                f"{f'_k{self.span}' if self.span != 16 else ''}{'_f' if self.fold else ''}{'_pf' if self.prefetch else ''}")
-
-
-def x_smem_bytes(x_units: int, m_tiles: int) -> int:
-    """Shared memory of the staged activations (see XROW in make_decode)."""
-    return 8 * m_tiles * (x_units * 288 + (32 if x_units % 2 == 0 else 0)) * 2
-
-
-def group_ok(group_size: int) -> bool:
-    """Group sizes the kernel takes: a divisor of 64 that is a multiple of 4, or a multiple of 64."""
-    return group_size > 0 and ((group_size % 64 == 0) or (64 % group_size == 0 and group_size % 4 == 0))
+from tessera.kernels.lowbit_decode_config import DecodeConfig, group_ok, x_smem_bytes  # noqa: F401  (re-exported)
 
 
 def scale_slots(span: int, group_size: int) -> tuple[int, int, tuple[int, ...]]:
@@ -213,8 +77,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
         raise UnsupportedError(f"decode config {config}: {'; '.join(problems)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     WARPS, SPLIT, UNROLL, MT, R = config.warps, config.split, config.unroll, config.m_tiles, config.rows
-    XU, P = config.x_units, config.stages
+    XU, P = config.staged_units, config.stages  # (interleaved: rounded up to whole batches)
+    IL = config.interleave
     PF = config.prefetch
+    MIN_BLOCKS = config.min_blocks
     SLOTS = P if P else UNROLL * (2 if PF else 1)  # register slots of weights and scales: one per unit in flight
     HALVES = (0, 1) if PF else (0,)  # prefetch: two register sets, loaded and computed in turn
     LOAD_SET = tuple(h * UNROLL if PF else 0 for h in HALVES)
@@ -258,10 +124,14 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                KT: ts.int32):  # fmt: skip
         ts.attrs.grid = (ts.ceil_div(ts.ceil_div(N, 16), WARPS * R) * SPLIT, ts.ceil_div(M, 8 * MT))
         ts.attrs.block = THREADS
+        if MIN_BLOCKS:
+            ts.attrs.min_blocks = MIN_BLOCKS
         if SPLIT > 1:
             ts.attrs.cluster = (SPLIT, 1, 1)
         wr = ts.register_tensor(u32, [1 if P else SLOTS, R, WORDS])
-        xr = ts.register_tensor(f16, [SLOTS if XPF else 1, MT, 64])
+        xr = ts.register_tensor(f16, [SLOTS if XPF else (UNROLL if IL else 1), MT, 64])
+        accu = ts.register_tensor(f32, [UNROLL if IL else 1, 2, R, MT, 4])  # interleaved: each unit's sums
+        acu = ts.register_tensor(f16, [UNROLL if IL else 1, R, 8])  # interleaved: each unit's correction fragment
         sc = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         bz = ts.register_tensor(f16, [SLOTS, R, NQ, 2])
         # one group's unscaled sums (AFTER): even and odd steps, or (CORRECT) the weights' and the corrections' mmas
@@ -294,6 +164,13 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for i in ts.unroll(MT):
                     for e in ts.unroll(4):
                         accg[c, r, i, e] = 0.0
+        if IL:
+            for uu in ts.unroll(UNROLL):
+                for c in ts.unroll(2):
+                    for r in ts.unroll(R):
+                        for i in ts.unroll(MT):
+                            for e in ts.unroll(4):
+                                accu[uu, c, r, i, e] = 0.0
         if AC_ONCE:
             for r in ts.unroll(R):
                 for e in EIGHT:
@@ -310,15 +187,11 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 xj = (c16 // (2 * SPAN)) * (SPAN // 2) + c16 % (SPAN // 2)
                 dst = (col // 32) * 288 + xt * 72 + xj * 8
                 ok = m < M and k < K and col // 32 < n_units
-                if P > 0:  # joins the first group of copies
-                    ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
-                elif ok:
-                    ts.copy_vector(xs[row, dst], X[m, k], 16)
-                else:
-                    for e in ts.unroll(8):
-                        xs[row, dst + e] = 0.0
+                # asynchronous (zero-filled where not ok): the ring's first group of copies, or the
+                # register path's own group, awaited after its first weight loads are out
+                ts.copy_async(xs[row, dst], X[ts.select(ok, m, 0), ts.select(ok, k, 0)], 16, ok)
             if P == 0:
-                ts.syncthreads()
+                ts.copy_async_commit()
         if P > 0:
             warp = tid // 32
             wsm = ts.shared_tensor(u32, [WARPS, P, R, BITS, 128])  # each lane reads back only its own copies
@@ -415,7 +288,7 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                                 for c in ts.unroll(2):
                                                     accg[c, r, i, e] = 0.0
             ts.copy_async_wait(0)  # the tail's (zero-filling) copies land before the block leaves
-        elif nt0 * 16 < N:
+        elif XU > 0 or nt0 * 16 < N:  # staged activations: every warp meets the block barrier below
             # batches of UNROLL units: every load of a batch first (weights, scales), then its math;
             # with prefetch the loads of the next batch go out before the math of this one
             # (register sets alternate: the loop starts one batch early and takes two per pass)
@@ -423,9 +296,10 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                 for hb in HALVES:  # compile-time: the register sets
                     ub = u00 + hb * UNROLL  # the batch computed in this half
                     for uu in ts.unroll(UNROLL):
-                        u = ub + (UNROLL if PF else 0) + uu
+                        # interleaved, every unit of the batch is computed: past the block's end, on its last unit's weights
+                        u = min(ub + uu, u_end - 1) if IL else ub + (UNROLL if PF else 0) + uu
                         ls = LOAD_SET[hb] + uu
-                        if u < u_end:
+                        if IL or u < u_end:
                             for r in ts.unroll(R):
                                 if (nt0 + r) * 16 < N:
                                     for j in ts.unroll(BITS):
@@ -458,18 +332,72 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                         else:
                                             for e in ts.unroll(8):
                                                 xr[ls, i, j * 8 + e] = 0.0
-                    for uu in ts.unroll(UNROLL):
-                        cs = COMP_SET[hb] + uu
-                        if ub + uu < u_end and (ub >= u_begin if PF else True):
-                            # activations per unit (L1/L2 hits: every warp of the block reads the same ones;
-                            # with prefetch from global memory they came with the weights)
-                            if not XPF:
-                                for i in ts.unroll(MT):
-                                    m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
-                                    for j in ts.unroll(8):
-                                        if XU > 0:
-                                            ts.copy_vector(xr[0, i, j * 8], xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + j * 8], 16)
+                    if XU > 0:
+                        if ub == u_begin:  # the first batch's weights are in flight: now the activations
+                            ts.copy_async_wait(0)
+                            ts.syncthreads()
+                    if IL:  # step by step across the batch's units, each into its own sums (no branches)
+                        for s in STEPS:  # compile-time: dequant's start, the magics
+                            q = s // SPQ
+                            for uu in ts.unroll(UNROLL):
+                                if s % 2 == 0:  # 16 bytes of this unit's staged activations per two steps
+                                    for i in ts.unroll(MT):
+                                        ts.copy_vector(xr[uu, i, 4 * s],
+                                                       xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + 4 * s], 16)
+                                for r in ts.unroll(R):
+                                    if FOLD:
+                                        ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8, raw=True)
+                                    elif AFTER and HAS_BIAS:
+                                        ts.dequant(a[0], wr[uu, r, 0], bias=bz[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    elif AFTER:
+                                        ts.dequant(a[0], wr[uu, r, 0], wtype=T, start=8 * s, count=8)
+                                    elif HAS_BIAS:
+                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], bz[uu, r, q, 0], wtype=T,
+                                                   start=8 * s, count=8)
+                                    else:
+                                        ts.dequant(a[0], wr[uu, r, 0], sc[uu, r, q, 0], wtype=T, start=8 * s, count=8)
+                                    for i in ts.unroll(MT):
+                                        ts.mma(accu[uu, 0 if CORRECT else s % 2, r, i, 0], a[0], xr[uu, i, 4 * s])
+                                    if CORRECT:
+                                        if AC_ONCE:
+                                            for i in ts.unroll(MT):
+                                                ts.mma(accu[uu, 1, r, i, 0], ac[r, 0], xr[uu, i, 4 * s])
                                         else:
+                                            if REFILL[s]:
+                                                for e in EIGHT:  # compile-time: indexes MAGIC
+                                                    if HAS_BIAS:
+                                                        acu[uu, r, e] = -(bz[uu, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                                    else:
+                                                        acu[uu, r, e] = -MAGIC[4 * s + e // 2]
+                                            for i in ts.unroll(MT):
+                                                ts.mma(accu[uu, 1, r, i, 0], acu[uu, r, 0], xr[uu, i, 4 * s])
+                            if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per unit and row
+                                for uu in ts.unroll(UNROLL):
+                                    for r in ts.unroll(R):
+                                        for i in ts.unroll(MT):
+                                            for e in ts.unroll(4):
+                                                acc[s // SPQ % 2, r, i, e] += ts.cast(sc[uu, r, q, e // 2], f32) * RAW_UNIT * (
+                                                    accu[uu, 0, r, i, e] + accu[uu, 1, r, i, e])
+                                                for c in ts.unroll(2):
+                                                    accu[uu, c, r, i, e] = 0.0
+                        if not AFTER:  # scaled in the dequant: the batch's sums
+                            for uu in ts.unroll(UNROLL):
+                                for r in ts.unroll(R):
+                                    for i in ts.unroll(MT):
+                                        for e in ts.unroll(4):
+                                            acc[0, r, i, e] += accu[uu, 0, r, i, e] + accu[uu, 1, r, i, e]
+                                            for c in ts.unroll(2):
+                                                accu[uu, c, r, i, e] = 0.0
+                    else:
+                        for uu in ts.unroll(UNROLL):
+                            cs = COMP_SET[hb] + uu
+                            if ub + uu < u_end and (ub >= u_begin if PF else True):
+                                # activations per unit (L1/L2 hits: every warp of the block reads the same ones;
+                                # with prefetch from global memory they came with the weights)
+                                if XU == 0 and not XPF:
+                                    for i in ts.unroll(MT):
+                                        m = m_base + i * 8 + g  # tokens past M read token M - 1: their columns are never stored
+                                        for j in ts.unroll(8):
                                             k = (ub + uu) * 256 + KT_LANE * t + 16 * SPAN * (2 * j // SPAN) + 4 * (2 * j % SPAN)
                                             if k_whole:  # every unit is whole: no bound check, no zero fill
                                                 ts.copy_vector(xr[0, i, j * 8], X[min(m, M - 1), k], 16)
@@ -478,46 +406,52 @@ def make_decode(wtype: DataType, group_size: int, has_bias: bool, config: Decode
                                             else:
                                                 for e in ts.unroll(8):
                                                     xr[0, i, j * 8 + e] = 0.0
-                            for s in STEPS:  # a compile-time list: dequant's start is a constant
-                                q = s // SPQ
-                                for r in ts.unroll(R):
-                                    if FOLD:
-                                        ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8, raw=True)
-                                    elif AFTER and HAS_BIAS:
-                                        ts.dequant(a[0], wr[cs, r, 0], bias=bz[cs, r, q, 0], wtype=T, start=8 * s, count=8)
-                                    elif AFTER:
-                                        ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8)
-                                    elif HAS_BIAS:
-                                        ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], bz[cs, r, q, 0], wtype=T,
-                                                   start=8 * s, count=8)
-                                    else:
-                                        ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
-                                    for i in ts.unroll(MT):
-                                        if AFTER:
-                                            ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
-                                        else:
-                                            ts.mma(acc[s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
-                                    if CORRECT:
-                                        if REFILL[s]:
-                                            for e in EIGHT:  # compile-time: indexes MAGIC
-                                                if HAS_BIAS:
-                                                    ac[r, e] = -(bz[cs, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
-                                                else:
-                                                    ac[r, e] = -MAGIC[4 * s + e // 2]
+                                for s in STEPS:  # a compile-time list: dequant's start is a constant
+                                    q = s // SPQ
+                                    if XU > 0 and s % 2 == 0:  # staged activations: 16 bytes per two steps, as needed
                                         for i in ts.unroll(MT):
-                                            ts.mma(accg[1, r, i, 0], ac[r, 0], xr[cs if XPF else 0, i, 4 * s])
-                                if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                            ts.copy_vector(xr[0, i, 4 * s], xs[i * 8 + g, (ub + uu - u_begin) * 288 + t * 72 + 4 * s],
+                                                           16)  # fmt: skip
                                     for r in ts.unroll(R):
+                                        if FOLD:
+                                            ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8, raw=True)
+                                        elif AFTER and HAS_BIAS:
+                                            ts.dequant(a[0], wr[cs, r, 0], bias=bz[cs, r, q, 0], wtype=T, start=8 * s, count=8)
+                                        elif AFTER:
+                                            ts.dequant(a[0], wr[cs, r, 0], wtype=T, start=8 * s, count=8)
+                                        elif HAS_BIAS:
+                                            ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], bz[cs, r, q, 0], wtype=T,
+                                                       start=8 * s, count=8)
+                                        else:
+                                            ts.dequant(a[0], wr[cs, r, 0], sc[cs, r, q, 0], wtype=T, start=8 * s, count=8)
                                         for i in ts.unroll(MT):
-                                            for e in ts.unroll(4):
-                                                if RAW_UNIT != 1.0:
-                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
-                                                        accg[0, r, i, e] + accg[1, r, i, e])
-                                                else:
-                                                    acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
-                                                        accg[0, r, i, e] + accg[1, r, i, e])
-                                                for c in ts.unroll(2):
-                                                    accg[c, r, i, e] = 0.0
+                                            if AFTER:
+                                                ts.mma(accg[0 if CORRECT else s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
+                                            else:
+                                                ts.mma(acc[s % 2, r, i, 0], a[0], xr[cs if XPF else 0, i, 4 * s])
+                                        if CORRECT:
+                                            if REFILL[s]:
+                                                for e in EIGHT:  # compile-time: indexes MAGIC
+                                                    if HAS_BIAS:
+                                                        ac[r, e] = -(bz[cs, r, q, (e // 2) % 2] + MAGIC[4 * s + e // 2])
+                                                    else:
+                                                        ac[r, e] = -MAGIC[4 * s + e // 2]
+                                            for i in ts.unroll(MT):
+                                                ts.mma(accg[1, r, i, 0], ac[r, 0], xr[cs if XPF else 0, i, 4 * s])
+                                    if AFTER and s % SPQ == SPQ - 1:  # the group's sums, scaled per row
+                                        for r in ts.unroll(R):
+                                            for i in ts.unroll(MT):
+                                                for e in ts.unroll(4):
+                                                    if RAW_UNIT != 1.0:
+                                                        acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * RAW_UNIT * (
+                                                            accg[0, r, i, e] + accg[1, r, i, e])
+                                                    else:
+                                                        acc[0, r, i, e] += ts.cast(sc[cs, r, q, e // 2], f32) * (
+                                                            accg[0, r, i, e] + accg[1, r, i, e])
+                                                    for c in ts.unroll(2):
+                                                        accg[c, r, i, e] = 0.0
+            if XU > 0:
+                ts.copy_async_wait(0)  # a block without units still staged (zeros): they land before it leaves
         # acc[c, r, i, e]: token m_base + 8i + 2t + e % 2, row (nt0 + r) * 16 + g + 8 (e // 2)
         for r in ts.unroll(R):
             for i in ts.unroll(MT):
