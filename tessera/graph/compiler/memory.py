@@ -103,6 +103,10 @@ class Memory:
     def copy_into(self, dst: Any, src: Any) -> None:
         raise NotImplementedError
 
+    def address(self, a: Any) -> int:
+        """Where array `a`'s data starts (a CUDA graph captures addresses)."""
+        return _view(a).ptr
+
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Around every run of the steps (e.g. to direct launches to the memory's stream)."""
@@ -156,6 +160,9 @@ class HostMemory(Memory):
     def copy_into(self, dst: Any, src: Any) -> None:
         dst[...] = src
 
+    def address(self, a: Any) -> int:
+        return int(a.__array_interface__["data"][0])
+
 
 class TorchMemory(Memory):
     """torch CUDA tensors, torch's current stream and torch's CUDA graphs."""
@@ -204,6 +211,9 @@ class TorchMemory(Memory):
 
     def copy_into(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
+
+    def address(self, a: Any) -> int:
+        return int(a.data_ptr())
 
     @contextlib.contextmanager
     def owned(self) -> Iterator[None]:
