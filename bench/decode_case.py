@@ -176,7 +176,7 @@ def graphed_step(setup: DecodeSetup, cache: Any) -> Callable[..., torch.Tensor]:
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
-            setup.step(ids, pos, cache)
+            setup.step(*setup.last(cache))  # (rewound each time: a step past the cache's end is out of bounds)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

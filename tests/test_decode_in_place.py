@@ -51,6 +51,7 @@ def test_update_is_written_into_the_input_and_returned_as_it():
     g = _cache_graph()
     compiled = compile_graph(g, "cpu", in_place={1: 0})
     assert compiled.in_place == {1: 0}
+    assert "written into their inputs, nothing copied back (1): cache (in place)" in str(compiled.report())
     cache = rng.standard_normal((2, 3, 9, 5)).astype(np.float32)
     expect = cache.copy()
     for step in range(4):  # the first call runs the steps, later ones replay the recorded C calls
