@@ -43,6 +43,7 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
 STEPS = 4  # checked decode steps, each a different token at the next position
+HOST_CALLS = 16  # steps issued back to back, unsynchronized, for the host time per step
 
 
 # ---- the model, its cache and the step ---------------------------------------------------------
@@ -154,6 +155,19 @@ def timed_call(fn: Callable[..., Any], args: tuple, device: torch.device) -> tup
     return out, time.perf_counter() - t0
 
 
+def host_us(step: Callable[[], Any], device: torch.device, calls: int = HOST_CALLS) -> float:
+    """Host time per step in us: `calls` steps issued back to back without synchronizing (the
+    GPU runs behind).  Close to the timed latency, the system is host-bound; a launch queue
+    that fills makes it wait for the GPU, so it never reads much below the GPU time of eager."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    _sync(device)
+    return host
+
+
 class WallTimer:
     """The CPU stand-in of harness.Timer: median wall time in us of fn(*args)."""
 
@@ -261,6 +275,7 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
             if one > opts.max_call_s:
                 raise RuntimeError(f"one step takes {one:.2f} s (over --max-call-s {opts.max_call_s}); not timed")
             us = timer(setup.timed_steps(fn, cache, timer.warmup + timer.repeats))
+            res["host_us"] = host_us(setup.timed_steps(fn, cache, HOST_CALLS), device)
             checked = check_steps(fn, setup, cache, refs)
             res["rel_err"], res["max_err"], res["argmax_agree"] = checked["rel_err"], checked["max_err"], checked["argmax_agree"]
             notes = [checked["note"], broken]
@@ -287,7 +302,7 @@ def floor_fields(setup: DecodeSetup, copy_gbs: float | None) -> dict[str, Any]:
     del cache
     floor = nbytes["total"] / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
     return {"kv": setup.kv, "bytes_per_token": nbytes, "copy_gbs": copy_gbs, "floor_us": floor, "pct_of_floor": {},
-            "argmax_agree": {}, "decode_steps_checked": STEPS}  # fmt: skip
+            "argmax_agree": {}, "host_us": {}, "decode_steps_checked": STEPS}  # fmt: skip
 
 
 def record_decode(row: dict[str, Any], system: str, res: dict[str, Any]) -> None:
@@ -297,6 +312,8 @@ def record_decode(row: dict[str, Any], system: str, res: dict[str, Any]) -> None
     record(row, system, res)
     if res.get("argmax_agree") is not None:
         row["argmax_agree"][system] = res["argmax_agree"]
+    if res.get("host_us") is not None:
+        row.setdefault("host_us", {})[system] = res["host_us"]
     if res.get("us") and row.get("floor_us"):
         row["pct_of_floor"][system] = 100.0 * row["floor_us"] / res["us"]
 

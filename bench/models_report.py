@@ -97,7 +97,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 _PER_SYSTEM = ("peers_rel_err", "peers_compile_s_cold", "peers_compile_s_warm", "max_err", "graph_breaks", "errors",
-               "notes", "pct_of_floor", "argmax_agree")  # fmt: skip
+               "notes", "pct_of_floor", "argmax_agree", "host_us")  # fmt: skip
 
 
 def merge_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def _decode_table(rows: list[dict[str, Any]]) -> list[str]:
     out = ["", "## Decode: per-token latency against the HBM floor (floor = bytes read per token / copy bandwidth "
            "measured in the same run; % of floor = floor / latency)", ""]  # fmt: skip
     cols = ["case", "floor (ms)", "MB read / token", "copy GB/s",
-            *[f"{_short(s)} % of floor" for s in SYSTEMS], "argmax agrees with eager"]  # fmt: skip
+            *[f"{_short(s)} % of floor" for s in SYSTEMS], "tessera host µs / step", "argmax agrees with eager"]  # fmt: skip
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in decode:
         nbytes = (r.get("bytes_per_token") or {}).get("total")
@@ -215,7 +215,7 @@ def _decode_table(rows: list[dict[str, Any]]) -> list[str]:
         agree = ", ".join(f"{_short(s)} {a}" for s, a in (r.get("argmax_agree") or {}).items())
         out.append("| " + " | ".join([r["case"], _ms(r.get("floor_us")), _num(nbytes / 1e6 if nbytes else None, ".1f"),
                                        _num(r.get("copy_gbs"), ".0f"), *[_num(pct.get(s), ".0f") for s in SYSTEMS],
-                                       agree or "–"]) + " |")  # fmt: skip
+                                       _num((r.get("host_us") or {}).get(TESSERA), ".0f"), agree or "–"]) + " |")  # fmt: skip
     return out
 
 

@@ -225,7 +225,7 @@ def decode_row(case: str = "model=llama-1.1b-decode,bs=1,kv=512,fp16") -> dict:
            "pct_of_floor": {}, "argmax_agree": {}}  # fmt: skip
     dc.record_decode(row, "torch.eager", {"us": 2080.0, "rel_err": 0.0, "argmax_agree": "4/4"})
     dc.record_decode(row, "torch.compile:reduce-overhead", {"us": 650.0, "rel_err": 1e-3, "argmax_agree": "4/4"})
-    dc.record_decode(row, "tessera", {"us": 700.0, "rel_err": 2e-3, "argmax_agree": "3/4"})
+    dc.record_decode(row, "tessera", {"us": 700.0, "rel_err": 2e-3, "argmax_agree": "3/4", "host_us": 655.0})
     dc.record_decode(row, "torch.compile:default", {"error": "RuntimeError: boom"})
     return mr.summarize(row)
 
@@ -241,7 +241,7 @@ def test_decode_rows_report_the_floor():
     cells = line.split(" | ")
     assert cells[2] == "2161.5" and cells[3] == "4220"  # MB read per token, copy GB/s
     assert "| 25 |" in line and "| 80 |" in line and "| 74 |" in line  # eager, reduce-overhead, tessera
-    assert "tessera 3/4" in line
+    assert "tessera 3/4" in line and "| 655 |" in line and row["host_us"] == {"tessera": 655.0}
     assert "gpt2" not in md.split("## Decode")[1].split("## Compile")[0]  # only decode rows in that table
     # a later run of a subset at the same commit keeps the other systems' floor entries
     subset = {**mr.new_row(row["case"]), **ENV, "kv": 512, "floor_us": 520.0, "pct_of_floor": {}, "argmax_agree": {}}
@@ -277,6 +277,7 @@ def test_decode_case_runs_end_to_end_on_a_tiny_llama():
     assert row["peers_rel_err"]["torch.eager"] == 0.0  # eager against itself: the steps are replayed exactly
     assert row["bytes_per_token"]["kv_cache"] == 2 * 2 * 2 * 20 * 16 * 4  # K and V, layers, kv heads, kv, dim, fp32
     assert row["floor_us"] is None and row["tessera_graph"]["eager_nodes"] == 0
+    assert set(row["host_us"]) == {"torch.eager", "tessera"} and all(v > 0 for v in row["host_us"].values())
 
 
 def test_runs_of_one_commit_merge_and_a_new_commit_supersedes():
