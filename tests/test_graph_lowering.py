@@ -460,7 +460,8 @@ GPU_CASES = ["gelu", "gelu_tanh", "silu", "exp", "add_bcast", "where", "div_trun
              "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "argmax", "cumsum", "matmul", "linear", "conv2d",
              "max_pool2d", "avg_pool2d", "sdpa_causal_gqa", "sdpa_bool_mask", "reshape_sym", "permute", "slice",
              "concat", "split", "pad", "take", "expand", "tile", "arange_sym", "tan", "log1p", "expm1", "mish", "elu",
-             "isnan", "flip", "gather_elements", "argmin", "div_trunc_int", "cumsum_rev_excl"]  # fmt: skip
+             "isnan", "flip", "gather_elements", "argmin", "div_trunc_int", "cumsum_rev_excl", "index_copy",
+             "index_copy_symbolic"]  # fmt: skip
 
 
 @pytest.mark.cuda
