@@ -97,7 +97,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 _PER_SYSTEM = ("peers_rel_err", "peers_compile_s_cold", "peers_compile_s_warm", "max_err", "graph_breaks", "errors",
-               "notes")  # fmt: skip
+               "notes", "pct_of_floor", "argmax_agree", "host_us")  # fmt: skip
 
 
 def merge_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +174,7 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
                 "error" if TESSERA in r.get("errors", {}) else "skipped" if TESSERA in r.get("skipped", {}) else "–"
             )
         out.append("| " + " | ".join(cells) + " |")
+    out += _decode_table(rows)
     out += ["", "## Compile time (s; cold: empty caches, warm: after `torch._dynamo.reset()`) and error vs fp32",
             ""]  # fmt: skip
     cols = ["case", "system", "compile cold", "compile warm", "rel_err", "max_err", "graph breaks", "error / note"]
@@ -195,6 +196,27 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
     out += [f"- Skipped: `{s}` — {why}" for s, why in sorted(skipped)]
     out += NOTES
     return "\n".join(out) + "\n"
+
+
+def _decode_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The decode cases against their HBM floor (bench/decode_case.py): % of floor per system
+    (floor_us / us: 100 is the floor) and on how many checked steps the argmax token agrees."""
+    decode = [r for r in rows if r.get("kv") is not None]
+    if not decode:
+        return []
+    out = ["", "## Decode: per-token latency against the HBM floor (floor = bytes read per token / copy bandwidth "
+           "measured in the same run; % of floor = floor / latency)", ""]  # fmt: skip
+    cols = ["case", "floor (ms)", "MB read / token", "copy GB/s",
+            *[f"{_short(s)} % of floor" for s in SYSTEMS], "tessera host µs / step", "argmax agrees with eager"]  # fmt: skip
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in decode:
+        nbytes = (r.get("bytes_per_token") or {}).get("total")
+        pct = r.get("pct_of_floor") or {}
+        agree = ", ".join(f"{_short(s)} {a}" for s, a in (r.get("argmax_agree") or {}).items())
+        out.append("| " + " | ".join([r["case"], _ms(r.get("floor_us")), _num(nbytes / 1e6 if nbytes else None, ".1f"),
+                                       _num(r.get("copy_gbs"), ".0f"), *[_num(pct.get(s), ".0f") for s in SYSTEMS],
+                                       _num((r.get("host_us") or {}).get(TESSERA), ".0f"), agree or "–"]) + " |")  # fmt: skip
+    return out
 
 
 def _peer_cell(row: dict[str, Any], peer: str, text: str) -> str:

@@ -9,6 +9,10 @@ leaked GPU memory stays with that model, every model starts with empty tessera a
 caches, and one device call can run a subset. Each finished model's row is appended to
 <out>/<date>-h200-models.jsonl and the markdown table is rewritten from the whole file
 (bench/models_report.py). A system that fails records `errors[system]` and the suite goes on.
+
+The `llama-decode-*` cases time one decode step (one new token against a static KV cache of 512
+or 2048 positions) instead of a forward over a sequence, with the HBM floor in the row
+(bench/decode_case.py).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class ModelSpec:
     family: str  # resnet50 | bert | gpt2 | llama
     batch: int
     seq: int | None = None
+    kv: int | None = None  # a decode case: one new token against a static KV cache of kv positions (decode_case.py)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -79,6 +84,8 @@ MODELS: dict[str, ModelSpec] = {
     "bert": ModelSpec("model=bert-base,bs=1,seq=128,fp16", "bert", 1, 128),
     "gpt2": ModelSpec("model=gpt2,bs=1,seq=128,fp16", "gpt2", 1, 128),
     "llama": ModelSpec("model=llama-1.1b,bs=1,seq=512,fp16", "llama", 1, 512),
+    "llama-decode-512": ModelSpec("model=llama-1.1b-decode,bs=1,kv=512,fp16", "llama", 1, kv=512),
+    "llama-decode-2048": ModelSpec("model=llama-1.1b-decode,bs=1,kv=2048,fp16", "llama", 1, kv=2048),
 }
 
 
@@ -464,6 +471,12 @@ def run_child(opts: argparse.Namespace) -> None:
         os.replace(tmp, out_path)
 
     save()
+    if spec.kv is not None:
+        from decode_case import run_decode
+
+        row["kv"] = spec.kv
+        run_decode(row, systems, spec.kv, opts, save=save)
+        return
     with torch.no_grad():
         try:
             model, inputs = build(spec)

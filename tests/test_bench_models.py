@@ -217,6 +217,69 @@ def test_markdown_table(tmp_path):
     assert mr.render_markdown([]).startswith("# models: no results")
 
 
+def decode_row(case: str = "model=llama-1.1b-decode,bs=1,kv=512,fp16") -> dict:
+    import decode_case as dc
+
+    row = {**mr.new_row(case), **ENV, "kv": 512, "floor_us": 520.0, "copy_gbs": 4220.0,
+           "bytes_per_token": {"weights": 2_150_000_000, "kv_cache": 11_534_336, "total": 2_161_534_336},
+           "pct_of_floor": {}, "argmax_agree": {}}  # fmt: skip
+    dc.record_decode(row, "torch.eager", {"us": 2080.0, "rel_err": 0.0, "argmax_agree": "4/4"})
+    dc.record_decode(row, "torch.compile:reduce-overhead", {"us": 650.0, "rel_err": 1e-3, "argmax_agree": "4/4"})
+    dc.record_decode(row, "tessera", {"us": 700.0, "rel_err": 2e-3, "argmax_agree": "3/4", "host_us": 655.0})
+    dc.record_decode(row, "torch.compile:default", {"error": "RuntimeError: boom"})
+    return mr.summarize(row)
+
+
+def test_decode_rows_report_the_floor():
+    row = decode_row()
+    assert row["pct_of_floor"] == pytest.approx({"torch.eager": 25.0, "torch.compile:reduce-overhead": 80.0,
+                                                 "tessera": 520.0 / 7.0})  # fmt: skip
+    assert row["argmax_agree"]["tessera"] == "3/4" and row["tessera_us"] == 700.0
+    md = mr.render_markdown([synthetic_row("model=gpt2,bs=1,seq=128,fp16"), row])
+    (line,) = [x for x in md.splitlines() if x.startswith("| model=llama-1.1b-decode") and "% " not in x
+               and "| 0.520 |" in x]  # fmt: skip
+    cells = line.split(" | ")
+    assert cells[2] == "2161.5" and cells[3] == "4220"  # MB read per token, copy GB/s
+    assert "| 25 |" in line and "| 80 |" in line and "| 74 |" in line  # eager, reduce-overhead, tessera
+    assert "tessera 3/4" in line and "| 655 |" in line and row["host_us"] == {"tessera": 655.0}
+    assert "gpt2" not in md.split("## Decode")[1].split("## Compile")[0]  # only decode rows in that table
+    # a later run of a subset at the same commit keeps the other systems' floor entries
+    subset = {**mr.new_row(row["case"]), **ENV, "kv": 512, "floor_us": 520.0, "pct_of_floor": {}, "argmax_agree": {}}
+    subset["skipped"] = {s: "not in --peers" for s in mr.SYSTEMS if s != "tessera"}
+    import decode_case as dc
+
+    dc.record_decode(subset, "tessera", {"us": 650.0, "argmax_agree": "4/4"})
+    (merged,) = mr.latest_per_case([row, mr.summarize(subset)])
+    assert merged["pct_of_floor"]["torch.eager"] == pytest.approx(25.0)
+    assert merged["pct_of_floor"]["tessera"] == pytest.approx(80.0) and merged["argmax_agree"]["tessera"] == "4/4"
+
+
+def test_decode_cases_are_models_of_the_suite():
+    specs = [ms.MODELS[m] for m in ("llama-decode-512", "llama-decode-2048")]
+    assert [s.kv for s in specs] == [512, 2048] and all(s.family == "llama" for s in specs)
+    assert ms.parse_args(["--models", "llama-decode-2048"]).models == ["llama-decode-2048"]
+
+
+def test_decode_case_runs_end_to_end_on_a_tiny_llama():
+    """The decode case's code path on the CPU: a tiny float32 Llama, eager and tessera; tessera's
+    steps (4 different tokens) agree with eager's, and the timed steps ran."""
+    pytest.importorskip("transformers")
+    import argparse
+
+    import decode_case as dc
+
+    opts = argparse.Namespace(repeats=3, warmup=1, system_timeout=600.0, max_call_s=60.0)
+    row = mr.new_row("model=llama-tiny-decode,bs=1,kv=20,fp32")
+    dc.run_decode(row, ["torch.eager", "tessera"], 20, opts, device="cpu", tiny=True)
+    assert row["errors"] == {}, row["errors"]
+    assert row["tessera_us"] > 0 and row["peers_us"]["torch.eager"] > 0
+    assert row["rel_err"] < 1e-4 and row["argmax_agree"] == {"torch.eager": "4/4", "tessera": "4/4"}
+    assert row["peers_rel_err"]["torch.eager"] == 0.0  # eager against itself: the steps are replayed exactly
+    assert row["bytes_per_token"]["kv_cache"] == 2 * 2 * 2 * 20 * 16 * 4  # K and V, layers, kv heads, kv, dim, fp32
+    assert row["floor_us"] is None and row["tessera_graph"]["eager_nodes"] == 0
+    assert set(row["host_us"]) == {"torch.eager", "tessera"} and all(v > 0 for v in row["host_us"].values())
+
+
 def test_runs_of_one_commit_merge_and_a_new_commit_supersedes():
     base = synthetic_row("model=resnet50,bs=1,fp16", 700.0)
     autotune = {**mr.new_row("model=resnet50,bs=1,fp16"), **ENV}

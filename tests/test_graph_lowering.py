@@ -180,6 +180,8 @@ CASES = [
     ("scatter_elements_add", "scatter_elements", [F("b", 5), inp("b", 3, dt="int64", dom="idx5"), F("b", 3)],
      {"axis": 1, "reduction": "add"}),
     ("scatter_elements", "scatter_elements", [F(4, "s"), inp(2, "s", dt="int32", dom="idx4"), F(2, "s")], {}),
+    ("index_copy", "index_copy", [F("b", 6, 3), inp(4, dt="int64", dom="idx6"), F("b", 4, 3)], {"axis": 1}),
+    ("index_copy_symbolic", "index_copy", [F(5, "s"), inp("b", dt="int32", dom="idx5"), F("b", "s")], {"axis": 0}),
     ("scatter_nd_mul", "scatter_nd", [F(4, "b", 3), inp(5, 1, dt="int64", dom="idx4"), F(5, "b", 3)],
      {"reduction": "mul"}),
     ("scatter_nd_max", "scatter_nd", [F(4, 3), inp("s", 2, dt="int64", dom="idx3"), F("s")], {"reduction": "max"}),
@@ -458,7 +460,8 @@ GPU_CASES = ["gelu", "gelu_tanh", "silu", "exp", "add_bcast", "where", "div_trun
              "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "argmax", "cumsum", "matmul", "linear", "conv2d",
              "max_pool2d", "avg_pool2d", "sdpa_causal_gqa", "sdpa_bool_mask", "reshape_sym", "permute", "slice",
              "concat", "split", "pad", "take", "expand", "tile", "arange_sym", "tan", "log1p", "expm1", "mish", "elu",
-             "isnan", "flip", "gather_elements", "argmin", "div_trunc_int", "cumsum_rev_excl"]  # fmt: skip
+             "isnan", "flip", "gather_elements", "argmin", "div_trunc_int", "cumsum_rev_excl", "index_copy",
+             "index_copy_symbolic"]  # fmt: skip
 
 
 @pytest.mark.cuda

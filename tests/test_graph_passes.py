@@ -97,6 +97,26 @@ def test_projections_merge_when_the_product_is_not_gated(rng):
     assert merge_parallel_projections(g) == 1
 
 
+def test_projections_of_equal_reshapes_of_one_input_merge(rng):
+    """The ATen graph flattens x once per projection (`view(x, [B*S, K])` before each mm): equal
+    reshapes of one tensor are one input; a reshape to another shape is not."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 3, 8])
+    flat = [b.op("reshape", x, shape=[3, 8]) for _ in range(3)]
+    q, k, v = (b.op("linear", f, b.constant(_f32(rng, n, 8))) for f, n in zip(flat, (8, 4, 4)))
+    other = b.op("linear", b.op("reshape", x, shape=[1, 3, 8]), b.constant(_f32(rng, 4, 8)))
+    b.output(b.op("add", b.op("mul", b.op("slice", q, starts=[0], ends=[4], axes=[1]), k), v), other)
+    g = b.build()
+    xv = _f32(rng, 1, 3, 8)
+    before = g.run(xv)
+    assert merge_parallel_projections(g) == 1
+    assert g.summary()["linear"] == 2 and g.summary()["split"] == 1
+    (wide,) = [op for op in g.operators if op.kind == "linear" and op.outputs[0].shape[-1] == 16]
+    assert wide.inputs[0].producer.kind == "reshape"
+    for got, ref in zip(g.verify().run(xv), before):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_default_pipeline_is_idempotent(rng):
     b = GraphBuilder()
     x = b.input("x", ["n", 6])

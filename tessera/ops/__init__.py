@@ -102,7 +102,7 @@ from tessera.ops.nn import (
     rotate_half,
 )
 from tessera.ops.norm import batch_norm, layer_norm, rms_norm
-from tessera.ops.programs import det, scatter_elements, scatter_nd, topk
+from tessera.ops.programs import det, index_copy, scatter_elements, scatter_nd, topk
 from tessera.ops.reductions import (
     argmax,
     argmin,
@@ -154,7 +154,7 @@ __all__ = [
     "bmm", "linear", "matmul",
     "adaptive_avg_pool2d", "apply_rotary", "attention", "avg_pool2d", "conv2d", "max_pool2d", "rotate_half",
     "batch_norm", "layer_norm", "rms_norm",
-    "det", "scatter_elements", "scatter_nd", "topk",
+    "det", "index_copy", "scatter_elements", "scatter_nd", "topk",
     "argmax", "argmin", "cumsum", "log_softmax", "logsumexp", "max", "mean", "min", "prod", "reduce_axes",
     "softmax", "std", "sum", "var",
     "broadcast_to", "chunk", "concat", "embedding", "expand", "flatten", "flip", "gather", "index_select", "narrow", "pad",

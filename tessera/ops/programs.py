@@ -11,6 +11,10 @@ gives each its own thread -- no atomics, and every result is deterministic:
   order undefined).
 * `scatter_nd`: one task per element of the scattered slices (data's trailing dims); it walks
   the index tuples in order (repeated tuples: the last wins, or all are reduced in order).
+* `index_copy`: one task per position of the source outside `axis`; it walks the index in
+  order (repeated indices: the last wins).  With `in_place` it has no init: the output's
+  memory must already hold the data (the compiled graph writes a KV-cache update into the
+  cache itself), and the kernel writes the indexed slices alone.
 * `topk`: one task per row; selection k times (O(k n)), the order being value then index;
   long rows first keep each chunk's k best (one task per chunk), then select among those.
 * `det`: one task per matrix: LU with partial pivoting in a local buffer, in float64.
@@ -206,6 +210,34 @@ def topk_indices(x: TensorNode, k: int, axis: int = -1, largest: bool = True) ->
 
 def dim_text(d: E.Expr) -> str:
     return str(static(d)) if static(d) is not None else str(d)
+
+
+def index_copy(data: TensorNode, index: TensorNode, source: TensorNode, axis: int = 0,
+               in_place: bool = False) -> Program:  # fmt: skip
+    """torch's index_copy: out = data, then out[..., index[j], ...] (at axis) = source[..., j, ...]
+    for every j (negative indices count from the end).  `in_place`: out starts as whatever its
+    memory holds -- data's own memory, where the caller placed it -- and only the indexed slices
+    are written."""
+    _check_scatter(data, source, "none", "index_copy")
+    _check_indices(index, "index_copy")
+    a = normalize_axis(axis, data.rank, "index_copy")
+    if index.rank != 1:
+        raise ArgumentError(f"index_copy: index {index!r} must be 1-D")
+    if source.rank != data.rank or not same_dim(source.shape[a], index.shape[0]) or not all(
+            same_dim(x, y) for k, (x, y) in enumerate(zip(source.shape, data.shape)) if k != a):  # fmt: skip
+        raise ArgumentError(f"index_copy: source {source!r} must have data's shape {list(data.shape)} with dim {a} "
+                            f"the index's length")  # fmt: skip
+    lines = [d for k, d in enumerate(data.shape) if k != a]
+
+    def body(out: E.Var, *t: E.Var) -> S.Stmt:
+        j = E.Var("j", dtypes.int32)
+        pos = E.Var("pos", dtypes.int32)
+        store = S.Store(out, (*t[:a], pos, *t[a:]), source[(*t[:a], j, *t[a:])])
+        step = S.seq(S.DeclareVar(pos, safe_index(index[(j,)], data.shape[a])), store)
+        return S.For(j, i32(0), index.shape[0], i32(1), step)
+
+    init = None if in_place else (lambda *i: data[i])
+    return program(data.shape, data.dtype, lines, body, init=init, name=fresh_name("index_copy"))
 
 
 def topk(x: TensorNode, k: int, axis: int = -1, largest: bool = True) -> tuple[Compute, Program]:

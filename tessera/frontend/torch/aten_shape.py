@@ -268,10 +268,10 @@ def _index_put(cv, a):
 def _index_copy(cv, a):
     x = a["self"]
     axis = _axis(int(a["dim"]), x.ndim)
-    idx = cv.cast(a["index"], "int64")
-    n = x.shape[axis]
-    idx = cv.op("where", cv.op("lt", idx, cv.tensor(0, idx.dtype)), cv.op("add", idx, cv.tensor(n, idx.dtype)), idx)
-    return _scatter_axis(cv, x, axis, reshape(cv, idx, [-1]), cv.cast(a["source"], x.dtype), False)
+    src = cv.cast(a["source"], x.dtype)
+    if src.ndim == x.ndim - 1:  # a 0-d index copies one slice without its axis
+        src = cv.op("unsqueeze", src, axes=[axis])
+    return cv.op("index_copy", x, reshape(cv, a["index"], [-1]), src, axis=axis)
 
 
 @lowers("aten.slice_scatter")

@@ -135,10 +135,13 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
         # AOTAutograd passes the same arguments unless it deduplicated them or made synthetic
         # bases; then no input is known to be module state (they all stay graph inputs).
         state = {i: real[i] for i in range(n) if is_state[i]} if n == len(real) else {}
+        # inputs the caller keeps at one address (torch._dynamo.mark_static_address: a StaticCache's tensors)
+        static = {i for i in range(n) if getattr(real[i], "_dynamo_static_input_type", None)} if n == len(real) else set()
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # AOTAutograd calls this under its fake mode; constants are real
-            compiled = CompiledGraph(aten_gm, state, name=gm.__class__.__name__, options=opts, **tools)
+            compiled = CompiledGraph(aten_gm, state, name=gm.__class__.__name__, options=opts, static_inputs=static,
+                                     **tools)  # fmt: skip
         if tools.get("collect") is not None:
             tools["collect"].append(compiled)
         report.record(compiled)
@@ -214,6 +217,27 @@ def _tensor_slots(structure: Any) -> list[int]:
     return []
 
 
+def _same_memory(a: Any, b: torch.Tensor) -> bool:
+    """Whether tensor `a` is `b`'s memory seen again (an update the compiled graph made in place
+    and returned as a view of the input)."""
+    return (isinstance(a, torch.Tensor) and a.device == b.device and a.data_ptr() == b.data_ptr()
+            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)  # fmt: skip
+
+
+def _in_place_slots(structure: list[Any], updates: dict[int, torch.fx.Node], cv: Converter,
+                    graph: FlowGraph) -> dict[int, int]:  # fmt: skip
+    """{graph output index: graph input index} of the updates (structure index -> placeholder)
+    whose new value is one graph output that nothing else returns."""
+    others = [j for k, s in enumerate(structure) if k not in updates for j in _tensor_slots(s)]
+    out = {}
+    for k, ph in updates.items():
+        slots = _tensor_slots(structure[k])
+        t = cv.env.get(ph)
+        if len(slots) == 1 and slots[0] not in others and isinstance(t, Tensor) and t in graph.inputs:
+            out[slots[0]] = graph.inputs.index(t)
+    return out
+
+
 class _Segment:
     """A run of lowered nodes compiled into one FlowGraph."""
 
@@ -239,7 +263,7 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, state: dict[int, torch.Tensor], name: str = "torch_graph",
                  options: CompileOptions | Mapping[str, Any] | None = None, backends: Any = None,
-                 collect: Any = None):  # fmt: skip
+                 collect: Any = None, static_inputs: set[int] | frozenset[int] = frozenset()):  # fmt: skip
         self.gm = gm
         self.name = name
         self.options = parse_options(options, where="tessera CompiledGraph")
@@ -252,6 +276,7 @@ class CompiledGraph:
         # (input index, copy_ node): the graph's updates of its inputs.  The copy_ nodes lower
         # like aten.copy (the new value, cast and broadcast to the input); the call writes it.
         self.mutations = [(index[n.args[0]], n) for n in gm.graph.nodes if _is_input_mutation(n)]
+        self.static_inputs = frozenset(static_inputs)  # placeholder indices kept at one address by the caller
         mutated = {i for i, _ in self.mutations}
         self._state = {i: t for i, t in state.items() if i not in mutated}
         self._logged: set[str] = set()  # each op that runs in torch is logged once per graph
@@ -347,7 +372,7 @@ class CompiledGraph:
             seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
-            self._finish(seg, cv, results)
+            self._finish(seg, cv, results, {1 + k: self.placeholders[i] for k, (i, _) in enumerate(self.mutations)})
             user = set(_tensor_slots(seg.output_structure[0]))
             seg.borrow = frozenset(j for s in seg.output_structure[1:] for j in _tensor_slots(s) if j not in user)
             stats["segments"] += 1
@@ -429,12 +454,17 @@ class CompiledGraph:
             # Inputs in the order the graph lists them: placeholders first as seeded, then stand-ins.
             order = {t: i for i, t in enumerate(cv.inputs)}
             step.inputs.sort(key=lambda a: min(order[t] for t in _leaves(cv.env[a]) if isinstance(t, Tensor)))
-            self._finish(step, cv, list(step.outputs))
+            updated = {v: self.placeholders[i] for i, v in self.mutations}
+            self._finish(step, cv, list(step.outputs), {k: updated[n] for k, n in enumerate(step.outputs)
+                                                        if n in updated and updated[n] in step.inputs})  # fmt: skip
             stats["segments"] += 1
         return steps
 
-    def _finish(self, seg: _Segment, cv: Converter, values: list[Any]) -> None:
-        """Build, optimize and prepare the segment's FlowGraph; record how outputs map back."""
+    def _finish(self, seg: _Segment, cv: Converter, values: list[Any],
+                updates: dict[int, torch.fx.Node] | None = None) -> None:  # fmt: skip
+        """Build, optimize and prepare the segment's FlowGraph; record how outputs map back.
+        `updates`: index in `values` -> the placeholder that value is written back into (an
+        input mutation), which the compiled graph computes in place where it can."""
         outs: list[Tensor] = []
 
         def index(value: Any) -> Any:
@@ -474,12 +504,19 @@ class CompiledGraph:
             target = "cuda" if any(t.device == "cuda" for t in [*graph.inputs, *outs]) else "cpu"
             seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.cuda_graph,
                                          tune=self.options.tune, progress=self.options.progress,
-                                         arrays="torch" if target == "cuda" else "auto")  # fmt: skip
+                                         arrays="torch" if target == "cuda" else "auto",
+                                         in_place=_in_place_slots(seg.output_structure, updates or {}, cv, graph),
+                                         static_inputs=self._static_graph_inputs(cv, graph))  # fmt: skip
             seg.on_device = target == "cuda"
             summary = seg.executor.summary()
             stats["kernels"] += summary["kernels"]
             stats["reference_ops"] += len(summary["reference_ops"])
         seg.sym_inputs = self._sym_placeholders()
+
+    def _static_graph_inputs(self, cv: Converter, graph: FlowGraph) -> set[int]:
+        """Indices among graph.inputs of the placeholders the caller keeps at one address."""
+        tensors = [cv.env.get(self.placeholders[i]) for i in self.static_inputs]
+        return {graph.inputs.index(t) for t in tensors if isinstance(t, Tensor) and t in graph.inputs}
 
     def _sym_placeholders(self) -> dict[str, int]:
         out = {}
@@ -553,7 +590,8 @@ class CompiledGraph:
             else:
                 values[step] = self._run_node(step, values)
         for i, n in self.mutations:
-            if values[n] is not args[i]:  # (a copy_ that ran in torch has written it already)
+            # A copy_ that ran in torch, or an update computed in place, has written it already.
+            if values[n] is not args[i] and not _same_memory(values[n], args[i]):
                 args[i].copy_(values[n])  # on the input's device: no round trip through the host
         if self.output in values:  # the whole graph was one segment
             return values[self.output]

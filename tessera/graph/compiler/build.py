@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tessera.errors import (
@@ -24,6 +24,7 @@ from tessera.errors import (
 )
 from tessera.graph.compiler.anchors import attention_views, is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
+from tessera.graph.compiler.in_place import plan_in_place
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.compiler.options import CompileOptions
 from tessera.graph.compiler.partition import Group, partition
@@ -39,7 +40,8 @@ log = logging.getLogger("tessera")
 
 def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = True, cuda_graph: bool = True,
                   tune: bool | None = None, arch: str | None = None, progress: bool | None = None,
-                  arrays: str = "auto") -> CompiledGraph:  # fmt: skip
+                  arrays: str = "auto", in_place: Mapping[int, int] | None = None,
+                  static_inputs: Collection[int] = ()) -> CompiledGraph:  # fmt: skip
     """Compile `graph` for "cpu" or "cuda".
 
     optimize: run the graph passes (constant folding, batchnorm folding, QKV merging) first.
@@ -51,6 +53,12 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     arrays (target "cuda"): "torch" runs on torch CUDA tensors, "native" on tessera's own
     DeviceArrays without torch (inputs from DLPack or host arrays), "auto" picks torch when it
     has CUDA (tessera.graph.compiler.memory).
+    in_place: {output index: input index} of outputs the caller writes back into an input (a
+    KV-cache update): those that are an index_copy of that input are computed in its memory
+    (compiler/in_place.py; `compiled.in_place` lists them) and returned as the input itself.
+    static_inputs: indices of inputs the caller keeps at one address (torch's mark_static_address):
+    on the GPU with CUDA graphs, their other in_place updates are copied into them by the
+    graph's last steps (`compiled.copy_back`), so no copy runs outside the CUDA graph.
     `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
     from tessera.graph.compiler.options import parse_options
 
@@ -59,10 +67,11 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
     with show_progress(opts.progress):
-        return _compile(graph, target, optimize, opts, arch)
+        return _compile(graph, target, optimize, opts, arch, in_place, static_inputs)
 
 
-def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None) -> CompiledGraph:
+def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None,
+             in_place: Mapping[int, int] | None = None, static_inputs: Collection[int] = ()) -> CompiledGraph:  # fmt: skip
     from tessera.graph.lowering import lowering_error
     from tessera.graph.passes import optimize as run_passes
     from tessera.graph.passes.channels_last import to_channels_last
@@ -78,6 +87,10 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     if target == "cuda":  # a layout decision, not an optional rewrite: the GPU's GEMMs want NHWC
         to_channels_last(graph)
     timings["optimize"] = time.perf_counter() - start
+    # Before lowering: it changes the index_copy kernels.  Copies back only where a CUDA graph
+    # holds them (the CPU's replay runs C kernels alone, and the caller's copy costs the same).
+    captured = target == "cuda" and opts.cuda_graph
+    aliases, copied = plan_in_place(graph, in_place, static_inputs if captured else ())
     options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
                "arrays": opts.arrays}  # fmt: skip
     start = time.perf_counter()
@@ -99,7 +112,7 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
         else:
             for op in g.ops:
                 steps.append(ReferenceStep(_single(op)))
-    compiled = CompiledGraph(graph, target, steps, options)
+    compiled = CompiledGraph(graph, target, steps, options, in_place=aliases, copy_back=copied)
     compiled.timings.update(timings)
     return compiled
 

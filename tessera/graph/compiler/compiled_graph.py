@@ -17,6 +17,14 @@ arena grows (by at least half, so a sweep of growing lengths reallocates rarely)
 made on the old arena are dropped; a later call with their sizes plans (and captures) again,
 with no compiling.  So the memory a dynamic-shape model holds is that of its largest shape,
 not the sum over the shapes it has seen.
+
+Outputs computed in place (`in_place`, compiler/in_place.py: a KV-cache update) live in the
+caller's input array: no buffer of their own, no static copy of that input in a CUDA graph (the
+capture records the input's address, and a later call with the input elsewhere runs the plan
+without its graph), and the call returns the input array itself for them.  Outputs copied back
+(`copy_back`: updates of inputs the caller keeps in place, such as a position counter) are
+written into their input by the run's last steps -- inside the CUDA graph -- and returned as
+that input too.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ class _Plan:
         self.static_outputs: dict[Tensor, Any] | None = None  # the buffers the captured steps write
         self.cuda_graph: Any = None
         self.io: dict[Tensor, Any] = {}  # static input and output buffers of a CUDA-graph plan
+        self.pinned: dict[int, int] = {}  # in-place input index -> the address its capture recorded
         self.replayable = False  # a CPU plan whose steps only launch C kernels (see cpu_replay)
         self.replay: Any = None  # its recorded C calls (cpu_replay.Replay)
 
@@ -82,8 +91,17 @@ class CompiledGraph:
     of outputs.  `summary()` counts what the graph was compiled into; `report()` (printed by
     `tessera.explain`) tells it kernel by kernel."""
 
-    def __init__(self, graph: FlowGraph, target: str, steps: list[Any], options: Mapping[str, Any]):
+    def __init__(self, graph: FlowGraph, target: str, steps: list[Any], options: Mapping[str, Any],
+                 in_place: Mapping[int, int] | None = None, copy_back: Mapping[int, int] | None = None):  # fmt: skip
         self.graph, self.target, self.steps, self.options = graph, target, steps, dict(options)
+        # output index -> input index: outputs computed in the caller's input array, and outputs
+        # copied into it at the end of the run (see the module docstring)
+        self.in_place, self.copy_back = dict(in_place or {}), dict(copy_back or {})
+        self._in_place_outputs = {graph.outputs[j]: i for j, i in self.in_place.items()}
+        self._copied_outputs = {graph.outputs[j]: i for j, i in self.copy_back.items()}
+        self._pinned = sorted({*self.in_place.values(), *self.copy_back.values()})  # inputs used where they are
+        shapes = [tuple(t.shape) for t in graph.inputs]
+        self._static_shapes = shapes if all(isinstance(d, int) for s in shapes for d in s) else None
         self.memory = choose_memory(target, self.options.get("arrays", "auto"))
         self.timings: dict[str, float] = {}  # seconds per compile phase (optimize, lower, build, anchors, plan)
         self.use_cuda_graph = target == "cuda" and bool(options.get("cuda_graph", True))
@@ -125,7 +143,9 @@ class CompiledGraph:
             raise ArgumentError(f"graph {self.graph.name} takes {len(self.graph.inputs)} inputs, got {len(arrays)}")
         arrays = [self._check_input(t, a) for t, a in zip(self.graph.inputs, arrays)]
         bindings = dict(symbols or {})
-        bind_shapes(bindings, [(t.shape, tuple(a.shape), f"input {t.name!r}") for t, a in zip(self.graph.inputs, arrays)])
+        # Static input shapes need no binding, only a comparison (the per-call host cost of a decode step).
+        if self._static_shapes is None or any(tuple(a.shape) != s for a, s in zip(arrays, self._static_shapes)):
+            bind_shapes(bindings, [(t.shape, tuple(a.shape), f"input {t.name!r}") for t, a in zip(self.graph.inputs, arrays)])
         key = tuple(sorted(bindings.items()))
         plan = self._plans.get(key)
         if plan is None:
@@ -189,8 +209,9 @@ class CompiledGraph:
         io_offsets: dict[Tensor, int] = {}
         if self.use_cuda_graph:  # the capture's static inputs and outputs live after the intermediates
             end = plan.arena_bytes
+            in_place_inputs = {self.graph.inputs[i] for i in self._pinned}
             for t in [*self.graph.inputs, *(t for t in self.graph.outputs if t.producer is not None)]:
-                if t not in io_offsets:
+                if t not in io_offsets and t not in in_place_inputs and t not in self._in_place_outputs:
                     io_offsets[t] = end
                     end += _nbytes(plan.shapes[t], t.dtype)
             plan.arena_bytes = end
@@ -234,14 +255,21 @@ class CompiledGraph:
 
     # ---- running ---------------------------------------------------------------------------
     def _run_eager(self, plan: _Plan, arrays: Sequence[Any]) -> list[Any]:
-        outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs if t.producer is not None}
+        outs = {t: self.memory.empty(plan.shapes[t], t.dtype) for t in self.graph.outputs
+                if t.producer is not None and t not in self._in_place_outputs}  # fmt: skip
+        own = list(outs.values())  # the replay substitutes the in-place outputs' addresses as their inputs'
+        outs.update(self._outputs_in_inputs(arrays))
         if self.step_times is not None or not plan.replayable:
             self._run_steps(plan, arrays, outs)
         elif plan.replay is not None:
-            plan.replay(arrays, list(outs.values()))
+            plan.replay(arrays, own)
         else:  # the plan's first call records its C calls (see cpu_replay)
-            plan.replay = Replay.record(lambda: self._run_steps(plan, arrays, outs), arrays, list(outs.values()))
+            plan.replay = Replay.record(lambda: self._run_steps(plan, arrays, outs), arrays, own)
         return [self._result(t, arrays, outs) for t in self.graph.outputs]
+
+    def _outputs_in_inputs(self, arrays: Sequence[Any]) -> dict[Tensor, Any]:
+        """The in-place outputs, each bound to this call's input array."""
+        return {t: arrays[i] for t, i in self._in_place_outputs.items()}
 
     def _run_steps(self, plan: _Plan, arrays: Sequence[Any], outs: Mapping[Tensor, Any]) -> None:
         env: dict[Tensor, Any] = dict(zip(self.graph.inputs, arrays))
@@ -255,20 +283,29 @@ class CompiledGraph:
                 step.run(ins, [env[t] for t in step.outputs], temps, plan.bindings)
                 if times is not None:
                     times[i] += clock() - start
+            for t, k in self._copied_outputs.items():  # after every reader of the inputs' old values
+                self.memory.copy_into(arrays[k], env[t])
 
     def _result(self, t: Tensor, arrays: Sequence[Any], outs: Mapping[Tensor, Any], copy: bool = False) -> Any:
         """Output t: the buffer a step wrote (copied if asked), else a copy of the input or
-        constant it passes through -- taken from `arrays`, the inputs of THIS call."""
+        constant it passes through -- taken from `arrays`, the inputs of THIS call.  An in-place
+        output is this call's input array itself."""
+        if t in self._in_place_outputs or t in self._copied_outputs:
+            return arrays[self._in_place_outputs.get(t, self._copied_outputs.get(t))]
         if t in outs:
             return self.memory.clone(outs[t]) if copy else outs[t]
         source = arrays[self.graph.inputs.index(t)] if t in self.graph.inputs else self._constant(t)
         return self.memory.clone(source)
 
     def _capture(self, plan: _Plan, arrays: Sequence[Any]) -> None:
-        plan.static_inputs = [plan.io[t] for t in self.graph.inputs]
+        # In-place inputs are captured where the caller keeps them, the others in static copies.
+        plan.static_inputs = [a if t not in plan.io else plan.io[t] for t, a in zip(self.graph.inputs, arrays)]
         for static, a in zip(plan.static_inputs, arrays):
-            self.memory.copy_into(static, a)
-        outs = {t: plan.io[t] for t in self.graph.outputs if t.producer is not None}
+            if static is not a:
+                self.memory.copy_into(static, a)
+        plan.pinned = {i: self.memory.address(arrays[i]) for i in self._pinned}
+        outs = {t: plan.io[t] for t in self.graph.outputs if t.producer is not None and t not in self._in_place_outputs}
+        outs.update(self._outputs_in_inputs(arrays))
         # The capture's warm-up run computes this call's results (see the module docstring).
         plan.cuda_graph = self.memory.capture(lambda: self._run_steps(plan, plan.static_inputs, outs))
         plan.static_outputs = outs
@@ -276,9 +313,16 @@ class CompiledGraph:
     def _replay(self, plan: _Plan, arrays: Sequence[Any], borrow: frozenset[int] = frozenset()) -> list[Any]:
         """Copy this call's inputs in, replay, and hand back copies of what the replay wrote.
         Outputs no step writes (an input or constant passed through) come from this call's
-        inputs, never from the capture: the replay does not produce them."""
-        for static, a in zip(plan.static_inputs, arrays):
-            self.memory.copy_into(static, a)
+        inputs, never from the capture: the replay does not produce them.  An in-place input
+        that is not where the capture saw it runs the plan without its graph."""
+        for i, address in plan.pinned.items():
+            if self.memory.address(arrays[i]) != address:
+                log.info("tessera: %s: in-place input %r moved since the capture; running without the CUDA graph",
+                         self.graph.name, self.graph.inputs[i].name)  # fmt: skip
+                return self._run_eager(plan, arrays)
+        for k, (static, a) in enumerate(zip(plan.static_inputs, arrays)):
+            if k not in plan.pinned:
+                self.memory.copy_into(static, a)
         self.memory.replay(plan.cuda_graph)
         return [self._result(t, arrays, plan.static_outputs, copy=j not in borrow) for j, t in enumerate(self.graph.outputs)]
 

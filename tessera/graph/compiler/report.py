@@ -66,6 +66,7 @@ class GraphReport:
     plans: list[PlanInfo] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     cuda_graph: bool = False
+    in_place: list[str] = field(default_factory=list)  # outputs written into their input (compiler/in_place.py)
 
     @property
     def num_kernels(self) -> int:
@@ -87,6 +88,9 @@ class GraphReport:
             lines += ["  " + text for text in k.lines(i == 0 or self.kernels[i - 1].step != k.step)]
         if self.views:
             lines.append(f"  views (no kernel needed): {', '.join(self.views)}")
+        if self.in_place:
+            lines.append(f"  written into their inputs, nothing copied back ({len(self.in_place)}): "
+                         + ", ".join(self.in_place))  # fmt: skip
         if self.reference:
             lines.append(f"  left to the numpy reference ({len(self.reference)}):")
             lines += [f"    {op}: {why}" for op, why in self.reference]
@@ -161,6 +165,9 @@ def graph_report(compiled: Any) -> GraphReport:
             _fused(report, i, step, shared if shared != i else None)
         else:
             _anchor(report, i, step)
+    g = compiled.graph
+    report.in_place = [f"{g.inputs[i].name} (in place)" for i in compiled.in_place.values()]
+    report.in_place += [f"{g.inputs[i].name} (copied at the end)" for i in compiled.copy_back.values()]
     for key, plan in compiled._plans.items():
         report.plans.append(PlanInfo({k: int(v) for k, v in key}, plan.arena_bytes, plan.unshared_bytes))
     return report

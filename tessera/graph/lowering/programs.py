@@ -33,6 +33,11 @@ def scatter_nd(ctx: Ctx) -> list[TensorNode]:
     return ctx.finish([ops.scatter_nd(data, idx, upd, ctx.attrs["reduction"])])
 
 
+def index_copy(ctx: Ctx) -> list[TensorNode]:
+    data, idx, src = ctx.x(0), _indices(ctx.x(1)), ctx.x(2)
+    return ctx.finish([ops.index_copy(data, idx, src, ctx.attrs["axis"], bool(ctx.attrs["in_place"]))])
+
+
 def check_scatter(op: Operator) -> str | None:
     data, idx, upd = op.inputs
     if upd.dtype != data.dtype:

@@ -62,6 +62,7 @@ LOWERINGS: dict[str, Lowering] = {
     # written as statements (tessera.ops.programs), and pooling with indices
     "scatter_elements": Lowering(programs.scatter_elements, programs.check_scatter),
     "scatter_nd": Lowering(programs.scatter_nd, programs.check_scatter),
+    "index_copy": Lowering(programs.index_copy, programs.check_scatter),
     "topk": Lowering(programs.topk, programs.check_topk),
     "det": Lowering(programs.det, programs.check_det),
     "max_pool_with_indices": Lowering(programs.max_pool_with_indices, programs.check_max_pool_with_indices),

@@ -407,3 +407,38 @@ register("scatter_elements", infer=_scatter_infer, reference=_scatter_elements_r
          doc="inputs data, indices, updates: data with updates written (or reduced) at indices along axis")  # fmt: skip
 register("scatter_nd", infer=_scatter_infer, reference=_scatter_nd_ref, category="opaque", num_inputs=3,
          attrs={"reduction": "none"}, doc="ONNX ScatterND: updates written (or reduced) at index tuples")  # fmt: skip
+
+
+def _index_copy_infer(xs, a):
+    data, idx, src = xs
+    if not idx.dtype.is_integer or idx.ndim != 1:
+        raise ShapeError(f"index_copy: the index must be a 1-D integer tensor, got {idx.dtype} of rank {idx.ndim}")
+    ax = norm_axis(a["axis"], data.ndim)
+    want = (*data.shape[:ax], idx.shape[0], *data.shape[ax + 1 :])
+    if src.ndim != data.ndim or any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(src.shape, want)):
+        raise ShapeError(f"index_copy: source of shape {list(src.shape)} must have shape {list(want)} (data's with "
+                         f"dim {ax} the index's length)")  # fmt: skip
+    if src.dtype != data.dtype:
+        raise ShapeError(f"index_copy: source ({src.dtype}) must have data's dtype ({data.dtype})")
+    return [(data.shape, data.dtype)]
+
+
+def _index_copy_ref(xs, a):
+    data, idx, src = xs
+    ax = norm_axis(a["axis"], data.ndim)
+    n = data.shape[ax]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"index_copy: index out of range for axis of size {n}")
+    out = np.array(data, copy=True)
+    where = [slice(None)] * data.ndim
+    for j, i in enumerate(idx.tolist()):  # in order: with repeated indices the last wins
+        where[ax] = i
+        out[tuple(where)] = np.take(src, j, axis=ax)
+    return [out]
+
+
+register("index_copy", infer=_index_copy_infer, reference=_index_copy_ref, category="opaque", num_inputs=3,
+         attrs={"axis": 0, "in_place": False},
+         doc="inputs data, index (1-D), source: torch's index_copy, data with source's slices written at index along "
+             "axis (a KV-cache update). in_place: set by compile_graph when data is a graph input updated in place "
+             "(the output lives in data's memory; the kernel writes the indexed slices alone)")  # fmt: skip

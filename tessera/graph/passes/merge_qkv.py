@@ -3,7 +3,8 @@
 Attention computes Q, K and V as three linear layers of the same activation; one GEMM with
 the weights concatenated reads the activation once and fills the GPU better.  Applies to
 groups of `linear` ops with constant weights (and all or none with constant biases) and to
-groups of `matmul(x, W)` with constant 2-D W, when they share the input x.
+groups of `matmul(x, W)` with constant 2-D W, when they share the input x -- or reshapes of
+one x to one shape (the ATen graph flattens x once per projection: `view(x, [B*S, K])`).
 
 A gated pair — act(x @ Wg) * (x @ Wu), the SwiGLU/GeGLU of Llama-style MLPs — stays two
 projections: then the activation folds into the first GEMM's stores and the product into the
@@ -28,14 +29,23 @@ def _const(t: Tensor) -> bool:
     return t.is_constant and t.producer is None
 
 
+def _source(x: Tensor) -> object:
+    """What a projection reads: x, or for a reshape, (its input, the shape): equal reshapes of
+    one tensor are one value."""
+    op = x.producer
+    if op is not None and op.kind == "reshape":
+        return (op.inputs[0], tuple(x.shape))
+    return x
+
+
 def _key(op: Operator):
     """Ops with equal keys can merge; None if op is not a mergeable projection."""
     if op.kind == "linear" and _const(op.inputs[1]) and all(_const(t) for t in op.inputs[2:]):
         w = op.inputs[1]
-        return ("linear", op.inputs[0], w.shape[1], w.dtype, len(op.inputs))
+        return ("linear", _source(op.inputs[0]), w.shape[1], w.dtype, len(op.inputs))
     if op.kind == "matmul" and _const(op.inputs[1]) and op.inputs[1].ndim == 2 and op.inputs[0].ndim >= 2:
         w = op.inputs[1]
-        return ("matmul", op.inputs[0], w.shape[0], w.dtype)
+        return ("matmul", _source(op.inputs[0]), w.shape[0], w.dtype)
     return None
 
 

@@ -1,0 +1,377 @@
+"""The `llama-1.1b decode` cases of the models suite (issue 11, item 6): one new token against a
+static KV cache, per-token latency of every system, and the HBM floor in the same row.
+
+    python3 bench/models_suite.py --models llama-decode-512,llama-decode-2048     (the GPU run)
+    python3 bench/decode_case.py --tiny --device cpu                             (a smoke test)
+
+The step is what `generate` runs per token with `cache_implementation="static"`: the model's
+forward with input_ids [1, 1], cache_position [p] and a transformers `StaticCache` of `kv`
+positions, which it updates in place (`index_copy_`) before attending over the whole cache.
+transformers' StaticLayer writes at its own position counter (`cumulative_length`, one tensor
+per layer, advanced by each step) and masks by cache_position; the two are kept equal (`rewind`
+sets the counters outside the timed region).  Each system gets its own cache, prefilled by
+eager with the same prompt of kv - STEPS tokens.  The timed calls are consecutive steps, each
+a new token at the next position, ending at the last one (kv - 1): every step reads the whole
+static cache of kv positions, as `generate` does.
+
+Correctness: after timing, each system's cache is prefilled again (eager, the same prompt),
+then the system runs STEPS steps at positions kv - STEPS .. kv - 1, each with a different
+token, and its logits are compared with eager's on the same steps from the same prefill
+(rel_err, max_err, and whether the argmax token agrees).
+
+Floor: the bytes a step must read -- every weight but the embedding table (of which it reads
+one row) and the whole static K/V cache -- over the device-to-device copy bandwidth measured
+in the same process (`harness.copy_bandwidth_gbs`, bytes read + written per second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+STEPS = 4  # checked decode steps, each a different token at the next position
+HOST_CALLS = 16  # steps issued back to back, unsynchronized, for the host time per step
+
+
+# ---- the model, its cache and the step ---------------------------------------------------------
+@dataclass
+class DecodeSetup:
+    """The model and the decode inputs shared by every system."""
+
+    model: torch.nn.Module
+    kv: int  # positions of the static cache; the timed step writes the last one
+    prompt: torch.Tensor  # [1, kv - STEPS]: the prefill
+    tokens: list[torch.Tensor]  # STEPS inputs [1, 1], one per checked step
+    positions: list[torch.Tensor]  # their cache positions [1]: kv - STEPS .. kv - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.prompt.device
+
+    def step(self, input_ids: torch.Tensor, cache_position: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode step: the logits [1, 1, vocab]; updates `cache` at cache_position."""
+        out = self.model(input_ids=input_ids, cache_position=cache_position, past_key_values=cache, use_cache=True)
+        return out.logits
+
+    def new_cache(self) -> Any:
+        """A fresh StaticCache of `kv` positions, prefilled by eager with the prompt."""
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=self.kv)
+        self.prefill(cache)
+        return cache
+
+    def prefill(self, cache: Any) -> None:
+        """Eager's prefill of the prompt into positions 0 .. kv - STEPS - 1 of `cache`."""
+        n = self.prompt.shape[1]
+        if cache.layers[0].is_initialized:
+            rewind(cache, 0)
+        self.model(input_ids=self.prompt, cache_position=torch.arange(n, device=self.device), past_key_values=cache,
+                   use_cache=True)  # fmt: skip
+
+    def last(self, cache: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The arguments of a step at the last position, `cache` rewound to it (compile calls)."""
+        rewind(cache, self.kv - 1)
+        return self.tokens[-1], self.positions[-1], cache
+
+    def timed_steps(self, fn: Callable[..., Any], cache: Any, calls: int) -> Callable[[], Any]:
+        """A callable making `calls` consecutive steps through fn that end at position kv - 1,
+        each with its own token; `cache` is rewound to the first of them."""
+        if calls > self.kv - 1:
+            raise ValueError(f"{calls} timed steps need a KV cache of more than {calls} positions, got {self.kv}; "
+                             "lower --warmup / --repeats")  # fmt: skip
+        g = torch.Generator().manual_seed(7)
+        vocab = self.model.config.vocab_size
+        args = [(torch.randint(0, vocab, (1, 1), generator=g).to(self.device), torch.tensor([p], device=self.device))
+                for p in range(self.kv - calls, self.kv)]  # fmt: skip
+        rewind(cache, self.kv - calls)
+        queue = iter(args)
+
+        def step() -> Any:
+            ids, pos = next(queue)
+            return fn(ids, pos, cache)
+
+        return step
+
+
+def rewind(cache: Any, position: int) -> None:
+    """Set every layer's write position (StaticLayer.cumulative_length) to `position`."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(position)
+
+
+def build_decode(kv: int, device: str, tiny: bool, dtype: torch.dtype = torch.float16, seed: int = 0) -> DecodeSetup:
+    """The 1.1B Llama of DESIGN.md (or dynamic_suite's tiny one), random weights, eval mode."""
+    from dynamic_suite import llama
+
+    if kv <= STEPS:
+        raise ValueError(f"the KV cache must hold more than {STEPS} positions, got {kv}")
+    torch.manual_seed(seed)
+    model = llama(tiny).eval().to(device=device, dtype=dtype)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed + 1)
+    prompt = torch.randint(0, vocab, (1, kv - STEPS), generator=g).to(device)
+    tokens = [torch.randint(0, vocab, (1, 1), generator=g).to(device) for _ in range(STEPS)]
+    positions = [torch.tensor([kv - STEPS + s], device=device) for s in range(STEPS)]
+    return DecodeSetup(model, kv, prompt, tokens, positions)
+
+
+def bytes_per_token(setup: DecodeSetup, cache: Any) -> dict[str, int]:
+    """What one step must read from memory: the weights (of the embedding table one row) and
+    the whole static K/V cache."""
+    model = setup.model
+    embed = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    weights += embed.shape[1] * embed.element_size()
+    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    return {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+
+# ---- timing (CUDA events on the GPU, the wall clock on the CPU) --------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_call(fn: Callable[..., Any], args: tuple, device: torch.device) -> tuple[Any, float]:
+    """fn(*args) and its wall time in seconds, synchronized."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def host_us(step: Callable[[], Any], device: torch.device, calls: int = HOST_CALLS) -> float:
+    """Host time per step in us: `calls` steps issued back to back without synchronizing (the
+    GPU runs behind).  Close to the timed latency, the system is host-bound; a launch queue
+    that fills makes it wait for the GPU, so it never reads much below the GPU time of eager."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    _sync(device)
+    return host
+
+
+class WallTimer:
+    """The CPU stand-in of harness.Timer: median wall time in us of fn(*args)."""
+
+    def __init__(self, repeats: int, warmup: int):
+        self.repeats, self.warmup = repeats, warmup
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> float:
+        import statistics
+
+        for _ in range(self.warmup):
+            fn(*args)
+        return statistics.median(timed_call(fn, args, torch.device("cpu"))[1] * 1e6 for _ in range(self.repeats))
+
+
+def graphed_step(setup: DecodeSetup, cache: Any) -> Callable[..., torch.Tensor]:
+    """Eager's step captured once in a CUDA graph over `cache` (its tensors stay where they are;
+    the token and position are copied into static inputs before each replay)."""
+    ids, pos = (x.clone() for x in setup.last(cache)[:2])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
+            setup.step(*setup.last(cache))  # (rewound each time: a step past the cache's end is out of bounds)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = setup.step(ids, pos, cache)
+
+    def replay(input_ids: torch.Tensor, cache_position: torch.Tensor, _cache: Any) -> torch.Tensor:
+        if _cache is not cache:
+            raise ValueError("the captured step runs on the cache it was captured with")
+        ids.copy_(input_ids)
+        pos.copy_(cache_position)
+        graph.replay()
+        return out
+
+    return replay
+
+
+# ---- one system ---------------------------------------------------------------------------------
+def reference_steps(setup: DecodeSetup) -> list[torch.Tensor]:
+    """Eager's logits (float32 copies) of the checked steps, on a cache of its own."""
+    cache = setup.new_cache()
+    return [setup.step(t, p, cache).float().clone() for t, p in zip(setup.tokens, setup.positions)]
+
+
+def check_steps(fn: Callable[..., Any], setup: DecodeSetup, cache: Any, refs: list[torch.Tensor]) -> dict[str, Any]:
+    """Prefill `cache` again, run the checked steps through fn; the worst errors against eager,
+    and on how many steps the argmax token agrees."""
+    from models_suite import output_errors
+
+    setup.prefill(cache)
+    worst: dict[str, Any] = {"rel_err": 0.0, "max_err": 0.0, "note": None}
+    agree = 0
+    for t, p, ref in zip(setup.tokens, setup.positions, refs):
+        out = fn(t, p, cache).detach().float().clone()  # clone: a CUDA-graph output is overwritten by the next call
+        rel, mx, note = output_errors(out, ref)
+        if note:
+            worst["note"] = note
+        worst["rel_err"] = max(worst["rel_err"], rel if rel is not None else float("nan"))
+        worst["max_err"] = max(worst["max_err"], mx if mx is not None else float("nan"))
+        agree += int(out.shape == ref.shape and torch.equal(out.argmax(-1), ref.argmax(-1)))
+    worst["argmax_agree"] = f"{agree}/{len(refs)}"
+    return worst
+
+
+def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], timer: Any,
+                   opts: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """One system on a fresh cache: cold and warm compile, per-token latency, errors against
+    eager over the checked steps.  The keys of models_suite.measure, plus `argmax_agree`."""
+    import models_suite as ms
+    from models_report import EAGER, EAGER_GRAPH, TESSERA
+
+    device = setup.device
+
+    def body(res: dict[str, Any]) -> None:
+        with ms.alarm(opts.system_timeout), ms._fresh_inductor_cache(system):
+            torch._dynamo.reset()
+            cache = setup.new_cache()
+            broken = None
+            if system == EAGER:
+                fn: Callable[..., Any] = setup.step
+            elif system == EAGER_GRAPH:
+                fn = graphed_step(setup, cache)
+            else:
+                if system == TESSERA:
+                    res["extra"] = {"tessera_backend": ms.ensure_tessera_backend()}
+                stats0, breaks0, catcher = ms._tessera_stats(), ms._dynamo_breaks(), ms._Warnings()
+                ms.logging.getLogger("tessera").addHandler(catcher)
+                try:
+                    _, res["compile_s_cold"] = timed_call(torch.compile(setup.step, **ms.compile_kwargs(system)),
+                                                          setup.last(cache), device)  # fmt: skip
+                finally:
+                    ms.logging.getLogger("tessera").removeHandler(catcher)
+                res["graph_breaks"] = ms._dynamo_breaks() - breaks0
+                if system == TESSERA:
+                    delta = {k: v - stats0.get(k, 0) for k, v in ms._tessera_stats().items()}
+                    res["extra"]["tessera_graph"] = delta
+                    broken = ms.graph_break_error(delta.get("graphs"), res["graph_breaks"], delta.get("eager_nodes", 0),
+                                                  catcher.messages)  # fmt: skip
+                torch._dynamo.reset()
+                fn = torch.compile(setup.step, **ms.compile_kwargs(system))
+                _, res["compile_s_warm"] = timed_call(fn, setup.last(cache), device)
+            _, one = timed_call(fn, setup.last(cache), device)
+            if one > opts.max_call_s:
+                raise RuntimeError(f"one step takes {one:.2f} s (over --max-call-s {opts.max_call_s}); not timed")
+            us = timer(setup.timed_steps(fn, cache, timer.warmup + timer.repeats))
+            res["host_us"] = host_us(setup.timed_steps(fn, cache, HOST_CALLS), device)
+            checked = check_steps(fn, setup, cache, refs)
+            res["rel_err"], res["max_err"], res["argmax_agree"] = checked["rel_err"], checked["max_err"], checked["argmax_agree"]
+            notes = [checked["note"], broken]
+            if checked["argmax_agree"] != f"{STEPS}/{STEPS}":
+                notes.append(f"argmax token agrees with eager on {checked['argmax_agree']} steps")
+            res["note"] = "; ".join(x for x in notes if x) or None
+            if broken:
+                res.setdefault("extra", {})["graph_break"] = broken
+            res["us"] = us
+
+    res = ms.guarded(body)
+    torch._dynamo.reset()
+    ms.gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+# ---- the row ------------------------------------------------------------------------------------
+def floor_fields(setup: DecodeSetup, copy_gbs: float | None) -> dict[str, Any]:
+    """The row's floor entries: bytes per token, the copy bandwidth and floor_us (None without a bandwidth)."""
+    cache = setup.new_cache()
+    nbytes = bytes_per_token(setup, cache)
+    del cache
+    floor = nbytes["total"] / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
+    return {"kv": setup.kv, "bytes_per_token": nbytes, "copy_gbs": copy_gbs, "floor_us": floor, "pct_of_floor": {},
+            "argmax_agree": {}, "host_us": {}, "decode_steps_checked": STEPS}  # fmt: skip
+
+
+def record_decode(row: dict[str, Any], system: str, res: dict[str, Any]) -> None:
+    """models_report.record, plus the system's % of the floor and argmax agreement."""
+    from models_report import record
+
+    record(row, system, res)
+    if res.get("argmax_agree") is not None:
+        row["argmax_agree"][system] = res["argmax_agree"]
+    if res.get("host_us") is not None:
+        row.setdefault("host_us", {})[system] = res["host_us"]
+    if res.get("us") and row.get("floor_us"):
+        row["pct_of_floor"][system] = 100.0 * row["floor_us"] / res["us"]
+
+
+def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.Namespace, device: str = "cuda",
+               tiny: bool = False, save: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each."""
+    from models_suite import error_text
+
+    with torch.no_grad():
+        try:
+            setup = build_decode(kv, device, tiny, dtype=torch.float16 if device == "cuda" else torch.float32)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            for s in systems:
+                row["errors"][s] = "model build failed: " + error_text(e)
+            save()
+            return
+        if device == "cuda":
+            from harness import Timer, copy_bandwidth_gbs
+
+            timer: Any = Timer(repeats=opts.repeats, warmup=opts.warmup, flush_l2=False)
+            copy_gbs: float | None = copy_bandwidth_gbs(timer)
+        else:
+            timer, copy_gbs = WallTimer(opts.repeats, opts.warmup), None
+            row["notes"]["floor"] = "no copy bandwidth on the CPU: no floor"
+        row.update(floor_fields(setup, copy_gbs))
+        row["notes"]["reference"] = ("decode: rel_err / max_err are the worst over the checked steps against eager "
+                                     "in the same dtype, on the same tokens")  # fmt: skip
+        refs = reference_steps(setup)
+        save()
+        for s in systems:
+            print(f"[decode kv={kv}] {s} ...", flush=True)
+            res = measure_decode(s, setup, refs, timer, opts)
+            record_decode(row, s, res)
+            save()
+            print(f"[decode kv={kv}] {s}: {({k: v for k, v in res.items() if k != 'extra'})}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The decode case on its own, printing its row (a smoke test: --tiny --device cpu)."""
+    from models_report import EAGER, TESSERA, new_row, summarize
+
+    ap = argparse.ArgumentParser(prog="decode_case", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kv", type=int, default=512)
+    ap.add_argument("--tiny", action="store_true", help="dynamic_suite's tiny Llama (float32 on the CPU)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    ap.add_argument("--systems", default=f"{EAGER},{TESSERA}", help="comma-separated models_report system names")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--system-timeout", type=float, default=1200.0)
+    ap.add_argument("--max-call-s", type=float, default=5.0)
+    opts = ap.parse_args(argv)
+    row = new_row(f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},bs=1,decode,kv={opts.kv},"
+                  f"{'fp16' if opts.device == 'cuda' else 'fp32'}")  # fmt: skip
+    run_decode(row, [s.strip() for s in opts.systems.split(",") if s.strip()], opts.kv, opts, opts.device, opts.tiny)
+    print(json.dumps(summarize(row), default=str, indent=1))
+
+
+if __name__ == "__main__":
+    main()
