@@ -30,7 +30,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -321,16 +320,13 @@ def record_decode(row: dict[str, Any], system: str, res: dict[str, Any]) -> None
 def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.Namespace, device: str = "cuda",
                tiny: bool = False, save: Callable[[], None] = lambda: None) -> None:  # fmt: skip
     """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each."""
-    from models_suite import error_text
+    from models_suite import record_build_failure
 
     with torch.no_grad():
         try:
             setup = build_decode(kv, device, tiny, dtype=torch.float16 if device == "cuda" else torch.float32)
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            for s in systems:
-                row["errors"][s] = "model build failed: " + error_text(e)
-            save()
+            record_build_failure(row, systems, e, save)
             return
         if device == "cuda":
             from harness import Timer, copy_bandwidth_gbs

@@ -184,6 +184,14 @@ def error_text(e: BaseException, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def record_build_failure(row: dict[str, Any], systems: list[str], e: BaseException, save: Callable[[], None]) -> None:
+    """The model could not be built: every system's error says so, and the row is saved."""
+    traceback.print_exc()
+    for s in systems:
+        row["errors"][s] = "model build failed: " + error_text(e)
+    save()
+
+
 def guarded(fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run fn(result); an exception becomes result["error"] and keeps what fn recorded before it."""
     result: dict[str, Any] = {}
@@ -481,10 +489,7 @@ def run_child(opts: argparse.Namespace) -> None:
         try:
             model, inputs = build(spec)
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            for s in systems:
-                row["errors"][s] = "model build failed: " + error_text(e)
-            save()
+            record_build_failure(row, systems, e, save)
             return
         ref = None
         try:

@@ -177,17 +177,25 @@ def _check_mbarrier(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _tma_copy_problem(name: str, dst: Expr, t: TensorMapType, bar: Expr) -> str | None:
+    """What is wrong with a TMA load's destination and barrier (None when nothing is)."""
+    if dst.scope != SHARED:
+        return f"{name} writes shared memory, got a {dst.scope} destination"
+    if dst.type.dtype != t.dtype:
+        return f"{name}'s destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
+    if not _is_barrier(bar):
+        return f"{name} completes on an mbarrier: " + _BARRIER
+    return None
+
+
 def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     dst, tmap, bar, *coords = ops
     if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType)):
         return "tma_load's second operand must be a tensor-map parameter (annotated ts.tensor_map(dtype, box))"
     t: TensorMapType = tmap.type
-    if dst.scope != SHARED:
-        return f"tma_load writes shared memory, got a {dst.scope} destination"
-    if dst.type.dtype != t.dtype:
-        return f"tma_load's destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
-    if not _is_barrier(bar):
-        return "tma_load completes on an mbarrier: " + _BARRIER
+    wrong = _tma_copy_problem("tma_load", dst, t, bar)
+    if wrong:
+        return wrong
     if t.im2col_rank:
         return "tma_load reads tiled maps; an im2col map (ts.tensor_map_im2col) is read by tma_load_im2col"
     if len(coords) != t.rank:
@@ -200,12 +208,9 @@ def _check_tma_load_im2col(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str 
     if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType) and tmap.type.im2col_rank):
         return "tma_load_im2col's second operand must be an im2col tensor-map parameter (ts.tensor_map_im2col)"
     t: TensorMapType = tmap.type
-    if dst.scope != SHARED:
-        return f"tma_load_im2col writes shared memory, got a {dst.scope} destination"
-    if dst.type.dtype != t.dtype:
-        return f"tma_load_im2col's destination holds {dst.type.dtype} but the tensor map describes {t.dtype}"
-    if not _is_barrier(bar):
-        return "tma_load_im2col completes on an mbarrier: " + _BARRIER
+    wrong = _tma_copy_problem("tma_load_im2col", dst, t, bar)
+    if wrong:
+        return wrong
     if len(coords) != 2 * t.rank - 2:
         return (f"tma_load_im2col over a rank-{t.rank} tensor takes {t.rank} coordinates and {t.rank - 2} "
                 f"window offsets (outermost first), got {len(coords)} values")  # fmt: skip

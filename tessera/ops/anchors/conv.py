@@ -125,6 +125,11 @@ def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dil
     return dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
 
 
+def _pointwise(k_hw: Sequence[int], geo: dict[str, int]) -> bool:
+    """A 1x1, stride-1, unpadded conv: a GEMM over x itself."""
+    return tuple(k_hw) == (1, 1) and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
+
+
 def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
                  geo: dict[str, int]) -> tuple[Slot, Slot, int]:  # fmt: skip
     """col[N*OH*OW, Kp] (tessera.kernels.im2col: dense (tap, channel) columns, Kp = K rounded up
@@ -157,7 +162,8 @@ def _nhwc_im2col(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int,
 def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType, geo: dict[str, int]
                       ) -> GemmProblem | None:  # fmt: skip
     """The implicit-GEMM form of an NHWC conv (the TMA GEMM reads x through an im2col map: no col
-    buffer), or None where it does not apply (channels not a multiple of 8; TESSERA_IMPLICIT_CONV=0)."""
+    buffer), or None where it does not apply (channels not a multiple of 8; a window TMA cannot
+    encode; TESSERA_IMPLICIT_CONV=0)."""
     n, h, w, c = x_shape
     o, kh, kw, _ = w_shape
     window = ConvWindow(c, (kh, kw), (geo["oh"], geo["ow"]), (geo["sh"], geo["sw"]), (geo["pt"], geo["pl"]),
@@ -174,12 +180,11 @@ def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: Da
 
 def _nhwc_problem(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: DataType,
                   geo: dict[str, int]) -> GemmProblem:  # fmt: skip
-    n, h, w, c = x_shape
-    o, kh, kw, cw = w_shape
+    n, _, _, c = x_shape
+    o, kh, kw, _ = w_shape
     oh, ow = geo["oh"], geo["ow"]
     pixels = (n, oh, ow)
-    pointwise = kh == kw == 1 and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
-    if pointwise and c % 8 == 0:  # x itself is the [pixels, C] operand
+    if _pointwise((kh, kw), geo) and c % 8 == 0:  # x itself is the [pixels, C] operand
         a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)
         b = Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, i32(0), i32(0), q), plain=True)
         kp = c
@@ -218,9 +223,7 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
         out_shape = (x_shape[0], geo["oh"], geo["ow"], w_shape[0])
         plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
         bias_slot = (INPUT, 2) if bias else None
-        pointwise = w_shape[1] == w_shape[2] == 1 and geo["sh"] == geo["sw"] == 1 and not any(
-            geo[q] for q in ("pt", "pl", "pb", "pr"))  # fmt: skip
-        implicit = None if pointwise else _implicit_problem(x_shape, w_shape, dt, geo)
+        implicit = None if _pointwise(w_shape[1:3], geo) else _implicit_problem(x_shape, w_shape, dt, geo)
         if implicit is not None:
             cfg = config or choose_config(implicit, tune, wgmma)
             if isinstance(cfg, TmaConfig):  # else (no SM90 TMA, a tiny problem's mma tile) the col buffer
@@ -237,8 +240,7 @@ def plan_conv2d(x_shape: Sequence[int], w_shape: Sequence[int], dtype: DataType 
     out_shape = (n, o, oh, ow)
     plan = AnchorPlan("conv2d", [], out_shape, dt, 3 if bias else 2, 0)
     bias_slot = (INPUT, 2) if bias else None
-    direct = kh == kw == 1 and geo["sh"] == geo["sw"] == 1 and not any(geo[p] for p in ("pt", "pl", "pb", "pr"))
-    if direct and c % 8 == 0 and (h * w) % 8 == 0:
+    if _pointwise((kh, kw), geo) and c % 8 == 0 and (h * w) % 8 == 0:
         p = GemmProblem(dt, "kn", n, o, h * w, c,
                         Operand((INPUT, 1), w_shape, lambda bi, r, q: (r, q, i32(0), i32(0))),
                         Operand((INPUT, 0), x_shape, lambda bi, q, col: (bi, q, col // i32(w), col % i32(w))),
