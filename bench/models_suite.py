@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -134,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=2.0,
         help="a system whose compiled call takes longer is recorded as an error instead of being timed",
+    )
+    ap.add_argument(
+        "--keep-tuning",
+        action="store_true",
+        help="copy each model's tessera tuning records (winners and candidate times) to OUT/tuning-MODEL.tgz",
     )
     ap.add_argument("--child", choices=list(MODELS), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -543,6 +549,11 @@ def run_model(opts: argparse.Namespace, model: str,
             proc.wait()
             why = f"the model's subprocess was killed after --model-timeout {opts.model_timeout:.0f} s"
         row = json.loads(out_path.read_text()) if out_path.exists() else new_row(spec.case)
+        tuning = Path(tmp) / "tessera" / "tuning"
+        if getattr(opts, "keep_tuning", False) and tuning.is_dir():
+            _outdir(opts).mkdir(parents=True, exist_ok=True)
+            with tarfile.open(_outdir(opts) / f"tuning-{model}.tgz", "w:gz") as tar:
+                tar.add(tuning, arcname="tuning")
     for key, value in host_env().items():
         row.setdefault(key, value)
     row.setdefault("model", model)
@@ -554,9 +565,13 @@ def run_model(opts: argparse.Namespace, model: str,
     return summarize(row)
 
 
+def _outdir(opts: argparse.Namespace) -> Path:
+    return Path(opts.out) if opts.out else RESULTS
+
+
 def run_suite(opts: argparse.Namespace) -> list[dict[str, Any]]:
     """Every selected model in turn; each row is appended as soon as its model is done."""
-    outdir = Path(opts.out) if opts.out else RESULTS
+    outdir = _outdir(opts)
     if opts.repeats < 50:
         print(f"note: --repeats {opts.repeats} is below the protocol's 50", flush=True)
     rows = []

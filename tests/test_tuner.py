@@ -135,18 +135,47 @@ def test_gemm_tuner_skips_a_faulting_and_a_wrong_candidate(monkeypatch):
     assert set(records[0].times_us) == {str(good)} and set(records[0].rejected) == {str(faulting), str(wrong)}
 
 
-@pytest.mark.cuda
-def test_gemm_tuner_flushes_l2_by_reading():
+def test_gemm_operand_sets_read_more_than_l2_per_graph():
+    """The timed graph's calls rotate through copies of the operands that add up to
+    COLD_FACTOR x L2 (capped at one per call), so that each call reads them from HBM."""
     import torch
 
     from tessera.kernels import matmul as mm
 
-    mm._flush_l2(torch)
-    mm._FLUSH[0].fill_(1.0)
-    mm._flush_l2(torch)
-    torch.cuda.synchronize()
-    assert bool((mm._FLUSH[0] == 1.0).all()), "the flush wrote its buffer"
-    assert mm._FLUSH[0].numel() * 4 >= 4 * 60 * 2**20  # several times the H200's 60 MB L2
+    l2 = mm.device().l2_bytes
+    for rows in (1, 300, 4096):
+        a, b = torch.randn(rows, 512, dtype=torch.float16), torch.randn(512, 1024, dtype=torch.float16)
+        sets = mm.operand_sets(a, b)
+        per_call = (a.numel() + b.numel()) * 2
+        assert sets[0][0] is a and sets[0][1] is b
+        assert len(sets) == mm.GRAPH_CALLS or len(sets) * per_call >= mm.COLD_FACTOR * l2
+        assert (len(sets) - 1) * per_call < mm.COLD_FACTOR * l2  # no more copies than that needs
+        ptrs = {t.data_ptr() for pair in sets for t in pair}
+        assert len(ptrs) == 2 * len(sets) and all(torch.equal(x, a) and torch.equal(y, b) for x, y in sets)
+
+
+@pytest.mark.cuda
+def test_gemm_bench_times_the_kernels_not_the_host():
+    """Twice the work measures about twice the time, and a launch's host path (tens of µs of
+    Python here) does not show: the calls are replayed from a CUDA graph."""
+    import time
+
+    import torch
+
+    from tessera.kernels import matmul as mm
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    once = mm._bench(lambda i: torch.matmul(a, b))
+    twice = mm._bench(lambda i: (torch.matmul(a, b), torch.matmul(b, a)))
+    assert 1.6 < twice / once < 2.4, (once, twice)
+    small = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+
+    def slow_host(i):
+        time.sleep(2e-4)  # 200 µs of host time per call, outside the GPU's timeline
+        torch.matmul(small, small)
+
+    assert mm._bench(slow_host) < 50.0
 
 
 def test_close_candidates_are_timed_again_and_the_median_wins(cache_dir):
