@@ -393,6 +393,42 @@ def test_tma_gemm_matches_torch(layout, dtype_name):
             _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, dtype_name)
 
 
+def test_wave_fitting_tiles_join_the_space_where_they_fill_the_waves():
+    from tessera.kernels.gemm_space import tma_space, wave_efficiency, wave_fitting_tiles
+    from tessera.runtime.cuda import DeviceProperties
+
+    h200 = DeviceProperties("H200", 132, 227 * 1024, 60 << 20, (9, 0))
+    assert wave_efficiency(88, 132) == pytest.approx(88 / 132) and wave_efficiency(133, 132) == pytest.approx(133 / 264)
+    # llama's gate/up projection at M=512: 128x256 makes 88 tiles, 128x192 makes 120
+    assert (128, 192, 2) in wave_fitting_tiles(512, 5632, 1, "nk", h200)
+    assert any(c.block_n == 192 for c in tma_space(512, 5632, 2048, dev=h200))
+    assert (64, 160, 1) in wave_fitting_tiles(512, 2560, 1, "nk", h200)  # Q, K, V at once: 128 tiles
+    assert all(bn % 64 == 0 for _, bn, _ in wave_fitting_tiles(512, 2560, 1, "kn", h200))
+    assert wave_fitting_tiles(4096, 4096, 1, "nk", h200) == []  # 256-wide tiles already fill 4 waves
+    assert wave_fitting_tiles(512, 2048, 1, "nk", h200) == []  # 64x128: 128 of 132 SMs
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_tma_gemm_wave_fitting_tiles_match_torch(layout):
+    """Tiles of 160, 192 and 224 columns (not powers of two) at odd shapes: edge tiles in N."""
+    torch = _torch()
+    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.kernels.matmul import matmul
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("TMA/wgmma need an SM90 GPU")
+    configs = [TmaConfig(128, 192, 4, epilogue="staged"), TmaConfig(128, 192, 3, split_k=2)]
+    if layout == "nk":
+        configs += [TmaConfig(64, 160, 6, 1, epilogue="staged"), TmaConfig(128, 224, 3, persistent=False)]
+    for m, n, k in [(1, 200, 64), (130, 580, 520), (512, 5632 // 4, 2048), (300, 1000, 2000)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(*((k, n) if layout == "kn" else (n, k)), device="cuda", dtype=torch.float16)
+        for cfg in configs:
+            assert not cfg.problems(), cfg
+            _check(matmul(a, b, b_layout=layout, config=cfg), a, b, layout, "float16")
+
+
 @pytest.mark.cuda
 def test_tma_gemm_batched_repeated_and_tuned():
     """Batched operands; repeated planned calls on fresh data (tensor-map cache); the tuned default."""

@@ -46,6 +46,34 @@ TMA_TILES = [(128, 256, 2), (256, 128, 2), (128, 128, 2), (128, 64, 2), (64, 256
 TMA_STAGES = (3, 4, 5, 6, 8, 12, 16)
 # Narrow tiles for M <= 64 with B as [N, K]: one wave of blocks over N without split-k.
 TMA_NARROW = (32, 48, 64, 96, 112, 128, 160, 192, 224, 256)
+# Wave-fitting tiles: block_n between the power-of-two tiles, tried when one of them fills the
+# last wave of blocks better (llama's N=5632 at M=512: 128x256 runs 88 tiles on 132 SMs, 128x192 120).
+TMA_FIT_N = (160, 192, 224)
+TMA_FIT_MIN = 0.85  # a fitting tile must keep at least this share of the SMs busy ...
+TMA_FIT_GAIN = 0.05  # ... and beat the standard tiles of its height by this much
+
+
+def wave_efficiency(tiles: int, sms: int) -> float:
+    """The share of SM slots busy over all the waves that `tiles` blocks take."""
+    return tiles / (_cdiv(tiles, sms) * sms)
+
+
+def wave_fitting_tiles(m: int, n: int, batch: int, b_layout: str, dev: DeviceProperties) -> list[tuple[int, int, int]]:
+    """(block_m, block_n, consumers) of TMA_FIT_N whose blocks fill the SMs' waves better than
+    the standard tiles of the same height that bracket them (block_n 128 and 256, TMA_TILES)."""
+    out = []
+    for bm, cw in ((128, 2), (64, 1)):
+        if bm > max(64, _m_cap(m)):
+            continue
+        standard = max(wave_efficiency(_cdiv(m, tm) * _cdiv(n, tn) * batch, dev.sms)
+                       for tm, tn, _ in TMA_TILES if tm == bm and tn >= 128)  # fmt: skip
+        for bn in TMA_FIT_N:
+            if (b_layout == "kn" and bn % 64) or bn >= n:
+                continue
+            fit = wave_efficiency(_cdiv(m, bm) * _cdiv(n, bn) * batch, dev.sms)
+            if fit >= TMA_FIT_MIN and fit >= standard + TMA_FIT_GAIN:
+                out.append((bm, bn, cw))
+    return out
 
 # Cost model (per SM, µs): measured rates of each family on the H200 (bench/results/*-gemm*.md).
 PEAK = {"tma": 5.6e6, "wgmma": 3.4e6, "mma": 2.5e6}  # FLOP per µs per SM
@@ -82,7 +110,8 @@ def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", clus
               dev: DeviceProperties | None = None) -> list[TmaConfig]:  # fmt: skip
     """TMA GEMM candidates: the deepest two pipelines that fit each tile, persistent when
     there is more than one wave of tiles, split-k when there are too few tiles; for M <= 64
-    and B [N, K] also the narrowest tiles that cover N in one wave.
+    and B [N, K] also the narrowest tiles that cover N in one wave; tiles of TMA_FIT_N
+    columns where they fill the waves of blocks better (wave_fitting_tiles).
 
     `cluster` adds split-k reduced inside a thread-block cluster (split_reduce="cluster"); off by
     default: that variant has not run on a GPU yet, and the tuner must not meet an untried kernel."""
@@ -92,6 +121,7 @@ def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", clus
     if m <= 64 and b_layout == "nk":
         narrow = [bn for bn in TMA_NARROW if -(-n // bn) * batch <= dev.sms]
         tiles += [(64, bn, 1) for bn in narrow[:2] if (64, bn, 1) not in tiles]
+    tiles += [t for t in wave_fitting_tiles(m, n, batch, b_layout, dev) if t not in tiles]
     for bm, bn, cw in tiles:
         if (b_layout == "kn" and bn % 64) or bm > max(64, _m_cap(m)):
             continue
