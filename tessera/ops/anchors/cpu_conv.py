@@ -20,6 +20,7 @@ with it the layout are timed on the convolution itself (`tune=True`, cached per 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -105,19 +106,22 @@ def tuned_conv_config(x_shape: Sequence[int], w_shape: Sequence[int], geo: Geome
 
     threads = _candidates(x_shape, w_shape, geo)[0].threads
     cands = [replace(c, threads=1) for c in _candidates(x_shape, w_shape, geo)]
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(tuple(x_shape)).astype(np.float32)
-    w = rng.standard_normal(tuple(w_shape)).astype(np.float32)
-    bias = rng.standard_normal(w_shape[0]).astype(np.float32)
-    ref = reference_conv2d(x, w, bias if extras else None, geo)
-    operands = [x, w, bias] if extras else [x, w]
     stride, padding, dilation = geo
+
+    @functools.cache
+    def data() -> tuple[list[np.ndarray], np.ndarray]:  # random operands and the float64 reference
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal(tuple(x_shape)).astype(np.float32)
+        w = rng.standard_normal(tuple(w_shape)).astype(np.float32)
+        bias = rng.standard_normal(w_shape[0]).astype(np.float32)
+        ref = reference_conv2d(x, w, bias if extras else None, geo)
+        return ([x, w, bias] if extras else [x, w]), ref
 
     def build(cfg: CpuGemmConfig) -> Any:
         return plan_cpu_conv2d(x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=extras,
-                               weight=w, config=cfg).load()  # fmt: skip
+                               weight=data()[0][1], config=cfg).load()  # fmt: skip
 
-    check, bench = tuning_probes(operands, ref, time.thread_time)
+    check, bench = tuning_probes(data, time.thread_time)
     key = (f"cpu_conv2d|x={tuple(x_shape)},w={tuple(w_shape)},geometry={geo}|isa={cpu_isa()}|"
            f"timed on 1 thread|{','.join(map(str, cands))}" + ("|bias" if extras else ""))  # fmt: skip
     best = tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best

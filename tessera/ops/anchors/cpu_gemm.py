@@ -12,6 +12,7 @@ time (`weight=`), so calls read it contiguously and never repack it.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from math import prod
@@ -93,20 +94,23 @@ def heuristic_config(m: int, n: int, k: int, batch: int = 1, extras: bool = Fals
     return min(cands, key=lambda c: (estimate(c, m, n, k, batch), -c.mr * c.nv))
 
 
-def tuning_probes(operands: list[np.ndarray], ref: np.ndarray, clock: Callable[[], float]
+def tuning_probes(data: Callable[[], tuple[list[np.ndarray], np.ndarray]], clock: Callable[[], float]
                   ) -> tuple[Callable[[Any, Any], str | None], Callable[[Any, Any], float]]:  # fmt: skip
     """The `check` and `bench` callbacks of tessera.tune for a CPU kernel called as
-    kernel(operands, out): the relative error against `ref` (float64), and the fastest of five
-    calls in microseconds by `clock` (other processes only add time: the minimum is the least
-    distorted)."""
+    kernel(operands, out), where `data()` gives (operands, float64 reference) and is called
+    only when a candidate runs (a recorded winner needs neither): the relative error against
+    the reference, and the fastest of five calls in microseconds by `clock` (other processes
+    only add time: the minimum is the least distorted)."""
 
     def check(cfg: Any, kernel: Any) -> str | None:
+        operands, ref = data()
         out = np.empty(ref.shape, np.float32)
         kernel(operands, out)
         err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
         return None if err < 1e-4 else f"relative error {err:.2e}"
 
     def bench(cfg: Any, kernel: Any) -> float:
+        operands, ref = data()
         out = np.empty(ref.shape, np.float32)
         kernel(operands, out)
         times = []
@@ -139,25 +143,31 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     if extras:
         cands = [c for c in cands if spill_free(c)] or cands
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((batch, m, k)).astype(np.float32)
-    b = rng.standard_normal((batch, k, n)).astype(np.float32)
-    b_arg = b if b_source == "kn" else np.ascontiguousarray(b.transpose(0, 2, 1))
-    bias = rng.standard_normal(n).astype(np.float32)
-    ref = a.astype(np.float64) @ b + (bias if extras else 0.0)
+
+    @functools.cache
+    def arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # A, B [batch, K, N], bias
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((batch, m, k)).astype(np.float32)
+        b = rng.standard_normal((batch, k, n)).astype(np.float32)
+        return a, b, rng.standard_normal(n).astype(np.float32)
+
+    @functools.cache
+    def data() -> tuple[list[np.ndarray], np.ndarray]:  # the kernel's operands and the float64 reference
+        a, b, bias = arrays()
+        b_arg = b if b_source == "kn" else np.ascontiguousarray(b.transpose(0, 2, 1))
+        ref = a.astype(np.float64) @ b + (bias if extras else 0.0)
+        return ([a, b_arg, bias] if extras else [a, b_arg]), ref
 
     def build(cfg: CpuGemmConfig) -> Any:
         p, _ = matmul_problem((batch, m, k), (batch, k, n), dtypes.float32, "kn")
         if b_source == "nk":
             p.layout, p.b = "nk", Operand((INPUT, 1), (batch, n, k), lambda bi, r, c: (bi, r, c))
         packed = b_source == "packed" and batch == 1
-        weight = (b[0] if packed else None)
+        weight = arrays()[1][0] if packed else None
         bias_slot = (INPUT, 2) if extras else None
         return plan_cpu_gemm("tune", p, (batch, m, n), 2 + extras, None, bias_slot, -1, weight=weight, config=cfg).load()
 
-    operands = [a, b_arg, bias] if extras else [a, b_arg]
-
-    check, bench = tuning_probes(operands, ref, time.perf_counter)
+    check, bench = tuning_probes(data, time.perf_counter)
     key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
     return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
 
