@@ -26,12 +26,13 @@ def new_row(case: str) -> dict[str, Any]:
     return {"suite": SUITE, "case": case, "tessera_us": None, "peers_us": {}, "rel_err": None,
             "compile_s_cold": None, "compile_s_warm": None, "peers_rel_err": {}, "peers_compile_s_cold": {},
             "peers_compile_s_warm": {}, "max_err": {}, "graph_breaks": {}, "errors": {}, "skipped": {},
-            "notes": {}}  # fmt: skip
+            "notes": {}, "host_us": {}}  # fmt: skip
 
 
 def record(row: dict[str, Any], system: str, result: dict[str, Any]) -> None:
     """Store one system's measurement (`us`, `compile_s_cold`, `compile_s_warm`, `rel_err`,
-    `max_err`, `graph_breaks`, `note`, `error`, and `extra`: keys copied into the row as they are) under the row's keys for that system."""
+    `max_err`, `graph_breaks`, `host_us`, `note`, `error`, and `extra`: keys copied into the row as
+    they are) under the row's keys for that system."""
     ours = system == TESSERA
     if result.get("us") is not None:
         if ours:
@@ -44,9 +45,9 @@ def record(row: dict[str, Any], system: str, result: dict[str, Any]) -> None:
                 row[key] = result[key]
             else:
                 row[f"peers_{key}"][system] = result[key]
-    for key in ("max_err", "graph_breaks"):
+    for key in ("max_err", "graph_breaks", "host_us"):
         if result.get(key) is not None:
-            row[key][system] = result[key]
+            row.setdefault(key, {})[system] = result[key]
     if result.get("note"):
         row["notes"][system] = result["note"]
     if result.get("error"):
@@ -175,9 +176,10 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
             )
         out.append("| " + " | ".join(cells) + " |")
     out += _decode_table(rows)
-    out += ["", "## Compile time (s; cold: empty caches, warm: after `torch._dynamo.reset()`) and error vs fp32",
-            ""]  # fmt: skip
-    cols = ["case", "system", "compile cold", "compile warm", "rel_err", "max_err", "graph breaks", "error / note"]
+    out += ["", "## Compile time (s; cold: empty caches, warm: after `torch._dynamo.reset()`), host time per call "
+            "(µs, calls issued without synchronizing) and error vs fp32", ""]  # fmt: skip
+    cols = ["case", "system", "compile cold", "compile warm", "host µs / call", "rel_err", "max_err", "graph breaks",
+            "error / note"]  # fmt: skip
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         for s in SYSTEMS:
@@ -188,7 +190,9 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
             warm = r.get("compile_s_warm") if ours else r.get("peers_compile_s_warm", {}).get(s)
             err = r.get("rel_err") if ours else r.get("peers_rel_err", {}).get(s)
             text = r.get("errors", {}).get(s) or r.get("notes", {}).get(s) or ""
-            out.append("| " + " | ".join([r["case"], s, _num(cold, ".1f"), _num(warm, ".1f"), _num(err, ".1e"),
+            host = (r.get("host_us") or {}).get(s)
+            out.append("| " + " | ".join([r["case"], s, _num(cold, ".1f"), _num(warm, ".1f"), _num(host, ".0f"),
+                                           _num(err, ".1e"),
                                            _num(r.get("max_err", {}).get(s), ".1e"),
                                            _num(r.get("graph_breaks", {}).get(s), "d"), _cell(text, 200)]) + " |")  # fmt: skip
     skipped = {(s, why) for r in rows for s, why in r.get("skipped", {}).items()}

@@ -43,6 +43,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
+from decode_case import host_us  # noqa: E402
 from models_report import (  # noqa: E402
     COMPILE_PEERS,
     EAGER,
@@ -442,6 +443,7 @@ def measure(system: str, model: torch.nn.Module, inputs: tuple, ref: torch.Tenso
             if one > opts.max_call_s:
                 raise RuntimeError(f"one call takes {one:.2f} s (over --max-call-s {opts.max_call_s}); not timed")
             us = timer(fn, *inputs)
+            res["host_us"] = host_us(lambda: fn(*inputs), torch.device("cuda"))  # host-bound when close to us
             out = fn(*inputs).detach().float().clone()  # clone: CUDA-graph outputs are overwritten by the next call
             if ref is not None:
                 res["rel_err"], res["max_err"], res["note"] = output_errors(out, ref)

@@ -217,6 +217,17 @@ def test_markdown_table(tmp_path):
     assert mr.render_markdown([]).startswith("# models: no results")
 
 
+def test_host_time_per_call_is_recorded_and_shown_for_every_system():
+    row = mr.new_row("model=resnet50,bs=1,fp16")
+    mr.record(row, "tessera", {"us": 250.0, "host_us": 240.0, "compile_s_cold": 38.0})
+    mr.record(row, "torch.eager", {"us": 4000.0, "host_us": 3900.0})
+    row = mr.summarize({**row, **ENV})
+    assert row["host_us"] == {"tessera": 240.0, "torch.eager": 3900.0}
+    lines = {line.split(" | ")[1]: line for line in mr.render_markdown([row]).splitlines()
+             if line.startswith("| model=resnet50,bs=1,fp16 | ") and " | host" not in line}  # fmt: skip
+    assert "| 38.0 | – | 240 |" in lines["tessera"] and "| 3900 |" in lines["torch.eager"]
+
+
 def decode_row(case: str = "model=llama-1.1b-decode,bs=1,kv=512,fp16") -> dict:
     import decode_case as dc
 
@@ -390,6 +401,6 @@ def test_measure_eager_and_compile_on_a_small_model():
         for system in ("torch.eager", "torch.eager+cudagraph", "torch.compile:default"):
             res = ms.measure(system, model, inputs, ref, timer, opts)
             assert "error" not in res, res
-            assert res["us"] > 0 and res["rel_err"] < 1e-2
+            assert res["us"] > 0 and res["rel_err"] < 1e-2 and res["host_us"] > 0
             if system.startswith("torch.compile"):
                 assert res["compile_s_cold"] > 0 and res["compile_s_warm"] > 0 and res["graph_breaks"] == 0
