@@ -32,6 +32,7 @@ class ArrayView:
     writable: bool = True  # False for read-only numpy arrays and CUDA-array-interface views
 
 
+@functools.cache  # per call on the CPU path: a scan with dataclass equality cost ~20 us per array
 def numpy_dtype(dt: DataType) -> np.dtype:
     """The numpy dtype that stores `dt` (bfloat16 needs the ml_dtypes package)."""
     if dt == dtypes.bfloat16:
