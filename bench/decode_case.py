@@ -360,7 +360,7 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
                     notes.append(f"against eager on the quantized model: {own['note']}")
             res["note"] = "; ".join(x for x in notes if x) or None
             if broken:
-                res.setdefault("extra", {})["graph_break"] = broken
+                res.setdefault("extra", {})["graph_break" if system == TESSERA else "tessera_fp16_graph_break"] = broken
             res["us"] = us
 
     res = ms.guarded(body)
@@ -423,6 +423,8 @@ def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.
     from models_report import TESSERA
     from models_suite import record_build_failure
 
+    if weights is not None:  # first: a row whose build fails still says what it was to measure
+        row.update(weight=weights.weight, group_size=weights.group_size)
     with torch.no_grad():
         try:
             setup = build_decode(kv, device, tiny, dtype=torch.float16 if device == "cuda" else torch.float32)

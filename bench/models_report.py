@@ -25,9 +25,14 @@ TESSERA_FP16 = "tessera:fp16"
 TESSERA_SYSTEMS = (TESSERA, TESSERA_FP16)  # compiled with backend="tessera"
 
 
+def case_systems(quantized: bool) -> list[str]:
+    """The systems of a case, in table order: SYSTEMS, and tessera:fp16 in a quantized one."""
+    return [*PEERS, TESSERA_FP16, TESSERA] if quantized else list(SYSTEMS)
+
+
 def row_systems(row: dict[str, Any]) -> list[str]:
-    """The systems a row can hold: SYSTEMS, plus tessera:fp16 in a quantized row (one with `weight`)."""
-    return [*PEERS, TESSERA_FP16, TESSERA] if row.get("weight") else list(SYSTEMS)
+    """The systems a row can hold (a quantized row has `weight`)."""
+    return case_systems(bool(row.get("weight")))
 
 
 def new_row(case: str) -> dict[str, Any]:

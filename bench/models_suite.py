@@ -50,11 +50,11 @@ from models_report import (  # noqa: E402
     EAGER,
     EAGER_GRAPH,
     PEERS,
-    SYSTEMS,
     TESSERA,
     TESSERA_FP16,
     TESSERA_SYSTEMS,
     append_jsonl,
+    case_systems,
     clean,
     new_row,
     read_jsonl,
@@ -86,8 +86,7 @@ class ModelSpec:
 
     def systems(self, skipped: dict[str, str]) -> list[str]:
         """The systems this case runs: SYSTEMS, plus tessera:fp16 in a quantized case, less `skipped`."""
-        every = [*PEERS, TESSERA_FP16, TESSERA] if self.weight else SYSTEMS
-        return [s for s in every if s not in skipped]
+        return [s for s in case_systems(bool(self.weight)) if s not in skipped]
 
 
 MODELS: dict[str, ModelSpec] = {

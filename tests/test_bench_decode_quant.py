@@ -97,6 +97,7 @@ def test_bad_weight_specs_are_refused_clearly(capsys):
                   weights=argparse.Namespace(weight="int9", group_size=128))  # fmt: skip
     assert set(row["errors"]) == {"torch.eager", mr.TESSERA}
     assert "not a low-bit weight type" in row["errors"][mr.TESSERA]
+    assert (row["weight"], row["group_size"]) == ("int9", 128)  # what it was to measure, still said
 
 
 def test_quantized_cases_of_the_suite():
