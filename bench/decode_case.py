@@ -417,9 +417,10 @@ def measured_copy_gbs(device: str, timer: Any) -> float:
 
 def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.Namespace, device: str = "cuda",
                tiny: bool = False, save: Callable[[], None] = lambda: None,
-               weights: WeightSpec | None = None) -> None:  # fmt: skip
+               weights: WeightSpec | None = None, dtype: torch.dtype | None = None) -> None:  # fmt: skip
     """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each.
-    With `weights`, a quantized case (the module docstring): `tessera` runs the quantized model."""
+    With `weights`, a quantized case (the module docstring): `tessera` runs the quantized model.
+    dtype: the model's (default float16 on the GPU, float32 on the CPU)."""
     from models_report import TESSERA
     from models_suite import record_build_failure
 
@@ -427,7 +428,8 @@ def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.
         row.update(weight=weights.weight, group_size=weights.group_size)
     with torch.no_grad():
         try:
-            setup = build_decode(kv, device, tiny, dtype=torch.float16 if device == "cuda" else torch.float32)
+            dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
+            setup = build_decode(kv, device, tiny, dtype=dtype)
             quant, quant_fields = quantize_setup(setup, weights) if weights is not None else (None, {})
         except Exception as e:  # noqa: BLE001
             record_build_failure(row, systems, e, save)

@@ -83,6 +83,31 @@ def test_quantized_decode_case_runs_on_a_tiny_llama_through_tessera():
     assert "## Decode:" not in md  # the fp16 decode table leaves quantized rows to their own
 
 
+def test_quantized_float16_decode_step_is_one_tessera_graph_of_lowbit_operators():
+    """float16, as on the GPU: the quantized step compiles to one tessera graph whose linears are
+    lowbit_linear operators (the GPU's anchor; on the CPU their reference), nothing left to torch;
+    it matches eager on the quantized model, and the floor counts float16 bytes."""
+    opts = argparse.Namespace(repeats=2, warmup=1, system_timeout=600.0, max_call_s=60.0)
+    kv = 20
+    row = mr.new_row(f"model=llama-tiny-decode,bs=1,kv={kv},w=uint3,g=16,fp16")
+    dc.run_decode(row, [mr.TESSERA], kv, opts, device="cpu", tiny=True, weights=dc.WeightSpec("uint3", 16),
+                  dtype=torch.float16)  # fmt: skip
+    assert row["errors"] == {}, row["errors"]
+    assert row["zero_point"] is True  # uint types carry zero points: read as float16 biases
+    expected = expected_bytes(3, 16, kv, elem=2)
+    n_groups = 2 * sum(n * math.ceil(k / 16) for n, k in ((64, 64), (32, 64), (32, 64), (64, 64), (96, 64),
+                                                           (96, 64), (64, 96)))  # fmt: skip
+    expected = {**expected, "weights": expected["weights"] + 2 * n_groups,
+                "total": expected["total"] + 2 * n_groups}  # fmt: skip
+    assert row["bytes_per_token"] == expected
+    graph = row["tessera_graph"]
+    assert graph["graphs"] == 1 and graph["eager_nodes"] == 0 and row["graph_breaks"][mr.TESSERA] == 0
+    assert "graph_break" not in row
+    own = row["vs_quantized_eager"]
+    assert own["rel_err"] < 1e-2 and own["argmax_agree"] == "4/4"
+    assert row["tessera_us"] > 0
+
+
 def test_bad_weight_specs_are_refused_clearly(capsys):
     with pytest.raises(ArgumentError, match="'int9' is not a low-bit weight type"):
         dc.WeightSpec("int9")
