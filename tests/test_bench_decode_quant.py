@@ -138,3 +138,23 @@ def test_quantized_cases_of_the_suite():
     assert spec.systems(ms.skipped_systems(no_tessera, spec)) == mr.PEERS
     assert ms.MODELS["llama-decode-512"].systems({}) == mr.SYSTEMS
     assert ms.compile_kwargs(mr.TESSERA_FP16) == {"backend": "tessera"}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("weight", ["int4", "int3"])
+def test_quantized_decode_case_on_the_gpu(weight):
+    """The GPU path of the suite's quantized rows on the tiny Llama (float16): tessera runs the
+    low-bit anchors in one graph, agrees with eager on the quantized model, and the row's floor
+    uses the low-bit bytes over the measured copy bandwidth."""
+    opts = argparse.Namespace(repeats=5, warmup=2, system_timeout=600.0, max_call_s=10.0)
+    kv = 40
+    row = mr.new_row(f"model=llama-tiny-decode,bs=1,kv={kv},w={weight},g=32,fp16")
+    dc.run_decode(row, ["torch.eager", mr.TESSERA_FP16, mr.TESSERA], kv, opts, device="cuda", tiny=True,
+                  weights=dc.WeightSpec(weight, 32))  # fmt: skip
+    assert row["errors"] == {}, row["errors"]
+    assert row["bytes_per_token"] == expected_bytes(int(weight[-1]), 32, kv, elem=2)
+    assert row["floor_us"] == pytest.approx(row["bytes_per_token"]["total"] / (row["copy_gbs"] * 1e9) * 1e6)
+    assert row["tessera_graph"]["eager_nodes"] == 0 and "graph_break" not in row
+    own = row["vs_quantized_eager"]
+    assert own["rel_err"] < 1e-2 and own["argmax_agree"] == "4/4"
+    assert row["tessera_us"] > 0 and row["peers_us"][mr.TESSERA_FP16] > 0
