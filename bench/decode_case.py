@@ -297,12 +297,6 @@ def compare_steps(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> dict[st
     return worst
 
 
-def check_steps(fn: Callable[..., Any], setup: DecodeSetup, cache: Any, refs: list[torch.Tensor]) -> dict[str, Any]:
-    """Prefill `cache` again, run the checked steps through fn; the worst errors against eager,
-    and on how many steps the argmax token agrees."""
-    return compare_steps(checked_outputs(fn, setup, cache), refs)
-
-
 def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], timer: Any, opts: argparse.Namespace,
                    own_refs: list[torch.Tensor] | None = None, ref_name: str = "eager") -> dict[str, Any]:  # fmt: skip
     """One system on a fresh cache: cold and warm compile, per-token latency, errors against
