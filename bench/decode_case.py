@@ -22,6 +22,14 @@ token, and its logits are compared with eager's on the same steps from the same 
 Floor: the bytes a step must read -- every weight but the embedding table (of which it reads
 one row) and the whole static K/V cache -- over the device-to-device copy bandwidth measured
 in the same process (`harness.copy_bandwidth_gbs`, bytes read + written per second).
+
+Quantized cases (`weight="int4"`, ...; `quantize_setup`): the same step on a copy of the model
+whose decoder-layer linears are `tessera.quantize`d (lm_head, embedding and norms stay fp16).
+`tessera` is timed on that model; every peer on the fp16 one, and `tessera:fp16` is tessera on
+the fp16 one.  All are checked against fp16 eager on the same tokens, the quantized model on a
+cache it prefilled itself (what generating with it would hold), so rel_err and argmax_agree
+measure what the low-bit weights change; tessera is also checked against eager on the quantized
+model (`vs_quantized_eager`: its own error).  The floor counts the low-bit model's bytes.
 """
 
 from __future__ import annotations
@@ -128,13 +136,64 @@ def build_decode(kv: int, device: str, tiny: bool, dtype: torch.dtype = torch.fl
     return DecodeSetup(model, kv, prompt, tokens, positions)
 
 
+# Linears left in fp16 by the quantized cases: lm_head, as GPTQ/AWQ checkpoints and llama.cpp's
+# mixes keep it (its errors land on the logits unaveraged, and it is 1/8 of the 1.1B model's weights).
+QUANT_SKIP = ("lm_head",)
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """The low-bit weights of a quantized case: a tessera.quant weight type and its group size."""
+
+    weight: str
+    group_size: int | None = 128  # None: one scale per output channel
+
+    def __post_init__(self) -> None:
+        from tessera.errors import ArgumentError
+        from tessera.quant import weight_type
+
+        weight_type(self.weight)  # ArgumentError naming the valid types
+        if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size <= 0):
+            raise ArgumentError(f"group_size must be a positive int or None (per channel), got {self.group_size!r}")
+
+
+def quantize_setup(setup: DecodeSetup, spec: WeightSpec) -> tuple[DecodeSetup, dict[str, Any]]:
+    """The decode setup on a quantized copy of setup.model, and what the row records of it.
+
+    Every nn.Linear of the decoder layers (q, k, v, o, gate, up, down projections) becomes a
+    tessera QuantizedLinear: round-to-nearest codes of spec.weight with a float16 scale per
+    spec.group_size inputs, zero points as tessera.quantize defaults them (uint types only).
+    QUANT_SKIP (lm_head) stays fp16; the embedding and the RMS norms are not linears and stay
+    fp16 too.  The prompt, tokens and positions are setup's."""
+    import dataclasses
+
+    import tessera as ts
+
+    t0 = time.perf_counter()
+    model = ts.quantize(setup.model, weight=spec.weight, group_size=spec.group_size, skip=QUANT_SKIP)
+    seconds = time.perf_counter() - t0
+    layers = [name for name, m in model.named_modules() if hasattr(m, "weight_q")]
+    first = next(m for m in model.modules() if hasattr(m, "weight_q")).weight_q
+    fields = {"weight": spec.weight, "group_size": spec.group_size, "zero_point": first.zeros is not None,
+              "quantized_linears": len(layers), "fp16_linears": list(QUANT_SKIP), "quantize_s": seconds}  # fmt: skip
+    return dataclasses.replace(setup, model=model), fields
+
+
+def quantized_weight_bytes(w: Any) -> int:
+    """Bytes a kernel reads of one tessera QuantizedWeight: the densely packed codes, the float16
+    scales, and the zero points as the float16 biases the kernels take (tessera.quant.linear)."""
+    zeros = w.zeros.size * 2 if w.zeros is not None else 0
+    return w.codes.nbytes + w.scales.size * 2 + zeros
+
+
 def bytes_per_token(setup: DecodeSetup, cache: Any) -> dict[str, int]:
-    """What one step must read from memory: the weights (of the embedding table one row) and
-    the whole static K/V cache."""
+    """What one step must read from memory: the weights (of the embedding table one row; of a
+    quantized linear its codes, scales and zero points) and the whole static K/V cache."""
     model = setup.model
     embed = model.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
     weights += embed.shape[1] * embed.element_size()
+    weights += sum(quantized_weight_bytes(m.weight_q) for m in model.modules() if hasattr(m, "weight_q"))
     kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
@@ -214,16 +273,21 @@ def reference_steps(setup: DecodeSetup) -> list[torch.Tensor]:
     return [setup.step(t, p, cache).float().clone() for t, p in zip(setup.tokens, setup.positions)]
 
 
-def check_steps(fn: Callable[..., Any], setup: DecodeSetup, cache: Any, refs: list[torch.Tensor]) -> dict[str, Any]:
-    """Prefill `cache` again, run the checked steps through fn; the worst errors against eager,
-    and on how many steps the argmax token agrees."""
+def checked_outputs(fn: Callable[..., Any], setup: DecodeSetup, cache: Any) -> list[torch.Tensor]:
+    """Prefill `cache` again and run the checked steps through fn: their logits (float32 copies)."""
+    setup.prefill(cache)
+    # clone: a CUDA-graph output is overwritten by the next call
+    return [fn(t, p, cache).detach().float().clone() for t, p in zip(setup.tokens, setup.positions)]
+
+
+def compare_steps(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> dict[str, Any]:
+    """The worst errors of the checked steps' logits against refs, and on how many steps the
+    argmax token agrees."""
     from models_suite import output_errors
 
-    setup.prefill(cache)
     worst: dict[str, Any] = {"rel_err": 0.0, "max_err": 0.0, "note": None}
     agree = 0
-    for t, p, ref in zip(setup.tokens, setup.positions, refs):
-        out = fn(t, p, cache).detach().float().clone()  # clone: a CUDA-graph output is overwritten by the next call
+    for out, ref in zip(outs, refs):
         rel, mx, note = output_errors(out, ref)
         if note:
             worst["note"] = note
@@ -234,12 +298,14 @@ def check_steps(fn: Callable[..., Any], setup: DecodeSetup, cache: Any, refs: li
     return worst
 
 
-def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], timer: Any,
-                   opts: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], timer: Any, opts: argparse.Namespace,
+                   own_refs: list[torch.Tensor] | None = None, ref_name: str = "eager") -> dict[str, Any]:  # fmt: skip
     """One system on a fresh cache: cold and warm compile, per-token latency, errors against
-    eager over the checked steps.  The keys of models_suite.measure, plus `argmax_agree`."""
+    `refs` (`ref_name`'s logits) over the checked steps.  The keys of models_suite.measure, plus
+    `argmax_agree`; with `own_refs` (eager on the same quantized model) also extra
+    `vs_quantized_eager`, the errors against those."""
     import models_suite as ms
-    from models_report import EAGER, EAGER_GRAPH, TESSERA
+    from models_report import EAGER, EAGER_GRAPH, TESSERA, TESSERA_SYSTEMS
 
     device = setup.device
 
@@ -253,7 +319,7 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
             elif system == EAGER_GRAPH:
                 fn = graphed_step(setup, cache)
             else:
-                if system == TESSERA:
+                if system in TESSERA_SYSTEMS:
                     res["extra"] = {"tessera_backend": ms.ensure_tessera_backend()}
                 stats0, breaks0, catcher = ms._tessera_stats(), ms._dynamo_breaks(), ms._Warnings()
                 ms.logging.getLogger("tessera").addHandler(catcher)
@@ -263,9 +329,9 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
                 finally:
                     ms.logging.getLogger("tessera").removeHandler(catcher)
                 res["graph_breaks"] = ms._dynamo_breaks() - breaks0
-                if system == TESSERA:
+                if system in TESSERA_SYSTEMS:
                     delta = {k: v - stats0.get(k, 0) for k, v in ms._tessera_stats().items()}
-                    res["extra"]["tessera_graph"] = delta
+                    res["extra"]["tessera_graph" if system == TESSERA else "tessera_fp16_graph"] = delta
                     broken = ms.graph_break_error(delta.get("graphs"), res["graph_breaks"], delta.get("eager_nodes", 0),
                                                   catcher.messages)  # fmt: skip
                 torch._dynamo.reset()
@@ -276,14 +342,20 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
                 raise RuntimeError(f"one step takes {one:.2f} s (over --max-call-s {opts.max_call_s}); not timed")
             us = timer(setup.timed_steps(fn, cache, timer.warmup + timer.repeats))
             res["host_us"] = host_us(setup.timed_steps(fn, cache, HOST_CALLS), device)
-            checked = check_steps(fn, setup, cache, refs)
+            outs = checked_outputs(fn, setup, cache)
+            checked = compare_steps(outs, refs)
             res["rel_err"], res["max_err"], res["argmax_agree"] = checked["rel_err"], checked["max_err"], checked["argmax_agree"]
             notes = [checked["note"], broken]
             if checked["argmax_agree"] != f"{STEPS}/{STEPS}":
-                notes.append(f"argmax token agrees with eager on {checked['argmax_agree']} steps")
+                notes.append(f"argmax token agrees with {ref_name} on {checked['argmax_agree']} steps")
+            if own_refs is not None:
+                own = compare_steps(outs, own_refs)
+                res.setdefault("extra", {})["vs_quantized_eager"] = own
+                if own["note"]:
+                    notes.append(f"against eager on the quantized model: {own['note']}")
             res["note"] = "; ".join(x for x in notes if x) or None
             if broken:
-                res.setdefault("extra", {})["graph_break"] = broken
+                res.setdefault("extra", {})["graph_break" if system == TESSERA else "tessera_fp16_graph_break"] = broken
             res["us"] = us
 
     res = ms.guarded(body)
@@ -295,54 +367,88 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
 
 
 # ---- the row ------------------------------------------------------------------------------------
-def floor_fields(setup: DecodeSetup, copy_gbs: float | None) -> dict[str, Any]:
-    """The row's floor entries: bytes per token, the copy bandwidth and floor_us (None without a bandwidth)."""
-    cache = setup.new_cache()
-    nbytes = bytes_per_token(setup, cache)
-    del cache
-    floor = nbytes["total"] / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
-    return {"kv": setup.kv, "bytes_per_token": nbytes, "copy_gbs": copy_gbs, "floor_us": floor, "pct_of_floor": {},
-            "argmax_agree": {}, "host_us": {}, "decode_steps_checked": STEPS}  # fmt: skip
+def floor_fields(setup: DecodeSetup, copy_gbs: float | None, fp16: DecodeSetup | None = None) -> dict[str, Any]:
+    """The row's floor entries: bytes per token, the copy bandwidth and floor_us (None without a
+    bandwidth).  A quantized row gives the fp16 setup too: its floor becomes `floor_us_fp16`, the
+    one the fp16 systems' % of floor is taken against."""
+
+    def floor(s: DecodeSetup) -> tuple[dict[str, int], float | None]:
+        cache = s.new_cache()
+        nbytes = bytes_per_token(s, cache)
+        del cache
+        return nbytes, nbytes["total"] / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
+
+    nbytes, us = floor(setup)
+    out = {"kv": setup.kv, "bytes_per_token": nbytes, "copy_gbs": copy_gbs, "floor_us": us, "pct_of_floor": {},
+           "argmax_agree": {}, "host_us": {}, "tokens_per_s": {}, "decode_steps_checked": STEPS}  # fmt: skip
+    if fp16 is not None:
+        out["bytes_per_token_fp16"], out["floor_us_fp16"] = floor(fp16)
+    return out
 
 
 def record_decode(row: dict[str, Any], system: str, res: dict[str, Any]) -> None:
-    """models_report.record, plus the system's % of the floor and argmax agreement."""
-    from models_report import record
+    """models_report.record, plus the system's tokens/s, % of the floor (of the model it ran:
+    in a quantized row only tessera runs the low-bit one) and argmax agreement."""
+    from models_report import TESSERA, record
 
     record(row, system, res)
     if res.get("argmax_agree") is not None:
         row["argmax_agree"][system] = res["argmax_agree"]
-    if res.get("us") and row.get("floor_us"):
-        row["pct_of_floor"][system] = 100.0 * row["floor_us"] / res["us"]
+    if res.get("us"):
+        row.setdefault("tokens_per_s", {})[system] = 1e6 / res["us"]
+    floor = row.get("floor_us") if system == TESSERA or not row.get("weight") else row.get("floor_us_fp16")
+    if res.get("us") and floor:
+        row["pct_of_floor"][system] = 100.0 * floor / res["us"]
+
+
+def measured_copy_gbs(device: str, timer: Any) -> float:
+    """Copy bandwidth in this process: 1 GiB on the GPU (harness.copy_bandwidth_gbs), 64 MiB on the CPU."""
+    from harness import copy_bandwidth_gbs
+
+    return copy_bandwidth_gbs(timer, 1 << 30 if device == "cuda" else 1 << 26, device=device)
 
 
 def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.Namespace, device: str = "cuda",
-               tiny: bool = False, save: Callable[[], None] = lambda: None) -> None:  # fmt: skip
-    """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each."""
+               tiny: bool = False, save: Callable[[], None] = lambda: None,
+               weights: WeightSpec | None = None, dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each.
+    With `weights`, a quantized case (the module docstring): `tessera` runs the quantized model.
+    dtype: the model's (default float16 on the GPU, float32 on the CPU)."""
+    from models_report import TESSERA
     from models_suite import record_build_failure
 
+    if weights is not None:  # first: a row whose build fails still says what it was to measure
+        row.update(weight=weights.weight, group_size=weights.group_size)
     with torch.no_grad():
         try:
-            setup = build_decode(kv, device, tiny, dtype=torch.float16 if device == "cuda" else torch.float32)
+            dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
+            setup = build_decode(kv, device, tiny, dtype=dtype)
+            quant, quant_fields = quantize_setup(setup, weights) if weights is not None else (None, {})
         except Exception as e:  # noqa: BLE001
             record_build_failure(row, systems, e, save)
             return
+        row.update(quant_fields)
         if device == "cuda":
-            from harness import Timer, copy_bandwidth_gbs
+            from harness import Timer
 
             timer: Any = Timer(repeats=opts.repeats, warmup=opts.warmup, flush_l2=False)
-            copy_gbs: float | None = copy_bandwidth_gbs(timer)
         else:
-            timer, copy_gbs = WallTimer(opts.repeats, opts.warmup), None
-            row["notes"]["floor"] = "no copy bandwidth on the CPU: no floor"
-        row.update(floor_fields(setup, copy_gbs))
-        row["notes"]["reference"] = ("decode: rel_err / max_err are the worst over the checked steps against eager "
-                                     "in the same dtype, on the same tokens")  # fmt: skip
+            timer = WallTimer(opts.repeats, opts.warmup)
+            row["notes"]["floor"] = ("CPU: copy bandwidth of 64 MiB; a tiny model stays in the caches, so its "
+                                     "floor checks the bookkeeping, it bounds nothing")  # fmt: skip
+        row.update(floor_fields(quant or setup, measured_copy_gbs(device, timer), setup if quant else None))
+        ref_name = "fp16 eager" if quant else "eager"
+        row["notes"]["reference"] = (
+            f"decode: rel_err / max_err are the worst over the checked steps against {ref_name} in the same dtype, "
+            "on the same tokens" + ("; tessera runs the quantized model on a cache it prefilled itself, "
+                                    "vs_quantized_eager compares it with eager on that model" if quant else ""))  # fmt: skip
         refs = reference_steps(setup)
+        own_refs = reference_steps(quant) if quant else None
         save()
         for s in systems:
             print(f"[decode kv={kv}] {s} ...", flush=True)
-            res = measure_decode(s, setup, refs, timer, opts)
+            ours = quant is not None and s == TESSERA
+            res = measure_decode(s, quant if ours else setup, refs, timer, opts, own_refs if ours else None, ref_name)
             record_decode(row, s, res)
             save()
             print(f"[decode kv={kv}] {s}: {({k: v for k, v in res.items() if k != 'extra'})}", flush=True)
@@ -350,21 +456,35 @@ def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.
 
 def main(argv: list[str] | None = None) -> None:
     """The decode case on its own, printing its row (a smoke test: --tiny --device cpu)."""
-    from models_report import EAGER, TESSERA, new_row, summarize
+    from models_report import EAGER, TESSERA, TESSERA_FP16, new_row, summarize
 
     ap = argparse.ArgumentParser(prog="decode_case", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv", type=int, default=512)
     ap.add_argument("--tiny", action="store_true", help="dynamic_suite's tiny Llama (float32 on the CPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    ap.add_argument("--systems", default=f"{EAGER},{TESSERA}", help="comma-separated models_report system names")
+    ap.add_argument("--weight", help="quantize the decoder's linears to this tessera.quant type (int4, int3, ...)")
+    ap.add_argument("--group-size", type=int, default=128, help="inputs per scale of --weight (0: per channel)")
+    ap.add_argument("--systems", help=f"comma-separated models_report system names (default: {EAGER},{TESSERA}, "
+                                      f"and {TESSERA_FP16} with --weight)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--system-timeout", type=float, default=1200.0)
     ap.add_argument("--max-call-s", type=float, default=5.0)
     opts = ap.parse_args(argv)
-    row = new_row(f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},bs=1,decode,kv={opts.kv},"
+    weights = None
+    if opts.weight:
+        from tessera.errors import ArgumentError
+
+        try:
+            weights = WeightSpec(opts.weight, opts.group_size or None)
+        except ArgumentError as e:
+            ap.error(str(e))
+    systems = opts.systems or ",".join([EAGER, *([TESSERA_FP16] if weights else []), TESSERA])
+    quant = f"w={weights.weight},g={weights.group_size or 'channel'}," if weights else ""
+    row = new_row(f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},bs=1,decode,kv={opts.kv},{quant}"
                   f"{'fp16' if opts.device == 'cuda' else 'fp32'}")  # fmt: skip
-    run_decode(row, [s.strip() for s in opts.systems.split(",") if s.strip()], opts.kv, opts, opts.device, opts.tiny)
+    run_decode(row, [s.strip() for s in systems.split(",") if s.strip()], opts.kv, opts, opts.device, opts.tiny,
+               weights=weights)  # fmt: skip
     print(json.dumps(summarize(row), default=str, indent=1))
 
 

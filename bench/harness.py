@@ -59,9 +59,9 @@ class Timer:
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
-def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
+def copy_bandwidth_gbs(timer: Any, nbytes: int = 1 << 30, device: str = "cuda") -> float:
     """Device-to-device copy bandwidth (bytes read + written) measured in this run."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     us = timer(dst.copy_, src)
     return nbytes / (us * 1e-6) / 1e9

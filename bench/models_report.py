@@ -19,6 +19,20 @@ COMPILE_PEERS = ["torch.compile:default", "torch.compile:reduce-overhead", "torc
 PEERS = [EAGER, EAGER_GRAPH, *COMPILE_PEERS]  # DESIGN.md's peer names, in table order
 TESSERA = "tessera"
 SYSTEMS = [*PEERS, TESSERA]
+# Quantized decode cases (decode_case.py): `tessera` runs the low-bit model, every peer the fp16
+# model, and this peer is tessera on the fp16 model (what the low-bit weights gain).
+TESSERA_FP16 = "tessera:fp16"
+TESSERA_SYSTEMS = (TESSERA, TESSERA_FP16)  # compiled with backend="tessera"
+
+
+def case_systems(quantized: bool) -> list[str]:
+    """The systems of a case, in table order: SYSTEMS, and tessera:fp16 in a quantized one."""
+    return [*PEERS, TESSERA_FP16, TESSERA] if quantized else list(SYSTEMS)
+
+
+def row_systems(row: dict[str, Any]) -> list[str]:
+    """The systems a row can hold (a quantized row has `weight`)."""
+    return case_systems(bool(row.get("weight")))
 
 
 def new_row(case: str) -> dict[str, Any]:
@@ -98,7 +112,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 _PER_SYSTEM = ("peers_rel_err", "peers_compile_s_cold", "peers_compile_s_warm", "max_err", "graph_breaks", "errors",
-               "notes", "pct_of_floor", "argmax_agree", "host_us")  # fmt: skip
+               "notes", "pct_of_floor", "argmax_agree", "host_us", "tokens_per_s")  # fmt: skip
 
 
 def merge_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -176,13 +190,14 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
             )
         out.append("| " + " | ".join(cells) + " |")
     out += _decode_table(rows)
+    out += _quantized_table(rows)
     out += ["", "## Compile time (s; cold: empty caches, warm: after `torch._dynamo.reset()`), host time per call "
             "(µs, calls issued without synchronizing) and error vs fp32", ""]  # fmt: skip
     cols = ["case", "system", "compile cold", "compile warm", "host µs / call", "rel_err", "max_err", "graph breaks",
             "error / note"]  # fmt: skip
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        for s in SYSTEMS:
+        for s in row_systems(r):
             if s in r.get("skipped", {}):
                 continue
             ours = s == TESSERA
@@ -205,7 +220,7 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
 def _decode_table(rows: list[dict[str, Any]]) -> list[str]:
     """The decode cases against their HBM floor (bench/decode_case.py): % of floor per system
     (floor_us / us: 100 is the floor) and on how many checked steps the argmax token agrees."""
-    decode = [r for r in rows if r.get("kv") is not None]
+    decode = [r for r in rows if r.get("kv") is not None and not r.get("weight")]
     if not decode:
         return []
     out = ["", "## Decode: per-token latency against the HBM floor (floor = bytes read per token / copy bandwidth "
@@ -220,6 +235,35 @@ def _decode_table(rows: list[dict[str, Any]]) -> list[str]:
         out.append("| " + " | ".join([r["case"], _ms(r.get("floor_us")), _num(nbytes / 1e6 if nbytes else None, ".1f"),
                                        _num(r.get("copy_gbs"), ".0f"), *[_num(pct.get(s), ".0f") for s in SYSTEMS],
                                        _num((r.get("host_us") or {}).get(TESSERA), ".0f"), agree or "–"]) + " |")  # fmt: skip
+    return out
+
+
+def _quantized_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The quantized decode cases: tessera on the low-bit model against tessera and eager on the
+    fp16 one, per-token latency, tokens/s, the low-bit model's floor, and agreement with fp16 eager."""
+    quant = [r for r in rows if r.get("kv") is not None and r.get("weight")]
+    if not quant:
+        return []
+    out = ["", "## Quantized decode: low-bit weights (tessera.quantize) against fp16 (per-token latency; floor = "
+           "bytes of the low-bit model read per token / copy bandwidth; agreement with fp16 eager on the same "
+           "tokens, each model on a cache it prefilled itself)", ""]  # fmt: skip
+    cols = ["case", "weights", "tessera (ms)", "tokens/s", "tessera fp16 (ms)", "eager fp16 (ms)",
+            "speed-up vs tessera fp16", "floor (ms)", "% of floor", "argmax agrees with fp16 eager",
+            "rel_err vs fp16 eager", "rel_err vs low-bit eager"]  # fmt: skip
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in quant:
+        peers, t = r.get("peers_us", {}), r.get("tessera_us")
+        fp16 = peers.get(TESSERA_FP16)
+        group = r.get("group_size")
+        weights = f"{r['weight']}, {'per channel' if group is None else f'g{group}'}"
+        own = r.get("vs_quantized_eager") or {}
+        out.append("| " + " | ".join([
+            r["case"], weights, _ms(t) if t else _peer_cell(r, TESSERA, "–"),
+            _num((r.get("tokens_per_s") or {}).get(TESSERA), ".0f"), _peer_cell(r, TESSERA_FP16, _ms(fp16)),
+            _peer_cell(r, EAGER, _ms(peers.get(EAGER))), _num(fp16 / t if fp16 and t else None, ".2f"),
+            _ms(r.get("floor_us")), _num((r.get("pct_of_floor") or {}).get(TESSERA), ".0f"),
+            str((r.get("argmax_agree") or {}).get(TESSERA, "–")), _num(r.get("rel_err"), ".1e"),
+            _num(own.get("rel_err"), ".1e")]) + " |")  # fmt: skip
     return out
 
 

@@ -12,7 +12,9 @@ caches, and one device call can run a subset. Each finished model's row is appen
 
 The `llama-decode-*` cases time one decode step (one new token against a static KV cache of 512
 or 2048 positions) instead of a forward over a sequence, with the HBM floor in the row
-(bench/decode_case.py).
+(bench/decode_case.py); `llama-decode-512-int4` / `-int3` do so with the decoder's linears
+quantized by `tessera.quantize` (tessera on the low-bit model, the peers and `tessera:fp16` on
+the fp16 one).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ from models_report import (  # noqa: E402
     EAGER,
     EAGER_GRAPH,
     PEERS,
-    SYSTEMS,
     TESSERA,
+    TESSERA_FP16,
+    TESSERA_SYSTEMS,
     append_jsonl,
+    case_systems,
     clean,
     new_row,
     read_jsonl,
@@ -78,6 +82,12 @@ class ModelSpec:
     batch: int
     seq: int | None = None
     kv: int | None = None  # a decode case: one new token against a static KV cache of kv positions (decode_case.py)
+    weight: str | None = None  # a quantized decode case: tessera.quant weight type of the decoder's linears
+    group_size: int | None = 128  # its inputs per scale (None: per output channel)
+
+    def systems(self, skipped: dict[str, str]) -> list[str]:
+        """The systems this case runs: SYSTEMS, plus tessera:fp16 in a quantized case, less `skipped`."""
+        return [s for s in case_systems(bool(self.weight)) if s not in skipped]
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -88,7 +98,11 @@ MODELS: dict[str, ModelSpec] = {
     "llama": ModelSpec("model=llama-1.1b,bs=1,seq=512,fp16", "llama", 1, 512),
     "llama-decode-512": ModelSpec("model=llama-1.1b-decode,bs=1,kv=512,fp16", "llama", 1, kv=512),
     "llama-decode-2048": ModelSpec("model=llama-1.1b-decode,bs=1,kv=2048,fp16", "llama", 1, kv=2048),
-}
+    "llama-decode-512-int4": ModelSpec("model=llama-1.1b-decode,bs=1,kv=512,w=int4,g=128,fp16", "llama", 1, kv=512,
+                                       weight="int4"),
+    "llama-decode-512-int3": ModelSpec("model=llama-1.1b-decode,bs=1,kv=512,w=int3,g=128,fp16", "llama", 1, kv=512,
+                                       weight="int3"),
+}  # fmt: skip
 
 
 # ---- arguments --------------------------------------------------------------------------------
@@ -162,12 +176,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return opts
 
 
-def skipped_systems(opts: argparse.Namespace) -> dict[str, str]:
-    """System -> why it is not run, for every system the selection leaves out."""
+def skipped_systems(opts: argparse.Namespace, spec: ModelSpec | None = None) -> dict[str, str]:
+    """System -> why it is not run, for every system of `spec` (by default of an fp16 case) the
+    selection leaves out."""
     out = {p: SLOW_PEER_REASON if p == "torch.compile:max-autotune" else "not in --peers"
            for p in PEERS if p not in opts.peers}  # fmt: skip
     if opts.no_tessera:
         out[TESSERA] = "--no-tessera"
+        if spec is not None and spec.weight:
+            out[TESSERA_FP16] = "--no-tessera"
     return out
 
 
@@ -333,7 +350,7 @@ def output_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, f
 
 
 def compile_kwargs(system: str) -> dict[str, Any]:
-    if system == TESSERA:
+    if system in TESSERA_SYSTEMS:
         return {"backend": "tessera"}
     mode = system.split(":", 1)[1]
     return {} if mode == "default" else {"mode": mode}
@@ -477,8 +494,8 @@ def run_child(opts: argparse.Namespace) -> None:
     row = new_row(spec.case)
     row.update(model=opts.child, batch=spec.batch, seq=spec.seq, repeats=opts.repeats, warmup=opts.warmup,
                l2_flush=False, **environment(), **_versions())  # fmt: skip
-    row["skipped"] = skipped_systems(opts)
-    systems = [s for s in SYSTEMS if s not in row["skipped"]]
+    row["skipped"] = skipped_systems(opts, spec)
+    systems = spec.systems(row["skipped"])
     out_path = Path(opts.child_out)
 
     def save() -> None:
@@ -488,10 +505,11 @@ def run_child(opts: argparse.Namespace) -> None:
 
     save()
     if spec.kv is not None:
-        from decode_case import run_decode
+        from decode_case import WeightSpec, run_decode
 
         row["kv"] = spec.kv
-        run_decode(row, systems, spec.kv, opts, save=save)
+        weights = WeightSpec(spec.weight, spec.group_size) if spec.weight else None
+        run_decode(row, systems, spec.kv, opts, save=save, weights=weights)
         return
     with torch.no_grad():
         try:
@@ -559,8 +577,8 @@ def run_model(opts: argparse.Namespace, model: str,
     for key, value in host_env().items():
         row.setdefault(key, value)
     row.setdefault("model", model)
-    row["skipped"] = row.get("skipped") or skipped_systems(opts)
-    for s in SYSTEMS:
+    row["skipped"] = row.get("skipped") or skipped_systems(opts, spec)
+    for s in spec.systems({}):
         done = s in row["errors"] or s in row["skipped"] or row["peers_us"].get(s) is not None
         if not done and not (s == TESSERA and row.get("tessera_us") is not None):
             row["errors"][s] = f"not measured: {why}"

@@ -45,6 +45,62 @@ def test_quantize_weight_semantics(rng, t):
         assert np.linalg.norm(d - w) / np.linalg.norm(w) < bound * (2 if group is None else 1.3)
 
 
+def _same_quantized(a, b):
+    assert a.dtype == b.dtype and a.group_size == b.group_size and a.shape == b.shape
+    assert np.array_equal(a.codes.data, b.codes.data)
+    assert np.array_equal(a.scales.view(np.uint16), b.scales.view(np.uint16))  # the same float16 bits
+    assert (a.zeros is None) == (b.zeros is None)
+    if a.zeros is not None:
+        assert np.array_equal(a.zeros, b.zeros)
+
+
+def _torch_rtn_matches_numpy(rng, device):
+    torch = pytest.importorskip("torch")
+    from tessera.quant.quantize_torch import quantize_weight_torch
+
+    for t in [t for t in WEIGHT_TYPES if t.is_integer] + [WEIGHT_TYPES[-1]]:  # every integer type, a float one
+        for n, k in ((7, 45), (1, 1), (3, 130)):
+            # float16 weights (what a model holds), two draws: odd sizes, size-1 dims, short last groups
+            for scale in (0.1, 3.0):
+                w = torch.from_numpy(rng.normal(size=(n, k)) * scale).half()
+                for group, zp in ((16, None), (None, None), (45, False), (7, True), (1, None)):
+                    if zp and t.is_float:
+                        continue
+                    ref = quantize_weight(w.float().numpy(), t, group, zp)
+                    _same_quantized(quantize_weight_torch(w.to(device), t, group, zp), ref)
+
+
+def test_torch_rtn_matches_the_numpy_reference(rng):
+    _torch_rtn_matches_numpy(rng, "cpu")
+
+
+@pytest.mark.cuda
+def test_torch_rtn_on_the_gpu_matches_the_numpy_reference(rng):
+    import torch
+
+    _torch_rtn_matches_numpy(rng, "cuda")
+    model = _mlp(torch).half()  # tessera.quantize of a model on the GPU takes that path: the same layers
+    for a, b in zip(ts.quantize(model.cuda(), "int3", 16), ts.quantize(model.cpu(), "int3", 16)):
+        if hasattr(a, "weight_q"):
+            _same_quantized(a.weight_q, b.weight_q)
+
+
+def test_torch_rtn_refuses_bad_inputs():
+    torch = pytest.importorskip("torch")
+    from tessera.quant.quantize_torch import quantize_weight_torch
+
+    with pytest.raises(ArgumentError, match="inf or NaN"):
+        quantize_weight_torch(torch.tensor([[1.0, float("nan")]]), "int4")
+    with pytest.raises(ArgumentError, match="not a low-bit weight type"):
+        quantize_weight_torch(torch.ones(2, 2), "int9")
+    with pytest.raises(ArgumentError, match=r"\[N, K\] matrix"):
+        quantize_weight_torch(torch.ones(4), "int4")
+    with pytest.raises(ArgumentError, match="group_size must be positive"):
+        quantize_weight_torch(torch.ones(2, 4), "int4", 0)
+    with pytest.raises(ArgumentError, match="overflows float16"):
+        quantize_weight_torch(torch.full((2, 4), 1e300, dtype=torch.float64), "int2")
+
+
 def test_quantize_weight_refuses_bad_inputs():
     with pytest.raises(ArgumentError, match="inf or NaN"):
         quantize_weight(np.array([[1.0, np.nan]]), "int4")
