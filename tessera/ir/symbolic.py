@@ -557,15 +557,22 @@ class _Parser:
         return out
 
     def product(self) -> Dim:
-        out = self.power()
+        out = self.signed()
         while self.peek() in ("*", "//", "%"):
             op = self.take()
-            rhs = self.power()
+            rhs = self.signed()
             out = out * rhs if op == "*" else floordiv(out, rhs) if op == "//" else mod(out, rhs)
         return out
 
+    def signed(self) -> Dim:
+        """A minus binds looser than ^, as in Python: -a^2 is -(a^2), the form dim_str writes."""
+        if self.peek() == "-":
+            self.take()
+            return -self.signed()
+        return self.power()
+
     def power(self) -> Dim:
-        base = self.unary()
+        base = self.atom()
         if self.peek() == "^":
             self.take()
             exp = int(self.take())
@@ -575,10 +582,7 @@ class _Parser:
             return out
         return base
 
-    def unary(self) -> Dim:
-        if self.peek() == "-":
-            self.take()
-            return -self.unary()
+    def atom(self) -> Dim:
         tok = self.take()
         if tok.isdigit():
             return int(tok)
