@@ -73,22 +73,28 @@ def _int_zero_free(t: DataType) -> int:
     return 0 if t.kind == "int" else 1 << (t.nbits - 1)
 
 
+def check_arguments(shape: tuple[int, ...], t: DataType, group_size: int | None,
+                    zero_point: bool | None) -> tuple[int, int, int, bool]:  # fmt: skip
+    """(N, K, the group size, whether there are zero points) of a quantize_weight call, or an
+    ArgumentError saying which argument is wrong."""
+    if len(shape) != 2 or 0 in shape:
+        raise ArgumentError(f"quantize_weight takes a non-empty [N, K] matrix, got shape {list(shape)}")
+    n, k = shape
+    gs = k if group_size in (None, -1) else int(group_size)
+    if gs <= 0:
+        raise ArgumentError(f"group_size must be positive (or None for per channel), got {group_size}")
+    return n, k, gs, t.kind == "uint" if zero_point is None else bool(zero_point)
+
+
 def quantize_weight(w: np.ndarray, dtype: DataType | str, group_size: int | None = 128,
                     zero_point: bool | None = None) -> QuantizedWeight:  # fmt: skip
     """Round-to-nearest quantisation of `w` [N, K] (see the module docstring).  zero_point
     defaults to True for uint types and False otherwise."""
     t = codecs.weight_type(dtype)
     w = np.asarray(w, dtype=np.float64)
-    if w.ndim != 2 or 0 in w.shape:
-        raise ArgumentError(f"quantize_weight takes a non-empty [N, K] matrix, got shape {list(w.shape)}")
+    n, k, gs, zero_point = check_arguments(w.shape, t, group_size, zero_point)
     if not np.all(np.isfinite(w)):
         raise ArgumentError("the weights contain inf or NaN; they cannot be quantized")
-    n, k = w.shape
-    gs = k if group_size in (None, -1) else int(group_size)
-    if gs <= 0:
-        raise ArgumentError(f"group_size must be positive (or None for per channel), got {group_size}")
-    if zero_point is None:
-        zero_point = t.kind == "uint"
     if zero_point and t.is_float:
         raise ArgumentError(f"{t} weights take no zero points (zero_point=True is for integer types)")
     g = -(-k // gs)

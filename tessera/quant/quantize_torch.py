@@ -18,7 +18,7 @@ from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.quant import codecs
 from tessera.quant.packed import PackedTensor
-from tessera.quant.quantize import QuantizedWeight, _int_zero_free, quantize_weight
+from tessera.quant.quantize import QuantizedWeight, _int_zero_free, check_arguments, quantize_weight
 
 
 def _scales16(s: torch.Tensor) -> np.ndarray:
@@ -39,17 +39,10 @@ def quantize_weight_torch(w: torch.Tensor, dtype: DataType | str, group_size: in
     t = codecs.weight_type(dtype)
     if t.is_float:
         return quantize_weight(w.detach().float().cpu().numpy(), t, group_size, zero_point)
-    if w.ndim != 2 or 0 in w.shape:
-        raise ArgumentError(f"quantize_weight takes a non-empty [N, K] matrix, got shape {list(w.shape)}")
+    n, k, gs, zero_point = check_arguments(tuple(w.shape), t, group_size, zero_point)
     w = w.detach().to(torch.float64)
     if not bool(torch.isfinite(w).all()):
         raise ArgumentError("the weights contain inf or NaN; they cannot be quantized")
-    n, k = w.shape
-    gs = k if group_size in (None, -1) else int(group_size)
-    if gs <= 0:
-        raise ArgumentError(f"group_size must be positive (or None for per channel), got {group_size}")
-    if zero_point is None:
-        zero_point = t.kind == "uint"
     g = -(-k // gs)
     pad = w if g * gs == k else torch.cat([w, w[:, -1:].expand(n, g * gs - k)], dim=1)  # edge padding
     groups = pad.reshape(n, g, gs)
