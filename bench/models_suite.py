@@ -47,13 +47,11 @@ sys.path.insert(0, str(BENCH))
 
 from decode_case import host_us  # noqa: E402
 from models_report import (  # noqa: E402
-    COMPILE_PEERS,
     EAGER,
     EAGER_GRAPH,
     PEERS,
     TESSERA,
     TESSERA_FP16,
-    TESSERA_SYSTEMS,
     append_jsonl,
     case_systems,
     clean,
@@ -65,6 +63,7 @@ from models_report import (  # noqa: E402
     summarize,
 )
 from plot import plot_file  # noqa: E402
+from systems import _fresh_inductor_cache, compile_kwargs, cuda_graphed, ensure_tessera_backend  # noqa: E402,F401
 
 RESULTS = BENCH / "results"
 DEFAULT_PEERS = [EAGER, EAGER_GRAPH, "torch.compile:default", "torch.compile:reduce-overhead"]
@@ -347,61 +346,6 @@ def output_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, f
     diff = out - ref
     rel = float(diff.norm() / ref.norm().clamp_min(1e-30))
     return rel, float(diff.abs().max() / ref.abs().max().clamp_min(1e-30)), None
-
-
-def compile_kwargs(system: str) -> dict[str, Any]:
-    if system in TESSERA_SYSTEMS:
-        return {"backend": "tessera"}
-    mode = system.split(":", 1)[1]
-    return {} if mode == "default" else {"mode": mode}
-
-
-def ensure_tessera_backend() -> str:
-    """Make `backend="tessera"` resolvable; says whether the entry point or the import provided it."""
-    from torch._dynamo.backends.registry import lookup_backend
-
-    try:
-        lookup_backend("tessera")
-        return "entry point"
-    except Exception:  # noqa: BLE001  (not pip-installed: importing the front end registers the name)
-        import tessera.frontend.torch  # noqa: F401
-
-        lookup_backend("tessera")
-        return "registered on import of tessera.frontend.torch (no entry point: tessera is not pip-installed)"
-
-
-def _fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:
-    """An empty inductor/Triton cache for each torch.compile mode, so that its cold compile is
-    not served by the previous mode's FX-graph cache; warm then means warm in this folder."""
-    if system not in COMPILE_PEERS:
-        return contextlib.nullcontext()
-    from torch._inductor import utils
-
-    fresh = getattr(utils, "fresh_cache", None) or getattr(utils, "fresh_inductor_cache", None)
-    return fresh() if fresh else contextlib.nullcontext()
-
-
-def cuda_graphed(model: torch.nn.Module, inputs: tuple) -> Callable[..., Any]:
-    """Eager `model` captured once in a CUDA graph: each call copies its inputs into the static
-    ones and replays (what tessera's compiled graphs do too), returning the static output."""
-    static = [x.clone() for x in inputs]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
-            model(*static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model(*static)
-
-    def replay(*args: torch.Tensor) -> torch.Tensor:
-        for dst, src in zip(static, args):
-            dst.copy_(src)
-        graph.replay()
-        return out
-
-    return replay
 
 
 def _sync_call(fn: Callable[..., Any], inputs: tuple) -> tuple[Any, float]:
