@@ -310,7 +310,7 @@ def measure_decode(system: str, setup: DecodeSetup, refs: list[torch.Tensor], ti
     device = setup.device
 
     def body(res: dict[str, Any]) -> None:
-        with ms.alarm(opts.system_timeout), ms._fresh_inductor_cache(system):
+        with ms.alarm(opts.system_timeout), ms.fresh_inductor_cache(system):
             torch._dynamo.reset()
             cache = setup.new_cache()
             broken = None

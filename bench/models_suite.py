@@ -63,7 +63,7 @@ from models_report import (  # noqa: E402
     summarize,
 )
 from plot import plot_file  # noqa: E402
-from systems import _fresh_inductor_cache, compile_kwargs, cuda_graphed, ensure_tessera_backend  # noqa: E402,F401
+from systems import compile_kwargs, cuda_graphed, ensure_tessera_backend, fresh_inductor_cache  # noqa: E402,F401
 
 RESULTS = BENCH / "results"
 DEFAULT_PEERS = [EAGER, EAGER_GRAPH, "torch.compile:default", "torch.compile:reduce-overhead"]
@@ -375,7 +375,7 @@ def measure(system: str, model: torch.nn.Module, inputs: tuple, ref: torch.Tenso
     """One system: cold and warm compile, steady-state latency, error against `ref`."""
 
     def body(res: dict[str, Any]) -> None:
-        with alarm(opts.system_timeout), _fresh_inductor_cache(system):
+        with alarm(opts.system_timeout), fresh_inductor_cache(system):
             broken = None
             torch._dynamo.reset()
             if system == EAGER:

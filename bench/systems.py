@@ -33,7 +33,7 @@ def ensure_tessera_backend() -> str:
         return "registered on import of tessera.frontend.torch (no entry point: tessera is not pip-installed)"
 
 
-def _fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:
+def fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:
     """An empty inductor/Triton cache for each torch.compile mode, so that its cold compile is
     not served by the previous mode's FX-graph cache; warm then means warm in this folder."""
     if system not in COMPILE_PEERS:
