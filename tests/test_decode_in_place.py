@@ -214,7 +214,7 @@ def test_static_cache_decode_on_the_gpu_keeps_the_cache_in_the_cuda_graph():
     assert any(p.cuda_graph is not None and p.pinned for p in executor._plans.values())  # replays ran
     one_cache = cache_t.layers[0].keys.numel() * cache_t.layers[0].keys.element_size()
     assert executor.summary()["shared_arena_bytes"] < one_cache
-    attention = [k for s in executor.steps if s.kind == "anchor" for k in s.prepared()
+    attention = [r.kernel for s in executor.steps if s.kind == "anchor" for r in s.prepared()
                  if "attention" in s.anchor.kind]  # fmt: skip
     assert attention and all(isinstance(k, FlashAnchorKernel) and k._plan.splits > 1 for k in attention), attention
 

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+from lowbit_cases import rotated
 
 import tessera as ts
 from tessera.errors import UnsupportedError
@@ -127,24 +128,26 @@ STREAMING = (DecodeConfig(4, 4, 2, 1, 1, 4, 0, 2, True, False, 6), DecodeConfig(
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=[t.name for t in WEIGHT_TYPES])
 def test_cuda_decode_streaming_variants(rng, t):
     """Odd sizes (N % 16, K % 256 != 0), every group size, with and without zero points, M from
-    1 past 16 (grid.y), two calls with fresh activations; and the bench's candidates."""
+    1 past 16 (grid.y), two calls with fresh activations; and the bench's candidates. Each config
+    meets two of the (group, zero point) weights, rotated over the types (tests/lowbit_cases.py)."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import cuda_matmul, prepare
 
     cands = [c for m in (1, 16) for name, c in DecodeConfig.candidates(t.nbits, m, N0, K0, SMS).items()
              if name.startswith("xa") or name == "reg_b"]  # fmt: skip
     assert any(c.interleave for c in cands)
+    weights = []
     for i, group in enumerate((128, 32, 64, None, 8)):
         for zp in ((None, True) if t.is_integer else (None,)):
             n, k = (40, 520) if i % 2 else (100, 1000)
             q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, zp)
-            p, w = prepare(q), torch.from_numpy(q.dequantize()).cuda().double()
-            for j, config in enumerate((*STREAMING, *cands)):
-                for m in ((1, 16, 5, 40, 9)[j % 5], 13 if config.m_tiles == 2 else 3):
-                    x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                    ref = x.double() @ w.T
-                    err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
-                    assert err < 2e-3, (t, group, zp, m, config)
+            weights.append((group, zp, k, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()))
+    for j, config, (group, zp, k, p, w) in rotated(weights, (*STREAMING, *cands), t):
+        for m in ((1, 16, 5, 40, 9)[j % 5], 13 if config.m_tiles == 2 else 3):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            ref = x.double() @ w.T
+            err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+            assert err < 2e-3, (t, group, zp, m, config)
 
 
 @needs_nvcc

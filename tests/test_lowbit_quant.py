@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from lowbit_cases import rotated
 
 import tessera as ts
 from tessera.errors import ArgumentError, UnsupportedError
@@ -273,17 +274,18 @@ PIPELINED = (DecodeConfig(4, 2, 1, 1, 1, 0, 2), DecodeConfig(2, 8, 1, 2, 2, 0, 4
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
 def test_cuda_decode_pipelined_variants(rng, t):
     """The weight-ring variants at odd sizes (N % 16, K % 256 != 0), every group size, with
-    and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations."""
+    and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations; each
+    config meets two of the (group, zero point) weights, rotated over the types."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import cuda_matmul
 
-    for group, zp, k, p, w in _odd_size_weights(torch, rng, t):
-        for m, config in zip((1, 16, 5, 40, 9), PIPELINED):
-            for _ in range(2):
-                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                ref = x.double() @ w.T
-                err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
-                assert err < 2e-3, (t, group, zp, m, config)
+    for j, config, (group, zp, k, p, w) in rotated(list(_odd_size_weights(torch, rng, t)), PIPELINED, t):
+        m = (1, 16, 5, 40, 9)[j]
+        for _ in range(2):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            ref = x.double() @ w.T
+            err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+            assert err < 2e-3, (t, group, zp, m, config)
 
 
 # span 2 on the register path (scales after the mma) and fold (raw dequant, the offsets
@@ -300,8 +302,9 @@ FOLDED = (DecodeConfig(4, 2, 2, 1, 1, 0, 0, 2), DecodeConfig(4, 4, 1, 1, 1, 0, 0
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
 def test_cuda_decode_folded_variants(rng, t):
     """The span-2 register path and the folded offsets at odd sizes, every group size, with and
-    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations; and K a
-    multiple of 256 (k_whole) with the default config too."""
+    without zero points, M from 1 past 16 (grid.y), two calls with fresh activations (each config
+    meets two of the weights, rotated over the types); and K a multiple of 256 (k_whole) with the
+    default config too."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import cuda_matmul, prepare
 
@@ -309,13 +312,13 @@ def test_cuda_decode_folded_variants(rng, t):
     for group, zp in ((128, None), (64, True if t.is_integer else None)):
         q = quantize_weight(rng.normal(size=(72, 768)) * 0.05, t, group, zp)
         whole.append((group, zp, 768, prepare(q), torch.from_numpy(q.dequantize()).cuda().double()))
-    for group, zp, k, p, w in [*_odd_size_weights(torch, rng, t), *whole]:
-        for m, config in zip((1, 16, 5, 40, 9, 1, 3, 13), FOLDED):
-            for _ in range(2):
-                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                ref = x.double() @ w.T
-                err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
-                assert err < 2e-3, (t, group, zp, m, config)
+    for j, config, (group, zp, k, p, w) in rotated([*_odd_size_weights(torch, rng, t), *whole], FOLDED, t):
+        m = (1, 16, 5, 40, 9, 1, 3, 13)[j]
+        for _ in range(2):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            ref = x.double() @ w.T
+            err = float((cuda_matmul(x, p, config).double() - ref).norm() / ref.norm())
+            assert err < 2e-3, (t, group, zp, m, config)
     for group, zp, k, p, w in whole:
         for m in (1, 7, 16, 33):
             x = torch.randn(m, k, dtype=torch.float16, device="cuda")
