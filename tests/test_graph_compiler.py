@@ -196,3 +196,58 @@ def test_cli_run_on_a_saved_graph(rng, cache_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "shape (3, 13)" in out and "latency" in out
     assert main(["run", str(tmp_path / "missing.onnx")]) == 1
+
+
+def test_cuda_anchor_templates_are_kept_by_structure_and_shape(monkeypatch):
+    """The process-wide table of CUDA anchor kernels (build._SHARED_ANCHORS): a template is a
+    sibling without workspaces; a hit hands out a new sibling with the template's artifacts and
+    tuning records; the least recently used templates go first; kernels that cannot be shared
+    (no `sibling`) are not kept."""
+    from collections import OrderedDict
+
+    from tessera.graph.compiler import build
+
+    class Fake:
+        def __init__(self, workspaces: bool = True):
+            self.workspaces = workspaces
+            self.artifacts, self.tuning = ["k.cubin"], ["record"]
+
+        def sibling(self, *, workspaces: bool = True) -> Fake:
+            return Fake(workspaces)
+
+    monkeypatch.setattr(build, "_SHARED_ANCHORS", OrderedDict())
+    monkeypatch.setattr(build, "SHARED_ANCHORS_KEPT", 2)
+    assert build._shared_anchor(("a",)) is None and build._shared_anchor(None) is None
+    first = Fake()
+    build._keep_anchor(("a",), first)
+    assert build._SHARED_ANCHORS[("a",)].workspaces is False  # the template holds no device memory
+    hit = build._shared_anchor(("a",))
+    assert hit is not first and hit.workspaces and hit.artifacts == ["k.cubin"] and hit.tuning == ["record"]
+    build._keep_anchor(("b",), Fake())
+    build._shared_anchor(("a",))  # "a" is now the most recent
+    build._keep_anchor(("c",), Fake())
+    assert list(build._SHARED_ANCHORS) == [("a",), ("c",)]
+    build._keep_anchor(("d",), lambda arrays, outputs: None)  # a generic anchor: nothing to share
+    build._keep_anchor(None, Fake())  # a CPU anchor (no key): its kernel packs the weights
+    assert list(build._SHARED_ANCHORS) == [("a",), ("c",)]
+
+
+def test_cpu_anchors_are_not_shared_between_equal_layers():
+    """CPU templates pack their constant weights into the kernel: two linears of the same
+    shape and structure get kernels of their own, and the process-wide table stays empty of them."""
+    from tessera.graph.compiler import build
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("two_layers")
+    x = b.input("x", [5, 48], "float32")
+    h = b.op("relu", b.op("linear", x, b.constant(rng.standard_normal((48, 48)).astype(np.float32))))
+    b.output(b.op("relu", b.op("linear", h, b.constant(rng.standard_normal((48, 48)).astype(np.float32)))))
+    g = b.build()
+    before = dict(build._SHARED_ANCHORS)
+    compiled = compile_graph(g, "cpu")
+    for seed in range(2):
+        xv = np.random.default_rng(seed).standard_normal((5, 48)).astype(np.float32)
+        np.testing.assert_allclose(compiled(xv)[0], g.run(xv)[0], rtol=1e-4, atol=1e-4)
+    kernels = [r.kernel for s in compiled.steps if s.kind == "anchor" for r in s.prepared()]
+    assert len(kernels) == 2 and kernels[0] is not kernels[1]
+    assert dict(build._SHARED_ANCHORS) == before

@@ -119,3 +119,34 @@ def test_sdpa_runs_the_flash_kernel():
         y = torch.randn(1, 4, 130, 128, generator=gen, device="cuda").half()
         ref = Attn()(x.float(), y.float())
         assert _rel(fn(x, y), ref) < 1e-2
+
+
+def test_equal_layers_share_loaded_kernels_with_workspaces_of_their_own():
+    """Two linear+relu layers of one structure and shape (small M, long K: split-K, whose
+    partial sums need a workspace) run one plan's loaded kernels, each step with workspaces of
+    its own; a second compile of the graph in the process reuses them; results stay right over
+    fresh inputs."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("two_layers", device="cuda")
+    outs = []
+    for name in ("x1", "x2"):  # two inputs: linears of one input would merge into one (merge_qkv)
+        w = b.constant((rng.standard_normal((512, 4096)) * 0.02).astype(np.float16))
+        outs.append(b.op("relu", b.op("linear", b.input(name, [3, 4096], "float16"), w)))
+    b.output(*outs)
+    g = b.build()
+    runs = []
+    for _ in range(2):  # the second compile: a recompile in the same process
+        compiled = compile_graph(g, "cuda")
+        for seed in range(3):
+            gen = np.random.default_rng(seed)
+            xs = [gen.standard_normal((3, 4096)).astype(np.float16) for _ in range(2)]
+            for expected, out in zip(g.run(*xs), compiled(*[torch.from_numpy(x).cuda() for x in xs])):
+                expected = expected.astype(np.float32)
+                assert np.abs(out.float().cpu().numpy() - expected).max() / np.abs(expected).max() < 1e-2, seed
+        runs.append([r.kernel for s in compiled.steps if s.kind == "anchor" for r in s.prepared()])
+    kernels = [k for run in runs for k in run]
+    assert len(kernels) == 4 and all(k.plan is kernels[0].plan for k in kernels)
+    loaded = [[fn for fn, _ in k._steps] for k in kernels]
+    assert all(all(a is b for a, b in zip(loaded[0], other)) for other in loaded[1:])
+    workspaces = [id(w) for k in kernels for w in k.workspaces]
+    assert len(workspaces) >= 4 and len(workspaces) == len(set(workspaces))

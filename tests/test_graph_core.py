@@ -153,3 +153,19 @@ def test_graph_refuses_an_input_whose_compound_dimension_is_wrong():
         assert [o.shape for o in run(*ok)] == [(3, 4), (6, 4)]
         with pytest.raises(ShapeError, match=r"input 'y': dimension 0 is 2\*n = 6"):
             run(*bad)
+
+
+def test_constant_copies_unless_the_caller_gives_the_array_away():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    kept = Tensor.constant(a)
+    given = Tensor.constant(a, copy=False)
+    assert not np.shares_memory(kept.data, a) and np.shares_memory(given.data, a)
+    a[0, 0] = 99.0  # the caller's later writes reach only the constant it gave away
+    assert kept.data[0, 0] == 0.0 and given.data[0, 0] == 99.0
+    assert not given.data.flags.writeable and a.flags.writeable  # read-only view; the caller's array untouched
+    strided = Tensor.constant(a.T, copy=False)  # not C-contiguous: a contiguous copy all the same
+    assert strided.data.flags.c_contiguous and np.array_equal(strided.data, a.T)
+    scalar = Tensor.constant(np.float32(2.5), copy=False)  # rank 0 stays rank 0
+    assert scalar.shape == () and scalar.data.shape == () and float(scalar.data) == 2.5
+    cast = Tensor.constant(np.arange(3), "float16", copy=False)
+    assert cast.dtype.name == "float16" and cast.data.dtype == np.float16

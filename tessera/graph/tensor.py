@@ -73,13 +73,16 @@ class Tensor:
 
     @staticmethod
     def constant(value: np.ndarray | float | int | bool, dtype: DataType | str | None = None,
-                 name: str | None = None, device: str = "cpu") -> Tensor:  # fmt: skip
-        """A constant tensor holding value (a copy, made C-contiguous)."""
+                 name: str | None = None, device: str = "cpu", copy: bool = True) -> Tensor:  # fmt: skip
+        """A constant tensor holding value, made C-contiguous: a copy, unless `copy` is False
+        (value is the caller's to give away: nothing else writes to it; a weight of 1 GB is
+        not copied again)."""
         array = np.asarray(value)
         if dtype is not None:
-            array = array.astype(numpy_dtype(dtypes.dtype(dtype)))
+            array = array.astype(numpy_dtype(dtypes.dtype(dtype)), copy=copy)
         dt = from_numpy_dtype(array.dtype)
-        return Tensor(array.shape, dt, device, name or f"c{next(_names)}", np.array(array, order="C", copy=True))
+        data = np.array(array, order="C", copy=True) if copy else np.ascontiguousarray(array)
+        return Tensor(array.shape, dt, device, name or f"c{next(_names)}", data.reshape(array.shape))
 
     def set_data(self, data: np.ndarray) -> None:
         data = np.asarray(data)

@@ -15,6 +15,7 @@ reported as UnsupportedError so the op runs in torch instead of giving a wrong a
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -115,19 +116,23 @@ class Opaque:
         self.reason = reason
 
 
+@functools.cache
+def _parameters(target: torch._ops.OpOverload) -> tuple[tuple[str, Any], ...]:
+    """(name, default or None) of each schema argument: reading the schema builds new Python
+    objects on every access (~0.8 ms per node over a 1.1B Llama's 1800 nodes)."""
+    return tuple((p.name, p.default_value if p.has_default_value() else None) for p in target._schema.arguments)
+
+
 def bind_schema(target: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The op's arguments by name, defaults filled in (the schema is the source of truth)."""
-    out: dict[str, Any] = {}
-    params = target._schema.arguments
+    params = _parameters(target)
     if len(args) > len(params):
         raise UnsupportedError(f"{target}: {len(args)} positional arguments for {len(params)} parameters")
-    for p, v in zip(params, args):
-        out[p.name] = v
-    for k, v in kwargs.items():
-        out[k] = v
-    for p in params:
-        if p.name not in out:
-            out[p.name] = p.default_value if p.has_default_value() else None
+    out: dict[str, Any] = {name: v for (name, _), v in zip(params, args)}
+    out.update(kwargs)
+    for name, default in params:
+        if name not in out:
+            out[name] = list(default) if isinstance(default, list) else default  # rules may keep or change it
     return out
 
 

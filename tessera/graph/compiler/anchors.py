@@ -188,6 +188,24 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
                                     weight=weight, tune=tune, **_conv_geometry(op.attrs)).load()  # fmt: skip
 
 
+class StepKernel:
+    """An anchor kernel called on a step's arrays (group.inputs order): `kernel(operands,
+    output, extras)` with the operands and extras picked by position."""
+
+    def __init__(self, kernel: Any, operands: list[int], extras: list[int]):
+        self.kernel = kernel
+        self.operands, self.extras = operands, extras
+
+    def __call__(self, arrays: Any, outputs: Any) -> None:
+        self.kernel([arrays[i] for i in self.operands], outputs[0], [arrays[i] for i in self.extras])
+
+    def sibling(self, *, workspaces: bool = True) -> StepKernel | None:
+        """The kernel for another group of the same structure and shapes (loaded kernels shared,
+        workspaces its own; see AnchorKernel.sibling), or None when the kernel cannot be shared."""
+        make = getattr(self.kernel, "sibling", None)
+        return None if make is None else StepKernel(make(workspaces=workspaces), self.operands, self.extras)
+
+
 def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tune: bool = False,
                    target: str = "cuda") -> Any:  # fmt: skip
     """A callable (arrays in group.inputs order, [output]) running the anchor and its epilogue.
@@ -203,13 +221,7 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     operands = [position[t] for t in op.inputs]
     extras = [position[t] for t in extra_t]
     if target == "cpu":
-        cpu_kernel = _prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue, tune)
-
-        def run_cpu(arrays: Any, outputs: Any) -> None:
-            cpu_kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])
-
-        run_cpu.kernel = cpu_kernel  # type: ignore[attr-defined]
-        return run_cpu
+        return StepKernel(_prepare_cpu(op, [shapes[t] for t in op.inputs], epilogue, tune), operands, extras)
     dtype = op.outputs[0].dtype
     in_shapes = [shapes[t] for t in op.inputs]
     if op.kind in ROW_KINDS:
@@ -235,11 +247,7 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 
-    def run(arrays: Any, outputs: Any) -> None:
-        kernel([arrays[i] for i in operands], outputs[0], [arrays[i] for i in extras])
-
-    run.kernel = kernel  # type: ignore[attr-defined]
-    return run
+    return StepKernel(kernel, operands, extras)
 
 
 def _prepare_attention(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], tune: bool) -> Any:
@@ -273,8 +281,4 @@ def _prepare_attention(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], t
                                        mask_dtype=op.inputs[3].dtype if masked else None, tune=tune, views=views,
                                        heads_last=bool(group.epilogue))  # fmt: skip
 
-    def run(arrays: Any, outputs: Any) -> None:
-        kernel([arrays[i] for i in operands], outputs[0], [])
-
-    run.kernel = kernel  # type: ignore[attr-defined]
-    return run
+    return StepKernel(kernel, operands, [])

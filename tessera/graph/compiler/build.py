@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -191,12 +192,45 @@ def _single(op: Any) -> Group:
     return Group("reference", [op], list(dict.fromkeys(op.inputs)), list(op.outputs), reason="its fused group did not build")
 
 
+# CUDA anchor kernels by (group structure, input shapes, tuning, arch), most recent last: the
+# 22 equal layers of a Llama plan, generate and load their GEMMs once, and so does a recompile in
+# the same process (dynamo's guards failing, torch._dynamo.reset()).  Templates hold no device
+# memory; each step gets a sibling with workspaces of its own (AnchorKernel.sibling).
+_SHARED_ANCHORS: OrderedDict[tuple, Any] = OrderedDict()
+SHARED_ANCHORS_KEPT = 512
+
+
+def _shared_anchor(key: tuple | None) -> Any:
+    template = _SHARED_ANCHORS.get(key) if key is not None else None
+    if template is None:
+        return None
+    _SHARED_ANCHORS.move_to_end(key)
+    kernel = template.sibling()
+    kernel.artifacts, kernel.tuning = template.artifacts, template.tuning
+    return kernel
+
+
+def _keep_anchor(key: tuple | None, kernel: Any) -> None:
+    template = kernel.sibling(workspaces=False) if key is not None and hasattr(kernel, "sibling") else None
+    if template is not None:
+        template.artifacts, template.tuning = kernel.artifacts, kernel.tuning
+        _SHARED_ANCHORS[key] = template
+        while len(_SHARED_ANCHORS) > SHARED_ANCHORS_KEPT:
+            _SHARED_ANCHORS.popitem(last=False)
+
+
 def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[str, Any]) -> Any:
     """prepare(group, shapes) -> kernel(arrays, outputs) for an AnchorStep; the kernel carries
     `.artifacts` (its built cubins) and `.tuning` (the tuning records that chose its schedule),
     which a saved compiled graph ships."""
 
     def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
+        key = None
+        if target == "cuda":  # CPU templates pack constant weights into the kernel: not shared
+            key = (group_signature(group), tuple(shapes[t] for t in group.inputs), tune, arch)
+            shared = _shared_anchor(key)
+            if shared is not None:
+                return shared
         with recording() as tuning:
             try:
                 kernel = prepare_anchor(group, shapes, tune=tune, target=target)
@@ -206,6 +240,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
                 kernel = _generic_anchor(group, shapes, target, arch, symbols)
                 kernel.no_template = str(exc)  # type: ignore[attr-defined]  (the compile report says why)
         kernel.tuning = list(tuning)
+        _keep_anchor(key, kernel)
         return kernel
 
     return prepare

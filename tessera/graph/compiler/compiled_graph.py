@@ -172,9 +172,8 @@ class CompiledGraph:
     # ---- plans -----------------------------------------------------------------------------
     def _constant(self, t: Tensor) -> Any:
         if t not in self._constants:
-            data = np.array(t.data, order="C")  # a writable copy: torch refuses read-only arrays
             with self.memory.owned():
-                self._constants[t] = self.memory.constant(data)
+                self._constants[t] = self.memory.constant(t.data)
         return self._constants[t]
 
     def _make_plan(self, shapes: Mapping[Tensor, tuple[int, ...]], bindings: Mapping[str, int]) -> _Plan:

@@ -15,6 +15,7 @@ Choosing the GPU memory (`arrays` option of compile_graph):
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,6 +87,8 @@ class Memory:
         raise NotImplementedError
 
     def constant(self, data: np.ndarray) -> Any:
+        """A graph constant's array in this memory; `data` is read-only and shared by every copy
+        of the graph (a memory that hands it to code that may write makes its own copy)."""
         raise NotImplementedError
 
     def arena(self, nbytes: int) -> Any:
@@ -142,7 +145,7 @@ class HostMemory(Memory):
         return a
 
     def constant(self, data: np.ndarray) -> Any:
-        return data
+        return np.array(data, order="C")  # writable and private: torch refuses read-only arrays
 
     def arena(self, nbytes: int) -> Any:
         return np.empty(max(nbytes, 1), np.uint8)
@@ -196,7 +199,9 @@ class TorchMemory(Memory):
     def constant(self, data: np.ndarray) -> Any:
         from tessera.ops.compiled import numpy_to_torch
 
-        return numpy_to_torch(data).cuda()
+        with warnings.catch_warnings():  # torch warns of a read-only array; .cuda() copies it before anything runs
+            warnings.simplefilter("ignore", UserWarning)
+            return numpy_to_torch(data).cuda()
 
     def arena(self, nbytes: int) -> Any:
         import torch

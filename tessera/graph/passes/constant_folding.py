@@ -34,7 +34,9 @@ def fold_constants(graph: FlowGraph) -> int:
             keep.append(op)
             continue
         for out, value in zip(op.outputs, results):
-            const = Tensor.constant(value.astype(numpy_dtype(out.dtype), copy=False), name=out.name, device=out.device)
+            # the reference made value (or viewed read-only constants): no copy
+            const = Tensor.constant(value.astype(numpy_dtype(out.dtype), copy=False), name=out.name, device=out.device,
+                                    copy=False)
             graph.replace_uses(out, const)
         folded += 1
     graph.set_operators(keep)

@@ -206,6 +206,15 @@ class AnchorKernel(PreparedAnchor):
         self._maps = list(plan.tensor_maps)
         self._encoded: list[dict[int, Any]] = [{} for _ in self._maps]  # per map: address -> TensorMap
 
+    def sibling(self, *, workspaces: bool = True) -> AnchorKernel:
+        """The same plan and loaded kernels with workspaces and tensor-map caches of its own: another
+        step running this plan (tessera.graph.compiler.build shares a plan between equal groups).
+        `workspaces=False` makes a template that only makes siblings (it holds no device memory)."""
+        from tessera.runtime.cuda import DeviceArray
+
+        ws = [DeviceArray(shape, dt) for shape, dt in self.plan.workspaces] if workspaces else []
+        return AnchorKernel(self.plan, [k for k, _ in self._steps], ws, self.artifact)
+
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
         extras = self._checked_extras(inputs, extras)
         for i in self._aligned:
