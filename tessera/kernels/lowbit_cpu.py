@@ -94,6 +94,7 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     W0, MASK0 = 8 * p0, (1 << p0) - 1
     FIRST = tuple((i * W0, i * p0) for i in range(32 // p0))  # (k offset, shift) of each field
     REST = tuple((i * 8 * p, 8 * p, base, i * p, (1 << p) - 1, low) for p, base, low in rest for i in range(32 // p))
+    FUSED = not rest and group % W0 == 0
     rows, cols = tuple(range(mr)), tuple(range(nr))
     from tessera.ir.vector import vector_type
 
@@ -110,28 +111,47 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
             for tile in range(w * per, min(tiles, w * per + per)):
                 for c in cols:
                     n = min(tile * NR + c, N - 1)
-                    for kb in range(kp // 256):
-                        src = kb * 8 * BITS
-                        dst = c * kp + kb * 256
-                        for ko, sh in FIRST:
-                            for j in range(W0):
-                                U[w, dst + ko + j] = ((Wr[n, src + base0 + j] >> sh) & MASK0) << low0
-                        for ko, wp, base, sh, mask, low in REST:
-                            for j in range(wp):
-                                field = ((Wr[n, src + base + j] >> sh) & mask) << low
-                                U[w, dst + ko + j] = U[w, dst + ko + j] | field
-                    for g in range(G):
-                        s = ts.cast(S[n, g], f32)
-                        if IS_FLOAT:
-                            for k in range(g * GS, min(g * GS + GS, K)):
-                                Wf[w, c * kp + k] = LUT[U[w, c * kp + k]] * s
-                        elif has_bias:
-                            b = ts.cast(B[n, g], f32)
-                            for k in range(g * GS, min(g * GS + GS, K)):
-                                Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - b) * s
-                        else:
-                            for k in range(g * GS, min(g * GS + GS, K)):
-                                Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - offset) * s
+                    if FUSED:  # one plane, each field's run of k in one group: decode straight to float32
+                        for kb in range(kp // 256):
+                            for ko, sh in FIRST:
+                                g = min((kb * 256 + ko) // GS, G - 1)  # (fields past K are never read)
+                                s = ts.cast(S[n, g], f32)
+                                if IS_FLOAT:
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        Wf[w, c * kp + kb * 256 + ko + j] = LUT[u] * s
+                                elif has_bias:
+                                    b = ts.cast(B[n, g], f32)
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - b) * s
+                                else:
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - offset) * s
+                    else:
+                        for kb in range(kp // 256):
+                            src = kb * 8 * BITS
+                            dst = c * kp + kb * 256
+                            for ko, sh in FIRST:
+                                for j in range(W0):
+                                    U[w, dst + ko + j] = ((Wr[n, src + base0 + j] >> sh) & MASK0) << low0
+                            for ko, wp, base, sh, mask, low in REST:
+                                for j in range(wp):
+                                    field = ((Wr[n, src + base + j] >> sh) & mask) << low
+                                    U[w, dst + ko + j] = U[w, dst + ko + j] | field
+                        for g in range(G):
+                            s = ts.cast(S[n, g], f32)
+                            if IS_FLOAT:
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    Wf[w, c * kp + k] = LUT[U[w, c * kp + k]] * s
+                            elif has_bias:
+                                b = ts.cast(B[n, g], f32)
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - b) * s
+                            else:
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - offset) * s
                 for mt in range(ts.ceil_div(M, MR)):
                     m0 = mt * MR
                     acc = ts.register_tensor(vt, [MR, NR])
