@@ -81,9 +81,9 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     """Y[m, n] = sum_k X[m, k] * W[n, k] on the CPU, W[n, k] = (L(u) - bias[n, g]) * S[n, g], from
     codes u in the row layout (`row_planes`: Wr [N, KB * 8 * bits] uint32, KB = ceil(K / 256)).
 
-    L(u) is u for the integers and LUT[u] for the small floats (decode(u) * 2**-float_shift, the
-    scales carrying the power as in the tensor-core layout); without `has_bias` the integers
-    subtract the signed types' offset.  Workers take tiles of `nr` rows of W: each row is
+    L(u) is u for the integers and decode(u) * 2**-float_shift for the small floats (the scales
+    carry the power, as in the tensor-core layout), computed from the code's fields (no table
+    gather); without `has_bias` the integers subtract the signed types' offset.  Workers take tiles of `nr` rows of W: each row is
     decoded into the worker's buffers (U: codes, plane by plane, a contiguous loop of 8p words
     per field; Wf: float32 weights, group by group), then `mr` x `nr` float32 vector sums run
     over K (vload/vfma, the tail masked).  U and Wf are [threads, nr * KB * 256] workspaces."""
@@ -95,6 +95,13 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     FIRST = tuple((i * W0, i * p0) for i in range(32 // p0))  # (k offset, shift) of each field
     REST = tuple((i * 8 * p, 8 * p, base, i * p, (1 << p) - 1, low) for p, base, low in rest for i in range(32 // p))
     FUSED = not rest and group % W0 == 0
+    # small floats: sign, exponent e and mantissa from the code, value (hidden bit | mantissa) *
+    # 2**(max(e, 1) - bias - mbits) (e = 0: subnormal), the constant power folded into the scale
+    # with the layout's 2**-float_shift (NaN and inf codes, which quantisation never makes, read finite)
+    FM = wtype.mantissa_bits if IS_FLOAT else 0
+    FMM, FHID, FSIGN = (1 << FM) - 1, 1 << FM, 1 << (BITS - 1)
+    FMAG = FSIGN - 1
+    FSCALE = 2.0 ** -((1 << (wtype.exponent_bits - 1)) - 1 + FM + lowbit.float_shift(wtype)) if IS_FLOAT else 1.0
     rows, cols = tuple(range(mr)), tuple(range(nr))
     from tessera.ir.vector import vector_type
 
@@ -102,8 +109,8 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     name = f"lowbit_rows_{wtype.name}_g{group}{'_b' if has_bias else ''}_{mr}x{nr}_l{lanes}_t{threads}"
 
     @ts.kernel(target="cpu", name=name)
-    def linear(X: f32["M", "K"], Wr: u32["N", "RW"], S: f16["N", "G"], B: f16["NB", "GB"], LUT: f32["LS"],
-               Y: f32["M", "N"], U: u32["WT", "KU"], Wf: f32["WT", "KF"]):  # fmt: skip
+    def linear(X: f32["M", "K"], Wr: u32["N", "RW"], S: f16["N", "G"], B: f16["NB", "GB"], Y: f32["M", "N"],
+               U: u32["WT", "KU"], Wf: f32["WT", "KF"]):  # fmt: skip
         tiles = ts.ceil_div(N, NR)
         per = ts.ceil_div(tiles, threads)
         kp = ts.ceil_div(K, 256) * 256
@@ -115,11 +122,16 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                         for kb in range(kp // 256):
                             for ko, sh in FIRST:
                                 g = min((kb * 256 + ko) // GS, G - 1)  # (fields past K are never read)
-                                s = ts.cast(S[n, g], f32)
+                                s = ts.cast(S[n, g], f32) * FSCALE
                                 if IS_FLOAT:
                                     for j in range(W0):
                                         u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
-                                        Wf[w, c * kp + kb * 256 + ko + j] = LUT[u] * s
+                                        mag = u & FMAG
+                                        e = mag >> FM
+                                        mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
+                                        p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
+                                        v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
+                                        Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
                                 elif has_bias:
                                     b = ts.cast(B[n, g], f32)
                                     for j in range(W0):
@@ -141,10 +153,16 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                                     field = ((Wr[n, src + base + j] >> sh) & mask) << low
                                     U[w, dst + ko + j] = U[w, dst + ko + j] | field
                         for g in range(G):
-                            s = ts.cast(S[n, g], f32)
+                            s = ts.cast(S[n, g], f32) * FSCALE
                             if IS_FLOAT:
                                 for k in range(g * GS, min(g * GS + GS, K)):
-                                    Wf[w, c * kp + k] = LUT[U[w, c * kp + k]] * s
+                                    u = U[w, c * kp + k]
+                                    mag = u & FMAG
+                                    e = mag >> FM
+                                    mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
+                                    p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
+                                    v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
+                                    Wf[w, c * kp + k] = ts.select((u & FSIGN) != 0, -v, v)
                             elif has_bias:
                                 b = ts.cast(B[n, g], f32)
                                 for k in range(g * GS, min(g * GS + GS, K)):

@@ -71,17 +71,13 @@ def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
 CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
 
 
-def cpu_row_constants(words: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The CPU row kernel's constants from the graph operator's: the codes in the row layout
-    (tessera.quant.layout.pack_rows) and the float table (decode(u) * 2**-float_shift for the
-    small floats; a placeholder for the integers)."""
-    from tessera.quant import codecs
+def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """The CPU row kernel's weights from the graph operator's words: the same codes in the row
+    layout (tessera.quant.layout.pack_rows)."""
     from tessera.quant.layout import pack_rows, unpack_units
 
     t = dtypes.dtype(attrs["wtype"])
-    u = unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16))
-    lut = codecs.float_table(t) * 2.0 ** -lowbit.float_shift(t) if t.is_float else np.zeros(1)
-    return pack_rows(u, t), np.ascontiguousarray(lut, np.float32)
+    return pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
 
 
 def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], words: np.ndarray,
@@ -101,16 +97,16 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], word
     # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
     threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
     mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS
-    rows, lut = cpu_row_constants(words, attrs)
+    rows = cpu_row_words(words, attrs)
     kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
     f = make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir
-    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "LUT": lut.shape, "Y": (m, n),
+    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n),
                        "U": (threads, nr * kp), "Wf": (threads, nr * kp)})  # fmt: skip
     ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32)
     f = rename(fuse_epilogue(f, "Y", lambda i, j: (i, j), ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
     plan = AnchorPlan("lowbit_linear", [], (m, n), ep.output.dtype, 4, len(ep.extras), target="cpu",
-                      constants=[rows, lut])  # fmt: skip
-    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (CONSTANT, 1), (OUTPUT, 0),
+                      constants=[rows])  # fmt: skip
+    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
              plan.workspace((threads, nr * kp), dtypes.uint32), plan.workspace((threads, nr * kp), dtypes.float32),
              *((EXTRA, i) for i in range(len(ep.extras)))]  # fmt: skip
     plan.launches.append(Launch(f, slots))
