@@ -96,6 +96,39 @@ def test_a_static_cpu_conv_model_runs_from_its_file_without_a_compiler(rng, tmp_
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
 
 
+def test_a_cpu_lowbit_model_runs_from_its_file_without_a_compiler(rng, tmp_path):
+    """The CPU lowbit_linear anchor (its words re-laid at plan time, in numpy) with a fused bias
+    and GELU, in a fresh process with no compiler."""
+    from tessera.backend.isa import vector_lanes
+    from tessera.quant.quantize import quantize_weight
+    from tessera.quant.torch_quantize import QuantizedLinear
+
+    if vector_lanes() == 1:
+        pytest.skip("the CPU anchors need AVX2 or AVX-512")
+    consts, attrs = QuantizedLinear(quantize_weight(rng.standard_normal((24, 40)), "int3", 16)).graph_operands()
+    b = GraphBuilder("lowbit")
+    x = b.input("x", [3, 40])
+    y = b.op("lowbit_linear", x, *(b.constant(c) for c in consts), **attrs)
+    b.output(b.op("gelu", b.op("add", y, b.constant(rng.standard_normal(24).astype(np.float32)))))
+    compiled = compile_graph(b.build(), "cpu")
+    xv = rng.standard_normal((3, 40)).astype(np.float32)
+    np.save(tmp_path / "x.npy", xv)
+    np.save(tmp_path / "expected.npy", compiled(xv)[0])
+    compiled.save(tmp_path / "model.tsr")
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from tessera.graph.compiler import load_compiled
+        compiled = load_compiled({str(tmp_path / 'model.tsr')!r})
+        assert compiled.summary()["steps"] == {{"anchor": 1}}, compiled.summary()
+        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
+        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=_no_compiler_env(tmp_path / "fresh-cache"), timeout=300)  # fmt: skip
+    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
 def test_saved_tuning_records_are_installed(rng, tmp_path, monkeypatch):
     compiled = compile_graph(_model(rng), "cpu")
     compiled(rng.standard_normal((2, 12)).astype(np.float32))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 
 import tessera as ts
-from tessera import f16, f32, i32
+from tessera import f16, f32, i32, u32
+from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
 
 
@@ -57,3 +58,143 @@ def make_dequant_cuda(wtype: DataType, has_zeros: bool) -> ts.Kernel:
                 Out[n, k] = ts.cast(ts.cast(W[n, k], f32) * ts.cast(S[n, g], f32), f16)
 
     return dequant
+
+
+ROW_BLOCK = 256  # k per block of the row layout (the tensor-core layout's padded K is a multiple of it)
+
+
+def row_planes(bits: int) -> list[tuple[int, int, int]]:
+    """(width p, first word in a block, lowest code bit) of each plane of the row layout: a block
+    of 256 codes is 8 * bits words, plane p taking 8p of them (tessera.ir.lowbit.planes: 8, 4,
+    2, 1 bits, the high code bits in the widest); field i of word j of a plane holds k = i*8p + j."""
+    out, word, low = [], 0, bits
+    for p in lowbit.planes(bits):
+        low -= p
+        out.append((p, word, low))
+        word += 8 * p
+    return out
+
+
+@functools.cache
+def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, threads: int, mr: int = 4,
+                     nr: int = 4) -> ts.Kernel:  # fmt: skip
+    """Y[m, n] = sum_k X[m, k] * W[n, k] on the CPU, W[n, k] = (L(u) - bias[n, g]) * S[n, g], from
+    codes u in the row layout (`row_planes`: Wr [N, KB * 8 * bits] uint32, KB = ceil(K / 256)).
+
+    L(u) is u for the integers and decode(u) * 2**-float_shift for the small floats (the scales
+    carry the power, as in the tensor-core layout), computed from the code's fields (no table
+    gather); without `has_bias` the integers subtract the signed types' offset.  Workers take tiles of `nr` rows of W: each row is
+    decoded into the worker's buffers (U: codes, plane by plane, a contiguous loop of 8p words
+    per field; Wf: float32 weights, group by group), then `mr` x `nr` float32 vector sums run
+    over K (vload/vfma, the tail masked).  U and Wf are [threads, nr * KB * 256] workspaces."""
+    BITS, GS, NR, MR, LANES, IS_FLOAT = wtype.nbits, group, nr, mr, lanes, wtype.is_float
+    offset = float(lowbit.code_offset(wtype))
+    planes = row_planes(BITS)
+    (p0, base0, low0), rest = planes[0], planes[1:]
+    W0, MASK0 = 8 * p0, (1 << p0) - 1
+    FIRST = tuple((i * W0, i * p0) for i in range(32 // p0))  # (k offset, shift) of each field
+    REST = tuple((i * 8 * p, 8 * p, base, i * p, (1 << p) - 1, low) for p, base, low in rest for i in range(32 // p))
+    FUSED = not rest and group % W0 == 0
+    # small floats: sign, exponent e and mantissa from the code, value (hidden bit | mantissa) *
+    # 2**(max(e, 1) - bias - mbits) (e = 0: subnormal), the constant power folded into the scale
+    # with the layout's 2**-float_shift (NaN and inf codes, which quantisation never makes, read finite)
+    FM = wtype.mantissa_bits if IS_FLOAT else 0
+    FMM, FHID, FSIGN = (1 << FM) - 1, 1 << FM, 1 << (BITS - 1)
+    FMAG = FSIGN - 1
+    FSCALE = 2.0 ** -((1 << (wtype.exponent_bits - 1)) - 1 + FM + lowbit.float_shift(wtype)) if IS_FLOAT else 1.0
+    rows, cols = tuple(range(mr)), tuple(range(nr))
+    from tessera.ir.vector import vector_type
+
+    vt = vector_type(f32, lanes)
+    name = f"lowbit_rows_{wtype.name}_g{group}{'_b' if has_bias else ''}_{mr}x{nr}_l{lanes}_t{threads}"
+
+    @ts.kernel(target="cpu", name=name)
+    def linear(X: f32["M", "K"], Wr: u32["N", "RW"], S: f16["N", "G"], B: f16["NB", "GB"], Y: f32["M", "N"],
+               U: u32["WT", "KU"], Wf: f32["WT", "KF"]):  # fmt: skip
+        tiles = ts.ceil_div(N, NR)
+        per = ts.ceil_div(tiles, threads)
+        kp = ts.ceil_div(K, 256) * 256
+        for w in ts.parallel(threads):
+            for tile in range(w * per, min(tiles, w * per + per)):
+                for c in cols:
+                    n = min(tile * NR + c, N - 1)
+                    if FUSED:  # one plane, each field's run of k in one group: decode straight to float32
+                        for kb in range(kp // 256):
+                            for ko, sh in FIRST:
+                                g = min((kb * 256 + ko) // GS, G - 1)  # (fields past K are never read)
+                                s = ts.cast(S[n, g], f32) * FSCALE
+                                if IS_FLOAT:
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        mag = u & FMAG
+                                        e = mag >> FM
+                                        mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
+                                        p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
+                                        v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
+                                        Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
+                                elif has_bias:
+                                    b = ts.cast(B[n, g], f32)
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - b) * s
+                                else:
+                                    for j in range(W0):
+                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - offset) * s
+                    else:
+                        for kb in range(kp // 256):
+                            src = kb * 8 * BITS
+                            dst = c * kp + kb * 256
+                            for ko, sh in FIRST:
+                                for j in range(W0):
+                                    U[w, dst + ko + j] = ((Wr[n, src + base0 + j] >> sh) & MASK0) << low0
+                            for ko, wp, base, sh, mask, low in REST:
+                                for j in range(wp):
+                                    field = ((Wr[n, src + base + j] >> sh) & mask) << low
+                                    U[w, dst + ko + j] = U[w, dst + ko + j] | field
+                        for g in range(G):
+                            s = ts.cast(S[n, g], f32) * FSCALE
+                            if IS_FLOAT:
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    u = U[w, c * kp + k]
+                                    mag = u & FMAG
+                                    e = mag >> FM
+                                    mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
+                                    p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
+                                    v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
+                                    Wf[w, c * kp + k] = ts.select((u & FSIGN) != 0, -v, v)
+                            elif has_bias:
+                                b = ts.cast(B[n, g], f32)
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - b) * s
+                            else:
+                                for k in range(g * GS, min(g * GS + GS, K)):
+                                    Wf[w, c * kp + k] = (ts.cast(U[w, c * kp + k], f32) - offset) * s
+                for mt in range(ts.ceil_div(M, MR)):
+                    m0 = mt * MR
+                    acc = ts.register_tensor(vt, [MR, NR])
+                    wv = ts.register_tensor(vt, [NR])
+                    for r in rows:
+                        for c in cols:
+                            acc[r, c] = ts.vbroadcast(0.0, LANES)
+                    for kv in range(K // LANES):
+                        for c in cols:
+                            wv[c] = ts.vload(Wf[w, c * kp + kv * LANES], LANES)
+                        for r in rows:
+                            xv = ts.vload(X[min(m0 + r, M - 1), kv * LANES], LANES)
+                            for c in cols:
+                                acc[r, c] = ts.vfma(xv, wv[c], acc[r, c])
+                    k0 = K // LANES * LANES
+                    if k0 < K:
+                        for c in cols:
+                            wv[c] = ts.vload(Wf[w, c * kp + k0], LANES, K - k0)
+                        for r in rows:
+                            xv = ts.vload(X[min(m0 + r, M - 1), k0], LANES, K - k0)
+                            for c in cols:
+                                acc[r, c] = ts.vfma(xv, wv[c], acc[r, c])
+                    for r in rows:
+                        for c in cols:
+                            if m0 + r < M and tile * NR + c < N:
+                                Y[m0 + r, tile * NR + c] = ts.vsum(acc[r, c])
+
+    return linear

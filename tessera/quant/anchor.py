@@ -4,6 +4,11 @@ output stores (tessera.ops.anchors.epilogue), one launch per call.
 Inputs at call time: [x [M, K] float16, words, scales, biases] (tessera.graph.opdefs.lowbit);
 the epilogue's `acc` is the float32 product.  Every M runs on the decode kernel (tiles of 16
 rows in grid.y); the prefill kernel is not written yet.
+
+On the CPU (`plan_lowbit_linear_cpu`, float32 x) the row kernel of tessera.kernels.lowbit_cpu
+runs it: the graph's constant words are re-laid once at plan time into the CPU row layout
+(the tensor-core layout scatters a row's k over 32 lanes; SIMD decoding wants consecutive k),
+the scales and biases are read as they are.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes, lowbit
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
-from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
+from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
 from tessera.ops.anchors.rewrite import rename, specialize
 from tessera.quant.layout import padded_shape
 
@@ -59,3 +66,49 @@ def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: i
 
 def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
     return plan_lowbit_linear(*args, **kwargs).load()
+
+
+CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
+
+
+def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """The CPU row kernel's weights from the graph operator's words: the same codes in the row
+    layout (tessera.quant.layout.pack_rows)."""
+    from tessera.quant.layout import pack_rows, unpack_units
+
+    t = dtypes.dtype(attrs["wtype"])
+    return pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
+
+
+def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], words: np.ndarray,
+                           scales: tuple[int, int], biases: tuple[int, int],
+                           epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
+    """lowbit_linear on the CPU: float32 x [M, K], the epilogue fused into the stores; `words`
+    is the operator's constant data (re-laid here, once), its input slot is never read."""
+    from tessera.kernels.lowbit_cpu import make_linear_rows
+    from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
+
+    t = dtypes.dtype(attrs["wtype"])
+    n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
+    m = x_shape[0]
+    if len(x_shape) != 2 or x_shape[1] != k:
+        raise UnsupportedError(f"lowbit_linear takes x [M, {k}], got {list(x_shape)}")
+    lanes = lanes_or_refuse()
+    # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
+    threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
+    mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS
+    rows = cpu_row_words(words, attrs)
+    kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
+    f = make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir
+    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n),
+                       "U": (threads, nr * kp), "Wf": (threads, nr * kp)})  # fmt: skip
+    ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32)
+    f = rename(fuse_epilogue(f, "Y", lambda i, j: (i, j), ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
+    plan = AnchorPlan("lowbit_linear", [], (m, n), ep.output.dtype, 4, len(ep.extras), target="cpu",
+                      constants=[rows])  # fmt: skip
+    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
+             plan.workspace((threads, nr * kp), dtypes.uint32), plan.workspace((threads, nr * kp), dtypes.float32),
+             *((EXTRA, i) for i in range(len(ep.extras)))]  # fmt: skip
+    plan.launches.append(Launch(f, slots))
+    plan.config = (mr, nr, lanes, threads)
+    return plan

@@ -78,3 +78,23 @@ def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16)
     u = np.zeros((nt, kt, 16, 256), np.uint32)
     u[:, :, rows, ks] = tiles
     return u.transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]
+
+
+def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
+    """uint32 words [N, ceil(K / 256) * 8 * bits] of the [N, K] layout codes `u` in the CPU row
+    layout (tessera.kernels.lowbit_cpu.row_planes): per row, blocks of 256 k, each plane p of a
+    block 8p words whose field i (bits [i*p, i*p + p)) of word j holds k = i*8p + j; K is padded
+    with code 0."""
+    from tessera.kernels.lowbit_cpu import row_planes
+
+    u = np.asarray(u, np.uint32)
+    n, k = u.shape
+    kb = -(-k // lowbit.UNIT_K)
+    padded = np.zeros((n, kb, lowbit.UNIT_K), np.uint32)
+    padded.reshape(n, -1)[:, :k] = u
+    out = np.zeros((n, kb, 8 * t.nbits), np.uint32)
+    for p, base, low in row_planes(t.nbits):
+        field = (padded >> low) & ((1 << p) - 1)  # [n, kb, 256]: k = i*8p + j
+        for i in range(32 // p):
+            out[:, :, base : base + 8 * p] |= field[:, :, i * 8 * p : (i + 1) * 8 * p] << np.uint32(i * p)
+    return out.reshape(n, -1)

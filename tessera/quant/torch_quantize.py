@@ -4,7 +4,9 @@ Every `nn.Linear` (but those `skip` names) becomes a `QuantizedLinear` holding a
 `QuantizedWeight` (round-to-nearest, tessera.quant.quantize).  Its forward calls the custom op
 `tessera::lowbit_linear`, which runs tessera's low-bit kernels: on CUDA the decode kernel
 (M <= 64 rows) or dequantise + tensor-core GEMM (prefill), on the CPU the tessera CPU kernel.
-`torch.compile(quantized, backend="tessera")` keeps the op as one node that runs those kernels.
+`torch.compile(quantized, backend="tessera")` turns the op into the graph operator lowbit_linear
+(tessera.graph.opdefs.lowbit): the decode kernel on the GPU (float16), the CPU row kernel
+(float32; float16 and bfloat16 cast there and back), so the model compiles whole.
 """
 
 from __future__ import annotations

@@ -393,16 +393,21 @@ def _encoder_layer(cv, a):
 
 @lowers("tessera.lowbit_linear")
 def _lowbit_linear(cv, a):
-    """tessera.quantize's layers (the custom op tessera::lowbit_linear): float16 activations
-    become the lowbit_linear anchor (the CUDA low-bit kernel); others run in torch, where the
-    op calls tessera's CPU kernel."""
+    """tessera.quantize's layers (the custom op tessera::lowbit_linear): the lowbit_linear anchor,
+    on the GPU for float16 activations (the decode kernel; others run in torch, which casts
+    them to float16 too), on the CPU in float32 (the row kernel; float16 and bfloat16 are cast
+    to float32 and back, as the eager op does)."""
     from tessera.ir import dtypes
     from tessera.quant.torch_quantize import layer_of
 
     x = cv.tensor(a["x"])
-    if x.dtype != dtypes.float16:
-        raise UnsupportedError(f"lowbit_linear on {x.dtype} activations runs in torch (tessera's CPU kernel)")
+    want = dtypes.float16 if x.device == "cuda" else dtypes.float32
+    if x.dtype != want and (x.device == "cuda" or x.dtype not in (dtypes.float16, dtypes.bfloat16)):
+        raise UnsupportedError(f"lowbit_linear on {x.dtype} activations ({x.device}) runs in torch")
     consts, attrs = layer_of(int(a["handle"])).graph_operands()
     weights = [Tensor.constant(np.ascontiguousarray(c), dtypes.dtype(d))
                for c, d in zip(consts, ("uint32", "float16", "float16"))]  # fmt: skip
-    return cv.op("lowbit_linear", x, *weights, **attrs)
+    if x.dtype == want:
+        return cv.op("lowbit_linear", x, *weights, **attrs)
+    y = cv.op("lowbit_linear", cv.cast(x, want.name), *weights, **attrs)
+    return cv.cast(y, x.dtype.name)

@@ -35,16 +35,19 @@ def is_row_anchor(op: Operator) -> bool:
 
 def is_anchor(op: Operator, target: str = "cuda") -> bool:
     """Whether a kernel template runs op: on the GPU fp16/bf16 GEMMs, group-1 convolutions and
-    attention; on the CPU float32 linear, matmul and group-1 conv2d (the x86 micro-kernel),
-    attention, and max_pool2d (a row kernel)."""
+    attention, and float16 lowbit_linear; on the CPU float32 linear, matmul and group-1 conv2d
+    (the x86 micro-kernel), attention, max_pool2d (a row kernel) and float32 lowbit_linear."""
     if target == "cpu":
         return _is_cpu_anchor(op)
     if is_row_anchor(op):
         return True
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
-    if op.kind == "lowbit_linear":  # float16 x [M, K] with constant low-bit weights
-        return op.inputs[0].ndim == 2 and all(t.is_constant for t in op.inputs[1:])
+    if op.kind == "lowbit_linear":  # float16 x [M, K] with constant low-bit weights, K and group the kernel takes
+        from tessera.kernels.lowbit_decode_config import group_ok
+
+        k, gs = op.attrs["k"], op.attrs["group_size"]
+        return _is_lowbit_anchor(op, dtypes.float16) and k % 8 == 0 and (gs >= k or group_ok(gs))
     if op.kind == "scaled_dot_product_attention":  # the template: [B, H, S, D] q, k, v, optional mask
         qkv, mask = op.inputs[:3], op.inputs[3:]  # infer checked that the mask broadcasts to [B, H, Sq, Sk]
         mask_dtypes = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
@@ -64,6 +67,8 @@ def _is_cpu_anchor(op: Operator) -> bool:
         return True
     if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
+    if op.kind == "lowbit_linear":  # the row kernel (tessera.kernels.lowbit_cpu), built per M like the GPU's
+        return _is_lowbit_anchor(op, dtypes.float32)
     if op.kind == "scaled_dot_product_attention":
         qkv, mask = op.inputs[:3], op.inputs[3:]
         static = all(isinstance(d, int) for t in op.inputs for d in t.shape)
@@ -79,6 +84,12 @@ def _is_cpu_anchor(op: Operator) -> bool:
     if op.kind == "conv2d":  # the x86 implicit GEMM reads NCHW
         return op.attrs.get("groups", 1) == 1 and op.inputs[0].ndim == 4 and op.attrs.get("layout", "NCHW") == "NCHW"
     return True
+
+
+def _is_lowbit_anchor(op: Operator, dtype: dtypes.DataType) -> bool:
+    """lowbit_linear of an x [M, K] of `dtype` (the target's kernel's) and constant low-bit weights."""
+    x = op.inputs[0]
+    return x.ndim == 2 and x.dtype == dtype and all(t.is_constant for t in op.inputs[1:])
 
 
 def _is_cpu_pool(op: Operator) -> bool:
@@ -156,9 +167,16 @@ def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, tune: bool) -> Any:
     """The CPU plan of op: a GEMM with its constant weight packed once (tessera.ops.anchors.cpu_gemm,
-    cpu_conv), attention, or the max-pool row kernel (cpu_pool)."""
+    cpu_conv), attention, the max-pool row kernel (cpu_pool), or the low-bit row kernel
+    (tessera.quant.anchor, its words re-laid once)."""
     from tessera.ops.anchors import cpu_conv, cpu_gemm
     from tessera.ops.anchors.conv import _pads, _pair
+
+    if op.kind == "lowbit_linear":
+        from tessera.quant.anchor import plan_lowbit_linear_cpu
+
+        return plan_lowbit_linear_cpu(in_shapes[0], op.attrs, op.inputs[1].data, in_shapes[2], in_shapes[3],
+                                      epilogue).load()  # fmt: skip
 
     if op.kind == "max_pool2d":
         from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d

@@ -73,7 +73,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
 
 def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None,
              in_place: Mapping[int, int] | None = None, static_inputs: Collection[int] = ()) -> CompiledGraph:  # fmt: skip
-    from tessera.graph.lowering import lowering_error
+    from tessera.graph.lowering import NOT_LOWERED, lowering_error
     from tessera.graph.passes import optimize as run_passes
     from tessera.graph.passes.channels_last import to_channels_last
 
@@ -95,7 +95,12 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     options = {"cuda_graph": opts.cuda_graph, "tune": opts.tune, "optimize": optimize, "progress": opts.progress,
                "arrays": opts.arrays}  # fmt: skip
     start = time.perf_counter()
-    groups = partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue,
+
+    def compilable(op: Any) -> str | None:  # an operator only a template computes (lowbit_linear) where one takes it
+        reason = lowering_error(op)
+        return None if reason is not None and op.kind in NOT_LOWERED and is_anchor(op, target) else reason
+
+    groups = partition(graph, compilable, lambda op: is_anchor(op, target), takes_epilogue,
                        lambda op, consumers, outputs: attention_views(op, consumers, outputs, target))  # fmt: skip
     timings["partition"] = time.perf_counter() - start
     symbols: dict[str, Any] = {}

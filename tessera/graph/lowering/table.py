@@ -109,7 +109,8 @@ LOWERINGS: dict[str, Lowering] = {
 
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
 NOT_LOWERED: dict[str, str] = {
-    "lowbit_linear": "lowbit_linear runs on the CUDA low-bit kernel (an anchor); elsewhere on its reference",
+    "lowbit_linear": "lowbit_linear runs on its anchors only (the CUDA decode kernel for float16 x, the CPU row "
+    "kernel for float32 x); other dtypes, or a CPU without AVX2, on its reference",
 }
 
 

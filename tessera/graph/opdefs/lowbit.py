@@ -1,13 +1,15 @@
 """lowbit_linear: y = x @ W^T with W held as low-bit codes in the tensor-core layout.
 
-Inputs: x [M, K] (float16), words uint32 (tessera.quant.layout.pack_units of the codes in the
+Inputs: x [M, K] (float16, bfloat16 or float32; the output has x's dtype), words uint32 (tessera.quant.layout.pack_units of the codes in the
 k order `span`, 16 or 2: tessera.ir.lowbit.lane_value_position),
 scales float16 [N, G] and biases float16 [N, G] (or [1, 1] when `has_bias` is False), in the
 terms of the `dequant` instruction: W[n, k] = (u - bias[n, g]) * scale[n, g], g = k //
 group_size, u the layout code (offset binary for signed ints; for the small floats u stands
 for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias, span (16
 when absent, as in graphs saved before it existed).
-On the GPU it is an anchor (tessera.quant.anchor: the decode kernel with the epilogue fused).
+It is an anchor (tessera.quant.anchor, the epilogue fused into its stores): on the GPU the
+decode kernel for float16 x, on the CPU the row kernel (tessera.kernels.lowbit_cpu) for float32
+x; other dtypes on a target run on the reference (the torch front end casts to the target's).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import ShapeError
 from tessera.ir import dtypes
 
+ACTIVATION_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+
 
 def _infer(xs, a):
     x, words, scales, biases = xs
@@ -25,8 +29,9 @@ def _infer(xs, a):
         raise ShapeError(f"lowbit_linear takes x [M, K], got {x.shape}")
     if isinstance(x.shape[1], int) and x.shape[1] != a["k"]:
         raise ShapeError(f"lowbit_linear: x has {x.shape[1]} columns but the weight has {a['k']}")
-    if x.dtype != dtypes.float16:
-        raise ShapeError(f"lowbit_linear takes float16 activations, got {x.dtype}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        names = "/".join(d.name for d in ACTIVATION_DTYPES)
+        raise ShapeError(f"lowbit_linear takes {names} activations, got {x.dtype}")
     if words.dtype != dtypes.uint32 or scales.dtype != dtypes.float16 or biases.dtype != dtypes.float16:
         raise ShapeError("lowbit_linear takes uint32 words and float16 scales and biases")
     return [((x.shape[0], a["n"]), x.dtype)]

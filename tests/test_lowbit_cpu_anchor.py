@@ -1,0 +1,138 @@
+"""lowbit_linear on the CPU: the row kernel (tessera.kernels.lowbit_cpu.make_linear_rows) as the
+graph's anchor for float32 activations, against the float64 numpy reference over weight types,
+group sizes, zero points and odd sizes; its fused epilogue; and `torch.compile(tessera.quantize(
+model), backend="tessera")` compiling whole on the CPU (no graph break, no numpy reference)."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.backend.isa import vector_lanes
+from tessera.graph import GraphBuilder
+from tessera.graph.compiler import compile_graph
+from tessera.graph.opdefs.lowbit import dequantized_weight
+from tessera.ir import dtypes
+from tessera.quant.layout import pack_rows
+from tessera.quant.quantize import quantize_weight
+from tessera.quant.torch_quantize import QuantizedLinear
+
+torch = pytest.importorskip("torch")
+tb = importlib.import_module("tessera.frontend.torch.backend")
+pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU low-bit kernel needs AVX2 or AVX-512")
+
+# (weight type, group size (None: per output channel), zero points)
+CASES = [("int1", 32, False), ("int3", 128, True), ("int3", None, False), ("int4", 32, False), ("int4", None, True),
+         ("int8", 128, False), ("uint2", 32, True), ("uint6", None, True), ("e2m1", 32, None), ("e4m3", None, None),
+         ("e3m2", 128, None), ("e5m2", 64, None)]  # fmt: skip
+
+
+def _operands(rng, weight, group, zp, n, k):
+    w = rng.standard_normal((n, k)) * 0.1
+    consts, attrs = QuantizedLinear(quantize_weight(w, weight, group, zp)).graph_operands()
+    return consts, attrs, dequantized_weight(*consts, attrs)
+
+
+def _lowbit_graph(consts, attrs, m, epilogue=False):
+    b = GraphBuilder("lowbit")
+    x = b.input("x", [m, attrs["k"]])
+    c = [b.constant(a) for a in consts]
+    y = b.op("lowbit_linear", x, *c, **attrs)
+    if epilogue:  # bias, GELU, a residual input: the anchor's epilogue
+        r = b.input("r", [m, attrs["n"]])
+        y = b.op("add", b.op("gelu", b.op("add", y, b.constant(np.linspace(-1, 1, attrs["n"], dtype=np.float32)))), r)
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("weight,group,zp", CASES, ids=[f"{w}-g{g}-{'z' if z else 'nz'}" for w, g, z in CASES])
+def test_cpu_lowbit_anchor_matches_the_reference(rng, weight, group, zp):
+    n, k = (37, 300) if weight != "int8" else (20, 70)  # N, K not multiples of 16 nor 256
+    consts, attrs, w = _operands(rng, weight, group, zp, n, k)
+    for m in (1, 3, 17):
+        compiled = compile_graph(_lowbit_graph(consts, attrs, m), "cpu")
+        assert compiled.summary()["steps"] == {"anchor": 1}, compiled.summary()
+        for _ in range(2):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            ref = x.astype(np.float64) @ w.T
+            np.testing.assert_allclose(compiled(x)[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
+    consts, attrs, w = _operands(rng, "int4", 64, False, 40, 264)
+    bias = np.linspace(-1, 1, 40)
+    compiled = compile_graph(_lowbit_graph(consts, attrs, 5, epilogue=True), "cpu")
+    summary = compiled.summary()
+    assert summary["steps"] == {"anchor": 1} and summary["fused_ops"] == 3 and not summary["reference_ops"], summary
+    x, r = rng.standard_normal((5, 264)).astype(np.float32), rng.standard_normal((5, 40)).astype(np.float32)
+    h = x.astype(np.float64) @ w.T + bias
+    ref = torch.nn.functional.gelu(torch.from_numpy(h)).numpy() + r
+    np.testing.assert_allclose(compiled(x, r)[0], ref, rtol=1e-4, atol=1e-4)
+    # rows as a size symbol: the anchor is built per size, never the reference
+    compiled = compile_graph(_lowbit_graph(consts, attrs, "m"), "cpu")
+    for m in (2, 7):
+        x = rng.standard_normal((m, 264)).astype(np.float32)
+        np.testing.assert_allclose(compiled(x)[0], x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
+    assert not compiled.summary()["reference_ops"]
+
+
+def test_row_layout_holds_every_code(rng):
+    for t in ("int1", "int3", "uint5", "int7", "e5m2"):
+        dt = dtypes.dtype(t)
+        u = rng.integers(0, 1 << dt.nbits, size=(3, 300)).astype(np.uint32)
+        words = pack_rows(u, dt)
+        assert words.shape == (3, 2 * 8 * dt.nbits)
+        from tessera.kernels.lowbit_cpu import row_planes
+
+        back = np.zeros((3, 512), np.uint32)
+        blocks = words.reshape(3, 2, -1)
+        for p, base, low in row_planes(dt.nbits):
+            for i in range(32 // p):
+                field = (blocks[:, :, base : base + 8 * p] >> (i * p)) & ((1 << p) - 1)
+                back.reshape(3, 2, 256)[:, :, i * 8 * p : (i + 1) * 8 * p] |= field << low
+        assert np.array_equal(back[:, :300], u) and not back[:, 300:].any()
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("weight,group", [("int4", 32), ("uint3", None)])
+def test_quantized_llama_compiles_whole_on_the_cpu(weight, group):
+    q = ts.quantize(_tiny_llama(), weight=weight, group_size=group, skip=["lm_head"])
+    torch._dynamo.reset()
+    compiled = torch.compile(q, backend="tessera")
+    before = dict(tb.stats)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for seq in (7, 7, 7, 1):  # fresh inputs each call, then another size
+            ids = torch.randint(0, 100, (1, seq), generator=gen)
+            got, want = compiled(ids, use_cache=False).logits, q(ids, use_cache=False).logits
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert tb.stats["eager_nodes"] == before["eager_nodes"], "a node ran in torch (a graph break)"
+    assert tb.stats["reference_ops"] == before["reference_ops"], "an operator ran on its numpy reference"
+    graphs, segments = tb.stats["graphs"] - before["graphs"], tb.stats["segments"] - before["segments"]
+    assert 1 <= graphs <= 2 and segments == graphs, (graphs, segments)  # one whole graph per size dynamo compiles
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_activations_run_the_cpu_kernel_in_float32(dtype):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.ReLU(), torch.nn.Linear(40, 24))
+    q = ts.quantize(model, weight="int4", group_size=32).to(dtype)
+    torch._dynamo.reset()
+    compiled = torch.compile(q, backend="tessera")
+    before = dict(tb.stats)
+    for m in (3, 1):
+        x = torch.randn(m, 64, dtype=dtype)
+        y = compiled(x)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.float(), q(x).float(), rtol=1e-2, atol=1e-2)
+    assert tb.stats["eager_nodes"] == before["eager_nodes"] and tb.stats["reference_ops"] == before["reference_ops"]
