@@ -535,13 +535,18 @@ def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
     import tessera.frontend.torch  # noqa: F401  (registers the backend without an installed entry point)
 
     torch.manual_seed(2)
+    from tessera.frontend.torch import backend as tb
+
     model = torch.nn.Sequential(torch.nn.Linear(264, 72), torch.nn.GELU(), torch.nn.Linear(72, 40))
     for weight in ("int4", "uint3", "e2m1"):
         q = ts.quantize(model, weight=weight, group_size=64).cuda().half()
         torch._dynamo.reset()
         compiled = torch.compile(q, backend="tessera")
+        before = dict(tb.stats)
         for m in (1, 5, 17):
             x = torch.randn(m, 264, dtype=torch.float16, device="cuda")
             ref = q(x).float()
             got = compiled(x).float()
             assert float((got - ref).norm() / ref.norm()) < 5e-3
+        assert tb.stats["eager_nodes"] == before["eager_nodes"], "a node ran in torch (a graph break)"
+        assert tb.stats["reference_ops"] == before["reference_ops"], "lowbit_linear ran on its numpy reference"
