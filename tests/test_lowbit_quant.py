@@ -535,7 +535,7 @@ def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
     import tessera.frontend.torch  # noqa: F401  (registers the backend without an installed entry point)
 
     torch.manual_seed(2)
-    from tessera.frontend.torch import backend as tb
+    tb = importlib.import_module("tessera.frontend.torch.backend")  # (the package's `backend` is a function)
 
     model = torch.nn.Sequential(torch.nn.Linear(264, 72), torch.nn.GELU(), torch.nn.Linear(72, 40))
     for weight in ("int4", "uint3", "e2m1"):
