@@ -75,6 +75,7 @@ def test_quantized_decode_case_runs_on_a_tiny_llama_through_tessera():
     assert own["rel_err"] < 1e-4 and own["argmax_agree"] == "4/4"
     assert row["tessera_fp16_graph"]["eager_nodes"] == 0
     assert row["tessera_graph"]["eager_nodes"] == 0  # float32 lowbit_linear: the CPU row kernel, no graph break
+    assert row["tessera_graph"]["reference_ops"] == 0  # ... and not its numpy reference
     # the markdown's quantized table
     md = mr.render_markdown([mr.summarize(row)])
     (line,) = [x for x in md.split("## Quantized decode")[1].split("## Compile")[0].splitlines() if x.startswith("| model=llama-tiny")]
@@ -101,6 +102,7 @@ def test_quantized_float16_decode_step_is_one_tessera_graph_of_lowbit_operators(
     assert row["bytes_per_token"] == expected
     graph = row["tessera_graph"]
     assert graph["graphs"] == 1 and graph["eager_nodes"] == 0 and row["graph_breaks"][mr.TESSERA] == 0
+    assert graph["reference_ops"] == 0  # every lowbit_linear on a kernel (the CPU row kernel here)
     assert "graph_break" not in row
     own = row["vs_quantized_eager"]
     assert own["rel_err"] < 1e-2 and own["argmax_agree"] == "4/4"
