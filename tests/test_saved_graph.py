@@ -19,7 +19,7 @@ import pytest
 from tessera.backend import cache
 from tessera.errors import ArgumentError, FileFormatError
 from tessera.graph import GraphBuilder
-from tessera.graph.compiler import compile_graph, load_compiled
+from tessera.graph.compiler import CompiledGraph, compile_graph, load_compiled
 from tessera.tune import tuner
 
 
@@ -64,6 +64,26 @@ def test_a_fresh_process_without_a_compiler_runs_the_saved_model(rng, tmp_path):
     assert "numpy reference" not in res.stderr
 
 
+def _runs_from_its_file_without_a_compiler(compiled: CompiledGraph, xv: np.ndarray, anchors: int, tmp_path: Path) -> None:
+    """Save `compiled`, load it in a fresh process with no compiler, and check it is `anchors`
+    anchor steps giving this process's output on `xv`."""
+    np.save(tmp_path / "x.npy", xv)
+    np.save(tmp_path / "expected.npy", compiled(xv)[0])
+    compiled.save(tmp_path / "model.tsr")
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from tessera.graph.compiler import load_compiled
+        compiled = load_compiled({str(tmp_path / 'model.tsr')!r})
+        assert compiled.summary()["steps"] == {{"anchor": {anchors}}}, compiled.summary()
+        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
+        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=_no_compiler_env(tmp_path / "fresh-cache"), timeout=300)  # fmt: skip
+    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
 def test_a_static_cpu_conv_model_runs_from_its_file_without_a_compiler(rng, tmp_path):
     """CPU anchors with constant weights (packed at plan time by a kernel the file must ship),
     a tuned convolution and the max-pool anchor, in a fresh process with no compiler."""
@@ -77,23 +97,8 @@ def test_a_static_cpu_conv_model_runs_from_its_file_without_a_compiler(rng, tmp_
     h = b.op("relu", b.op("conv2d", x, w, b.constant(rng.standard_normal(16).astype(np.float32)), stride=[1, 1],
                           padding=[1, 1, 1, 1], dilation=[1, 1]))  # fmt: skip
     b.output(b.op("max_pool2d", h, kernel=[3, 3], stride=[2, 2], padding=[1, 1, 1, 1]))
-    compiled = compile_graph(b.build(), "cpu")
-    xv = rng.standard_normal((1, 3, 20, 22)).astype(np.float32)
-    np.save(tmp_path / "x.npy", xv)
-    np.save(tmp_path / "expected.npy", compiled(xv)[0])
-    compiled.save(tmp_path / "model.tsr")
-    script = textwrap.dedent(f"""
-        import numpy as np
-        from tessera.graph.compiler import load_compiled
-        compiled = load_compiled({str(tmp_path / 'model.tsr')!r})
-        assert compiled.summary()["steps"] == {{"anchor": 2}}, compiled.summary()
-        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
-        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
-        print("ok")
-    """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=_no_compiler_env(tmp_path / "fresh-cache"), timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
+    _runs_from_its_file_without_a_compiler(compile_graph(b.build(), "cpu"),
+                                           rng.standard_normal((1, 3, 20, 22)).astype(np.float32), 2, tmp_path)  # fmt: skip
 
 
 def test_a_cpu_lowbit_model_runs_from_its_file_without_a_compiler(rng, tmp_path):
@@ -110,23 +115,8 @@ def test_a_cpu_lowbit_model_runs_from_its_file_without_a_compiler(rng, tmp_path)
     x = b.input("x", [3, 40])
     y = b.op("lowbit_linear", x, *(b.constant(c) for c in consts), **attrs)
     b.output(b.op("gelu", b.op("add", y, b.constant(rng.standard_normal(24).astype(np.float32)))))
-    compiled = compile_graph(b.build(), "cpu")
-    xv = rng.standard_normal((3, 40)).astype(np.float32)
-    np.save(tmp_path / "x.npy", xv)
-    np.save(tmp_path / "expected.npy", compiled(xv)[0])
-    compiled.save(tmp_path / "model.tsr")
-    script = textwrap.dedent(f"""
-        import numpy as np
-        from tessera.graph.compiler import load_compiled
-        compiled = load_compiled({str(tmp_path / 'model.tsr')!r})
-        assert compiled.summary()["steps"] == {{"anchor": 1}}, compiled.summary()
-        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
-        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
-        print("ok")
-    """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=_no_compiler_env(tmp_path / "fresh-cache"), timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
+    _runs_from_its_file_without_a_compiler(compile_graph(b.build(), "cpu"), rng.standard_normal((3, 40)).astype(np.float32),
+                                           1, tmp_path)  # fmt: skip
 
 
 def test_saved_tuning_records_are_installed(rng, tmp_path, monkeypatch):
