@@ -1,7 +1,7 @@
 """The graph compiler's lowbit_linear anchor: the decode kernel with the epilogue fused into its
 output stores (tessera.ops.anchors.epilogue), one launch per call.
 
-Inputs at call time: [x [M, K] float16, words, scales, biases] (tessera.graph.opdefs.lowbit);
+Inputs at call time: [x [..., K] float16 (its rows read as one [M, K] matrix), words, scales, biases] (tessera.graph.opdefs.lowbit);
 the epilogue's `acc` is the float32 product.  Every M runs on the decode kernel (tiles of 16
 rows in grid.y); the prefill kernel is not written yet.
 
@@ -14,6 +14,8 @@ the scales and biases are read as they are.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import dtypes, lowbit
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
-from tessera.ops.anchors.rewrite import rename, specialize
+from tessera.ops.anchors.rewrite import rename, specialize, unravel
 from tessera.quant.layout import padded_shape
 
 
@@ -35,15 +37,22 @@ def _sms() -> int:
         return 132
 
 
-def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: int, scales: tuple[int, int],
+def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...], Callable[..., tuple]]:
+    """(M, the output shape [..., N], the kernel's (row, column) -> output index): the kernels
+    read x [..., K] as the [M, K] matrix of its rows, M the product of the leading sizes."""
+    if not x_shape or x_shape[-1] != k:
+        raise UnsupportedError(f"lowbit_linear takes x [..., {k}], got {list(x_shape)}")
+    lead = tuple(x_shape[:-1])
+    return math.prod(lead), (*lead, n), lambda i, j: (*unravel(i, lead), j)
+
+
+def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
                        biases: tuple[int, int], epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
     from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
-    m = x_shape[0]
-    if len(x_shape) != 2 or x_shape[1] != k:
-        raise UnsupportedError(f"lowbit_linear takes x [M, {k}], got {list(x_shape)}")
+    m, out_shape, rows_of = _rows(x_shape, n, k)
     if k % 8:
         raise UnsupportedError(f"the low-bit kernel needs K % 8 == 0, got {k}")
     kpad = padded_shape(n, k)[1]
@@ -57,10 +66,10 @@ def plan_lowbit_linear(x_shape: tuple[int, int], attrs: dict[str, Any], words: i
     f = make_decode(t, group, bool(attrs["has_bias"]), config, k % lowbit.UNIT_K == 0).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
-    ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32, dtypes.float16)
-    f = rename(fuse_epilogue(f, "Y", lambda i, j: (i, j), ep), f"lowbit_linear_{t.name}_{config}")
+    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
+    f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_{t.name}_{config}")
     slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
-    return AnchorPlan(f.name, [Launch(f, slots)], (m, n), ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
+    return AnchorPlan(f.name, [Launch(f, slots)], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
                       config=config)  # fmt: skip
 
 
@@ -80,7 +89,7 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     return pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
 
 
-def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], words: np.ndarray,
+def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], words: np.ndarray,
                            scales: tuple[int, int], biases: tuple[int, int],
                            epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
     """lowbit_linear on the CPU: float32 x [M, K], the epilogue fused into the stores; `words`
@@ -90,9 +99,7 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], word
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
-    m = x_shape[0]
-    if len(x_shape) != 2 or x_shape[1] != k:
-        raise UnsupportedError(f"lowbit_linear takes x [M, {k}], got {list(x_shape)}")
+    m, out_shape, rows_of = _rows(x_shape, n, k)
     lanes = lanes_or_refuse()
     # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
     threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
@@ -102,9 +109,9 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, int], attrs: dict[str, Any], word
     f = make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir
     f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n),
                        "U": (threads, nr * kp), "Wf": (threads, nr * kp)})  # fmt: skip
-    ep = epilogue if epilogue is not None else identity_epilogue((m, n), dtypes.float32)
-    f = rename(fuse_epilogue(f, "Y", lambda i, j: (i, j), ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
-    plan = AnchorPlan("lowbit_linear", [], (m, n), ep.output.dtype, 4, len(ep.extras), target="cpu",
+    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32)
+    f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
+    plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, 4, len(ep.extras), target="cpu",
                       constants=[rows])  # fmt: skip
     slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
              plan.workspace((threads, nr * kp), dtypes.uint32), plan.workspace((threads, nr * kp), dtypes.float32),

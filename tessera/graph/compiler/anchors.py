@@ -43,7 +43,7 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
         return True
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
-    if op.kind == "lowbit_linear":  # float16 x [M, K] with constant low-bit weights, K and group the kernel takes
+    if op.kind == "lowbit_linear":  # float16 x [..., K] with constant low-bit weights, K and group the kernel takes
         from tessera.kernels.lowbit_decode_config import group_ok
 
         k, gs = op.attrs["k"], op.attrs["group_size"]
@@ -87,9 +87,10 @@ def _is_cpu_anchor(op: Operator) -> bool:
 
 
 def _is_lowbit_anchor(op: Operator, dtype: dtypes.DataType) -> bool:
-    """lowbit_linear of an x [M, K] of `dtype` (the target's kernel's) and constant low-bit weights."""
+    """lowbit_linear of an x [..., K] of `dtype` (the target's kernel's; its rows are one [M, K]
+    matrix) and constant low-bit weights."""
     x = op.inputs[0]
-    return x.ndim == 2 and x.dtype == dtype and all(t.is_constant for t in op.inputs[1:])
+    return x.ndim >= 1 and x.dtype == dtype and all(t.is_constant for t in op.inputs[1:])
 
 
 def _is_cpu_pool(op: Operator) -> bool:

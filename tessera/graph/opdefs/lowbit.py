@@ -1,7 +1,9 @@
 """lowbit_linear: y = x @ W^T with W held as low-bit codes in the tensor-core layout.
 
-Inputs: x [M, K] (float16, bfloat16 or float32; the output has x's dtype), words uint32 (tessera.quant.layout.pack_units of the codes in the
-k order `span`, 16 or 2: tessera.ir.lowbit.lane_value_position),
+Inputs: x [..., K] (float16, bfloat16 or float32; the output [..., N] has x's dtype: the
+kernels read x's rows as one [M, K] matrix, M the product of the leading sizes), words uint32
+(tessera.quant.layout.pack_units of the codes in the k order `span`, 16 or 2:
+tessera.ir.lowbit.lane_value_position),
 scales float16 [N, G] and biases float16 [N, G] (or [1, 1] when `has_bias` is False), in the
 terms of the `dequant` instruction: W[n, k] = (u - bias[n, g]) * scale[n, g], g = k //
 group_size, u the layout code (offset binary for signed ints; for the small floats u stands
@@ -25,16 +27,16 @@ ACTIVATION_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 def _infer(xs, a):
     x, words, scales, biases = xs
-    if x.ndim != 2:
-        raise ShapeError(f"lowbit_linear takes x [M, K], got {x.shape}")
-    if isinstance(x.shape[1], int) and x.shape[1] != a["k"]:
-        raise ShapeError(f"lowbit_linear: x has {x.shape[1]} columns but the weight has {a['k']}")
+    if x.ndim < 1:
+        raise ShapeError(f"lowbit_linear takes x [..., K], got a scalar {x.shape}")
+    if isinstance(x.shape[-1], int) and x.shape[-1] != a["k"]:
+        raise ShapeError(f"lowbit_linear: x has {x.shape[-1]} features but the weight has {a['k']}")
     if x.dtype not in ACTIVATION_DTYPES:
         names = "/".join(d.name for d in ACTIVATION_DTYPES)
         raise ShapeError(f"lowbit_linear takes {names} activations, got {x.dtype}")
     if words.dtype != dtypes.uint32 or scales.dtype != dtypes.float16 or biases.dtype != dtypes.float16:
         raise ShapeError("lowbit_linear takes uint32 words and float16 scales and biases")
-    return [((x.shape[0], a["n"]), x.dtype)]
+    return [((*x.shape[:-1], a["n"]), x.dtype)]
 
 
 def dequantized_weight(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, a: dict) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Drop reshapes that move no data a kernel needs moved: reshapes to the shape they already
-have, and the flatten / unflatten pair around a linear.
+have, and the flatten / unflatten pair around a linear (or a lowbit_linear).
 
 GPT-2's Conv1D (in every front end) and ONNX exports of 3-D linears write
     y = reshape(linear(reshape(x, [M, K]), W, b), [..., N])      with x [..., K], M = prod(...)
@@ -17,6 +17,10 @@ from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.passes._match import Uses
 
+# Ops mapping each K-vector of x [..., K] to an N-vector of y [..., N] (tessera.quantize's layers
+# flatten x for lowbit_linear as Conv1D does for linear).
+ROW_WISE = frozenset({"linear", "lowbit_linear"})
+
 
 def drop_reshapes(graph: FlowGraph) -> int:
     """Rewrite in place; returns the number of identity reshapes dropped plus linears rewritten."""
@@ -30,7 +34,7 @@ def drop_reshapes(graph: FlowGraph) -> int:
     replace: dict[Operator, Operator] = {}
     added: list[Operator] = []
     for lin in graph.operators:
-        flat = lin.inputs[0].producer if lin.kind == "linear" else None
+        flat = lin.inputs[0].producer if lin.kind in ROW_WISE else None
         if flat is None or flat.kind != "reshape":
             continue
         x, y = flat.inputs[0], lin.outputs[0]
@@ -49,7 +53,7 @@ def drop_reshapes(graph: FlowGraph) -> int:
             added.append(regroup)
             x = regroup.outputs[0]
         # The linear computes the unflatten's tensor: no use needs rewriting.
-        replace[lin] = Operator("linear", [x, *lin.inputs[1:]], [out], dict(lin.attrs), lin.name)
+        replace[lin] = Operator(lin.kind, [x, *lin.inputs[1:]], [out], dict(lin.attrs), lin.name)
         drop.add(unflat)
         if uses.only_user(flat.outputs[0]) is lin:
             drop.add(flat)
