@@ -156,6 +156,7 @@ def test_quantized_decode_case_on_the_gpu(weight):
     assert row["bytes_per_token"] == expected_bytes(int(weight[-1]), 32, kv, elem=2)
     assert row["floor_us"] == pytest.approx(row["bytes_per_token"]["total"] / (row["copy_gbs"] * 1e9) * 1e6)
     assert row["tessera_graph"]["eager_nodes"] == 0 and "graph_break" not in row
+    assert row["tessera_graph"]["reference_ops"] == 0  # every lowbit_linear on the decode kernel
     own = row["vs_quantized_eager"]
     assert own["rel_err"] < 1e-2 and own["argmax_agree"] == "4/4"
     assert row["tessera_us"] > 0 and row["peers_us"][mr.TESSERA_FP16] > 0
