@@ -1,5 +1,6 @@
 """The prefill path of low-bit weights on CUDA: the dequantiser of the tensor-core words
-(tessera.kernels.lowbit_dequant) against the graph operator's reference bit for bit.
+(tessera.kernels.lowbit_dequant) against the graph operator's reference bit for bit, and
+`cuda_matmul` past DECODE_MAX_M (dequantise, then torch.matmul) against float64.
 
 CPU tier: the layout facts the kernel relies on, the generated kernel run on the host
 (tests/cuda_on_host.py: every weight type once, nvcc needed) and built for sm_90a.  GPU tier
@@ -23,6 +24,7 @@ from tessera.ir import lowbit
 from tessera.kernels.lowbit_dequant import CHUNK_HALVES, lane_chunk, make_dequant_units, swizzle
 from tessera.quant import WEIGHT_TYPES, codecs
 from tessera.quant.layout import pack_units, padded_shape, unpack_units
+from tessera.quant.quantize import quantize_weight
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 SIZES = ((40, 520), (100, 1000), (33, 776), (16, 256), (50, 8))  # (N, K): N % 16 and K % 256 mostly not 0
@@ -176,3 +178,34 @@ def test_cuda_dequantiser_every_type_group_and_zero_point(rng):
             differ = got.view(np.uint16) != c["ref"].view(np.uint16)
             bad.append((c["key"], c["shape"], int(differ.sum()), np.argwhere(differ)[:3].tolist()))
     assert not bad, bad
+
+
+@pytest.mark.cuda
+def test_cuda_prefill_matmul_every_type(rng):
+    """cuda_matmul at M = 65 and 130 (past DECODE_MAX_M: dequantise + torch.matmul) on quantised
+    weights (group 128 or per channel, zero points on every other integer type), two calls with
+    fresh activations each, against float64; the prepared weight's fp16 matrix is the
+    QuantizedWeight's dequantisation rounded once, and no codes are copied to the device."""
+    torch = pytest.importorskip("torch")
+    from tessera.kernels.lowbit_dequant import dequantize_words
+    from tessera.quant.linear import DECODE_MAX_M, cuda_matmul, prepare
+
+    assert 65 > DECODE_MAX_M
+    weights = []
+    for i, t in enumerate(WEIGHT_TYPES):
+        n, k = SIZES[i % 2]
+        q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, 128 if i % 3 else None, bool(i % 2) and t.is_integer)
+        weights.append((q, prepare(q)))
+    _build_all((p.weight.dtype, p.kernel_group, p.weight.zeros is not None, 16) for _, p in weights)
+    for q, p in weights:
+        w = torch.from_numpy(q.dequantize()).cuda()
+        w16 = torch.empty(q.shape, dtype=torch.float16, device="cuda")
+        dequantize_words(p.words, p.scales, p.biases, w16, q.dtype, p.kernel_group, q.zeros is not None)
+        assert torch.equal(w16, w.half()), q.dtype
+        for m in (65, 130):
+            for _ in range(2):
+                x = torch.randn(m, q.shape[1], dtype=torch.float16, device="cuda")
+                ref = x.double() @ w.double().T
+                err = float((cuda_matmul(x, p).double() - ref).norm() / ref.norm())
+                assert err < 2e-3, (q.dtype, q.group_size, q.zeros is not None, m, err)
+        assert not any(key == "codes" or key == "zeros" for key in p.cache), list(p.cache)

@@ -1,10 +1,13 @@
-"""Low-bit linear layers on the CPU, and dequantisation to fp16 on CUDA, written in tessera with
-packed-tensor loads (any type: the generated code extracts each field, tessera.quant.codecs).
+"""Low-bit linear layers on the CPU, written in tessera.
 
 * `make_linear_cpu(wtype, has_zeros)`: Y[m, n] = sum_k X[m, k] * (W[n, k] - Z[n, g]) * S[n, g]
-  in float32 (the CPU path of the quantized-linear op and the reference for the GPU kernels);
-* `make_dequant_cuda(wtype, has_zeros)`: W16[n, k] = fp16((W[n, k] - Z[n, g]) * S[n, g]), the
-  first half of the prefill path (dequantise, then a tensor-core fp16 GEMM).
+  in float32 from packed-tensor loads (any type: the generated code extracts each field,
+  tessera.quant.codecs); the CPU path of the quantized-linear op and the reference for the GPU
+  kernels;
+* `make_linear_rows(...)`: the same from the row layout (`row_planes`), decoded per tile of rows
+  into float32 and summed with SIMD vectors (the graph operator's CPU kernel).
+
+(The CUDA prefill path dequantises the tensor-core words: tessera.kernels.lowbit_dequant.)
 """
 
 from __future__ import annotations
@@ -38,26 +41,6 @@ def make_linear_cpu(wtype: DataType, has_zeros: bool) -> ts.Kernel:
                 Y[m, n] = total
 
     return linear
-
-
-@functools.cache
-def make_dequant_cuda(wtype: DataType, has_zeros: bool) -> ts.Kernel:
-    T = wtype
-
-    @ts.kernel(target="cuda", name=f"lowbit_dequant_{T.name}{'_z' if has_zeros else ''}")
-    def dequant(W: T["N", "K"], S: f16["N", "G"], Z: i32["NZ", "GZ"], Out: f16["N", "K"], group: ts.int32):
-        ts.attrs.grid = (ts.ceil_div(K, 256), N)
-        ts.attrs.block = 256
-        n = ts.block_idx.y
-        k = ts.block_idx.x * 256 + ts.thread_idx.x
-        if k < K:
-            g = k // group
-            if has_zeros:
-                Out[n, k] = ts.cast(ts.cast(W[n, k] - Z[n, g], f32) * ts.cast(S[n, g], f32), f16)
-            else:
-                Out[n, k] = ts.cast(ts.cast(W[n, k], f32) * ts.cast(S[n, g], f32), f16)
-
-    return dequant
 
 
 ROW_BLOCK = 256  # k per block of the row layout (the tensor-core layout's padded K is a multiple of it)

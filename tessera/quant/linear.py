@@ -1,9 +1,11 @@
 """Low-bit linear layers: y = x @ W^T with W a QuantizedWeight, on CUDA (the decode kernel,
 tessera.kernels.lowbit_decode) and on the CPU (tessera.kernels.lowbit_cpu, the reference path).
 
-`PreparedWeight` holds what the CUDA kernel reads, made once per weight: the words in the
+`PreparedWeight` holds what the CUDA kernels read, made once per weight: the words in the
 pack-time layout, float16 scales (times 2**float_shift for the small floats) and float16
-biases (zero point + the signed types' offset).
+biases (zero point + the signed types' offset).  The decode kernel and the prefill path's
+dequantiser (tessera.kernels.lowbit_dequant) read the same words: the codes live on the device
+once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ class PreparedWeight:
     biases: Any  # float16 [N, G], or a [1, 1] placeholder when there are no zero points
     k_tiles: int
     kernel_group: int  # the group size the kernel is built for (padded K when per channel)
-    weight_scales: Any  # float16 [N, G], the QuantizedWeight's own (the prefill path reads them)
     cache: dict = field(default_factory=dict)
 
     def words_for(self, span: int) -> Any:
@@ -89,7 +90,7 @@ def prepare(w: QuantizedWeight, device: str = "cuda") -> PreparedWeight:
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     group = kpad if w.group_size >= k else w.group_size
     return PreparedWeight(w, to(words), to(scales), to(biases if biases is not None else np.zeros((1, 1), np.float16)),
-                          kpad // lowbit.UNIT_K, group, to(w.scales))  # fmt: skip
+                          kpad // lowbit.UNIT_K, group)  # fmt: skip
 
 
 def cpu_matmul(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
@@ -110,30 +111,19 @@ def cpu_matmul(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
 DECODE_MAX_M = 64  # larger M: dequantise to fp16, then the tensor-core GEMM (prefill)
 
 
-def _zeros_operand(p: PreparedWeight) -> Any:
-    z = p.cache.get("zeros")
-    if z is None:
-        import torch
-
-        w = p.weight
-        z = w.zeros if w.zeros is not None else np.zeros((1, 1), np.int32)
-        z = p.cache["zeros"] = torch.from_numpy(np.ascontiguousarray(z.astype(np.int32))).to(p.words.device)
-    return z
-
-
 def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
-    """Prefill sizes: the weights dequantised to fp16 by a tessera kernel, then x @ W16^T on the
-    tensor cores (cuBLAS through torch).  Not yet the fused wgmma kernel the issue asks for."""
+    """Prefill sizes: the weights dequantised to fp16 from the words the decode kernel reads
+    (tessera.kernels.lowbit_dequant: one pass, words in, W16 out), then x @ W16^T on the tensor cores
+    (cuBLAS through torch).  W16 is a workspace of each call, from torch's caching allocator
+    (keeping it per weight would hold 16 / bits times the weights' memory for every layer).
+    Not yet the fused kernel (dequantisation in the GEMM's prologue) the issue asks for."""
     import torch
 
-    from tessera.kernels.lowbit_cpu import make_dequant_cuda
+    from tessera.kernels.lowbit_dequant import dequantize_words
 
     w = p.weight
-    codes = p.cache.get("codes")
-    if codes is None:
-        codes = p.cache["codes"] = w.codes.to(str(p.words.device))
     w16 = torch.empty(w.shape, dtype=torch.float16, device=x.device)
-    make_dequant_cuda(w.dtype, w.zeros is not None)(codes, p.weight_scales, _zeros_operand(p), w16, w.group_size)
+    dequantize_words(p.words, p.scales, p.biases, w16, w.dtype, p.kernel_group, w.zeros is not None)
     return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
 
 
