@@ -43,6 +43,8 @@ from tessera.ir.lowbit import SPANS
 from tessera.kernels.lowbit_decode import scale_slots
 from tessera.kernels.lowbit_decode_config import group_ok
 
+DEFAULT_WARPS = 4  # warps per block (one unit each): 32 KiB of tiles, ~6 blocks per SM (bench/lowbit_prefill.py times others)
+
 # a[i] of a pair of steps (a[0..7] step 2j, a[8..15] step 2j + 1: half i % 2 of register i // 2)
 # that go to the chunk of row g + 8h: registers h and h + 2 of each step (rows alternate)
 CHUNK_HALVES = tuple(tuple(8 * s + 4 * r + 2 * h + e for s in (0, 1) for r in (0, 1) for e in (0, 1)) for h in (0, 1))
@@ -63,7 +65,7 @@ def lane_chunk(span: int, lane: int, pair: int) -> int:
 
 @functools.cache
 def make_dequant_units(wtype: DataType, group_size: int, has_bias: bool, span: int = 16,
-                       warps: int = 4) -> ts.Kernel:  # fmt: skip
+                       warps: int = DEFAULT_WARPS) -> ts.Kernel:  # fmt: skip
     """kernel(Wq [words] u32, S [NS, G] f16, B [NB, GB] f16, Out [N, K] f16): Out = the weights.
 
     `group_size` is the kernel group (the padded K for per-channel scales, as the decode kernel
