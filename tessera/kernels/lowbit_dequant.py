@@ -43,7 +43,7 @@ from tessera.ir.lowbit import SPANS
 from tessera.kernels.lowbit_decode import scale_slots
 from tessera.kernels.lowbit_decode_config import group_ok
 
-DEFAULT_WARPS = 4  # warps per block (one unit each): 32 KiB of tiles, ~6 blocks per SM (bench/lowbit_prefill.py times others)
+DEFAULT_WARPS = 4  # per block, one unit each: 32 KiB of tiles, ~6 blocks per SM (bench/lowbit_prefill.py times others)
 
 # a[i] of a pair of steps (a[0..7] step 2j, a[8..15] step 2j + 1: half i % 2 of register i // 2)
 # that go to the chunk of row g + 8h: registers h and h + 2 of each step (rows alternate)
