@@ -107,7 +107,8 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
             break
         used += more
         text = "\n".join(plain[name] for name in more)
-    return "\n".join([HOST_PRELUDE, *(plain[n] for n in plain if n in used), *helpers.values(), *bodies.values()]), kernels
+    parts = [HOST_PRELUDE, *(plain[n] for n in plain if n in used), *helpers.values(), *bodies.values()]
+    return "\n".join(parts), kernels
 
 
 def run_on_host(tmp_path: Path, cases: list[tuple]) -> list[np.ndarray]:
