@@ -65,7 +65,9 @@ def test_streaming_config_is_one_even_wave(bits, m):
     lm = launch_model(c, bits, m, N0, K0, SMS, 65536 // (c.min_blocks * 32 * c.warps) // 8 * 8)
     assert lm.waves == 1 and lm.act_trips == 0
     cands = DecodeConfig.candidates(bits, m, N0, K0, SMS)
-    assert cands["xa"] == c and cands["xa_b0"].min_blocks == 0 and cands["reg_b"].min_blocks > 0
+    assert cands["xa"] == c and cands["xa_b0"].min_blocks == 0
+    # one wave by the register bound: a candidate at M <= 8, the default itself beyond (then no reg_b)
+    assert (cands["reg_b"] if m <= 8 else cands["reg"]).min_blocks > 0 and ("reg_b" in cands) == (m <= 8)
     assert ("xa8" in cands) == ("xa_il" in cands) == (m <= 8)
     if m <= 8:
         il = cands["xa_il"]

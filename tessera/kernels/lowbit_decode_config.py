@@ -62,13 +62,17 @@ class DecodeConfig:
         """The kernel's choice.  M <= 8: the register path (`register_path`) in span 2, the
         offsets folded into a second mma: the fewest instructions per weight (bench/lowbit_sass.py).  Beyond 8 tokens: the 2-stage weight ring in span 2 (8 stages
         for 1-2 bits), two row tiles per warp where the block's ring stays within 32 KiB, the
-        winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md)."""
+        winners of the H200 sweep at dcce684 (bench/results/2026-11-22-h200-lowbit-dev-dcce684.md),
+        with min_blocks so that the grid runs in one wave (the sweep at 62bc338: M=16 int4 30.9 ->
+        20.9 us, every type 18-22 us where it took 26-37)."""
         r = DecodeConfig.register_path(bits, m, n, k, sms)
         if m <= 8:
             return dataclasses.replace(r, span=2, fold=True)
         stages = 8 if bits <= 2 else 2
         rows = 2 if bits > 1 and r.warps * stages * 2 * bits * 512 <= 32 * 1024 else 1
-        return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2)
+        per_sm = -(-(-(-n // (16 * r.warps * rows)) * r.split * -(-m // (8 * r.m_tiles))) // sms)
+        # (beyond 4 blocks per SM the bound would squeeze the registers into spills: several waves then)
+        return DecodeConfig(r.warps, r.split, 1, r.m_tiles, rows, 0, stages, 2, min_blocks=per_sm if per_sm <= 4 else 0)
 
     @staticmethod
     def streaming(bits: int, m: int, n: int, k: int, sms: int, warps: int = 4) -> DecodeConfig:

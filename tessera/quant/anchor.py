@@ -24,7 +24,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import dtypes, lowbit
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
-from tessera.ops.anchors.rewrite import rename, specialize, unravel
+from tessera.ops.anchors.rewrite import remap_operand, rename, specialize, unravel
 from tessera.quant.layout import padded_shape
 
 
@@ -66,6 +66,8 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     f = make_decode(t, group, bool(attrs["has_bias"]), config, k % lowbit.UNIT_K == 0).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
+    if len(x_shape) != 2:  # the caller's x [..., K] as it is: row i of the kernel is x's row unravel(i)
+        f = remap_operand(f, "X", x_shape, lambda i, j: (*unravel(i, x_shape[:-1]), j))
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
     f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_{t.name}_{config}")
     slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
