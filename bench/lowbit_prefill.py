@@ -105,12 +105,12 @@ def time_type(name: str, warps: list[int], timer, bw: float, x, w16, y, gen) -> 
     floor = moved / (bw * 1e9) * 1e6
     print(f"{name:5} dequant " + " ".join(f"w{wp} {us:6.1f}" for wp, us in deq.items())
           + f" | {moved / d / 1e3:5.0f} GB/s = {moved / d / 1e3 / bw:4.0%} of copy, floor {floor:5.1f}"
-          f" | prefill {pre:6.1f} (preallocated {pre2:6.1f}) cuBLAS fp16 {cub:6.1f} -> {pre / cub:5.3f}x"
+          f" | prefill {pre:6.1f} (preallocated {pre2:6.1f}) cuBLAS fp16 {cub:6.1f} -> {cub / pre:5.3f}x"
           f" | W16 {'exact' if same else 'DIFFERS'}, rel_err {err:.1e} (setup {setup:.0f}s)", flush=True)  # fmt: skip
     return {"case": f"M={M0},N={N0},K={K0},w={name},g={GROUP},fp16", "tessera_us": pre, "peers_us": {"cublas": cub},
             "rel_err": err, "dequant_us": d, "dequant_us_by_warps": {str(wp): us for wp, us in deq.items()},
             "prefill_prealloc_us": pre2, "dequant_gbs": moved / d / 1e3, "copy_gbs": bw, "floor_us": floor,
-            "vs_cublas": pre / cub, "w16_exact": same}  # fmt: skip
+            "vs_cublas": cub / pre, "w16_exact": same}  # fmt: skip
 
 
 def run(types: list[str], warps: list[int]) -> None:

@@ -96,8 +96,12 @@ def operand_sets(a: Any, b: Any) -> list[tuple[Any, Any]]:
 
 
 def _bench(run: Any) -> float:
-    """A candidate's time (µs): GRAPH_CALLS calls `run(i)` (i = 0, 1, ...: the operand set to
-    use) captured in one CUDA graph, the median of GRAPH_REPLAYS replays divided by the calls.
+    return graph_bench(run, GRAPH_CALLS)
+
+
+def graph_bench(run: Any, calls: int) -> float:
+    """A candidate's time (µs): `calls` calls `run(i)` (i = 0, 1, ...: the operand set to use)
+    captured in one CUDA graph, the median of GRAPH_REPLAYS replays divided by the calls.
 
     Launched one by one from Python and timed with an event pair each, a GEMM of a few µs
     measured its host's launch path more than itself (H200: event times of 10-60 µs for a
@@ -109,7 +113,7 @@ def _bench(run: Any) -> float:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(GRAPH_CALLS):
+        for i in range(calls):
             run(i)
     graph.replay()
     torch.cuda.synchronize()
@@ -120,7 +124,7 @@ def _bench(run: Any) -> float:
         end.record()
     torch.cuda.synchronize()
     del graph
-    return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3 / GRAPH_CALLS
+    return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3 / calls
 
 
 @functools.cache

@@ -14,6 +14,7 @@ the scales and biases are read as they are.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilo
 from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
 from tessera.ops.anchors.rewrite import remap_operand, rename, specialize, unravel
 from tessera.quant.layout import padded_shape
+
+log = logging.getLogger("tessera")
 
 
 def _sms() -> int:
@@ -47,7 +50,9 @@ def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...
 
 
 def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
-                       biases: tuple[int, int], epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
+                       biases: tuple[int, int], epilogue: Epilogue | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
+    """The decode kernel for x [..., K] with the epilogue in its stores; `tune` (on a GPU) times
+    the candidate configs for this shape (tessera.quant.tune), else DecodeConfig.default."""
     from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
 
     t = dtypes.dtype(attrs["wtype"])
@@ -60,9 +65,19 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
     # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
+    span = attrs.get("span", 16)
     config = DecodeConfig.default(t.nbits, m, n, k, _sms())
-    if attrs.get("span", 16) != config.span:
-        config = dataclasses.replace(config, span=attrs.get("span", 16), fold=False)
+    if span != config.span:
+        config = dataclasses.replace(config, span=span, fold=False)
+    if tune and _on_gpu():
+        from tessera.errors import TuningError
+        from tessera.quant.tune import tuned_decode_config
+
+        try:
+            config = tuned_decode_config(t, group, bool(attrs["has_bias"]), span, m, n, k, words, scales, biases)
+        except TuningError as exc:  # (every candidate failed: the default, which the tests check)
+            log.warning("tessera: lowbit_linear %s m=%d n=%d k=%d: tuning failed (%s); using %s", t.name, m, n, k,
+                        exc, config)  # fmt: skip
     f = make_decode(t, group, bool(attrs["has_bias"]), config, k % lowbit.UNIT_K == 0).ir
     f = specialize(f, {"X": (m, k), "Wq": (words,), "S": scales, "B": biases, "Y": (m, n)},
                    {"KT": kpad // lowbit.UNIT_K})  # fmt: skip
@@ -73,6 +88,15 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
     return AnchorPlan(f.name, [Launch(f, slots)], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
                       config=config)  # fmt: skip
+
+
+def _on_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:

@@ -262,7 +262,8 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     elif op.kind == "lowbit_linear":
         from tessera.quant.anchor import prepare_lowbit_linear
 
-        kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue)
+        kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue,
+                                       tune=tune)  # fmt: skip
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 

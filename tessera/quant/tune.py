@@ -1,0 +1,122 @@
+"""Tuning the low-bit decode kernel per shape (tessera.kernels.lowbit_decode) for the graph's
+lowbit_linear anchor.
+
+`DecodeConfig.default` is a rule fitted to one shape (K=4096, N=12288).  A model's projections
+are smaller (the 1.1B Llama's are 2048-11264 rows of 2048-5632), where the kernel's fixed
+costs weigh more and the best split, ring and register budget differ.  With `tune` (the graph
+compiler's default) the anchor times `DecodeConfig.candidates` for its shape with the generic
+tuner (tessera.tune.tuner): each candidate is built, checked against the default config's
+result on random words, then timed inside a CUDA graph on enough copies of the weights that
+every call reads them from HBM, as a model's layers do.  The winner is recorded per shape,
+weight type, group, zero points and GPU, so a later compile reuses it without timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from tessera.ir.dtypes import DataType
+from tessera.kernels.lowbit_decode_config import DecodeConfig
+
+log = logging.getLogger("tessera")
+
+MAX_COPIES = 64  # weight copies the timed graph cycles through (small weights: L2 is 50-60 MB)
+
+
+def decode_candidates(bits: int, m: int, n: int, k: int, sms: int, span: int) -> list[DecodeConfig]:
+    """The sweep's candidates that read words packed in the k order `span` (a graph holds one)."""
+    default = DecodeConfig.default(bits, m, n, k, sms)
+    if default.span != span:
+        default = dataclasses.replace(default, span=span, fold=False)
+    out = [default]
+    others = [*DecodeConfig.candidates(bits, m, n, k, sms).values(),
+              *(dataclasses.replace(default, split=s) for s in (2, 4, 8)),  # the split and the block size
+              *(dataclasses.replace(default, warps=w, min_blocks=0) for w in (2, 8))]  # fmt: skip
+    for c in others:
+        if c.span == span and c not in out and not c.problems() and (c.x_units == 0 or c.x_units >= -(-k // 256 // c.split)):
+            out.append(c)
+    return out
+
+
+def finite_words(wtype: DataType, span: int, words: int) -> Any:
+    """An int32 mask [words] that, ANDed into random words, leaves only finite codes: the
+    exponent's top bit cleared in every e4m3 / e5m2 field (their inf and NaN codes have it
+    set); all ones for the other types.  Every unit of the layout has the same fields."""
+    import numpy as np
+    import torch
+
+    from tessera.quant.layout import pack_units
+
+    if wtype.name not in ("e4m3", "e5m2"):
+        return torch.full((words,), -1, dtype=torch.int32)
+    keep = (1 << wtype.nbits) - 1 & ~(1 << (wtype.nbits - 2))  # (floats are stored as their codes)
+    unit = pack_units(np.full((16, 256), keep), wtype, span).view(np.int32)
+    return torch.from_numpy(np.resize(unit, words))
+
+
+def template_source() -> str:
+    """The kernel and config sources: their hash keys the records (an edit re-tunes)."""
+    from tessera.kernels import lowbit_decode, lowbit_decode_config
+
+    return "\n".join(Path(m.__file__).read_text(errors="replace") for m in (lowbit_decode, lowbit_decode_config))
+
+
+def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int,
+                        words: int, scales: tuple[int, int], biases: tuple[int, int]) -> DecodeConfig:  # fmt: skip
+    """The fastest correct decode config for x [m, k] and these operand sizes on the current GPU
+    (`words` uint32 words, float16 scales and biases of the given shapes), from the tuning
+    record when one exists."""
+    import torch
+
+    from tessera.kernels.lowbit_decode import make_decode
+    from tessera.kernels.matmul import COLD_FACTOR, check_result, graph_bench
+    from tessera.runtime.cuda import device_properties, multiprocessor_count
+    from tessera.tune.tuner import tune
+
+    sms = multiprocessor_count()
+    candidates = decode_candidates(wtype.nbits, m, n, k, sms, span)
+    kt = -(-k // 256)
+    k_whole = k % 256 == 0
+    gpu = torch.cuda.get_device_name()
+    key = f"lowbit_decode|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}|m{m}|n{n}|k{k}|{gpu}"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # random codes (finite ones: `finite_words`), scales around 1/64
+    wq = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, device="cuda", dtype=torch.int32)
+    wq = (wq & finite_words(wtype, span, words).to("cuda")).view(torch.uint32)
+    sc = (torch.rand(scales, generator=gen, device="cuda") / 64 + 1 / 128).half()
+    bz = torch.randint(0, 1 << wtype.nbits, biases, generator=gen, device="cuda").half()
+    x = torch.randn((m, k), generator=gen, device="cuda").half()
+    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    ref: list[Any] = []
+    per_call = words * 4 + sc.numel() * 2
+    copies = min(MAX_COPIES, max(1, -(-COLD_FACTOR * device_properties().l2_bytes // per_call)))
+    sets: list[tuple[Any, Any]] = []
+
+    def kernel(c: DecodeConfig) -> Any:
+        return make_decode(wtype, group, has_bias, c, k_whole)
+
+    def check(c: DecodeConfig, _: Any) -> str | None:
+        if not ref:
+            out = torch.empty_like(y)
+            kernel(candidates[0])(x, wq, sc, bz, out, kt)
+            ref.append(out.float())
+        kernel(c)(x, wq, sc, bz, y, kt)
+        torch.cuda.synchronize()
+        return check_result(y, ref[0])
+
+    def bench(c: DecodeConfig, _: Any) -> float:
+        if not sets:
+            sets.extend([(wq, sc)] + [(wq.clone(), sc.clone()) for _ in range(copies - 1)])
+        kern = kernel(c)
+        return graph_bench(lambda i: kern(x, *sets[i % copies], bz, y, kt), max(copies, 20))
+
+    record = tune(key, candidates, build=lambda c: kernel(c).build(), bench=bench, check=check,
+                  template=template_source())  # fmt: skip
+    if not record.from_cache:
+        log.info("tessera: lowbit_linear %s m=%d n=%d k=%d: %s (default %s: %.1f us, tuned %.1f us)", wtype.name, m, n,
+                 k, record.best, candidates[0], record.times_us.get(str(candidates[0]), float("nan")),
+                 record.times_us.get(str(record.best), float("nan")))  # fmt: skip
+    return record.best
