@@ -68,3 +68,23 @@ def test_cuda_tuned_anchor_matches_the_default_and_records_its_winner(rng, tmp_p
             np.testing.assert_allclose(b, a, rtol=1e-2, atol=1e-2 * np.abs(a).max())
     records = list((tmp_path / "tuning").glob("*.json"))
     assert records, "no tuning record written"
+
+
+@pytest.mark.cuda
+def test_cuda_eager_layer_tunes_once_per_token_bucket(rng, tmp_path, monkeypatch):
+    """tessera.quant.linear.cuda_matmul with tuning on: a tuned config per bucket (<= 8 tokens,
+    beyond), right over fresh inputs, and the second bucket's calls reuse their config."""
+    from tessera.quant.linear import cuda_matmul, prepare
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_TUNE", "1")
+    q = quantize_weight(rng.standard_normal((200, 776)) * 0.1, "int3", 8, True)
+    p = prepare(q)
+    w = torch.from_numpy(q.dequantize()).cuda().double()
+    for m in (1, 5, 13, 40):
+        for _ in range(2):
+            x = torch.randn(m, 776, dtype=torch.float16, device="cuda")
+            ref = x.double() @ w.T
+            assert float((cuda_matmul(x, p).double() - ref).norm() / ref.norm()) < 2e-3
+    assert {key for key in p.cache if key[0] == "config"} == {("config", True), ("config", False)}
+    assert list((tmp_path / "tuning").glob("*.json"))

@@ -10,6 +10,7 @@ once.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import lowbit
 from tessera.quant.layout import pack_units, padded_shape
 from tessera.quant.quantize import QuantizedWeight
+
+log = logging.getLogger("tessera")
 
 
 @dataclass
@@ -127,11 +130,36 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
     return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
 
 
+def _decode_config(p: PreparedWeight, m: int) -> Any:
+    """The decode config for calls of m tokens: tuned for the weight's shape when tuning is on
+    ($TESSERA_TUNE; at 1 token for m <= 8, at 16 beyond, one record per shape and GPU:
+    tessera.quant.tune), else DecodeConfig.default."""
+    from tessera.errors import TuningError
+    from tessera.kernels.lowbit_decode import DecodeConfig
+    from tessera.runtime.cuda import multiprocessor_count
+    from tessera.tune.tuner import default_tune
+
+    n, k = p.weight.shape
+    config = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
+    if not default_tune():
+        return config
+    from tessera.quant.tune import tuned_decode_config
+
+    try:
+        return tuned_decode_config(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config.span,
+                                   1 if m <= 8 else 16, n, k, p.words.numel(), tuple(p.scales.shape),
+                                   tuple(p.biases.shape))  # fmt: skip
+    except TuningError as exc:  # (every candidate failed: the default, which the tests check)
+        log.warning("tessera: low-bit decode %s %dx%d: tuning failed (%s); using %s", p.weight.dtype.name, n, k, exc,
+                    config)  # fmt: skip
+        return config
+
+
 def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) -> Any:
     """x [M, K] float16 (CUDA) @ W^T -> [M, N] float16, with the decode kernel."""
     import torch
 
-    from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
+    from tessera.kernels.lowbit_decode import group_ok, make_decode
 
     n, k = p.weight.shape
     if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != k:
@@ -147,9 +175,7 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
         key = ("config", m <= 8)
         config = p.cache.get(key)
         if config is None:
-            from tessera.runtime.cuda import multiprocessor_count
-
-            config = p.cache[key] = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
+            config = p.cache[key] = _decode_config(p, m)
     if config.x_units and config.x_units < -(-p.k_tiles // config.split):
         raise ArgumentError(f"config {config} stages {config.x_units} units of activations, but a block of split "
                             f"{config.split} reads {-(-p.k_tiles // config.split)} of K = {k}")  # fmt: skip

@@ -10,26 +10,13 @@ An unknown option, or a value of the wrong type, raises ArgumentError listing th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tessera.errors import ArgumentError
 from tessera.graph.compiler.memory import ARRAY_KINDS
-
-TUNE_ENV = "TESSERA_TUNE"
-
-
-def default_tune() -> bool:
-    """Tuning's default: on, unless $TESSERA_TUNE says 0/off (CI machines, quick experiments)."""
-    value = os.environ.get(TUNE_ENV, "").strip().lower()
-    if value in ("", "1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ArgumentError(f"${TUNE_ENV}={os.environ[TUNE_ENV]!r}: use 1/on to tune GEMM and attention schedules by "
-                        "timing them, 0/off to choose them by the cost model (unset: on)")  # fmt: skip
+from tessera.tune.tuner import TUNE_ENV, default_tune  # noqa: F401  (re-exported: the options' default)
 
 
 @dataclass(frozen=True)
