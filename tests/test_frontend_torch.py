@@ -26,7 +26,8 @@ CASES = {
 
 
 def _check(out, ref, rtol=1e-5):
-    err = float((out - ref).abs().max() / ref.abs().max())
+    # (a ReLU output can be all zeros for some random inputs: then 0 / 0 without the floor)
+    err = float((out - ref).abs().max() / max(float(ref.abs().max()), 1e-3))
     assert err < rtol, err
 
 
