@@ -110,11 +110,34 @@ def test_cpu_compiles_the_rewritten_block_into_fewer_kernels(rng):
             np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+def test_prefill_rows_plan_a_dequantised_temporary_and_the_fp16_gemm():
+    """Beyond DECODE_MAX_M rows the GPU anchor dequantises into a per-call temporary [N, K] (the
+    graph's arena, not a workspace the kernel keeps) and runs the GEMM template on it, the
+    epilogue in the GEMM's stores; nvcc builds it."""
+    from tessera.ir import dtypes
+    from tessera.ops.anchors.epilogue import identity_epilogue
+    from tessera.ops.anchors.kernel import TEMPORARY
+    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.quant.linear import DECODE_MAX_M
+
+    consts, attrs = _layer(np.random.default_rng(1), 96, 520, "uint3", 8, True)
+    for lead in ((2, 70), (DECODE_MAX_M + 1,)):
+        plan = plan_lowbit_linear((*lead, 520), attrs, consts[0].size, consts[1].shape, consts[2].shape,
+                                  identity_epilogue((*lead, 96), dtypes.float32, dtypes.float16))  # fmt: skip
+        assert plan.out_shape == (*lead, 96) and plan.temporaries == [((96, 520), dtypes.float16)]
+        assert not plan.workspaces and len(plan.launches) == 2
+        assert plan.launches[0].func.name.startswith("lowbit_dequant") and (TEMPORARY, 0) in plan.launches[0].slots
+    plan.build()
+    decode = plan_lowbit_linear((DECODE_MAX_M, 520), attrs, consts[0].size, consts[1].shape, consts[2].shape)
+    assert not decode.temporaries and len(decode.launches) == 1
+
+
 @pytest.mark.cuda
 def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng):
-    """The same block in float16 on the GPU: three decode-kernel launches, the epilogue fused,
-    checked over fresh inputs (the replayed CUDA graph included) against the float32 reference."""
-    for lead in ((1, 1), (3, 5)):
+    """The same block in float16 on the GPU: three decode-kernel launches (beyond DECODE_MAX_M
+    rows: dequantise into the arena, then the fp16 GEMM), the epilogue fused, checked over
+    fresh inputs (the replayed CUDA graph included) against the float32 reference."""
+    for lead in ((1, 1), (3, 5), (2, 70)):
         ref_graph = _block(np.random.default_rng(3), lead)
         compiled = compile_graph(_block(np.random.default_rng(3), lead, dtype="float16"), "cuda")
         summary = compiled.summary()

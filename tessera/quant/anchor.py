@@ -27,6 +27,7 @@ from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilo
 from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
 from tessera.ops.anchors.rewrite import remap_operand, rename, specialize, unravel
 from tessera.quant.layout import padded_shape
+from tessera.quant.linear import DECODE_MAX_M
 
 log = logging.getLogger("tessera")
 
@@ -65,6 +66,8 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
     # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
+    if m > DECODE_MAX_M:
+        return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune)
     span = attrs.get("span", 16)
     config = DecodeConfig.default(t.nbits, m, n, k, _sms())
     if span != config.span:
@@ -88,6 +91,31 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
     return AnchorPlan(f.name, [Launch(f, slots)], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
                       config=config)  # fmt: skip
+
+
+def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
+                  biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool) -> AnchorPlan:  # fmt: skip
+    """More than DECODE_MAX_M rows: the words dequantised to fp16 W [N, K] in a temporary (the
+    graph compiler's arena: alive during the step, shared with other steps' buffers, so the
+    model holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in
+    its stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor)."""
+    from tessera.kernels.lowbit_dequant import make_dequant_units
+    from tessera.ops.anchors.gemm import GemmProblem, Operand, plan_gemm
+
+    t = dtypes.dtype(attrs["wtype"])
+    n, k = attrs["n"], attrs["k"]
+    lead = tuple(x_shape[:-1])
+    out_shape = (*lead, n)
+    plan = AnchorPlan(f"lowbit_prefill_{t.name}", [], out_shape, dtypes.float16, 4, 0, aligned_inputs=[0, 1])
+    w16 = plan.temporary((n, k), dtypes.float16)
+    f = make_dequant_units(t, group, bool(attrs["has_bias"]), attrs.get("span", 16)).ir
+    f = specialize(f, {"Wq": (words,), "S": scales, "B": biases, "Out": (n, k)})
+    plan.launches.append(Launch(f, [(INPUT, 1), (INPUT, 2), (INPUT, 3), w16]))
+    a = Operand((INPUT, 0), tuple(x_shape), lambda bi, r, c: (*unravel(r, lead), c), plain=True)
+    b = Operand(w16, (n, k), lambda bi, r, c: (r, c), plain=True)
+    problem = GemmProblem(dtypes.float16, "nk", 1, math.prod(lead), n, k, a, b, lambda z, r, c: (*unravel(r, lead), c),
+                          k % 8 == 0, row_major_out=True)  # fmt: skip
+    return plan_gemm("lowbit_prefill", problem, out_shape, 4, epilogue, None, -1, tune, plan=plan)
 
 
 def _on_gpu() -> bool:

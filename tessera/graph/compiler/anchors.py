@@ -215,8 +215,18 @@ class StepKernel:
         self.kernel = kernel
         self.operands, self.extras = operands, extras
 
-    def __call__(self, arrays: Any, outputs: Any) -> None:
-        self.kernel([arrays[i] for i in self.operands], outputs[0], [arrays[i] for i in self.extras])
+    @property
+    def temporaries(self) -> list[tuple[tuple[int, ...], Any]]:
+        """(shape, dtype) of the buffers the kernel takes per call (AnchorKernel.temporaries):
+        the graph compiler places them in its arena for the step's duration."""
+        return list(getattr(self.kernel, "temporaries", ()))
+
+    def __call__(self, arrays: Any, outputs: Any, temps: Any = ()) -> None:
+        operands, extras = [arrays[i] for i in self.operands], [arrays[i] for i in self.extras]
+        if temps:
+            self.kernel(operands, outputs[0], extras, temps)
+        else:
+            self.kernel(operands, outputs[0], extras)
 
     def sibling(self, *, workspaces: bool = True) -> StepKernel | None:
         """The kernel for another group of the same structure and shapes (loaded kernels shared,

@@ -16,7 +16,7 @@ import numpy as np
 from tessera.graph.compiler.partition import Group
 from tessera.graph.executor import NumpyBackend
 from tessera.graph.operator import Operator
-from tessera.graph.symbolic import ShapeError
+from tessera.graph.symbolic import ShapeError, evaluate
 from tessera.graph.tensor import Tensor
 from tessera.ir.compute import Placeholder, TensorNode
 
@@ -192,11 +192,21 @@ class AnchorStep:
         return list(self._kernels.items())
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
-        return []
+        """The buffers the kernel for these input shapes takes per call: a low-bit prefill's
+        dequantised weights (tessera.quant.anchor), the only template that takes any, so only it
+        is prepared here (the others in `_bind_anchors`, whose time the report shows)."""
+        if self.anchor.kind != "lowbit_linear":
+            return []
+        shapes = {t: tuple(a.shape) for t, a in zip(self.inputs, arrays)}
+        shapes.update({t: tuple(int(evaluate(d, symbols)) for d in t.shape) for t in self.outputs})
+        return list(getattr(self.bind(shapes), "temporaries", ()))
 
     def run(self, arrays: Sequence[Any], outs: Sequence[Any], temps: Sequence[Any], symbols: Mapping[str, int]) -> None:
         shapes = {t: tuple(a.shape) for t, a in zip(self.inputs, arrays)}
-        self.bind(shapes)(arrays, outs)
+        if temps:
+            self.bind(shapes)(arrays, outs, temps)
+        else:
+            self.bind(shapes)(arrays, outs)
 
     @property
     def num_kernels(self) -> int:

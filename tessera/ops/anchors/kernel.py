@@ -22,8 +22,11 @@ from tessera.transforms.pipeline import lower
 
 # Where a kernel argument comes from: (source, index) with source one of these; a TENSOR_MAP
 # slot is the plan's tensor_maps[index], encoded at call time over its operand's address; a
-# CONSTANT slot is the plan's constants[index] (CPU: weights packed at plan time).
-INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL, TENSOR_MAP, CONSTANT = range(7)
+# CONSTANT slot is the plan's constants[index] (CPU: weights packed at plan time); a TEMPORARY
+# slot is a buffer of the plan's `temporaries` that the caller passes with each call (the graph
+# compiler places it in its arena, alive during the step only, unlike a workspace, which the
+# kernel owns for its whole life).
+INPUT, OUTPUT, EXTRA, WORKSPACE, LITERAL, TENSOR_MAP, CONSTANT, TEMPORARY = range(8)
 Slot = tuple[int, int]
 
 
@@ -78,6 +81,7 @@ class AnchorPlan:
     config: Any = None
     target: str = "cuda"  # or "cpu": C kernels called on numpy arrays (tessera.ops.anchors.cpu_gemm)
     constants: list[Any] = field(default_factory=list)  # CONSTANT slots: arrays made at plan time (packed weights)
+    temporaries: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)  # TEMPORARY slots (per call)
     helpers: list[str] = field(default_factory=list)  # artifacts of kernels run at plan time (the weight packer)
     _source: str | None = None
 
@@ -88,6 +92,11 @@ class AnchorPlan:
     def workspace(self, shape: Sequence[int], dtype: DataType) -> Slot:
         self.workspaces.append((tuple(int(s) for s in shape), dtype))
         return (WORKSPACE, len(self.workspaces) - 1)
+
+    def temporary(self, shape: Sequence[int], dtype: DataType) -> Slot:
+        """A buffer the caller passes with each call (`kernel(inputs, out, extras, temps)`)."""
+        self.temporaries.append((tuple(int(s) for s in shape), dtype))
+        return (TEMPORARY, len(self.temporaries) - 1)
 
     @property
     def lowered(self) -> list[Function]:
@@ -173,6 +182,17 @@ class PreparedAnchor:
     def source(self) -> str:
         return self.plan.source
 
+    @property
+    def temporaries(self) -> list[tuple[tuple[int, ...], DataType]]:
+        """(shape, dtype) of the buffers each call passes (`temps`), in order."""
+        return list(self.plan.temporaries)
+
+    def _checked_temps(self, temps: Sequence[Any]) -> Sequence[Any]:
+        if len(temps) != len(self.plan.temporaries):
+            raise ArgumentError(f"{self.plan.name}: takes {len(self.plan.temporaries)} temporary buffers "
+                                f"({self.plan.temporaries}), got {len(temps)}")  # fmt: skip
+        return temps
+
     def _checked_extras(self, inputs: Sequence[Any], extras: Sequence[Any]) -> list[Any]:
         """Raise ArgumentError unless the call passes the plan's numbers of inputs and extras;
         return the extras with a rank-0 one (a scalar operand of the epilogue) as one element."""
@@ -215,8 +235,9 @@ class AnchorKernel(PreparedAnchor):
         ws = [DeviceArray(shape, dt) for shape, dt in self.plan.workspaces] if workspaces else []
         return AnchorKernel(self.plan, [k for k, _ in self._steps], ws, self.artifact)
 
-    def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
+    def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = (), temps: Sequence[Any] = ()) -> None:
         extras = self._checked_extras(inputs, extras)
+        temps = self._checked_temps(temps)
         for i in self._aligned:
             ptr = inputs[i].data_ptr() if hasattr(inputs[i], "data_ptr") else 0
             if ptr % 16:
@@ -225,17 +246,17 @@ class AnchorKernel(PreparedAnchor):
         if self._aligned_output and out.data_ptr() % 16:
             raise ArgumentError(f"{self.plan.name}: the output must start on a 16-byte boundary (it is written with "
                                 "16-byte copies); pass a fresh contiguous tensor")  # fmt: skip
-        sources = (inputs, (out,), extras, self.workspaces, (), self._tensor_maps(inputs, out, extras))
+        maps = self._tensor_maps((inputs, (out,), extras, self.workspaces, (), (), (), temps))
+        sources = (inputs, (out,), extras, self.workspaces, (), maps, (), temps)
         stream = current_stream((out,))  # once, not once per launch
         for kernel, slots in self._steps:
             kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots], stream)
 
-    def _tensor_maps(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any]) -> list[Any]:
-        """The plan's tensor maps over this call's operands (encoded once per address and kept:
-        a CUDA-graph replay passes the same buffers every time)."""
+    def _tensor_maps(self, sources: Sequence[Sequence[Any]]) -> list[Any]:
+        """The plan's tensor maps over this call's operands, `sources` by slot kind (encoded
+        once per address and kept: a CUDA-graph replay passes the same buffers every time)."""
         if not self._maps:
             return []
-        sources = (inputs, (out,), extras, self.workspaces)
         maps = []
         for spec, cache in zip(self._maps, self._encoded):
             ptr = sources[spec.operand[0]][spec.operand[1]].data_ptr()
