@@ -1,9 +1,11 @@
 """The graph compiler's lowbit_linear anchor: the decode kernel with the epilogue fused into its
 output stores (tessera.ops.anchors.epilogue), one launch per call.
 
-Inputs at call time: [x [..., K] float16 (its rows read as one [M, K] matrix), words, scales, biases] (tessera.graph.opdefs.lowbit);
-the epilogue's `acc` is the float32 product.  Every M runs on the decode kernel (tiles of 16
-rows in grid.y); the prefill kernel is not written yet.
+Inputs at call time: [x [..., K] float16 (its rows read as one [M, K] matrix), words, scales,
+biases] (tessera.graph.opdefs.lowbit); the epilogue's `acc` is the float32 product.  Up to
+DECODE_MAX_M rows run on the decode kernel (tiles of 16 rows in grid.y), its config tuned per
+shape when tuning is on; more rows dequantise into a temporary and run the fp16 GEMM template
+(`_plan_prefill`).  A prefill kernel with the dequantisation in its mainloop is not written yet.
 
 On the CPU (`plan_lowbit_linear_cpu`, float32 x) the row kernel of tessera.kernels.lowbit_cpu
 runs it: the graph's constant words are re-laid once at plan time into the CPU row layout
@@ -65,9 +67,9 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     group = kpad if gs >= k else gs
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
-    # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
     if m > DECODE_MAX_M:
         return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune)
+    # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
     span = attrs.get("span", 16)
     config = DecodeConfig.default(t.nbits, m, n, k, _sms())
     if span != config.span:
