@@ -71,12 +71,16 @@ def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
     h = x.astype(np.float64) @ w.T + bias
     ref = torch.nn.functional.gelu(torch.from_numpy(h)).numpy() + r
     np.testing.assert_allclose(compiled(x, r)[0], ref, rtol=1e-4, atol=1e-4)
-    # rows as a size symbol: the anchor is built per size, never the reference
+    # rows as a size symbol: the anchor is built per size, never the reference, and the plans of
+    # every size share one re-laid copy of the words
     compiled = compile_graph(_lowbit_graph(consts, attrs, "m"), "cpu")
     for m in (2, 7):
         x = rng.standard_normal((m, 264)).astype(np.float32)
         np.testing.assert_allclose(compiled(x)[0], x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
     assert not compiled.summary()["reference_ops"]
+    plans = [k.kernel.plan for step in compiled.steps if step.kind == "anchor" for k in step.prepared()]
+    assert len(plans) == 2 and plans[0].constants[0] is plans[1].constants[0]
+    assert not plans[0].constants[0].flags.writeable
 
 
 def test_row_layout_holds_every_code(rng):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -136,13 +137,29 @@ def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
 CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
 
 
+# Re-laid words per graph constant: a symbolic row count makes a plan per new M, and each would
+# otherwise unpack and repack every weight again (keyed by the words array's id while it lives).
+_ROW_WORDS: dict[tuple, np.ndarray] = {}
+
+
 def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     """The CPU row kernel's weights from the graph operator's words: the same codes in the row
-    layout (tessera.quant.layout.pack_rows)."""
+    layout (tessera.quant.layout.pack_rows), made once per words array (read-only, shared by
+    the plans of every M)."""
     from tessera.quant.layout import pack_rows, unpack_units
 
     t = dtypes.dtype(attrs["wtype"])
-    return pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
+    key = (id(words), words.shape, t.name, attrs["n"], attrs["k"], attrs.get("span", 16))
+    rows = _ROW_WORDS.get(key)
+    if rows is None:
+        rows = pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
+        rows.flags.writeable = False
+        try:
+            weakref.finalize(words, _ROW_WORDS.pop, key, None)  # (an id is reused once its array is gone)
+        except TypeError:  # not weak-referenceable: no cache
+            return rows
+        _ROW_WORDS[key] = rows
+    return rows
 
 
 def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], words: np.ndarray,
