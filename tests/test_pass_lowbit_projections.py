@@ -148,3 +148,15 @@ def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng):
             for got, ref in zip(outs, ref_graph.run(x)):
                 got = np.asarray(got.cpu() if hasattr(got, "cpu") else got, np.float32)
                 np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
+def test_small_float_weights_with_zero_points_are_refused(rng):
+    """The kernels and the reference disagree on what a small float's zero point would mean, and
+    quantisation never makes one: the operator refuses it with a clear error."""
+    from tessera.graph.symbolic import ShapeError
+
+    consts, attrs = _layer(rng, 32, 256, "e2m1", 32, None)
+    b = GraphBuilder("float_zp")
+    x = b.input("x", [2, 256])
+    with pytest.raises(ShapeError, match="take no zero points"):
+        b.op("lowbit_linear", x, *(b.constant(c) for c in consts), **{**attrs, "has_bias": True})

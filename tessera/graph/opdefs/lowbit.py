@@ -36,6 +36,8 @@ def _infer(xs, a):
         raise ShapeError(f"lowbit_linear takes {names} activations, got {x.dtype}")
     if words.dtype != dtypes.uint32 or scales.dtype != dtypes.float16 or biases.dtype != dtypes.float16:
         raise ShapeError("lowbit_linear takes uint32 words and float16 scales and biases")
+    if a["has_bias"] and dtypes.dtype(a["wtype"]).is_float:  # (as tessera.quant.QuantizedWeight)
+        raise ShapeError(f"lowbit_linear: {a['wtype']} weights take no zero points; set has_bias=False")
     return [((*x.shape[:-1], a["n"]), x.dtype)]
 
 
