@@ -20,28 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dynamic_suite import llama  # noqa: E402
+from harness import Timer  # noqa: E402
 from systems import ensure_tessera_backend  # noqa: E402
 
 import tessera as ts  # noqa: E402
 
 
-def median_ms(fn, n: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
-
-
 def main() -> None:
     ensure_tessera_backend()
+    timer = Timer(repeats=20, warmup=3, flush_l2=False)
+    median_ms = lambda fn: timer(fn) / 1e3  # noqa: E731
     torch.manual_seed(0)
     torch.set_grad_enabled(False)
     model = llama(False).eval().cuda().half()
