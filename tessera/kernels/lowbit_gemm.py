@@ -1,0 +1,266 @@
+"""Low-bit prefill GEMM for SM90: the weights dequantised inside the TMA GEMM's mainloop.
+
+Y[m, n] = sum_k X[m, k] W[n, k] with X [1, M, K] float16 read by TMA and W given as the words of
+the decode kernel (tessera.quant.layout.pack_units, k order span 2) with [N, G] float16 scales
+and optional zero points, as tessera.kernels.lowbit_dequant takes them.  One thread block per SM
+walks the output tiles (tessera.kernels.gemm_tma's persistent schedule and rasterisation):
+
+* warpgroup 0 dequantises: each warp owns block_n / 64 units of 16 weight rows; per 256 k of
+  the tile it loads those units' words and scales into registers (`bits` 16-byte loads per lane
+  and unit), then for each of the four 64-k stages it waits for the stage to be free, has thread
+  0 issue the TMA load of X's tile, turns its rows' 64 k into fp16 with `ts.dequant` (the decode
+  kernel's bit tricks) and stores them as 16-byte chunks into the stage's 128-byte-swizzled B
+  tile, the layout wgmma reads; a proxy fence, then one arrival per warp on the stage's `full`
+  barrier (with the TMA's transaction bytes);
+* warpgroups 1 and 2 consume as the fp16 GEMM does: m64nBNk16 wgmmas from the stage, one k-tile
+  in flight, then the staged epilogue (16-byte row segments; tessera.ops.anchors.epilogue
+  fuses the caller's epilogue there).
+
+So no fp16 copy of the weights exists anywhere, and the tensor cores never wait on a separate
+dequantisation pass.  The words' span-2 order is what makes a 64-k stage cheap: lane t of a
+unit holds k [32j + 8t, 32j + 8t + 8) after steps 2j and 2j + 1, so the four stages of 256 k
+are the steps 4b..4b + 3 of every lane (tessera.ir.lowbit.lane_value_position).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tessera as ts
+from tessera import f16, f32, u32, u64
+from tessera.errors import UnsupportedError
+from tessera.ir.dtypes import DataType
+from tessera.ir.instructions import DEQUANT_TYPES
+from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B, TmaConfig, c_pairs
+from tessera.kernels.lowbit_decode import scale_slots
+from tessera.kernels.lowbit_decode_config import group_ok
+from tessera.kernels.lowbit_dequant import CHUNK_HALVES
+
+SPAN = 2  # the words' k order this kernel reads (tessera.ir.lowbit.SPANS)
+DEQUANT_WARPS = 4
+REGISTERS = 65536  # per SM; the kernel runs one block per SM
+# (block_m, block_n, stages) the prefill kernel is built with; the first is the default.
+TILES = ((256, 128, 3), (128, 256, 3), (128, 128, 4))
+
+
+def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3) -> TmaConfig:
+    """The TmaConfig (tile, stages, two consumer warpgroups, staged epilogue) of the kernel."""
+    return TmaConfig(block_m, block_n, stages, 2, epilogue="staged")
+
+
+def register_split(bits: int, block_n: int) -> tuple[int, int]:
+    """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg): the consumers
+    keep 64 x block_n / 64 float32 accumulators; the dequantisers hold block_n / 64 units of
+    4 * bits words plus scales.  Both multiples of 8, 128 * first + 256 * second <= 65536."""
+    words = block_n // 64 * 4 * bits
+    producer = min(168, max(96, -(-(words + 64) // 8) * 8))
+    consumer = min(240, (REGISTERS - 128 * producer) // 256 // 8 * 8)
+    return producer, consumer
+
+
+def problems(wtype: DataType, group_size: int, config: TmaConfig) -> list[str]:
+    """Why the kernel cannot be built for these arguments (empty when it can)."""
+    out = list(config.problems())
+    if wtype.name not in DEQUANT_TYPES:
+        out.append(f"the low-bit prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
+    if not group_ok(group_size):
+        out.append(f"group size {group_size}: the kernel takes multiples of 64 or 4, 8, 16, 32")
+    if config.consumers != 2 or config.epilogue != "staged" or config.split_k != 1:
+        out.append("the prefill kernel has two consumer warpgroups, the staged epilogue and no split-k")
+    if config.block_n % 64:
+        out.append(f"block_n must be a multiple of 64 (16 rows per dequantising warp), got {config.block_n}")
+    if not out and register_split(wtype.nbits, config.block_n)[1] < 64 * config.slabs * config.block_n // 128 + 40:
+        out.append(f"{wtype} words of {config.block_n} rows leave the consumers too few registers")
+    return out
+
+
+@functools.cache
+def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig) -> ts.Kernel:
+    """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas).
+
+    `group_size` is the kernel group (the padded K for per-channel scales, as
+    lowbit_dequant.make_dequant_units takes it); Z is read only when `has_bias`.  tma_a maps A
+    with box (1, block_m, 64) (zero fill past M and K); ctas = min(tiles, SMs).  K % 8 == 0."""
+    bad = problems(wtype, group_size, config)
+    if bad:
+        raise UnsupportedError(f"low-bit prefill GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
+    T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
+    BM, BN, BK, STAGES, SLABS = config.block_m, config.block_n, BLOCK_K, config.stages, config.slabs
+    UPW = BN // (16 * DEQUANT_WARPS)  # units (16 weight rows) per dequantising warp
+    SPQ, _, QK = scale_slots(SPAN, group_size)
+    QS, UNITS, BLOCKS, PAIRS, HALVES, EIGHT = (tuple(range(n)) for n in (len(QK), UPW, 4, 2, 2, 8))
+    KT_LANE = 4 * SPAN  # lane t's k offset within each 32 k of a unit
+    A_BYTES = BM * BK * 2
+    TA = ts.tensor_map(f16, (1, BM, BK))
+    C_FRAG_PAIRS = c_pairs(BN)
+    CPR = BN // 8  # 16-byte chunks per staged row
+    REGS = register_split(BITS, BN)
+    GROUP = GROUP_M
+    name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}"
+
+    @ts.kernel(target="cuda", name=name)
+    def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
+             tma_a: TA, ctas: ts.int32):  # fmt: skip
+        ts.attrs.grid = ctas
+        ts.attrs.block = 384
+        ts.attrs.min_blocks = 1
+        As = ts.shared_tensor(f16, [STAGES, BM, BK], swizzle=SWIZZLE_128B)
+        Bs = ts.shared_tensor(f16, [STAGES, BN, BK], swizzle=SWIZZLE_128B)
+        full = ts.shared_tensor(u64, [STAGES])
+        empty = ts.shared_tensor(u64, [STAGES])
+        Cs = ts.shared_tensor(f16, [8, 16, BN + 8])  # the staged epilogue's rows, per consumer warp
+        tid = ts.thread_idx.x
+        wg = tid // 128
+        if tid == 0:
+            for s in range(STAGES):
+                ts.mbarrier_init(full[s], 1 + DEQUANT_WARPS)  # the TMA's expect_tx, then each warp's B rows
+                ts.mbarrier_init(empty[s], 2)  # one arrival per consumer warpgroup
+            ts.fence_mbarrier_init()
+        ts.syncthreads()
+        tiles_m = ts.ceil_div(M, BM)
+        tiles_n = ts.ceil_div(N, BN)
+        per_z = tiles_m * tiles_n
+        group_tiles = GROUP * tiles_n
+        k_units = ts.ceil_div(K, 256)
+        n_units = ts.ceil_div(N, 16)
+        stage = 0
+        phase = 0
+        if wg == 0:
+            ts.setmaxnreg(REGS[0], False)
+            lane = tid % 32
+            warp = tid // 32
+            g = lane // 4
+            t4 = lane % 4
+            wr = ts.register_tensor(u32, [UPW, 4 * BITS])
+            sc = ts.register_tensor(f16, [UPW, len(QK), 2])
+            bz = ts.register_tensor(f16, [UPW, len(QK), 2])
+            a = ts.register_tensor(f16, [16])
+            o = ts.register_tensor(f16, [2, 8])
+            for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
+                first = (t // group_tiles) * GROUP
+                rows = min(tiles_m - first, GROUP)
+                m0 = (first + (t % group_tiles) % rows) * BM
+                n0 = ((t % group_tiles) // rows) * BN
+                for ku in range(k_units):
+                    for uu in UNITS:  # compile-time: register indices
+                        # units past N (the tile's padding rows) read the last one: their columns are never stored
+                        nt = min(n0 // 16 + warp * UPW + uu, n_units - 1)
+                        for j in ts.unroll(BITS):
+                            ts.copy_vector(wr[uu, 4 * j], Wq[(((nt * k_units + ku) * BITS + j) * 32 + lane) * 4], 16)
+                        for q in QS:
+                            grp = min((ku * 256 + KT_LANE * t4 + QK[q]) // GS, G - 1)
+                            for h in ts.unroll(2):
+                                row = min(nt * 16 + g + 8 * h, NS - 1)
+                                sc[uu, q, h] = S[row, grp]
+                                if HAS_BIAS:
+                                    bz[uu, q, h] = Z[row, grp]
+                    for b in BLOCKS:  # compile-time: the dequant's steps 4b..4b + 3
+                        ts.mbarrier_wait(empty[stage], phase ^ 1)
+                        if tid == 0:
+                            ts.mbarrier_arrive_expect_tx(full[stage], A_BYTES)
+                            ts.tma_load(As[stage, 0, 0], tma_a, full[stage], 0, m0, ku * 256 + b * BK)
+                        for uu in UNITS:
+                            for jj in PAIRS:  # steps 4b + 2jj and 4b + 2jj + 1: k chunk 4jj + t4 of the stage
+                                for p in HALVES:
+                                    if HAS_BIAS:
+                                        ts.dequant(a[8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0],
+                                                   bz[uu, (4 * b + 2 * jj + p) // SPQ, 0], wtype=T,
+                                                   start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
+                                    else:
+                                        ts.dequant(a[8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0], wtype=T,
+                                                   start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
+                                for h in HALVES:
+                                    for e in EIGHT:
+                                        o[h, e] = a[CHUNK_HALVES[h][e]]
+                                    ts.copy_vector(Bs[stage, (warp * UPW + uu) * 16 + g + 8 * h, (4 * jj + t4) * 8],
+                                                   o[h, 0], 16)  # fmt: skip
+                        ts.fence_proxy_async()  # the generic-proxy stores, before wgmma reads them
+                        ts.syncwarp()
+                        if lane == 0:
+                            ts.mbarrier_arrive(full[stage])
+                        stage += 1
+                        if stage == STAGES:
+                            stage = 0
+                            phase ^= 1
+        else:
+            ts.setmaxnreg(REGS[1], True)
+            acc = ts.register_tensor(f32, [SLABS, BN // 2])
+            lane = tid % 128
+            row0 = (wg - 1) * SLABS * 64
+            last = 0
+            for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
+                first = (t // group_tiles) * GROUP
+                rows = min(tiles_m - first, GROUP)
+                m0 = (first + (t % group_tiles) % rows) * BM
+                n0 = ((t % group_tiles) // rows) * BN
+                for sl in ts.unroll(SLABS):
+                    for e in ts.unroll(BN // 2):
+                        acc[sl, e] = 0.0
+                for kk in range(k_units * 4):
+                    ts.mbarrier_wait(full[stage], phase)
+                    ts.wgmma_fence()
+                    for ks in ts.unroll(BK // 16):
+                        for sl in ts.unroll(SLABS):
+                            ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16], n=BN)
+                    ts.wgmma_commit()
+                    ts.wgmma_wait(1)  # k-tile kk - 1 is done: release its stage
+                    if kk > 0 and lane == 0:
+                        ts.mbarrier_arrive(empty[last])
+                    last = stage
+                    stage += 1
+                    if stage == STAGES:
+                        stage = 0
+                        phase ^= 1
+                ts.wgmma_wait(0)
+                if lane == 0:
+                    ts.mbarrier_arrive(empty[last])
+                # Each warp's 16 rows go through shared memory: written as column pairs, read back
+                # as 16-byte row segments (coalesced global stores; the epilogue is fused here).
+                cw = (wg - 1) * 4 + lane // 32
+                pair = ts.register_tensor(f16, [2])
+                for sl in ts.unroll(SLABS):
+                    ts.syncwarp()  # the previous rows' reads of Cs are done
+                    for j, (r2, c2) in enumerate(C_FRAG_PAIRS.on(lane)):
+                        pair[0] = acc[sl, j * 2]
+                        pair[1] = acc[sl, j * 2 + 1]
+                        ts.copy_vector(Cs[cw, r2 % 16, c2 * 2], pair[0], 4)
+                    ts.syncwarp()
+                    for i in range(lane % 32, 16 * CPR, 32):
+                        r3 = i // CPR
+                        c3 = i % CPR
+                        gm = m0 + row0 + sl * 64 + (lane // 32) * 16 + r3
+                        gn = n0 + c3 * 8
+                        if gm < M:
+                            if N % 8 == 0 and gn + 8 <= N:
+                                ts.copy_vector(C[0, gm, gn], Cs[cw, r3, c3 * 8], 16)
+                            else:
+                                for e in ts.unroll(8):
+                                    if gn + e < N:
+                                        C[0, gm, gn + e] = Cs[cw, r3, c3 * 8 + e]
+
+    return gemm
+
+
+def lowbit_gemm_grid(config: TmaConfig, m: int, n: int, sms: int) -> int:
+    """Thread blocks of one launch: one per SM, at most one per output tile."""
+    return min(-(-m // config.block_m) * -(-n // config.block_n), sms)
+
+
+def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int, has_bias: bool,
+                config: TmaConfig | None = None) -> None:  # fmt: skip
+    """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
+    `words` (pack_units in span 2) with [N, G] float16 scales and biases; `group_size` as
+    make_lowbit_gemm takes it; `config` one of `prefill_config(*TILES[i])` (the first by default)."""
+    from tessera.runtime.cuda import multiprocessor_count
+    from tessera.runtime.tensor_map import TensorMap
+
+    m, k = x.shape
+    n = out.shape[1]
+    if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
+        raise UnsupportedError(f"the low-bit prefill GEMM reads x by TMA: contiguous, 16-byte aligned rows (K % 8 == 0), "
+                               f"got K = {k}")  # fmt: skip
+    config = config or prefill_config()
+    kernel = make_lowbit_gemm(wtype, group_size, has_bias, config)
+    tma_a = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_m, BLOCK_K))
+    ctas = lowbit_gemm_grid(config, m, n, multiprocessor_count())
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, ctas)
