@@ -1,43 +1,63 @@
 """Run a generated CUDA kernel on the host, for the CPU tier: the kernel's C++ built by nvcc as
-host code, each warp's 32 lanes as 32 threads meeting at `__syncwarp` (std::thread and a
-barrier), blocks and warps one after another.
+host code, every thread of a block a std::thread (blocks one after another), meeting at
+`__syncwarp` (its warp's 32 lanes) and `__syncthreads` (the block).
 
-It checks a kernel's index arithmetic, shared-memory traffic and `dequant` helpers (cuda_fp16's
-half2 arithmetic runs on the host too) without a GPU; it is not a CUDA emulator.  Only kernels
-whose threads meet at nothing but `__syncwarp` (no block barrier, no asynchronous copies, no
-tensor-core instructions), whose own helpers are `dequant`'s and whose prelude helpers are the
-host-safe ones below run this way: others fail to compile, which says so.
+It checks a kernel's index arithmetic, shared-memory traffic, `dequant` helpers (cuda_fp16's
+half2 arithmetic runs on the host too) and its Hopper pipeline without a GPU.  The SM90 pieces
+are modelled by what they promise, not by how the hardware does it:
+
+* mbarriers: arrival counts, transaction bytes and the phase bit, under one lock; an arrival
+  past the count or transaction bytes below zero abort the program (a protocol bug);
+* TMA tile loads (`ts_tma_load_{1..5}d`): the box copied at once, zeros past the tensor's
+  bounds, the 32/64/128-byte swizzle applied to the shared-memory address bits as the
+  hardware does (tiles 1024-byte aligned), then the bytes completed on the barrier;
+* wgmma with both operands in shared memory, K-major and 128-byte swizzled (the descriptor of
+  `ts_wgmma_desc`): each thread adds its own accumulator fragment (float32 sums of the fp16 or
+  bf16 products) at once; `wgmma_fence` and `wgmma_wait` are warpgroup barriers (the
+  instructions are warpgroup-collective), which is all a wait must promise once it is done;
+* fences and `setmaxnreg` do nothing (host memory is coherent under the barriers' lock).
+
+It is not a CUDA emulator: kernels using anything else (cp.async, ldmatrix, mma.sync, clusters,
+the MN-major or register-A wgmma, im2col maps) fail to build, which says so.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 HOST_PRELUDE = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 struct ts_dim3 { int x, y, z; };
-static thread_local ts_dim3 ts_thread_idx, ts_block_idx;
-struct ts_warp_barrier {  // the 32 lanes of one warp
-  std::mutex m; std::condition_variable cv; int waiting = 0, phase = 0;
+static thread_local ts_dim3 ts_thread_idx, ts_block_idx, ts_grid_dim, ts_block_dim;
+struct ts_host_barrier {  // `count` threads meet: a warp's 32 lanes, or a whole block
+  std::mutex m; std::condition_variable cv; int count = 32, waiting = 0, phase = 0;
   void wait() {
     std::unique_lock<std::mutex> lock(m);
     int p = phase;
-    if (++waiting == 32) { waiting = 0; ++phase; cv.notify_all(); } else cv.wait(lock, [&] { return phase != p; });
+    if (++waiting == count) { waiting = 0; ++phase; cv.notify_all(); } else cv.wait(lock, [&] { return phase != p; });
   }
 };
-static thread_local ts_warp_barrier* ts_barrier;
+static thread_local ts_host_barrier* ts_barrier;
+static thread_local ts_host_barrier* ts_block_barrier;
+static thread_local ts_host_barrier* ts_warpgroup_barrier;
 static inline void ts_host_syncwarp() { ts_barrier->wait(); }
+static inline void ts_host_syncthreads() { ts_block_barrier->wait(); }
 static inline void ts_grid_dependency_sync() {}
 template <int N> static inline void ts_copy_vector(void* dst, const void* src) { std::memcpy(dst, src, N); }
 static inline uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }
@@ -46,6 +66,91 @@ static inline uint32_t ts_prmt(uint32_t a, uint32_t b, uint32_t s) {
   for (int i = 0; i < 4; ++i) r |= (uint32_t)((x >> (8 * ((s >> 4 * i) & 7))) & 0xFF) << (8 * i);
   return r;
 }
+static void ts_host_fail(const char* what) { std::fprintf(stderr, "host model: %s\n", what); std::fflush(stderr); std::abort(); }
+// mbarrier word: pending arrivals [0, 16), expected arrivals [16, 32), phase bit 32, transaction bytes [33, 64)
+static std::mutex ts_mb_lock;
+static std::condition_variable ts_mb_cv;
+static inline void ts_mb_settle(uint64_t* w) {  // (locked) the phase completes once nothing is pending
+  uint64_t v = *w, expected = (v >> 16) & 0xFFFF;
+  if ((v & 0xFFFF) == 0 && (v >> 33) == 0) { *w = expected | (expected << 16) | ((((v >> 32) & 1) ^ 1) << 32); ts_mb_cv.notify_all(); }
+}
+static inline void ts_mb_arrive(void* bar, uint64_t tx) {
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  uint64_t* w = static_cast<uint64_t*>(bar);
+  if ((*w & 0xFFFF) == 0) ts_host_fail("mbarrier arrival past its count");
+  *w = *w - 1 + (tx << 33);
+  ts_mb_settle(w);
+}
+static inline void ts_mbarrier_init(void* bar, uint32_t count) {
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  *static_cast<uint64_t*>(bar) = (uint64_t)count | ((uint64_t)count << 16);
+}
+static inline void ts_fence_mbarrier_init() {}
+static inline void ts_fence_proxy_async() {}
+static inline void ts_mbarrier_arrive(void* bar) { ts_mb_arrive(bar, 0); }
+static inline void ts_mbarrier_arrive_expect_tx(void* bar, uint32_t bytes) { ts_mb_arrive(bar, bytes); }
+static inline void ts_mbarrier_wait(void* bar, uint32_t parity) {  // until the phase of `parity` completed
+  std::unique_lock<std::mutex> lock(ts_mb_lock);
+  uint64_t* w = static_cast<uint64_t*>(bar);
+  ts_mb_cv.wait(lock, [&] { return ((*w >> 32) & 1) != parity; });
+}
+struct CUtensorMap { const char* base; int rank; int64_t dims[5], strides[5]; int box[5], elem, swizzle; };
+static inline uintptr_t ts_host_swizzle(uintptr_t a, int swizzle) {  // 16-byte chunks XOR 128-byte rows
+  int bits = swizzle == 128 ? 3 : swizzle == 64 ? 2 : swizzle == 32 ? 1 : 0;
+  return a ^ (((a >> 7) & ((1u << bits) - 1)) << 4);
+}
+static inline void ts_host_tma(void* dst, const CUtensorMap* map, void* bar, const int32_t* c) {
+  int64_t total = 1;
+  for (int d = 0; d < map->rank; ++d) total *= map->box[d];
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t rest = i, offset = 0; bool inside = true;
+    for (int d = 0; d < map->rank; ++d) {
+      int64_t x = c[d] + rest % map->box[d]; rest /= map->box[d];
+      inside = inside && x >= 0 && x < map->dims[d]; offset += x * map->strides[d];
+    }
+    char* to = reinterpret_cast<char*>(ts_host_swizzle(reinterpret_cast<uintptr_t>(dst) + i * map->elem, map->swizzle));
+    if (inside) std::memcpy(to, map->base + offset, map->elem); else std::memset(to, 0, map->elem);
+  }
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  uint64_t* w = static_cast<uint64_t*>(bar);
+  if ((uint64_t)(total * map->elem) > (*w >> 33)) ts_host_fail("TMA bytes beyond the barrier's expected transaction");
+  *w -= (uint64_t)(total * map->elem) << 33;
+  ts_mb_settle(w);
+}
+static inline void ts_tma_load_1d(void* d, const CUtensorMap* m, void* b, int32_t c0) { int32_t c[] = {c0}; ts_host_tma(d, m, b, c); }
+static inline void ts_tma_load_2d(void* d, const CUtensorMap* m, void* b, int32_t c0, int32_t c1) { int32_t c[] = {c0, c1}; ts_host_tma(d, m, b, c); }
+static inline void ts_tma_load_3d(void* d, const CUtensorMap* m, void* b, int32_t c0, int32_t c1, int32_t c2) {
+  int32_t c[] = {c0, c1, c2}; ts_host_tma(d, m, b, c);
+}
+static inline void ts_tma_load_4d(void* d, const CUtensorMap* m, void* b, int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  int32_t c[] = {c0, c1, c2, c3}; ts_host_tma(d, m, b, c);
+}
+static inline void ts_tma_load_5d(void* d, const CUtensorMap* m, void* b, int32_t c0, int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
+  int32_t c[] = {c0, c1, c2, c3, c4}; ts_host_tma(d, m, b, c);
+}
+static inline float ts_host_float(half x) { return __half2float(x); }
+static inline float ts_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+// wgmma m64nNk16, A [64, 16] and B [N, 16] K-major in 128-byte swizzled rows: this thread's
+// accumulator (warp w of the warpgroup: rows 16w.., register 4j + e at row g + 8 (e / 2),
+// column 8j + 2 (lane % 4) + e % 2) gets its 16 products.
+template <int N, class T> static inline void ts_host_wgmma(float* d, const void* a, const void* b) {
+  int lane = ts_thread_idx.x % 128, w = lane / 32, l = lane % 32;
+  auto at = [](const void* p, int row, int k) {
+    uintptr_t x = ts_host_swizzle(reinterpret_cast<uintptr_t>(p) + row * 128 + k * 2, 128);
+    return ts_host_float(*reinterpret_cast<const T*>(x));
+  };
+  for (int i = 0; i < N / 2; ++i) {
+    int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += at(a, r, k) * at(b, c, k);
+    d[i] += s;
+  }
+}
+// wgmma's fence and wait are warpgroup-collective (.sync.aligned): the 128 threads meet there,
+// so that once past the wait no thread of the warpgroup still reads the stages its wgmmas read.
+static inline void ts_wgmma_fence() { ts_warpgroup_barrier->wait(); }
+static inline void ts_wgmma_commit() {}
+template <int N> static inline void ts_wgmma_wait() { ts_warpgroup_barrier->wait(); }
 static std::vector<char> ts_read(const char* path) {
   FILE* f = std::fopen(path, "rb"); std::vector<char> out;
   if (!f) { std::perror(path); std::exit(2); }
@@ -54,20 +159,52 @@ static std::vector<char> ts_read(const char* path) {
   std::fclose(f); return out;
 }
 template <class F> static void ts_launch(int blocks, int threads, F kernel) {
-  for (int b = 0; b < blocks; ++b)
-    for (int w = 0; w < threads / 32; ++w) {
-      ts_warp_barrier bar; std::vector<std::thread> lanes;
-      for (int l = 0; l < 32; ++l)
-        lanes.emplace_back([&, b, w, l] { ts_block_idx = {b, 0, 0}; ts_thread_idx = {32 * w + l, 0, 0};
-                                          ts_barrier = &bar; kernel(); });
-      for (auto& t : lanes) t.join();
-    }
+  for (int b = 0; b < blocks; ++b) {
+    ts_host_barrier block; block.count = threads;
+    std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
+    for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new ts_host_barrier);
+    for (int g = 0; g < threads; g += 128) { groups.emplace_back(new ts_host_barrier); groups.back()->count = std::min(128, threads - g); }
+    std::vector<std::thread> all;
+    for (int t = 0; t < threads; ++t)
+      all.emplace_back([&, b, t] { ts_block_idx = {b, 0, 0}; ts_thread_idx = {t, 0, 0}; ts_grid_dim = {blocks, 1, 1};
+                                   ts_block_dim = {threads, 1, 1};
+                                   ts_barrier = warps[t / 32].get(); ts_block_barrier = &block;
+                                   ts_warpgroup_barrier = groups[t / 128].get(); kernel(); });
+    for (auto& t : all) t.join();
+  }
 }
 """
 
 # one-line helpers of the generated prelude that are plain C (integer division, min and max)
 _PLAIN = re.compile(r"^__device__ __forceinline__ (int32_t|int64_t|uint32_t|uint64_t) (ts_\w+)\(.*\}$")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)')
+# where the kernel's own instruction helpers start (after the shared prelude)
+_OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
+_WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16))\(")
+_SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg[^;]*;\\n"\);')
+
+
+@dataclass(frozen=True)
+class HostTensorMap:
+    """A TMA map parameter: over the array given as parameter `array`, viewed as `shape`
+    (outermost first, row-major), read in boxes of `box` elements, `swizzle` bytes."""
+
+    array: str
+    shape: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+
+def _host_helper(chunk: str) -> str:
+    """A kernel's own helper as host code: `dequant`'s as they are, wgmma's modelled."""
+    m = _WGMMA.match(chunk.split("\n", 1)[0].removeprefix("__device__ __forceinline__ "))
+    if m:
+        element = "half" if m.group(3) == "f16" else "__nv_bfloat16"
+        return (f"static inline void {m.group(1)}(float* d, const void* a, const void* b) "
+                f"{{ ts_host_wgmma<{m.group(2)}, {element}>(d, a, b); }}")  # fmt: skip
+    if not chunk.startswith("__device__ __forceinline__ void ts_dequant_"):
+        raise NotImplementedError(f"the host model does not run {chunk.split('(', 1)[0].split()[-1]}")
+    return chunk.replace("__device__ __forceinline__", "static inline")
 
 
 def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
@@ -83,12 +220,11 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
             if m and "asm" not in line and not re.search(r"\b__[a-z]", line.split("{", 1)[1]):
                 plain.setdefault(m.group(2), line.replace("__device__ __forceinline__", "static inline"))
         end = src.index('extern "C"')
-        start = src.find("__device__ __forceinline__ void ts_dequant_", 0, end)  # the kernel's own helpers
-        start = end if start < 0 else start
-        for chunk in re.split(r"\n(?=__device__ __forceinline__ void ts_dequant_)", "\n" + src[start:end]):
+        own = _OWN_HELPER.search(src, 0, end)
+        for chunk in re.split(r"\n(?=__device__ __forceinline__ )", src[own.end() if own else end : end]):
             chunk = chunk.strip()
             if chunk:
-                helpers.setdefault(chunk.split("(", 1)[0], chunk.replace("__device__ __forceinline__", "static inline"))
+                helpers.setdefault(chunk.split("(", 1)[0], _host_helper(chunk))
         kernel = src[end:]
         m = _SIGNATURE.search(kernel)
         params = [p.strip().split()[-1].rstrip("_") for p in m.group(2).split(",")]
@@ -98,8 +234,12 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
         kernel = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];", r"alignas(\1) static \2 \3[233472];",
                         kernel)  # fmt: skip
         kernel = re.sub(r"__shared__ __align__\((\d+)\)", r"alignas(\1) static", kernel)
-        kernel = kernel.replace("threadIdx", "ts_thread_idx").replace("blockIdx", "ts_block_idx")
-        bodies.setdefault(m.group(1), kernel.replace("__syncwarp()", "ts_host_syncwarp()"))
+        kernel = _SETMAXNREG.sub("", kernel.replace("__grid_constant__ ", ""))
+        for cuda, host in (("threadIdx", "ts_thread_idx"), ("blockIdx", "ts_block_idx"), ("gridDim", "ts_grid_dim"),
+                           ("blockDim", "ts_block_dim")):  # fmt: skip
+            kernel = kernel.replace(cuda, host)
+        kernel = kernel.replace("__syncwarp()", "ts_host_syncwarp()").replace("__syncthreads()", "ts_host_syncthreads()")
+        bodies.setdefault(m.group(1), kernel)
     used, text = [], "\n".join(bodies.values())
     while True:  # the plain helpers the kernels call, and those that these call
         more = [name for name in plain if name not in used and re.search(rf"\b{name}\(", text)]
@@ -111,10 +251,24 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
     return "\n".join(parts), kernels
 
 
-def run_on_host(tmp_path: Path, cases: list[tuple]) -> list[np.ndarray]:
-    """cases: (kernel, {parameter: numpy array or int}, output parameter, blocks, threads);
-    builds every kernel into one host program, runs each case, returns each output array
-    (the input arrays' copies: the kernels write them)."""
+_CTYPES = {np.dtype(np.uint32): "uint32_t", np.dtype(np.float16): "half", np.dtype(np.float32): "float",
+           np.dtype(np.int32): "int32_t"}  # fmt: skip
+
+
+def _tensor_map(i: int, p: str, v: HostTensorMap, values: dict) -> str:
+    """The declaration of map parameter `p` of case `i` over its array's host copy."""
+    item = values[v.array].dtype.itemsize
+    dims = list(reversed(v.shape))
+    strides = [item * int(np.prod(dims[:j], dtype=np.int64)) for j in range(len(dims))]
+    pad = lambda xs: "{" + ", ".join(str(int(x)) for x in [*xs, *[0] * (5 - len(xs))]) + "}"  # noqa: E731
+    return (f"  CUtensorMap c{i}_{p} = {{c{i}_{v.array}.data(), {len(dims)}, {pad(dims)}, {pad(strides)}, "
+            f"{pad(list(reversed(v.box)))}, {item}, {v.swizzle}}};")  # fmt: skip
+
+
+def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> list[np.ndarray]:
+    """cases: (kernel, {parameter: numpy array, HostTensorMap or int}, output parameter, blocks,
+    threads); builds every kernel into one host program, runs each case, returns each output
+    array (the input arrays' copies: the kernels write them)."""
     src, kernels = host_source([c[0].source_full for c in cases])
     main = ["int main() {"]
     outs = []
@@ -126,18 +280,23 @@ def run_on_host(tmp_path: Path, cases: list[tuple]) -> list[np.ndarray]:
                 path = tmp_path / f"c{i}_{p}.bin"
                 np.ascontiguousarray(v).tofile(path)
                 decls.append(f'  std::vector<char> c{i}_{p} = ts_read("{path}");')
-                ctype = {np.dtype(np.uint32): "uint32_t", np.dtype(np.float16): "half"}[v.dtype]
-                args.append(f"reinterpret_cast<{ctype}*>(c{i}_{p}.data())")
-            else:
+                args.append(f"reinterpret_cast<{_CTYPES[v.dtype]}*>(c{i}_{p}.data())")
+            elif not isinstance(v, HostTensorMap):
                 args.append(str(int(v)))
+        for p in params:  # (after the arrays they map)
+            if isinstance(values[p], HostTensorMap):
+                decls.append(_tensor_map(i, p, values[p], values))
+                args.insert(params.index(p), f"c{i}_{p}")
         main += [*decls, f"  ts_launch({blocks}, {threads}, [&] {{ {name}({', '.join(args)}); }});",
                  f'  {{ FILE* f = std::fopen("{tmp_path / f"o{i}.bin"}", "wb"); '
                  f"std::fwrite(c{i}_{out}.data(), 1, c{i}_{out}.size(), f); std::fclose(f); }}"]  # fmt: skip
         outs.append((tmp_path / f"o{i}.bin", values[out]))
     (tmp_path / "host.cu").write_text(src + "\n" + "\n".join(main) + "\n  return 0;\n}\n")
-    built = subprocess.run(["nvcc", "-std=c++17", "-O1", "-o", str(tmp_path / "host"), str(tmp_path / "host.cu")],
+    built = subprocess.run(["nvcc", "-std=c++17", "-O1", "-w", "-o", str(tmp_path / "host"), str(tmp_path / "host.cu")],
                            capture_output=True, text=True)  # fmt: skip
     if built.returncode:
         raise RuntimeError(f"nvcc could not build {tmp_path / 'host.cu'} for the host:\n{built.stderr[-3000:]}")
-    subprocess.run([str(tmp_path / "host")], check=True, capture_output=True)
+    ran = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, timeout=timeout)
+    if ran.returncode:
+        raise RuntimeError(f"{tmp_path / 'host'} failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
     return [np.fromfile(path, like.dtype).reshape(like.shape) for path, like in outs]

@@ -48,17 +48,24 @@ def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3) -> T
     return TmaConfig(block_m, block_n, stages, 2, epilogue="staged")
 
 
-def register_split(bits: int, block_n: int) -> tuple[int, int]:
-    """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg): the consumers
-    keep 64 x block_n / 64 float32 accumulators; the dequantisers hold block_n / 64 units of
-    4 * bits words plus scales.  Both multiples of 8, 128 * first + 256 * second <= 65536."""
-    words = block_n // 64 * 4 * bits
-    producer = min(168, max(96, -(-(words + 64) // 8) * 8))
-    consumer = min(240, (REGISTERS - 128 * producer) // 256 // 8 * 8)
-    return producer, consumer
+def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool) -> int:
+    """Registers per thread the dequantising warpgroup needs (ptxas spills below it, measured
+    with -Xptxas -v at groups 32/128, with and without zero points): its units' words, their
+    scales (and zero points), one register per half, plus ~44 for addresses and the values."""
+    units = block_n // (16 * DEQUANT_WARPS)
+    scales = units * len(scale_slots(SPAN, group_size)[2]) * 2 * (2 if has_bias else 1)
+    return -(-(units * 4 * bits + scales + 44) // 8) * 8
 
 
-def problems(wtype: DataType, group_size: int, config: TmaConfig) -> list[str]:
+def register_split(bits: int, block_n: int, group_size: int, has_bias: bool) -> tuple[int, int]:
+    """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg, multiples of 8,
+    128 * first + 256 * second <= 65536): the dequantisers what they need (at least 96), the
+    consumers (block_n / 2 float32 accumulators per m64 slab) the rest, up to 232."""
+    producer = min(168, max(96, producer_registers(bits, block_n, group_size, has_bias)))
+    return producer, min(232, (REGISTERS - 128 * producer) // 256 // 8 * 8)
+
+
+def problems(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig) -> list[str]:
     """Why the kernel cannot be built for these arguments (empty when it can)."""
     out = list(config.problems())
     if wtype.name not in DEQUANT_TYPES:
@@ -69,8 +76,10 @@ def problems(wtype: DataType, group_size: int, config: TmaConfig) -> list[str]:
         out.append("the prefill kernel has two consumer warpgroups, the staged epilogue and no split-k")
     if config.block_n % 64:
         out.append(f"block_n must be a multiple of 64 (16 rows per dequantising warp), got {config.block_n}")
-    if not out and register_split(wtype.nbits, config.block_n)[1] < 64 * config.slabs * config.block_n // 128 + 40:
-        out.append(f"{wtype} words of {config.block_n} rows leave the consumers too few registers")
+    # (the estimate is conservative by up to 8: int8 with groups of 32 and zero points needs 168)
+    if not out and producer_registers(wtype.nbits, config.block_n, group_size, has_bias) > 176:
+        out.append(f"the {wtype} words and scales of {config.block_n} weight rows need more than the 168 registers "
+                   "a dequantising thread can have; use a smaller block_n")  # fmt: skip
     return out
 
 
@@ -81,7 +90,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: T
     `group_size` is the kernel group (the padded K for per-channel scales, as
     lowbit_dequant.make_dequant_units takes it); Z is read only when `has_bias`.  tma_a maps A
     with box (1, block_m, 64) (zero fill past M and K); ctas = min(tiles, SMs).  K % 8 == 0."""
-    bad = problems(wtype, group_size, config)
+    bad = problems(wtype, group_size, has_bias, config)
     if bad:
         raise UnsupportedError(f"low-bit prefill GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
@@ -94,7 +103,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: T
     TA = ts.tensor_map(f16, (1, BM, BK))
     C_FRAG_PAIRS = c_pairs(BN)
     CPR = BN // 8  # 16-byte chunks per staged row
-    REGS = register_split(BITS, BN)
+    REGS = register_split(BITS, BN, GS, HAS_BIAS)
     GROUP = GROUP_M
     name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}"
 
