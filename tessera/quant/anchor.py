@@ -4,8 +4,10 @@ output stores (tessera.ops.anchors.epilogue), one launch per call.
 Inputs at call time: [x [..., K] float16 (its rows read as one [M, K] matrix), words, scales,
 biases] (tessera.graph.opdefs.lowbit); the epilogue's `acc` is the float32 product.  Up to
 DECODE_MAX_M rows run on the decode kernel (tiles of 16 rows in grid.y), its config tuned per
-shape when tuning is on; more rows dequantise into a temporary and run the fp16 GEMM template
-(`_plan_prefill`).  A prefill kernel with the dequantisation in its mainloop is not written yet.
+shape when tuning is on.  More rows (`_plan_prefill`) run either the fused prefill kernel
+(tessera.kernels.lowbit_gemm: the dequantisation in the TMA GEMM's mainloop, one launch) or
+dequantise into a temporary and run the fp16 GEMM template; tuning picks (tessera.quant.tune,
+checked against the two passes), the two passes are the default without it.
 
 On the CPU (`plan_lowbit_linear_cpu`, float32 x) the row kernel of tessera.kernels.lowbit_cpu
 runs it: the graph's constant words are re-laid once at plan time into the CPU row layout
@@ -27,8 +29,8 @@ import numpy as np
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes, lowbit
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
-from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch
-from tessera.ops.anchors.rewrite import remap_operand, rename, specialize, unravel
+from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec
+from tessera.ops.anchors.rewrite import remap_operand, rename, retype_operand, specialize, unravel
 from tessera.quant.layout import padded_shape
 from tessera.quant.linear import DECODE_MAX_M
 
@@ -54,9 +56,11 @@ def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...
 
 
 def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
-                       biases: tuple[int, int], epilogue: Epilogue | None = None, tune: bool = False) -> AnchorPlan:  # fmt: skip
+                       biases: tuple[int, int], epilogue: Epilogue | None = None, tune: bool = False,
+                       prefill: Any = None) -> AnchorPlan:  # fmt: skip
     """The decode kernel for x [..., K] with the epilogue in its stores; `tune` (on a GPU) times
-    the candidate configs for this shape (tessera.quant.tune), else DecodeConfig.default."""
+    the candidate configs for this shape (tessera.quant.tune), else DecodeConfig.default.  Past
+    DECODE_MAX_M rows the prefill path (`_plan_prefill`; `prefill` picks it, else tuning)."""
     from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
 
     t = dtypes.dtype(attrs["wtype"])
@@ -69,7 +73,7 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
     if m > DECODE_MAX_M:
-        return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune)
+        return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune, prefill)
     # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
     span = attrs.get("span", 16)
     config = DecodeConfig.default(t.nbits, m, n, k, _sms())
@@ -97,21 +101,37 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
 
 
 def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
-                  biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool) -> AnchorPlan:  # fmt: skip
-    """More than DECODE_MAX_M rows: the words dequantised to fp16 W [N, K] in a temporary (the
-    graph compiler's arena: alive during the step, shared with other steps' buffers, so the
-    model holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in
-    its stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor)."""
+                  biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool,
+                  prefill: Any = None) -> AnchorPlan:  # fmt: skip
+    """More than DECODE_MAX_M rows: `prefill` (else the tuned choice when tuning on a GPU, else
+    DEQUANT_THEN_GEMM) is either a TmaConfig of the fused kernel (tessera.kernels.lowbit_gemm:
+    the dequantisation in the GEMM's mainloop, the epilogue in its staged stores, one launch) or
+    DEQUANT_THEN_GEMM: the words dequantised to fp16 W [N, K] in a temporary (the graph
+    compiler's arena: alive during the step, shared with other steps' buffers, so the model
+    holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in its
+    stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor)."""
     from tessera.kernels.lowbit_dequant import make_dequant_units
     from tessera.ops.anchors.gemm import GemmProblem, Operand, plan_gemm
+    from tessera.quant.tune import DEQUANT_THEN_GEMM
 
     t = dtypes.dtype(attrs["wtype"])
-    n, k = attrs["n"], attrs["k"]
+    n, k, has_bias, span = attrs["n"], attrs["k"], bool(attrs["has_bias"]), attrs.get("span", 16)
     lead = tuple(x_shape[:-1])
     out_shape = (*lead, n)
+    if prefill is None and tune and _on_gpu():
+        from tessera.errors import TuningError
+        from tessera.quant.tune import tuned_prefill
+
+        try:
+            prefill = tuned_prefill(t, group, has_bias, span, math.prod(lead), n, k, words, scales, biases)
+        except TuningError as exc:  # (every candidate failed: the two passes, which the tests check)
+            log.warning("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: tuning failed (%s); dequantising first",
+                        t.name, math.prod(lead), n, k, exc)  # fmt: skip
+    if prefill is not None and prefill != DEQUANT_THEN_GEMM:
+        return _plan_fused(x_shape, attrs, words, scales, biases, group, epilogue, prefill)
     plan = AnchorPlan(f"lowbit_prefill_{t.name}", [], out_shape, dtypes.float16, 4, 0, aligned_inputs=[0, 1])
     w16 = plan.temporary((n, k), dtypes.float16)
-    f = make_dequant_units(t, group, bool(attrs["has_bias"]), attrs.get("span", 16)).ir
+    f = make_dequant_units(t, group, has_bias, span).ir
     f = specialize(f, {"Wq": (words,), "S": scales, "B": biases, "Out": (n, k)})
     plan.launches.append(Launch(f, [(INPUT, 1), (INPUT, 2), (INPUT, 3), w16]))
     a = Operand((INPUT, 0), tuple(x_shape), lambda bi, r, c: (*unravel(r, lead), c), plain=True)
@@ -119,6 +139,31 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     problem = GemmProblem(dtypes.float16, "nk", 1, math.prod(lead), n, k, a, b, lambda z, r, c: (*unravel(r, lead), c),
                           k % 8 == 0, row_major_out=True)  # fmt: skip
     return plan_gemm("lowbit_prefill", problem, out_shape, 4, epilogue, None, -1, tune, plan=plan)
+
+
+def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
+                biases: tuple[int, int], group: int, epilogue: Epilogue | None, config: Any) -> AnchorPlan:  # fmt: skip
+    """The fused prefill kernel with x read through a tensor map as [1, M, K] and the epilogue
+    in its staged (16-byte row segment) stores."""
+    from tessera.kernels.gemm_tma import BLOCK_K
+    from tessera.kernels.lowbit_gemm import lowbit_gemm_grid, make_lowbit_gemm
+
+    t = dtypes.dtype(attrs["wtype"])
+    n, k = attrs["n"], attrs["k"]
+    m, out_shape, rows_of = _rows(x_shape, n, k)
+    f = make_lowbit_gemm(t, group, bool(attrs["has_bias"]), config).ir
+    f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n)},
+                   {"ctas": lowbit_gemm_grid(config, m, n, _sms())})  # fmt: skip
+    f = retype_operand(f, "A", x_shape)
+    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
+    f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),
+               f"lowbit_prefill_{t.name}_{config}")  # fmt: skip
+    plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
+                      aligned_output=True, config=config)  # fmt: skip
+    tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_m, BLOCK_K)))
+    plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), tma_a,
+                                    *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
+    return plan
 
 
 def _on_gpu() -> bool:

@@ -115,19 +115,56 @@ DECODE_MAX_M = 64  # larger M: dequantise to fp16, then the tensor-core GEMM (pr
 
 
 def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
-    """Prefill sizes: the weights dequantised to fp16 from the words the decode kernel reads
-    (tessera.kernels.lowbit_dequant: one pass, words in, W16 out), then x @ W16^T on the tensor cores
-    (cuBLAS through torch).  W16 is a workspace of each call, from torch's caching allocator
-    (keeping it per weight would hold 16 / bits times the weights' memory for every layer).
-    Not yet the fused kernel (dequantisation in the GEMM's prologue) the issue asks for."""
+    """Prefill sizes, by `_prefill_choice`: the fused kernel (tessera.kernels.lowbit_gemm: the
+    dequantisation in the TMA GEMM's mainloop, one launch), or the weights dequantised to fp16
+    from the words the decode kernel reads (tessera.kernels.lowbit_dequant: one pass, words in,
+    W16 out), then x @ W16^T on the tensor cores (cuBLAS through torch).  W16 is a workspace of
+    each call, from torch's caching allocator (keeping it per weight would hold 16 / bits times
+    the weights' memory for every layer)."""
     import torch
 
     from tessera.kernels.lowbit_dequant import dequantize_words
+    from tessera.quant.tune import DEQUANT_THEN_GEMM
 
     w = p.weight
+    choice = _prefill_choice(p, x.shape[0])
+    if choice != DEQUANT_THEN_GEMM:
+        from tessera.kernels.lowbit_gemm import SPAN, lowbit_gemm
+
+        y = out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=torch.float16, device=x.device)
+        lowbit_gemm(x.contiguous(), p.words_for(SPAN), p.scales, p.biases, y, w.dtype, p.kernel_group,
+                    w.zeros is not None, choice)  # fmt: skip
+        return y
     w16 = torch.empty(w.shape, dtype=torch.float16, device=x.device)
     dequantize_words(p.words, p.scales, p.biases, w16, w.dtype, p.kernel_group, w.zeros is not None)
     return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
+
+
+def _prefill_choice(p: PreparedWeight, m: int) -> Any:
+    """DEQUANT_THEN_GEMM, or the fused kernel's config when tuning ($TESSERA_TUNE) found it
+    correct and faster for this weight's shape at m rows (rounded up to a power of two, one
+    record per shape and GPU: tessera.quant.tune.tuned_prefill)."""
+    from tessera.errors import TuningError
+    from tessera.quant.tune import DEQUANT_THEN_GEMM, tuned_prefill
+    from tessera.tune.tuner import default_tune
+
+    if not default_tune():
+        return DEQUANT_THEN_GEMM
+    bucket = 1 << (m - 1).bit_length()
+    key = ("prefill", bucket)
+    choice = p.cache.get(key)
+    if choice is None:
+        w = p.weight
+        n, k = w.shape
+        try:
+            choice = tuned_prefill(w.dtype, p.kernel_group, w.zeros is not None, 2, bucket, n, k, p.words_for(2).numel(),
+                                   tuple(p.scales.shape), tuple(p.biases.shape))  # fmt: skip
+        except TuningError as exc:
+            log.warning("tessera: low-bit prefill %s %dx%d: tuning failed (%s); dequantising first", w.dtype.name, n,
+                        k, exc)  # fmt: skip
+            choice = DEQUANT_THEN_GEMM
+        p.cache[key] = choice
+    return choice
 
 
 def _decode_config(p: PreparedWeight, m: int) -> Any:

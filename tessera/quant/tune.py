@@ -120,3 +120,85 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
                  k, record.best, candidates[0], record.times_us.get(str(candidates[0]), float("nan")),
                  record.times_us.get(str(record.best), float("nan")))  # fmt: skip
     return record.best
+
+
+# ---- prefill: the fused kernel's tiles against dequantising first ---------------------------------------------------
+DEQUANT_THEN_GEMM = "dequant_then_gemm"  # the two-pass path: words -> fp16 W (lowbit_dequant), then the fp16 GEMM
+
+
+def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int) -> list[Any]:
+    """DEQUANT_THEN_GEMM first (the default, measured path), then the fused kernel's tiles
+    (tessera.kernels.lowbit_gemm) it can be built with: SM90, words in its k order (span 2)."""
+    from tessera.kernels import lowbit_gemm
+    from tessera.runtime.cuda import device_properties
+
+    out: list[Any] = [DEQUANT_THEN_GEMM]
+    if span == lowbit_gemm.SPAN and device_properties().capability == (9, 0):
+        configs = (lowbit_gemm.prefill_config(*tile) for tile in lowbit_gemm.TILES)
+        out += [c for c in configs if not lowbit_gemm.problems(wtype, group, has_bias, c)]
+    return out
+
+
+def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int,
+                  words: int, scales: tuple[int, int], biases: tuple[int, int]) -> Any:  # fmt: skip
+    """DEQUANT_THEN_GEMM or the fused kernel's TmaConfig, whichever computes x [m, k] @ W^T
+    fastest on the current GPU with these operand sizes, checked against the two-pass result
+    first (a candidate that differs is skipped with a warning, never chosen); from the
+    tuning record when one exists.  The two passes are timed as the eager path runs them
+    (the dequantiser, then cuBLAS through torch; tessera's fp16 GEMM runs at its speed)."""
+    import torch
+
+    from tessera.kernels import lowbit_gemm
+    from tessera.kernels.lowbit_dequant import dequantize_words, make_dequant_units
+    from tessera.kernels.matmul import check_result, graph_bench
+    from tessera.tune.tuner import tune
+
+    candidates = prefill_candidates(wtype, group, has_bias, span)
+    if len(candidates) == 1:
+        return candidates[0]
+    gpu = torch.cuda.get_device_name()
+    key = f"lowbit_prefill|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}|m{m}|n{n}|k{k}|{gpu}"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    wq = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, device="cuda", dtype=torch.int32)
+    wq = (wq & finite_words(wtype, span, words).to("cuda")).view(torch.uint32)
+    sc = (torch.rand(scales, generator=gen, device="cuda") / 64 + 1 / 128).half()
+    bz = torch.randint(0, 1 << wtype.nbits, biases, generator=gen, device="cuda").half()
+    x = torch.randn((m, k), generator=gen, device="cuda").half()
+    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    w16 = torch.empty((n, k), dtype=torch.float16, device="cuda")
+
+    def run(c: Any) -> None:
+        if c == DEQUANT_THEN_GEMM:
+            dequantize_words(wq, sc, bz, w16, wtype, group, has_bias, span)
+            torch.matmul(x, w16.T, out=y)
+        else:
+            lowbit_gemm.lowbit_gemm(x, wq, sc, bz, y, wtype, group, has_bias, c)
+
+    ref: list[Any] = []
+
+    def check(c: Any, _: Any) -> str | None:
+        if not ref:
+            run(DEQUANT_THEN_GEMM)
+            ref.append(y.float())
+        y.fill_(float("nan"))
+        run(c)
+        torch.cuda.synchronize()
+        return check_result(y, ref[0])
+
+    def build(c: Any) -> Any:
+        if c == DEQUANT_THEN_GEMM:
+            return make_dequant_units(wtype, group, has_bias, span).build()
+        return lowbit_gemm.make_lowbit_gemm(wtype, group, has_bias, c).build()
+
+    record = tune(key, candidates, build=build, bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check,
+                  template=template_source() + prefill_source())  # fmt: skip
+    if not record.from_cache:
+        log.info("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: %s (%s)", wtype.name, m, n, k, record.best,
+                 ", ".join(f"{name} {us:.1f} us" for name, us in record.times_us.items()))  # fmt: skip
+    return record.best
+
+
+def prefill_source() -> str:
+    from tessera.kernels import gemm_tma, lowbit_dequant, lowbit_gemm
+
+    return "\n".join(Path(m.__file__).read_text(errors="replace") for m in (lowbit_gemm, lowbit_dequant, gemm_tma))
