@@ -15,7 +15,10 @@ are modelled by what they promise, not by how the hardware does it:
   `ts_wgmma_desc`): each thread adds its own accumulator fragment (float32 sums of the fp16 or
   bf16 products) at once; `wgmma_fence` and `wgmma_wait` are warpgroup barriers (the
   instructions are warpgroup-collective), which is all a wait must promise once it is done;
-* fences and `setmaxnreg` do nothing (host memory is coherent under the barriers' lock).
+* `setmaxnreg` moves registers between a block's threads: each starts with what a launch of
+  its size gets (65536 / threads, at most 255, in eights), an increase waits for registers
+  others released and aborts when none come (on the GPU the block would hang);
+* fences do nothing (host memory is coherent under the barriers' lock).
 
 It is not a CUDA emulator: kernels using anything else (cp.async, ldmatrix, mma.sync, clusters,
 the MN-major or register-A wgmma, im2col maps) fail to build, which says so.
@@ -39,6 +42,7 @@ HOST_PRELUDE = r"""
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -84,6 +88,17 @@ static inline void ts_mb_arrive(void* bar, uint64_t tx) {
 static inline void ts_mbarrier_init(void* bar, uint32_t count) {
   std::lock_guard<std::mutex> lock(ts_mb_lock);
   *static_cast<uint64_t*>(bar) = (uint64_t)count | ((uint64_t)count << 16);
+}
+static std::mutex ts_reg_lock;
+static std::condition_variable ts_reg_cv;
+static int ts_reg_pool;  // registers released by the block's threads and not claimed again (blocks run in turn)
+static thread_local int ts_regs;
+static inline void ts_host_setmaxnreg(int regs) {
+  std::unique_lock<std::mutex> lock(ts_reg_lock);
+  int more = regs - ts_regs;
+  if (!ts_reg_cv.wait_for(lock, std::chrono::seconds(20), [&] { return ts_reg_pool >= more; }))
+    ts_host_fail("setmaxnreg.inc waits for registers the block never releases (the GPU would hang)");
+  ts_reg_pool -= more; ts_regs = regs; ts_reg_cv.notify_all();
 }
 static inline void ts_fence_mbarrier_init() {}
 static inline void ts_fence_proxy_async() {}
@@ -161,13 +176,15 @@ static std::vector<char> ts_read(const char* path) {
 template <class F> static void ts_launch(int blocks, int threads, F kernel) {
   for (int b = 0; b < blocks; ++b) {
     ts_host_barrier block; block.count = threads;
+    ts_reg_pool = 0;
+    int regs = std::min(255, 65536 / threads) / 8 * 8;
     std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new ts_host_barrier);
     for (int g = 0; g < threads; g += 128) { groups.emplace_back(new ts_host_barrier); groups.back()->count = std::min(128, threads - g); }
     std::vector<std::thread> all;
     for (int t = 0; t < threads; ++t)
       all.emplace_back([&, b, t] { ts_block_idx = {b, 0, 0}; ts_thread_idx = {t, 0, 0}; ts_grid_dim = {blocks, 1, 1};
-                                   ts_block_dim = {threads, 1, 1};
+                                   ts_block_dim = {threads, 1, 1}; ts_regs = regs;
                                    ts_barrier = warps[t / 32].get(); ts_block_barrier = &block;
                                    ts_warpgroup_barrier = groups[t / 128].get(); kernel(); });
     for (auto& t : all) t.join();
@@ -181,7 +198,7 @@ _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*
 # where the kernel's own instruction helpers start (after the shared prelude)
 _OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
 _WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16))\(")
-_SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg[^;]*;\\n"\);')
+_SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32 (\d+);\\n"\);')
 
 
 @dataclass(frozen=True)
@@ -234,7 +251,7 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
         kernel = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];", r"alignas(\1) static \2 \3[233472];",
                         kernel)  # fmt: skip
         kernel = re.sub(r"__shared__ __align__\((\d+)\)", r"alignas(\1) static", kernel)
-        kernel = _SETMAXNREG.sub("", kernel.replace("__grid_constant__ ", ""))
+        kernel = _SETMAXNREG.sub(r"ts_host_setmaxnreg(\1);", kernel.replace("__grid_constant__ ", ""))
         for cuda, host in (("threadIdx", "ts_thread_idx"), ("blockIdx", "ts_block_idx"), ("gridDim", "ts_grid_dim"),
                            ("blockDim", "ts_block_dim")):  # fmt: skip
             kernel = kernel.replace(cuda, host)

@@ -47,3 +47,22 @@ def test_an_arrival_past_the_count_is_reported(tmp_path):
 
     with pytest.raises(RuntimeError, match="arrival past its count"):
         run_on_host(tmp_path, [(arrives_twice, {"Out": np.zeros(32, np.float16), "n": 32}, "Out", 1, 32)])
+
+
+def test_a_register_increase_beyond_the_block_is_reported(tmp_path):
+    """384 threads start with 168 registers each: 96 + 2 x 208 per warpgroup needs more than
+    the block has, so the consumers' setmaxnreg.inc would wait forever on the GPU."""
+
+    @ts.kernel(target="cuda")
+    def oversubscribed(Out: f16["n"]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 384
+        ts.attrs.min_blocks = 1
+        if ts.thread_idx.x // 128 == 0:
+            ts.setmaxnreg(96, False)
+        else:
+            ts.setmaxnreg(208, True)
+        Out[ts.thread_idx.x] = 1.0
+
+    with pytest.raises(RuntimeError, match="never releases"):
+        run_on_host(tmp_path, [(oversubscribed, {"Out": np.zeros(384, np.float16), "n": 384}, "Out", 1, 384)])

@@ -120,7 +120,7 @@ def test_register_split_fits_the_register_file():
         for tile in lg.TILES:
             for group, bias in ((128, False), (32, True), (4096, False)):
                 p, c = lg.register_split(bits, tile[1], group, bias)
-                assert p % 8 == 0 and c % 8 == 0 and 128 * p + 256 * c <= 65536 and c >= 168
+                assert p % 8 == 0 and c % 8 == 0 and 128 * p + 256 * c <= 168 * 384 and c >= 168
                 assert p >= min(168, lg.producer_registers(bits, tile[1], group, bias))
 
 

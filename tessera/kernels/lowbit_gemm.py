@@ -38,7 +38,10 @@ from tessera.kernels.lowbit_dequant import CHUNK_HALVES
 
 SPAN = 2  # the words' k order this kernel reads (tessera.ir.lowbit.SPANS)
 DEQUANT_WARPS = 4
-REGISTERS = 65536  # per SM; the kernel runs one block per SM
+# The block's registers: what it is launched with (ptxas gives a setmaxnreg kernel the 168 per
+# thread its launch bounds, 384 threads x 1 block, allow); setmaxnreg only moves them between
+# warpgroups (an increase waits, forever, for registers the others never released).
+REGISTERS = 168 * 384
 # (block_m, block_n, stages) the prefill kernel is built with; the first is the default.
 TILES = ((256, 128, 3), (128, 256, 3), (128, 128, 4))
 
@@ -59,7 +62,7 @@ def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool)
 
 def register_split(bits: int, block_n: int, group_size: int, has_bias: bool) -> tuple[int, int]:
     """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg, multiples of 8,
-    128 * first + 256 * second <= 65536): the dequantisers what they need (at least 96), the
+    128 * first + 256 * second <= REGISTERS): the dequantisers what they need (at least 96), the
     consumers (block_n / 2 float32 accumulators per m64 slab) the rest, up to 232."""
     producer = min(168, max(96, producer_registers(bits, block_n, group_size, has_bias)))
     return producer, min(232, (REGISTERS - 128 * producer) // 256 // 8 * 8)
