@@ -1,8 +1,10 @@
 """The prefill path of low-bit weights on the H200 (issue 12): the dequantiser
-(tessera.kernels.lowbit_dequant: the decode kernel's words -> fp16 W) and `prefill_matmul`
-(dequantise, then torch.matmul) at K=4096, N=12288, group 128, M=4096, next to cuBLAS on the
-same weights in fp16, with the suite's protocol (bench/harness.py: L2 flushed by a 1 GB read
-before each repeat, CUDA events, median of 50).
+(tessera.kernels.lowbit_dequant: the decode kernel's words -> fp16 W), the fused kernel
+(tessera.kernels.lowbit_gemm: the dequantisation in the TMA GEMM's mainloop) at each of its
+tiles, and `prefill_matmul` as users call it (tuning on: the faster of the two, checked) at
+K=4096, N=12288, group 128, M=4096, next to cuBLAS on the same weights in fp16, with the
+suite's protocol (bench/harness.py: L2 flushed by a 1 GB read before each repeat, CUDA
+events, median of 50).
 
     python3 bench/lowbit_prefill.py              # GPU: check, time, print; JSONL + table under $OUT if set
     python3 bench/lowbit_prefill.py --dry-run    # no GPU: build the kernels with nvcc, print their registers
@@ -12,7 +14,8 @@ Per type it prints the dequantiser's time for each block size (`--warps`, warps 
 each; prefill_matmul uses make_dequant_units' default), its GB/s (words + scales read, N*K*2
 written) against the copy bandwidth measured in the same run, and the floor (those bytes at
 copy speed); prefill_matmul as called (W16 allocated per call), the same two steps into a
-preallocated W16 (what the allocation costs), cuBLAS on fp16 W, and prefill / cuBLAS.
+preallocated W16 (what the allocation costs), the fused kernel per tile, cuBLAS on fp16 W,
+and cuBLAS / prefill.
 Correctness in the same run: W16 against the QuantizedWeight's dequantisation rounded to fp16
 (bit for bit) and the product's relative error against float64 on 256 rows of fresh x.
 """
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tessera as ts  # noqa: E402
+from tessera.kernels import lowbit_gemm  # noqa: E402
 from tessera.kernels.lowbit_dequant import DEFAULT_WARPS, make_dequant_units  # noqa: E402
 from tessera.kernels.lowbit_launch import cubin_registers  # noqa: E402
 
@@ -100,17 +104,24 @@ def time_type(name: str, warps: list[int], timer, bw: float, x, w16, y, gen) -> 
     pre = timer(prefill_matmul, x, p)
     pre2 = timer(prefill_preallocated, kernels[DEFAULT_WARPS], p, x, w16, y)
     cub = timer(torch.matmul, x, w16.T)  # w16 holds the same weights in fp16
+    fused, fused_err = {}, {}
+    for c in lowbit_gemm.buildable_configs(t, p.kernel_group, False):
+        lowbit_gemm.lowbit_gemm(x, p.words_for(2), p.scales, p.biases, y, t, p.kernel_group, False, c)
+        fused_err[str(c)] = rel_err(y[:256], x[:256].double() @ exact.double().T)
+        fused[str(c)] = timer(lowbit_gemm.lowbit_gemm, x, p.words_for(2), p.scales, p.biases, y, t, p.kernel_group,
+                              False, c)  # fmt: skip
     moved = p.words.numel() * 4 + p.scales.numel() * 2 + N0 * K0 * 2
     d = deq[DEFAULT_WARPS]
     floor = moved / (bw * 1e9) * 1e6
     print(f"{name:5} dequant " + " ".join(f"w{wp} {us:6.1f}" for wp, us in deq.items())
           + f" | {moved / d / 1e3:5.0f} GB/s = {moved / d / 1e3 / bw:4.0%} of copy, floor {floor:5.1f}"
           f" | prefill {pre:6.1f} (preallocated {pre2:6.1f}) cuBLAS fp16 {cub:6.1f} -> {cub / pre:5.3f}x"
-          f" | W16 {'exact' if same else 'DIFFERS'}, rel_err {err:.1e} (setup {setup:.0f}s)", flush=True)  # fmt: skip
+          + " | fused " + " ".join(f"{c.removeprefix('tma_')} {us:6.1f} ({fused_err[c]:.0e})" for c, us in fused.items())
+          + f" | W16 {'exact' if same else 'DIFFERS'}, rel_err {err:.1e} (setup {setup:.0f}s)", flush=True)  # fmt: skip
     return {"case": f"M={M0},N={N0},K={K0},w={name},g={GROUP},fp16", "tessera_us": pre, "peers_us": {"cublas": cub},
             "rel_err": err, "dequant_us": d, "dequant_us_by_warps": {str(wp): us for wp, us in deq.items()},
             "prefill_prealloc_us": pre2, "dequant_gbs": moved / d / 1e3, "copy_gbs": bw, "floor_us": floor,
-            "vs_cublas": cub / pre, "w16_exact": same}  # fmt: skip
+            "vs_cublas": cub / pre, "w16_exact": same, "fused_us_by_tile": fused, "fused_rel_err": fused_err}  # fmt: skip
 
 
 def run(types: list[str], warps: list[int]) -> None:

@@ -86,6 +86,12 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig
     return out
 
 
+def buildable_configs(wtype: DataType, group_size: int, has_bias: bool) -> list[TmaConfig]:
+    """The configs of TILES the kernel builds with for these weights (a tuner's candidates)."""
+    configs = (prefill_config(*tile) for tile in TILES)
+    return [c for c in configs if not problems(wtype, group_size, has_bias, c)]
+
+
 @functools.cache
 def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig) -> ts.Kernel:
     """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas).

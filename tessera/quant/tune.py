@@ -134,8 +134,7 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int) -
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
     if span == lowbit_gemm.SPAN and device_properties().capability == (9, 0):
-        configs = (lowbit_gemm.prefill_config(*tile) for tile in lowbit_gemm.TILES)
-        out += [c for c in configs if not lowbit_gemm.problems(wtype, group, has_bias, c)]
+        out += lowbit_gemm.buildable_configs(wtype, group, has_bias)
     return out
 
 
