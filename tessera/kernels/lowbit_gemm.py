@@ -25,6 +25,7 @@ are the steps 4b..4b + 3 of every lane (tessera.ir.lowbit.lane_value_position).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import tessera as ts
 from tessera import f16, f32, u32, u64
@@ -46,25 +47,46 @@ REGISTERS = 168 * 384
 TILES = ((256, 128, 3), (128, 256, 3), (128, 128, 4))
 
 
-def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3) -> TmaConfig:
-    """The TmaConfig (tile, stages, two consumer warpgroups, staged epilogue) of the kernel."""
-    return TmaConfig(block_m, block_n, stages, 2, epilogue="staged")
+@dataclass(frozen=True)
+class PrefillConfig(TmaConfig):
+    """The GEMM's tile and pipeline (two consumer warpgroups, the staged epilogue), and whether
+    the dequantising warps `spread` their stores: a quarter warp (lanes of rows 2q and 2q + 1)
+    writes its two rows' 16-byte chunks t of a stage's k in one store and chunks 4 + t in the
+    next, so both land in the same half of the 128-byte swizzle and meet in each bank twice;
+    spread, the odd rows store the other pair of steps first (32 selects per unit and stage)
+    and no bank is met twice (tests/test_lowbit_gemm.py counts them).  Which is faster is the
+    tuner's to measure (more instructions against fewer shared-memory wavefronts)."""
+
+    spread: bool = False
+
+    def __str__(self) -> str:
+        return super().__str__() + ("_sp" if self.spread else "")
 
 
-def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool) -> int:
+def spread(config: TmaConfig) -> bool:
+    return bool(getattr(config, "spread", False))
+
+
+def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3, spread: bool = False) -> PrefillConfig:
+    """The kernel's config: tile, stages and the dequantisers' store order (PrefillConfig)."""
+    return PrefillConfig(block_m, block_n, stages, 2, epilogue="staged", spread=spread)
+
+
+def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool, spread: bool = False) -> int:
     """Registers per thread the dequantising warpgroup needs (ptxas spills below it, measured
-    with -Xptxas -v at groups 32/128, with and without zero points): its units' words, their
-    scales (and zero points), one register per half, plus ~44 for addresses and the values."""
+    with -Xptxas -v at groups 32/128/per channel, with and without zero points): its units'
+    words, their scales (and zero points), one register per half, plus ~52 for addresses and
+    the values of a stage, ~12 more per unit for the spread stores' selects."""
     units = block_n // (16 * DEQUANT_WARPS)
     scales = units * len(scale_slots(SPAN, group_size)[2]) * 2 * (2 if has_bias else 1)
-    return -(-(units * 4 * bits + scales + 44) // 8) * 8
+    return -(-(units * 4 * bits + scales + 52 + (12 * units if spread else 0)) // 8) * 8
 
 
-def register_split(bits: int, block_n: int, group_size: int, has_bias: bool) -> tuple[int, int]:
+def register_split(bits: int, block_n: int, group_size: int, has_bias: bool, spread: bool = False) -> tuple[int, int]:
     """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg, multiples of 8,
     128 * first + 256 * second <= REGISTERS): the dequantisers what they need (at least 96), the
     consumers (block_n / 2 float32 accumulators per m64 slab) the rest, up to 232."""
-    producer = min(168, max(96, producer_registers(bits, block_n, group_size, has_bias)))
+    producer = min(168, max(96, producer_registers(bits, block_n, group_size, has_bias, spread)))
     return producer, min(232, (REGISTERS - 128 * producer) // 256 // 8 * 8)
 
 
@@ -80,20 +102,21 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig
     if config.block_n % 64:
         out.append(f"block_n must be a multiple of 64 (16 rows per dequantising warp), got {config.block_n}")
     # (the estimate is conservative by up to 8: int8 with groups of 32 and zero points needs 168)
-    if not out and producer_registers(wtype.nbits, config.block_n, group_size, has_bias) > 176:
+    if not out and producer_registers(wtype.nbits, config.block_n, group_size, has_bias, spread(config)) > 176:
         out.append(f"the {wtype} words and scales of {config.block_n} weight rows need more than the 168 registers "
                    "a dequantising thread can have; use a smaller block_n")  # fmt: skip
     return out
 
 
 def buildable_configs(wtype: DataType, group_size: int, has_bias: bool) -> list[TmaConfig]:
-    """The configs of TILES the kernel builds with for these weights (a tuner's candidates)."""
-    configs = (prefill_config(*tile) for tile in TILES)
+    """The configs of TILES (both store orders) the kernel builds with for these weights (a
+    tuner's candidates)."""
+    configs = (prefill_config(*tile, spread) for tile in TILES for spread in (False, True))
     return [c for c in configs if not problems(wtype, group_size, has_bias, c)]
 
 
 @functools.cache
-def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig) -> ts.Kernel:
+def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: PrefillConfig) -> ts.Kernel:
     """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas).
 
     `group_size` is the kernel group (the padded K for per-channel scales, as
@@ -112,9 +135,10 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: T
     TA = ts.tensor_map(f16, (1, BM, BK))
     C_FRAG_PAIRS = c_pairs(BN)
     CPR = BN // 8  # 16-byte chunks per staged row
-    REGS = register_split(BITS, BN, GS, HAS_BIAS)
+    REGS = register_split(BITS, BN, GS, HAS_BIAS, spread(config))
     GROUP = GROUP_M
-    name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}"
+    SPREAD = spread(config)
+    name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}{'_sp' if SPREAD else ''}"
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
@@ -152,7 +176,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: T
             wr = ts.register_tensor(u32, [UPW, 4 * BITS])
             sc = ts.register_tensor(f16, [UPW, len(QK), 2])
             bz = ts.register_tensor(f16, [UPW, len(QK), 2])
-            a = ts.register_tensor(f16, [16])
+            a = ts.register_tensor(f16, [2, 16])  # both pairs of steps of a stage
             o = ts.register_tensor(f16, [2, 8])
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
                 first = (t // group_tiles) * GROUP
@@ -181,17 +205,21 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: T
                             for jj in PAIRS:  # steps 4b + 2jj and 4b + 2jj + 1: k chunk 4jj + t4 of the stage
                                 for p in HALVES:
                                     if HAS_BIAS:
-                                        ts.dequant(a[8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0],
+                                        ts.dequant(a[jj, 8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0],
                                                    bz[uu, (4 * b + 2 * jj + p) // SPQ, 0], wtype=T,
                                                    start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
                                     else:
-                                        ts.dequant(a[8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0], wtype=T,
-                                                   start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
+                                        ts.dequant(a[jj, 8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0],
+                                                   wtype=T, start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
+                            for s in PAIRS:  # store slot s: pair s, or with SPREAD pair s ^ (g % 2)
                                 for h in HALVES:
                                     for e in EIGHT:
-                                        o[h, e] = a[CHUNK_HALVES[h][e]]
-                                    ts.copy_vector(Bs[stage, (warp * UPW + uu) * 16 + g + 8 * h, (4 * jj + t4) * 8],
-                                                   o[h, 0], 16)  # fmt: skip
+                                        if SPREAD:
+                                            o[h, e] = a[1 - s, CHUNK_HALVES[h][e]] if g % 2 == 1 else a[s, CHUNK_HALVES[h][e]]
+                                        else:
+                                            o[h, e] = a[s, CHUNK_HALVES[h][e]]
+                                    ts.copy_vector(Bs[stage, (warp * UPW + uu) * 16 + g + 8 * h,
+                                                      (4 * (s ^ (g % 2) if SPREAD else s) + t4) * 8], o[h, 0], 16)  # fmt: skip
                         ts.fence_proxy_async()  # the generic-proxy stores, before wgmma reads them
                         ts.syncwarp()
                         if lane == 0:
