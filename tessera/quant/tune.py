@@ -57,6 +57,21 @@ def finite_words(wtype: DataType, span: int, words: int) -> Any:
     return torch.from_numpy(np.resize(unit, words))
 
 
+def random_operands(wtype: DataType, span: int, m: int, n: int, k: int, words: int, scales: tuple[int, int],
+                    biases: tuple[int, int]) -> tuple[Any, Any, Any, Any, Any]:  # fmt: skip
+    """(words, scales, biases, x [m, k], y [m, n]) on the GPU to tune with: random codes (finite
+    ones: `finite_words`), scales around 1/64, biases in the codes' range, fp16 activations."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    wq = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, device="cuda", dtype=torch.int32)
+    wq = (wq & finite_words(wtype, span, words).to("cuda")).view(torch.uint32)
+    sc = (torch.rand(scales, generator=gen, device="cuda") / 64 + 1 / 128).half()
+    bz = torch.randint(0, 1 << wtype.nbits, biases, generator=gen, device="cuda").half()
+    x = torch.randn((m, k), generator=gen, device="cuda").half()
+    return wq, sc, bz, x, torch.empty((m, n), dtype=torch.float16, device="cuda")
+
+
 def template_source() -> str:
     """The kernel and config sources: their hash keys the records (an edit re-tunes)."""
     from tessera.kernels import lowbit_decode, lowbit_decode_config
@@ -82,14 +97,7 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
     k_whole = k % 256 == 0
     gpu = torch.cuda.get_device_name()
     key = f"lowbit_decode|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}|m{m}|n{n}|k{k}|{gpu}"
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    # random codes (finite ones: `finite_words`), scales around 1/64
-    wq = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, device="cuda", dtype=torch.int32)
-    wq = (wq & finite_words(wtype, span, words).to("cuda")).view(torch.uint32)
-    sc = (torch.rand(scales, generator=gen, device="cuda") / 64 + 1 / 128).half()
-    bz = torch.randint(0, 1 << wtype.nbits, biases, generator=gen, device="cuda").half()
-    x = torch.randn((m, k), generator=gen, device="cuda").half()
-    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    wq, sc, bz, x, y = random_operands(wtype, span, m, n, k, words, scales, biases)
     ref: list[Any] = []
     per_call = words * 4 + sc.numel() * 2
     copies = min(MAX_COPIES, max(1, -(-COLD_FACTOR * device_properties().l2_bytes // per_call)))
@@ -157,13 +165,7 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
         return candidates[0]
     gpu = torch.cuda.get_device_name()
     key = f"lowbit_prefill|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}|m{m}|n{n}|k{k}|{gpu}"
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    wq = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, device="cuda", dtype=torch.int32)
-    wq = (wq & finite_words(wtype, span, words).to("cuda")).view(torch.uint32)
-    sc = (torch.rand(scales, generator=gen, device="cuda") / 64 + 1 / 128).half()
-    bz = torch.randint(0, 1 << wtype.nbits, biases, generator=gen, device="cuda").half()
-    x = torch.randn((m, k), generator=gen, device="cuda").half()
-    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    wq, sc, bz, x, y = random_operands(wtype, span, m, n, k, words, scales, biases)
     w16 = torch.empty((n, k), dtype=torch.float16, device="cuda")
 
     def run(c: Any) -> None:
