@@ -167,6 +167,78 @@ class ConvWindow:
         return out
 
 
+@ts.inline
+def init_ring(full, empty, tid, stages, full_arrivals, empty_arrivals):  # noqa: ANN001
+    """Thread 0 initialises the ring's barriers: `full[s]` completes after `full_arrivals`
+    arrivals (and the transaction bytes they announce), `empty[s]` after `empty_arrivals`
+    (one per consumer warpgroup); then the block meets."""
+    if tid == 0:
+        for s in range(stages):
+            ts.mbarrier_init(full[s], full_arrivals)
+            ts.mbarrier_init(empty[s], empty_arrivals)
+        ts.fence_mbarrier_init()
+    ts.syncthreads()
+
+
+@ts.inline
+def consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane, slabs, block_n, stages, kn):  # noqa: ANN001
+    """A consumer warpgroup's k-loop over one output tile: m64n{block_n}k16 wgmmas of its `slabs`
+    m64 slabs from each stage once `full` says it landed, one k-tile in flight, the stage
+    before released on `empty`; `stage`, `phase` and `last` are the caller's ring position."""
+    for sl in ts.unroll(slabs):
+        for e in ts.unroll(block_n // 2):
+            acc[sl, e] = 0.0
+    for kk in range(num_k):
+        ts.mbarrier_wait(full[stage], phase)
+        ts.wgmma_fence()
+        for ks in ts.unroll(BLOCK_K // 16):
+            for sl in ts.unroll(slabs):
+                if kn:
+                    ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16, 0], n=block_n,
+                             trans_b=True)  # fmt: skip
+                else:
+                    ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16], n=block_n)
+        ts.wgmma_commit()
+        ts.wgmma_wait(1)  # k-tile kk - 1 is done: release its stage
+        if kk > 0 and lane == 0:
+            ts.mbarrier_arrive(empty[last])
+        last = stage
+        stage += 1
+        if stage == stages:
+            stage = 0
+            phase ^= 1
+    ts.wgmma_wait(0)
+    if num_k > 0 and lane == 0:
+        ts.mbarrier_arrive(empty[last])
+
+
+@ts.inline
+def store_staged_rows(C, Cs, acc, sl, z, m0, n0, row0, lane, wg, M, N, dtype, block_n, pairs):  # noqa: ANN001
+    """The staged epilogue of slab `sl`: this warp's 16 rows go through shared memory (Cs, one
+    [16, block_n + 8] tile per consumer warp), written as column pairs (`pairs`: c_pairs),
+    read back as 16-byte row segments (coalesced global stores; epilogue fusion rewrites them)."""
+    cw = (wg - 1) * 4 + lane // 32
+    pair = ts.register_tensor(dtype, [2])
+    ts.syncwarp()  # the previous tile's reads of Cs are done
+    for j, (r2, c2) in enumerate(pairs.on(lane)):
+        pair[0] = acc[sl, j * 2]
+        pair[1] = acc[sl, j * 2 + 1]
+        ts.copy_vector(Cs[cw, r2 % 16, c2 * 2], pair[0], 4)
+    ts.syncwarp()
+    for i in range(lane % 32, 16 * (block_n // 8), 32):
+        r3 = i // (block_n // 8)
+        c3 = i % (block_n // 8)
+        gm = m0 + row0 + sl * 64 + (lane // 32) * 16 + r3
+        gn = n0 + c3 * 8
+        if gm < M:
+            if N % 8 == 0 and gn + 8 <= N:
+                ts.copy_vector(C[z, gm, gn], Cs[cw, r3, c3 * 8], 16)
+            else:
+                for e in ts.unroll(8):
+                    if gn + e < N:
+                        C[z, gm, gn + e] = Cs[cw, r3, c3 * 8 + e]
+
+
 def make_gemm_tma(dtype: DataType, config: TmaConfig, b_layout: str = "nk", conv: ConvWindow | None = None) -> ts.Kernel:
     """kernel(A, B, C, tma_a, tma_b, split, ctas): with split == 1, or split-k reduced in a cluster,
     it writes `dtype` results into C [batch, M, N]; otherwise float32 partials into
@@ -210,7 +282,6 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool, conv
     EPI = "scalar" if CLUSTER else EPI  # (the cluster's reduction writes C)
     STAGED = EPI == "staged"
     CST_SHAPE = [CONSUMERS * 4, 16, BN + 8] if STAGED else [1]
-    CPR = BN // 8  # 16-byte chunks per staged row
     A_BOX, B_BOX = tensor_map_boxes(config, b_layout)
     TA, TB = ts.tensor_map(T, A_BOX), ts.tensor_map(T, B_BOX)
     CONV = conv is not None
@@ -252,12 +323,7 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool, conv
         Ps = ts.shared_tensor(f32, P_SHAPE)
         tid = ts.thread_idx.x
         wg = tid // 128
-        if tid == 0:
-            for s in range(STAGES):
-                ts.mbarrier_init(full[s], 1)  # the producer's arrive_expect_tx, then the TMA bytes
-                ts.mbarrier_init(empty[s], CONSUMERS)  # one arrival per consumer warpgroup
-            ts.fence_mbarrier_init()
-        ts.syncthreads()
+        init_ring(full, empty, tid, STAGES, 1, CONSUMERS)  # full: the producer's arrive_expect_tx, then the TMA bytes
         tiles_m = ts.ceil_div(M, BM)
         tiles_n = ts.ceil_div(N, BN)
         per_z = tiles_m * tiles_n
@@ -322,58 +388,13 @@ def _make(dtype: DataType, config: TmaConfig, b_layout: str, partial: bool, conv
                 n0 = ((r % group_tiles) // rows) * BN
                 kt0 = (t % split) * per_split
                 num_k = max(min(per_split, k_tiles - kt0), 0)
-                for sl in ts.unroll(SLABS):
-                    for e in ts.unroll(BN // 2):
-                        acc[sl, e] = 0.0
-                for kk in range(num_k):
-                    ts.mbarrier_wait(full[stage], phase)
-                    ts.wgmma_fence()
-                    for ks in ts.unroll(BK // 16):
-                        for sl in ts.unroll(SLABS):
-                            if KN:
-                                ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16, 0],
-                                         n=BN, trans_b=True)  # fmt: skip
-                            else:
-                                ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16], n=BN)
-                    ts.wgmma_commit()
-                    ts.wgmma_wait(1)  # k-tile kk - 1 is done: release its stage
-                    if kk > 0 and lane == 0:
-                        ts.mbarrier_arrive(empty[last])
-                    last = stage
-                    stage += 1
-                    if stage == STAGES:
-                        stage = 0
-                        phase ^= 1
-                ts.wgmma_wait(0)
-                if num_k > 0 and lane == 0:
-                    ts.mbarrier_arrive(empty[last])
+                consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane, SLABS, BN, STAGES, KN)
                 for sl in ts.unroll(SLABS):
                     if CLUSTER:
                         for e, (r2, c2) in enumerate(C_FRAG.on(lane)):
                             Ps[sl * 64 + r2, c2] = acc[sl, e]
                     elif STAGED:
-                        # This warp's 16 rows go through shared memory: written as column pairs,
-                        # read back as 16-byte row segments (coalesced global stores).
-                        cw = (wg - 1) * 4 + lane // 32
-                        pair = ts.register_tensor(T, [2])
-                        ts.syncwarp()  # the previous tile's reads of Cs are done
-                        for j, (r2, c2) in enumerate(C_PAIRS.on(lane)):
-                            pair[0] = acc[sl, j * 2]
-                            pair[1] = acc[sl, j * 2 + 1]
-                            ts.copy_vector(Cs[cw, r2 % 16, c2 * 2], pair[0], 4)
-                        ts.syncwarp()
-                        for i in range(lane % 32, 16 * CPR, 32):
-                            r3 = i // CPR
-                            c3 = i % CPR
-                            gm = m0 + row0 + sl * 64 + (lane // 32) * 16 + r3
-                            gn = n0 + c3 * 8
-                            if gm < M:
-                                if N % 8 == 0 and gn + 8 <= N:
-                                    ts.copy_vector(C[z, gm, gn], Cs[cw, r3, c3 * 8], 16)
-                                else:
-                                    for e in ts.unroll(8):
-                                        if gn + e < N:
-                                            C[z, gm, gn + e] = Cs[cw, r3, c3 * 8 + e]
+                        store_staged_rows(C, Cs, acc, sl, z, m0, n0, row0, lane, wg, M, N, T, BN, C_PAIRS)
                     elif EPI == "pair":
                         pair2 = ts.register_tensor(OUT, [2])
                         for j, (r2, c2) in enumerate(C_PAIRS.on(lane)):

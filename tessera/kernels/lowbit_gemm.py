@@ -32,6 +32,7 @@ from tessera import f16, f32, u32, u64
 from tessera.errors import UnsupportedError
 from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
+from tessera.kernels import gemm_tma
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B, TmaConfig, c_pairs
 from tessera.kernels.lowbit_decode import scale_slots
 from tessera.kernels.lowbit_decode_config import group_ok
@@ -134,7 +135,6 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     A_BYTES = BM * BK * 2
     TA = ts.tensor_map(f16, (1, BM, BK))
     C_FRAG_PAIRS = c_pairs(BN)
-    CPR = BN // 8  # 16-byte chunks per staged row
     REGS = register_split(BITS, BN, GS, HAS_BIAS, spread(config))
     GROUP = GROUP_M
     SPREAD = spread(config)
@@ -153,12 +153,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
         Cs = ts.shared_tensor(f16, [8, 16, BN + 8])  # the staged epilogue's rows, per consumer warp
         tid = ts.thread_idx.x
         wg = tid // 128
-        if tid == 0:
-            for s in range(STAGES):
-                ts.mbarrier_init(full[s], 1 + DEQUANT_WARPS)  # the TMA's expect_tx, then each warp's B rows
-                ts.mbarrier_init(empty[s], 2)  # one arrival per consumer warpgroup
-            ts.fence_mbarrier_init()
-        ts.syncthreads()
+        gemm_tma.init_ring(full, empty, tid, STAGES, 1 + DEQUANT_WARPS, 2)  # full: the TMA's expect_tx, then each warp's B rows
         tiles_m = ts.ceil_div(M, BM)
         tiles_n = ts.ceil_div(N, BN)
         per_z = tiles_m * tiles_n
@@ -239,50 +234,10 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                 rows = min(tiles_m - first, GROUP)
                 m0 = (first + (t % group_tiles) % rows) * BM
                 n0 = ((t % group_tiles) // rows) * BN
+                gemm_tma.consume_tile(acc, As, Bs, full, empty, stage, phase, last, k_units * 4, row0, lane, SLABS, BN, STAGES,
+                             False)  # fmt: skip
                 for sl in ts.unroll(SLABS):
-                    for e in ts.unroll(BN // 2):
-                        acc[sl, e] = 0.0
-                for kk in range(k_units * 4):
-                    ts.mbarrier_wait(full[stage], phase)
-                    ts.wgmma_fence()
-                    for ks in ts.unroll(BK // 16):
-                        for sl in ts.unroll(SLABS):
-                            ts.wgmma(acc[sl, 0], As[stage, row0 + sl * 64, ks * 16], Bs[stage, 0, ks * 16], n=BN)
-                    ts.wgmma_commit()
-                    ts.wgmma_wait(1)  # k-tile kk - 1 is done: release its stage
-                    if kk > 0 and lane == 0:
-                        ts.mbarrier_arrive(empty[last])
-                    last = stage
-                    stage += 1
-                    if stage == STAGES:
-                        stage = 0
-                        phase ^= 1
-                ts.wgmma_wait(0)
-                if lane == 0:
-                    ts.mbarrier_arrive(empty[last])
-                # Each warp's 16 rows go through shared memory: written as column pairs, read back
-                # as 16-byte row segments (coalesced global stores; the epilogue is fused here).
-                cw = (wg - 1) * 4 + lane // 32
-                pair = ts.register_tensor(f16, [2])
-                for sl in ts.unroll(SLABS):
-                    ts.syncwarp()  # the previous rows' reads of Cs are done
-                    for j, (r2, c2) in enumerate(C_FRAG_PAIRS.on(lane)):
-                        pair[0] = acc[sl, j * 2]
-                        pair[1] = acc[sl, j * 2 + 1]
-                        ts.copy_vector(Cs[cw, r2 % 16, c2 * 2], pair[0], 4)
-                    ts.syncwarp()
-                    for i in range(lane % 32, 16 * CPR, 32):
-                        r3 = i // CPR
-                        c3 = i % CPR
-                        gm = m0 + row0 + sl * 64 + (lane // 32) * 16 + r3
-                        gn = n0 + c3 * 8
-                        if gm < M:
-                            if N % 8 == 0 and gn + 8 <= N:
-                                ts.copy_vector(C[0, gm, gn], Cs[cw, r3, c3 * 8], 16)
-                            else:
-                                for e in ts.unroll(8):
-                                    if gn + e < N:
-                                        C[0, gm, gn + e] = Cs[cw, r3, c3 * 8 + e]
+                    gemm_tma.store_staged_rows(C, Cs, acc, sl, 0, m0, n0, row0, lane, wg, M, N, f16, BN, C_FRAG_PAIRS)
 
     return gemm
 

@@ -24,6 +24,7 @@ from tessera.ir.intrinsics import GPU_ONLY, INTRINSICS
 from tessera.ir.types import REGISTER, SHARED, Swizzle, TensorType, VectorType
 from tessera.lang import builtins as B
 from tessera.lang import collectives
+from tessera.lang.inline import Inline
 from tessera.lang.instructions import InstructionError, build_instruction
 
 BINARY_OPERATORS = {
@@ -66,6 +67,10 @@ class ExpressionParser:
 
     def lookup(self, name: str) -> Any:
         raise NotImplementedError
+
+    def expand_inline(self, func: Any, args: list[Any], kwargs: dict[str, Any]) -> S.Stmt:
+        """The statements of an inline function's body for this call (tessera.lang.inline)."""
+        raise ParseError(f"inline function '{func.name}' can only be called as a statement of a kernel")
 
     def emit_before(self, stmts: list[S.Stmt]) -> None:
         """Statements that must run before the statement being parsed (expanded builtins)."""
@@ -286,6 +291,8 @@ class ExpressionParser:
         if isinstance(func, B.Builtin):
             self.current = node
             return self.call_builtin(func, args, kwargs)
+        if isinstance(func, Inline):
+            return self.expand_inline(func, args, kwargs)
         if isinstance(func, DataType):  # f16(x): conversion
             if len(args) != 1 or kwargs:
                 raise ParseError(f"{func}(x) takes one argument")

@@ -62,6 +62,7 @@ class KernelParser(ExpressionParser):
         self.pending: list[S.Stmt] = []  # statements expanded from the expression being parsed
         # Variables the kernel may read but not assign: loop indices and shape symbols.
         self.readonly: dict[E.Var, str] = {}
+        self.inlining: list[str] = []  # the inline functions being expanded (innermost last)
 
     # ---- entry -----------------------------------------------------------------------
     def parse(self) -> Function:
@@ -204,6 +205,31 @@ class KernelParser(ExpressionParser):
     def emit_before(self, stmts: list[S.Stmt]) -> None:
         self.pending.extend(stmts)
 
+    def expand_inline(self, func: Any, args: list[Any], kwargs: dict[str, Any]) -> S.Stmt:
+        """The inline function's body parsed with its parameters bound to this call's arguments
+        (the caller's variables themselves: assigning a parameter assigns them), in its own
+        Python scope and source location; the caller's state comes back afterwards."""
+        try:
+            bound = func.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ParseError(f"{func.name}{func.signature}: {exc}") from None
+        bound.apply_defaults()
+        if func.name in self.inlining:
+            raise ParseError(f"inline function '{func.name}' calls itself")
+        saved = (self.env, self.scopes, self.source_lines, self.first_line, self.filename, self.indent, self.current)
+        self.env, self.scopes = func.env, []
+        self.source_lines, self.first_line, self.filename, self.indent = (func.source_lines, func.first_line,
+                                                                          func.filename, func.indent)  # fmt: skip
+        self.inlining.append(func.name)
+        try:
+            return self.block(func.body, dict(bound.arguments))
+        except ParseError as err:  # reported where it is, in the inline function's source
+            raise self.error(f"{err} (in inline function '{func.name}')") from None
+        finally:
+            self.inlining.pop()
+            (self.env, self.scopes, self.source_lines, self.first_line, self.filename, self.indent,
+             self.current) = saved  # fmt: skip
+
     def stmt_Pass(self, node: ast.Pass) -> None:
         return None
 
@@ -218,6 +244,8 @@ class KernelParser(ExpressionParser):
         raise ParseError("this expression has no effect; did you mean to assign it?")
 
     def stmt_Return(self, node: ast.Return) -> S.Stmt:
+        if self.inlining:
+            raise ParseError(f"inline function '{self.inlining[-1]}' cannot return; write results into its arguments")
         if node.value is not None:
             raise ParseError("kernels cannot return values; write results into an output tensor")
         return S.Return()
