@@ -148,6 +148,31 @@ def test_prefill_candidates_start_with_the_two_passes():
     assert all(c.block_n == 128 for c in prefill_candidates(ts.int8, 32, True, 2)[1:])  # (registers)
 
 
+def test_prefill_mode_picks_the_path(monkeypatch, caplog):
+    """$TESSERA_LOWBIT_PREFILL: 'dequant' and 'auto' without tuning take the two passes,
+    'fused' the kernel's first config (a plan of one launch, no temporary), or the two passes
+    with a warning where it cannot run (span-16 words); anything else is refused."""
+    from tessera.errors import ArgumentError
+    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_choice
+
+    args = (ts.int4, 128, False, 2, 140, 96, 512, 96 * 512 // 8, (96, 4), (1, 1))
+    for mode, tune, want in (("dequant", True, DEQUANT_THEN_GEMM), ("auto", False, DEQUANT_THEN_GEMM),
+                             ("", False, DEQUANT_THEN_GEMM), ("fused", False, lg.prefill_config())):  # fmt: skip
+        monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", mode)
+        assert prefill_choice(*args, tune) == want, mode
+    monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", "fused")
+    attrs = {"wtype": "int4", "n": 96, "k": 512, "group_size": 128, "has_bias": False, "span": 2}
+    plan = plan_lowbit_linear((2, 70, 512), attrs, *args[7:])
+    assert len(plan.launches) == 1 and not plan.temporaries and plan.name.startswith("lowbit_prefill_int4_tma")
+    with caplog.at_level("WARNING", logger="tessera"):
+        assert prefill_choice(ts.int4, 128, False, 16, *args[4:], False) == DEQUANT_THEN_GEMM
+    assert "cannot run int4 g128 words in k order 16" in caplog.text
+    monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", "always")
+    with pytest.raises(ArgumentError, match="TESSERA_LOWBIT_PREFILL='always'"):
+        prefill_choice(*args, False)
+
+
 @pytest.mark.parametrize("spread", [False, True])
 def test_the_dequantisers_store_order_and_bank_conflicts(spread):
     """A stage's 16-byte stores (lane (g, t) writes chunk 4s + t, or 4 (s ^ g % 2) + t spread,

@@ -133,11 +133,14 @@ def test_prefill_rows_plan_a_dequantised_temporary_and_the_fp16_gemm():
 
 
 @pytest.mark.cuda
-def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng):
+@pytest.mark.parametrize("prefill", ["dequant", "fused"])
+def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng, monkeypatch, prefill):
     """The same block in float16 on the GPU: three decode-kernel launches (beyond DECODE_MAX_M
-    rows: dequantise into the arena, then the fp16 GEMM), the epilogue fused, checked over
-    fresh inputs (the replayed CUDA graph included) against the float32 reference."""
-    for lead in ((1, 1), (3, 5), (2, 70)):
+    rows: dequantise into the arena, then the fp16 GEMM, or the fused prefill kernel), the
+    epilogue fused, checked over fresh inputs (the replayed CUDA graph included) against the
+    float32 reference."""
+    monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", prefill)
+    for lead in ((1, 1), (3, 5), (2, 70)) if prefill == "dequant" else ((2, 70), (1, 300)):
         ref_graph = _block(np.random.default_rng(3), lead)
         compiled = compile_graph(_block(np.random.default_rng(3), lead, dtype="float16"), "cuda")
         summary = compiled.summary()

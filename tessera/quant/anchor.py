@@ -103,8 +103,8 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
 def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
                   biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool,
                   prefill: Any = None) -> AnchorPlan:  # fmt: skip
-    """More than DECODE_MAX_M rows: `prefill` (else the tuned choice when tuning on a GPU, else
-    DEQUANT_THEN_GEMM) is either a TmaConfig of the fused kernel (tessera.kernels.lowbit_gemm:
+    """More than DECODE_MAX_M rows: `prefill` (else tessera.quant.tune.prefill_choice: tuned on a
+    GPU when tuning, $TESSERA_LOWBIT_PREFILL can force either) is either a TmaConfig of the fused kernel (tessera.kernels.lowbit_gemm:
     the dequantisation in the GEMM's mainloop, the epilogue in its staged stores, one launch) or
     DEQUANT_THEN_GEMM: the words dequantised to fp16 W [N, K] in a temporary (the graph
     compiler's arena: alive during the step, shared with other steps' buffers, so the model
@@ -118,16 +118,12 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     n, k, has_bias, span = attrs["n"], attrs["k"], bool(attrs["has_bias"]), attrs.get("span", 16)
     lead = tuple(x_shape[:-1])
     out_shape = (*lead, n)
-    if prefill is None and tune and _on_gpu():
-        from tessera.errors import TuningError
-        from tessera.quant.tune import tuned_prefill
+    if prefill is None:
+        from tessera.quant.tune import prefill_choice
 
-        try:
-            prefill = tuned_prefill(t, group, has_bias, span, math.prod(lead), n, k, words, scales, biases)
-        except TuningError as exc:  # (every candidate failed: the two passes, which the tests check)
-            log.warning("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: tuning failed (%s); dequantising first",
-                        t.name, math.prod(lead), n, k, exc)  # fmt: skip
-    if prefill is not None and prefill != DEQUANT_THEN_GEMM:
+        prefill = prefill_choice(t, group, has_bias, span, math.prod(lead), n, k, words, scales, biases,
+                                 tune and _on_gpu())  # fmt: skip
+    if prefill != DEQUANT_THEN_GEMM:
         return _plan_fused(x_shape, attrs, words, scales, biases, group, epilogue, prefill)
     plan = AnchorPlan(f"lowbit_prefill_{t.name}", [], out_shape, dtypes.float16, 4, 0, aligned_inputs=[0, 1])
     w16 = plan.temporary((n, k), dtypes.float16)

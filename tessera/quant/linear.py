@@ -141,29 +141,21 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
 
 
 def _prefill_choice(p: PreparedWeight, m: int) -> Any:
-    """DEQUANT_THEN_GEMM, or the fused kernel's config when tuning ($TESSERA_TUNE) found it
-    correct and faster for this weight's shape at m rows (rounded up to a power of two, one
-    record per shape and GPU: tessera.quant.tune.tuned_prefill)."""
-    from tessera.errors import TuningError
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, tuned_prefill
+    """DEQUANT_THEN_GEMM or a fused kernel config for m rows of this weight
+    (tessera.quant.tune.prefill_choice with tuning per $TESSERA_TUNE, at m rounded up to a
+    power of two: one record per shape and GPU), kept per bucket."""
+    from tessera.quant.tune import prefill_choice
     from tessera.tune.tuner import default_tune
 
-    if not default_tune():
-        return DEQUANT_THEN_GEMM
     bucket = 1 << (m - 1).bit_length()
     key = ("prefill", bucket)
     choice = p.cache.get(key)
     if choice is None:
         w = p.weight
         n, k = w.shape
-        try:
-            choice = tuned_prefill(w.dtype, p.kernel_group, w.zeros is not None, 2, bucket, n, k, p.words_for(2).numel(),
-                                   tuple(p.scales.shape), tuple(p.biases.shape))  # fmt: skip
-        except TuningError as exc:
-            log.warning("tessera: low-bit prefill %s %dx%d: tuning failed (%s); dequantising first", w.dtype.name, n,
-                        k, exc)  # fmt: skip
-            choice = DEQUANT_THEN_GEMM
-        p.cache[key] = choice
+        choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, 2, bucket, n, k,
+                                               p.words_for(2).numel(), tuple(p.scales.shape), tuple(p.biases.shape),
+                                               default_tune())  # fmt: skip
     return choice
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.kernels.lowbit_decode_config import DecodeConfig
 
@@ -132,6 +134,44 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
 
 # ---- prefill: the fused kernel's tiles against dequantising first ---------------------------------------------------
 DEQUANT_THEN_GEMM = "dequant_then_gemm"  # the two-pass path: words -> fp16 W (lowbit_dequant), then the fp16 GEMM
+PREFILL_ENV = "TESSERA_LOWBIT_PREFILL"
+PREFILL_MODES = ("auto", "fused", "dequant")
+
+
+def prefill_mode() -> str:
+    """$TESSERA_LOWBIT_PREFILL: 'auto' (default: tuning decides, the two passes without it),
+    'fused' (the fused kernel wherever it builds) or 'dequant' (always the two passes)."""
+    value = os.environ.get(PREFILL_ENV, "").strip().lower() or "auto"
+    if value not in PREFILL_MODES:
+        raise ArgumentError(f"${PREFILL_ENV}={os.environ[PREFILL_ENV]!r}: use 'auto' (tuning picks the fused kernel or "
+                            "dequantising first), 'fused' or 'dequant'")  # fmt: skip
+    return value
+
+
+def prefill_choice(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int, words: int,
+                   scales: tuple[int, int], biases: tuple[int, int], tune: bool) -> Any:  # fmt: skip
+    """How m rows run past the decode sizes: DEQUANT_THEN_GEMM or a fused config, by
+    `prefill_mode` (with 'auto', `tuned_prefill` when `tune`, else the two passes).  A fused
+    request the kernel cannot serve (span-16 words, not SM90, too many registers), or tuning
+    that fails, falls back to the two passes with a warning."""
+    mode = prefill_mode()
+    if mode == "dequant" or (mode == "auto" and not tune):
+        return DEQUANT_THEN_GEMM
+    if mode == "fused":
+        fused = prefill_candidates(wtype, group, has_bias, span)[1:]
+        if not fused:
+            log.warning("tessera: %s=fused: the fused prefill kernel cannot run %s g%d%s words in k order %d here; "
+                        "dequantising first", PREFILL_ENV, wtype.name, group, " with zero points" if has_bias else "",
+                        span)  # fmt: skip
+        return fused[0] if fused else DEQUANT_THEN_GEMM
+    from tessera.errors import TuningError
+
+    try:
+        return tuned_prefill(wtype, group, has_bias, span, m, n, k, words, scales, biases)
+    except TuningError as exc:  # (every candidate failed: the two passes, which the tests check)
+        log.warning("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: tuning failed (%s); dequantising first",
+                    wtype.name, m, n, k, exc)  # fmt: skip
+        return DEQUANT_THEN_GEMM
 
 
 def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int) -> list[Any]:
