@@ -1,15 +1,18 @@
 """The 1.1B Llama's prefill (one prompt of 512 tokens) through torch.compile with int4 weights
 (`tessera.quantize`, group 128, lm_head fp16) against tessera and eager on the fp16 model
-(issue 12: the graph's lowbit_linear beyond 64 rows dequantises into the arena, then runs the
-fp16 GEMM).  A development measurement: CUDA events around each forward, median of 20 after 3
-warm-up calls, no L2 flush (a model's weights stream through L2 anyway), the compiled int4
-model checked against eager on the same int4 model with fresh tokens.
+(issue 12), the int4 model compiled three ways: `auto` (tuning picks per shape), `dequant`
+(lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM) and `fused`
+(tessera.kernels.lowbit_gemm), by $TESSERA_LOWBIT_PREFILL.  A development measurement: CUDA
+events around each forward, median of 20 after 3 warm-up calls, no L2 flush (a model's
+weights stream through L2 anyway), each compiled int4 model checked against eager on the same
+int4 model with fresh tokens.
 
     python3 bench/lowbit_model_prefill.py            # on the GPU
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +40,10 @@ def main() -> None:
     ids = torch.randint(0, vocab, (1, 512), device="cuda")
     res = {"eager fp16": median_ms(lambda: model(ids).logits)}
     quantized = ts.quantize(model, weight="int4", group_size=128, skip=("lm_head",))
-    for name, m in (("tessera fp16", model), ("tessera int4", quantized)):
+    runs = [("tessera fp16", model, "auto")] + [(f"tessera int4 {mode}", quantized, mode)
+                                                for mode in ("auto", "dequant", "fused")]  # fmt: skip
+    for name, m, mode in runs:
+        os.environ["TESSERA_LOWBIT_PREFILL"] = mode  # (read when the graph's kernels are planned)
         torch._dynamo.reset()
         fn = torch.compile(m, backend="tessera")
         t0 = time.time()
@@ -48,7 +54,7 @@ def main() -> None:
             fresh = torch.randint(0, vocab, (1, 512), device="cuda")
             ref = quantized(fresh).logits.float()
             err = float((fn(fresh).logits.float() - ref).norm() / ref.norm())
-            print(f"int4 compiled vs eager on the int4 model (fresh tokens): rel_err {err:.2e}", flush=True)
+            print(f"{name} vs eager on the int4 model (fresh tokens): rel_err {err:.2e}", flush=True)
         res[name] = median_ms(lambda fn=fn: fn(ids).logits)
     for name, ms in res.items():
         print(f"{name}: {ms:.3f} ms")
