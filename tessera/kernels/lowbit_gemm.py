@@ -64,7 +64,8 @@ class PrefillConfig(TmaConfig):
         return super().__str__() + ("_sp" if self.spread else "")
 
 
-def spread(config: TmaConfig) -> bool:
+def stores_spread(config: TmaConfig) -> bool:
+    """Whether `config` asks for the spread store order (a plain TmaConfig does not)."""
     return bool(getattr(config, "spread", False))
 
 
@@ -103,7 +104,7 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig
     if config.block_n % 64:
         out.append(f"block_n must be a multiple of 64 (16 rows per dequantising warp), got {config.block_n}")
     # (the estimate is conservative by up to 8: int8 with groups of 32 and zero points needs 168)
-    if not out and producer_registers(wtype.nbits, config.block_n, group_size, has_bias, spread(config)) > 176:
+    if not out and producer_registers(wtype.nbits, config.block_n, group_size, has_bias, stores_spread(config)) > 176:
         out.append(f"the {wtype} words and scales of {config.block_n} weight rows need more than the 168 registers "
                    "a dequantising thread can have; use a smaller block_n")  # fmt: skip
     return out
@@ -112,7 +113,7 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: TmaConfig
 def buildable_configs(wtype: DataType, group_size: int, has_bias: bool) -> list[TmaConfig]:
     """The configs of TILES (both store orders) the kernel builds with for these weights (a
     tuner's candidates)."""
-    configs = (prefill_config(*tile, spread) for tile in TILES for spread in (False, True))
+    configs = (prefill_config(*tile, spread=order) for tile in TILES for order in (False, True))
     return [c for c in configs if not problems(wtype, group_size, has_bias, c)]
 
 
@@ -135,9 +136,9 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     A_BYTES = BM * BK * 2
     TA = ts.tensor_map(f16, (1, BM, BK))
     C_FRAG_PAIRS = c_pairs(BN)
-    REGS = register_split(BITS, BN, GS, HAS_BIAS, spread(config))
+    SPREAD = stores_spread(config)
+    REGS = register_split(BITS, BN, GS, HAS_BIAS, SPREAD)
     GROUP = GROUP_M
-    SPREAD = spread(config)
     name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}{'_sp' if SPREAD else ''}"
 
     @ts.kernel(target="cuda", name=name)
@@ -153,7 +154,8 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
         Cs = ts.shared_tensor(f16, [8, 16, BN + 8])  # the staged epilogue's rows, per consumer warp
         tid = ts.thread_idx.x
         wg = tid // 128
-        gemm_tma.init_ring(full, empty, tid, STAGES, 1 + DEQUANT_WARPS, 2)  # full: the TMA's expect_tx, then each warp's B rows
+        # full: the TMA's expect_tx, then each dequantising warp's rows; empty: each consumer warpgroup
+        gemm_tma.init_ring(full, empty, tid, STAGES, 1 + DEQUANT_WARPS, 2)
         tiles_m = ts.ceil_div(M, BM)
         tiles_n = ts.ceil_div(N, BN)
         per_z = tiles_m * tiles_n
@@ -209,8 +211,8 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                             for s in PAIRS:  # store slot s: pair s, or with SPREAD pair s ^ (g % 2)
                                 for h in HALVES:
                                     for e in EIGHT:
-                                        if SPREAD:
-                                            o[h, e] = a[1 - s, CHUNK_HALVES[h][e]] if g % 2 == 1 else a[s, CHUNK_HALVES[h][e]]
+                                        if SPREAD:  # (odd rows: the other pair)
+                                            o[h, e] = a[1 - s, CHUNK_HALVES[h][e]] if g % 2 else a[s, CHUNK_HALVES[h][e]]
                                         else:
                                             o[h, e] = a[s, CHUNK_HALVES[h][e]]
                                     ts.copy_vector(Bs[stage, (warp * UPW + uu) * 16 + g + 8 * h,
@@ -234,8 +236,8 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                 rows = min(tiles_m - first, GROUP)
                 m0 = (first + (t % group_tiles) % rows) * BM
                 n0 = ((t % group_tiles) // rows) * BN
-                gemm_tma.consume_tile(acc, As, Bs, full, empty, stage, phase, last, k_units * 4, row0, lane, SLABS, BN, STAGES,
-                             False)  # fmt: skip
+                gemm_tma.consume_tile(acc, As, Bs, full, empty, stage, phase, last, k_units * 4, row0, lane, SLABS,
+                                      BN, STAGES, False)  # fmt: skip
                 for sl in ts.unroll(SLABS):
                     gemm_tma.store_staged_rows(C, Cs, acc, sl, 0, m0, n0, row0, lane, wg, M, N, f16, BN, C_FRAG_PAIRS)
 
@@ -251,12 +253,17 @@ def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int,
                 config: TmaConfig | None = None) -> None:  # fmt: skip
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
     `words` (pack_units in span 2) with [N, G] float16 scales and biases; `group_size` as
-    make_lowbit_gemm takes it; `config` one of `prefill_config(*TILES[i])` (the first by default)."""
+    make_lowbit_gemm takes it; `config` one of `buildable_configs` (prefill_config() by default)."""
+    import torch
+
     from tessera.runtime.cuda import multiprocessor_count
     from tessera.runtime.tensor_map import TensorMap
 
     m, k = x.shape
     n = out.shape[1]
+    if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise UnsupportedError(f"the low-bit prefill GEMM takes float16 x [M, K] and a contiguous float16 out [M, N], got "
+                               f"{x.dtype} {list(x.shape)} and {out.dtype} {list(out.shape)}")  # fmt: skip
     if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
         raise UnsupportedError(f"the low-bit prefill GEMM reads x by TMA: contiguous, 16-byte aligned rows (K % 8 == 0), "
                                f"got K = {k}")  # fmt: skip

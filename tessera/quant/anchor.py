@@ -104,9 +104,10 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
                   biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool,
                   prefill: Any = None) -> AnchorPlan:  # fmt: skip
     """More than DECODE_MAX_M rows: `prefill` (else tessera.quant.tune.prefill_choice: tuned on a
-    GPU when tuning, $TESSERA_LOWBIT_PREFILL can force either) is either a TmaConfig of the fused kernel (tessera.kernels.lowbit_gemm:
-    the dequantisation in the GEMM's mainloop, the epilogue in its staged stores, one launch) or
-    DEQUANT_THEN_GEMM: the words dequantised to fp16 W [N, K] in a temporary (the graph
+    GPU when tuning; $TESSERA_LOWBIT_PREFILL can force either) is a config of the fused kernel
+    (tessera.kernels.lowbit_gemm: the dequantisation in the GEMM's mainloop, the epilogue in its
+    staged stores, one launch; the epilogue sees the product rounded to fp16, as the TMA GEMM's
+    does) or DEQUANT_THEN_GEMM: the words dequantised to fp16 W [N, K] in a temporary (the graph
     compiler's arena: alive during the step, shared with other steps' buffers, so the model
     holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in its
     stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor)."""

@@ -144,18 +144,19 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
     """DEQUANT_THEN_GEMM or a fused kernel config for m rows of this weight
     (tessera.quant.tune.prefill_choice with tuning per $TESSERA_TUNE, at m rounded up to a
     power of two: one record per shape and GPU), kept per bucket."""
-    from tessera.quant.tune import prefill_choice
+    from tessera.quant.tune import prefill_choice, prefill_mode
     from tessera.tune.tuner import default_tune
 
     bucket = 1 << (m - 1).bit_length()
-    key = ("prefill", bucket)
+    key = ("prefill", bucket, prefill_mode(), default_tune())
     choice = p.cache.get(key)
     if choice is None:
         w = p.weight
         n, k = w.shape
+        # (the words of either k order have the same size: no span-2 copy unless the fused kernel runs)
         choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, 2, bucket, n, k,
-                                               p.words_for(2).numel(), tuple(p.scales.shape), tuple(p.biases.shape),
-                                               default_tune())  # fmt: skip
+                                               p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape),
+                                               key[3])  # fmt: skip
     return choice
 
 
