@@ -18,10 +18,13 @@ are modelled by what they promise, not by how the hardware does it:
 * `setmaxnreg` moves registers between a block's threads: each starts with what a launch of
   its size gets (65536 / threads, at most 255, in eights), an increase waits for registers
   others released and aborts when none come (on the GPU the block would hang);
+* mma.sync m16n8k16: the warp's lanes exchange their fragments, then each adds its own;
+* cp.async copies at once (zero fill when not taken), so its commits and waits do nothing;
 * fences do nothing (host memory is coherent under the barriers' lock).
 
-It is not a CUDA emulator: kernels using anything else (cp.async, ldmatrix, mma.sync, clusters,
-the MN-major or register-A wgmma, im2col maps) fail to build, which says so.
+It is not a CUDA emulator: kernels using anything else (ldmatrix, clusters, the MN-major or
+register-A wgmma, im2col maps) fail to build, which says so; a copy read before its wait is
+not caught (the copies are synchronous).
 """
 
 from __future__ import annotations
@@ -163,6 +166,36 @@ template <int N, class T> static inline void ts_host_wgmma(float* d, const void*
 }
 // wgmma's fence and wait are warpgroup-collective (.sync.aligned): the 128 threads meet there,
 // so that once past the wait no thread of the warpgroup still reads the stages its wgmmas read.
+// mma.sync m16n8k16 (row.col, float32 accumulators): the warp's lanes hand in their A and B
+// fragments, then each adds its own 4 accumulators (rows g, g + 8, columns 2t, 2t + 1).
+struct ts_warp_exchange { uint32_t a[32][4], b[32][2]; };
+static thread_local ts_warp_exchange* ts_exchange;
+template <class T> static inline void ts_host_mma(float* c, const void* a, const void* b) {
+  int l = ts_thread_idx.x % 32, g = l / 4, t = l % 4;
+  ts_barrier->wait();  // everyone has read the previous exchange
+  std::memcpy(ts_exchange->a[l], a, 16); std::memcpy(ts_exchange->b[l], b, 8);
+  ts_barrier->wait();
+  auto A = [](int row, int k) {  // register (row >= 8) + 2 (k >= 8) of lane (row % 8, k % 8 / 2)
+    return ts_host_float(reinterpret_cast<const T*>(&ts_exchange->a[row % 8 * 4 + k % 8 / 2][row / 8 + 2 * (k / 8)])[k % 2]);
+  };
+  auto B = [](int k, int col) {  // register k >= 8 of lane (col, k % 8 / 2)
+    return ts_host_float(reinterpret_cast<const T*>(&ts_exchange->b[col * 4 + k % 8 / 2][k / 8])[k % 2]);
+  };
+  for (int i = 0; i < 4; ++i) {
+    int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+    c[i] += s;
+  }
+}
+static inline void ts_mma_m16n8k16_f16(float* c, const void* a, const void* b) { ts_host_mma<half>(c, a, b); }
+static inline void ts_mma_m16n8k16_bf16(float* c, const void* a, const void* b) { ts_host_mma<__nv_bfloat16>(c, a, b); }
+// cp.async: copied at once (src-size 0: zero fill), so commits and waits have nothing to do.
+template <int N> static inline void ts_copy_async(void* dst, const void* src, bool pred) {
+  if (pred) std::memcpy(dst, src, N); else std::memset(dst, 0, N);
+}
+static inline void ts_copy_async_commit() {}
+template <int N> static inline void ts_copy_async_wait() {}
 static inline void ts_wgmma_fence() { ts_warpgroup_barrier->wait(); }
 static inline void ts_wgmma_commit() {}
 template <int N> static inline void ts_wgmma_wait() { ts_warpgroup_barrier->wait(); }
@@ -173,19 +206,20 @@ static std::vector<char> ts_read(const char* path) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
   std::fclose(f); return out;
 }
-template <class F> static void ts_launch(int blocks, int threads, F kernel) {
-  for (int b = 0; b < blocks; ++b) {
+template <class F> static void ts_launch(int gx, int gy, int gz, int threads, F kernel) {
+  for (int b = 0; b < gx * gy * gz; ++b) {
     ts_host_barrier block; block.count = threads;
     ts_reg_pool = 0;
     int regs = std::min(255, 65536 / threads) / 8 * 8;
     std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
+    std::vector<ts_warp_exchange> exchanges(threads / 32);
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new ts_host_barrier);
     for (int g = 0; g < threads; g += 128) { groups.emplace_back(new ts_host_barrier); groups.back()->count = std::min(128, threads - g); }
     std::vector<std::thread> all;
     for (int t = 0; t < threads; ++t)
-      all.emplace_back([&, b, t] { ts_block_idx = {b, 0, 0}; ts_thread_idx = {t, 0, 0}; ts_grid_dim = {blocks, 1, 1};
-                                   ts_block_dim = {threads, 1, 1}; ts_regs = regs;
-                                   ts_barrier = warps[t / 32].get(); ts_block_barrier = &block;
+      all.emplace_back([&, b, t] { ts_block_idx = {b % gx, b / gx % gy, b / (gx * gy)}; ts_thread_idx = {t, 0, 0};
+                                   ts_grid_dim = {gx, gy, gz}; ts_block_dim = {threads, 1, 1}; ts_regs = regs;
+                                   ts_barrier = warps[t / 32].get(); ts_exchange = &exchanges[t / 32]; ts_block_barrier = &block;
                                    ts_warpgroup_barrier = groups[t / 128].get(); kernel(); });
     for (auto& t : all) t.join();
   }
@@ -282,14 +316,36 @@ def _tensor_map(i: int, p: str, v: HostTensorMap, values: dict) -> str:
             f"{pad(list(reversed(v.box)))}, {item}, {v.swizzle}}};")  # fmt: skip
 
 
+def launch_dims(kernel, values: dict) -> tuple[tuple[int, int, int], int]:
+    """The (grid, threads per block) the kernel's launch config gives for these values (its
+    scalar parameters and shape symbols by name; the arrays' shapes bind the symbols)."""
+    from tessera.ir.evaluate import evaluate
+
+    func = kernel.ir
+    env = {k: v for k, v in values.items() if isinstance(v, (int, np.integer))}
+    for p in func.params:
+        v = values.get(p.name)
+        if isinstance(v, np.ndarray) and hasattr(p.type, "shape"):
+            env.update({d.name: n for d, n in zip(p.type.shape, v.shape) if hasattr(d, "name")})
+    grid = [int(evaluate(d, env)) for d in func.launch.grid] + [1, 1]
+    block = [int(evaluate(d, env)) for d in func.launch.block] + [1, 1]
+    if block[1] != 1 or block[2] != 1:
+        raise NotImplementedError("the host model runs one-dimensional blocks")
+    return (grid[0], grid[1], grid[2]), block[0]
+
+
 def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> list[np.ndarray]:
     """cases: (kernel, {parameter: numpy array, HostTensorMap or int}, output parameter, blocks,
-    threads); builds every kernel into one host program, runs each case, returns each output
-    array (the input arrays' copies: the kernels write them)."""
+    threads), blocks an int or (x, y, z), or None for both (`launch_dims`); builds every kernel
+    into one host program, runs each case, returns each output array (the input arrays'
+    copies: the kernels write them)."""
     src, kernels = host_source([c[0].source_full for c in cases])
     main = ["int main() {"]
     outs = []
-    for i, ((_, values, out, blocks, threads), (name, params)) in enumerate(zip(cases, kernels)):
+    for i, ((kernel, values, out, blocks, threads), (name, params)) in enumerate(zip(cases, kernels)):
+        if blocks is None:
+            blocks, threads = launch_dims(kernel, values)
+        gx, gy, gz = (blocks, 1, 1) if isinstance(blocks, int) else blocks
         args, decls = [], []
         for p in params:
             v = values[p]
@@ -304,7 +360,7 @@ def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> lis
             if isinstance(values[p], HostTensorMap):
                 decls.append(_tensor_map(i, p, values[p], values))
                 args.insert(params.index(p), f"c{i}_{p}")
-        main += [*decls, f"  ts_launch({blocks}, {threads}, [&] {{ {name}({', '.join(args)}); }});",
+        main += [*decls, f"  ts_launch({gx}, {gy}, {gz}, {threads}, [&] {{ {name}({', '.join(args)}); }});",
                  f'  {{ FILE* f = std::fopen("{tmp_path / f"o{i}.bin"}", "wb"); '
                  f"std::fwrite(c{i}_{out}.data(), 1, c{i}_{out}.size(), f); std::fclose(f); }}"]  # fmt: skip
         outs.append((tmp_path / f"o{i}.bin", values[out]))

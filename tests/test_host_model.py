@@ -1,5 +1,6 @@
-"""tests/cuda_on_host.py's SM90 model on a kernel whose results are known: the warp-specialised
-TMA GEMM (tessera.kernels.gemm_tma) against numpy, and a broken barrier protocol caught."""
+"""tests/cuda_on_host.py's model on kernels whose results are known: the warp-specialised TMA
+GEMM (tessera.kernels.gemm_tma) against numpy, the low-bit decode kernel (mma.sync, cp.async)
+against its reference; a broken barrier protocol and an impossible register split caught."""
 
 from __future__ import annotations
 
@@ -66,3 +67,36 @@ def test_a_register_increase_beyond_the_block_is_reported(tmp_path):
 
     with pytest.raises(RuntimeError, match="never releases"):
         run_on_host(tmp_path, [(oversubscribed, {"Out": np.zeros(384, np.float16), "n": 384}, "Out", 1, 384)])
+
+
+@pytest.mark.parametrize("name, group, bias, m, path", [
+    ("int4", 128, False, 1, "default"), ("uint3", 32, True, 5, "default"), ("e4m3", 64, False, 16, "default"),
+    ("int8", None, True, 40, "default"), ("int2", 128, False, 1, "r16"), ("e2m1", 32, False, 3, "r16"),
+])  # fmt: skip
+def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, group, bias, m, path):
+    """The low-bit decode kernel (mma.sync, cp.async, dequant) without split-k (the model runs
+    no clusters): the default config at M = 1, 5, 16 and 40 (the register path with folded
+    offsets, the weight ring) and the span-16 register path, odd N and K, two calls with fresh
+    activations, against float32 products of the fp16 weights."""
+    import dataclasses
+
+    from test_lowbit_prefill import kernel_group, random_case
+
+    from tessera.kernels.lowbit_decode import DecodeConfig, make_decode
+
+    t = ts.dtype(name)
+    n, k = (72, 520) if m < 16 else (40, 1000)
+    config = DecodeConfig.default(t.nbits, m, n, k, 132) if path == "default" else DecodeConfig.register_path(t.nbits, m, n, k, 132)
+    config = dataclasses.replace(config, split=1)
+    c = random_case(rng, t, n, k, group, bias, config.span)
+    kernel = make_decode(t, kernel_group(group, k), bias, config)
+    cases, refs = [], []
+    for _ in range(2):
+        x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+        values = {"X": x, "Wq": c["words"], "S": c["scales"], "B": c["biases"], "Y": np.full((m, n), np.nan, np.float16),
+                  "KT": -(-k // 256), "M": m, "K": k, "W": c["words"].size, "NS": n, "G": c["scales"].shape[1],
+                  "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "N": n}  # fmt: skip
+        cases.append((kernel, values, "Y", None, None))
+        refs.append(x.astype(np.float32) @ c["ref"].astype(np.float32).T)
+    for got, ref in zip(run_on_host(tmp_path, cases), refs):
+        assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max(), (name, str(config))
