@@ -249,10 +249,10 @@ def test_cuda_fused_kernel_every_type_group_zero_point_and_tile(rng):
 
 
 @pytest.mark.cuda
-def test_cuda_fused_anchor_and_tuned_choice(rng):
+def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     """The anchor with prefill=<each tile> equals the two-pass anchor's result on x [3, 50, K]
-    (two calls, fresh inputs); tuned_prefill returns a candidate, and the eager prefill path
-    with tuning on agrees with the two passes."""
+    (two calls, fresh inputs); tuned_prefill returns a candidate; eager prefill_matmul, tuned
+    and forced fused, agrees with float64 on the quantized weight's dequantisation."""
     torch = pytest.importorskip("torch")
     from tessera.quant.anchor import plan_lowbit_linear
     from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates, tuned_prefill
@@ -268,8 +268,24 @@ def test_cuda_fused_anchor_and_tuned_choice(rng):
         for _ in range(2):
             x = torch.randn(3, 50, k, dtype=torch.float16, device="cuda")
             a, b = (torch.empty(3, 50, n, dtype=torch.float16, device="cuda") for _ in range(2))
-            two([x, *dev], a, [])
+            two([x, *dev], a, [], [torch.empty(n, k, dtype=torch.float16, device="cuda")])  # (its W16 temporary)
             fused([x, *dev], b, [])
             assert float((a.float() - b.float()).abs().max() / a.float().abs().max()) < 2e-3, str(config)
     choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes)
     assert choice in prefill_candidates(t, group, True, 2)
+
+    from tessera.quant.linear import prefill_matmul, prepare
+    from tessera.quant.quantize import quantize_weight
+
+    q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, True)
+    p = prepare(q)
+    w = torch.from_numpy(q.dequantize()).cuda().double()
+    monkeypatch.setenv("TESSERA_TUNE", "1")
+    for mode in ("auto", "fused"):
+        monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", mode)
+        for m in (65, 300):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            ref = x.double() @ w.T
+            err = float((prefill_matmul(x, p).double() - ref).norm() / ref.norm())
+            assert err < 2e-3, (mode, m, err)
+    assert p.cache[("prefill", 512, "fused", True)] != DEQUANT_THEN_GEMM
