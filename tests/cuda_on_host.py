@@ -1,6 +1,6 @@
 """Run a generated CUDA kernel on the host, for the CPU tier: the kernel's C++ built by nvcc as
-host code, every thread of a block a std::thread (blocks one after another), meeting at
-`__syncwarp` (its warp's 32 lanes) and `__syncthreads` (the block).
+host code, every thread of a block a std::thread (blocks, or clusters, one after another),
+meeting at `__syncwarp` (its warp's 32 lanes) and `__syncthreads` (the block).
 
 It checks a kernel's index arithmetic, shared-memory traffic, `dequant` helpers (cuda_fp16's
 half2 arithmetic runs on the host too) and its Hopper pipeline without a GPU.  The SM90 pieces
@@ -19,12 +19,15 @@ are modelled by what they promise, not by how the hardware does it:
   its size gets (65536 / threads, at most 255, in eights), an increase waits for registers
   others released and aborts when none come (on the GPU the block would hang);
 * mma.sync m16n8k16: the warp's lanes exchange their fragments, then each adds its own;
+* shared memory is each block's own arena, filled with 0x7F bytes (an fp16 read of a byte no
+  one wrote is NaN); a cluster's blocks (along x) run together: `cluster_sync` is a barrier of
+  all their threads and `load_cluster` reads another block's arena at the same offset;
 * cp.async copies at once (zero fill when not taken), so its commits and waits do nothing;
 * fences do nothing (host memory is coherent under the barriers' lock).
 
-It is not a CUDA emulator: kernels using anything else (ldmatrix, clusters, the MN-major or
-register-A wgmma, im2col maps) fail to build, which says so; a copy read before its wait is
-not caught (the copies are synchronous).
+It is not a CUDA emulator: kernels using anything else (ldmatrix, the MN-major or register-A
+wgmma, im2col maps) fail to build, which says so; a copy read before its wait is not caught
+(the copies are synchronous).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 HOST_PRELUDE = r"""
+#define ARENA_BYTES (256 * 1024)
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <condition_variable>
@@ -94,14 +98,14 @@ static inline void ts_mbarrier_init(void* bar, uint32_t count) {
 }
 static std::mutex ts_reg_lock;
 static std::condition_variable ts_reg_cv;
-static int ts_reg_pool;  // registers released by the block's threads and not claimed again (blocks run in turn)
+static thread_local int* ts_reg_pool;  // registers the block's threads released and did not claim again
 static thread_local int ts_regs;
 static inline void ts_host_setmaxnreg(int regs) {
   std::unique_lock<std::mutex> lock(ts_reg_lock);
   int more = regs - ts_regs;
-  if (!ts_reg_cv.wait_for(lock, std::chrono::seconds(20), [&] { return ts_reg_pool >= more; }))
+  if (!ts_reg_cv.wait_for(lock, std::chrono::seconds(20), [&] { return *ts_reg_pool >= more; }))
     ts_host_fail("setmaxnreg.inc waits for registers the block never releases (the GPU would hang)");
-  ts_reg_pool -= more; ts_regs = regs; ts_reg_cv.notify_all();
+  *ts_reg_pool -= more; ts_regs = regs; ts_reg_cv.notify_all();
 }
 static inline void ts_fence_mbarrier_init() {}
 static inline void ts_fence_proxy_async() {}
@@ -164,8 +168,6 @@ template <int N, class T> static inline void ts_host_wgmma(float* d, const void*
     d[i] += s;
   }
 }
-// wgmma's fence and wait are warpgroup-collective (.sync.aligned): the 128 threads meet there,
-// so that once past the wait no thread of the warpgroup still reads the stages its wgmmas read.
 // mma.sync m16n8k16 (row.col, float32 accumulators): the warp's lanes hand in their A and B
 // fragments, then each adds its own 4 accumulators (rows g, g + 8, columns 2t, 2t + 1).
 struct ts_warp_exchange { uint32_t a[32][4], b[32][2]; };
@@ -196,6 +198,8 @@ template <int N> static inline void ts_copy_async(void* dst, const void* src, bo
 }
 static inline void ts_copy_async_commit() {}
 template <int N> static inline void ts_copy_async_wait() {}
+// wgmma's fence and wait are warpgroup-collective (.sync.aligned): the 128 threads meet there,
+// so that once past the wait no thread of the warpgroup still reads the stages its wgmmas read.
 static inline void ts_wgmma_fence() { ts_warpgroup_barrier->wait(); }
 static inline void ts_wgmma_commit() {}
 template <int N> static inline void ts_wgmma_wait() { ts_warpgroup_barrier->wait(); }
@@ -206,21 +210,49 @@ static std::vector<char> ts_read(const char* path) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
   std::fclose(f); return out;
 }
-template <class F> static void ts_launch(int gx, int gy, int gz, int threads, F kernel) {
-  for (int b = 0; b < gx * gy * gz; ++b) {
-    ts_host_barrier block; block.count = threads;
-    ts_reg_pool = 0;
-    int regs = std::min(255, 65536 / threads) / 8 * 8;
-    std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
-    std::vector<ts_warp_exchange> exchanges(threads / 32);
+// Shared memory: each block's own arena (filled with 0x7F: an fp16 read of a byte nobody wrote
+// is NaN); a cluster's blocks run together and read each other's arenas (load_cluster).
+static thread_local char* ts_block_smem;
+static thread_local char** ts_cluster_smem;
+static thread_local ts_host_barrier* ts_cluster_barrier;
+static inline void ts_cluster_sync() { ts_cluster_barrier->wait(); }
+template <int N> static inline void ts_load_cluster(void* dst, const void* src, uint32_t rank) {
+  std::memcpy(dst, ts_cluster_smem[rank] + (static_cast<const char*>(src) - ts_block_smem), N);
+}
+struct ts_host_block {
+  ts_host_barrier block;
+  std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
+  std::vector<ts_warp_exchange> exchanges;
+  std::vector<char> arena;
+  char* smem;
+  int pool = 0;
+  explicit ts_host_block(int threads) : exchanges(threads / 32), arena(ARENA_BYTES + 1024, 0x7F) {
+    block.count = threads;
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new ts_host_barrier);
     for (int g = 0; g < threads; g += 128) { groups.emplace_back(new ts_host_barrier); groups.back()->count = std::min(128, threads - g); }
+    smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(arena.data()) + 1023) & ~uintptr_t(1023));
+  }
+};
+template <class F> static void ts_launch(int gx, int gy, int gz, int threads, int cluster, F kernel) {
+  int blocks = gx * gy * gz, regs = std::min(255, 65536 / threads) / 8 * 8;
+  for (int first = 0; first < blocks; first += cluster) {
+    int n = std::min(cluster, blocks - first);
+    std::vector<std::unique_ptr<ts_host_block>> group;
+    std::vector<char*> arenas;
+    for (int i = 0; i < n; ++i) { group.emplace_back(new ts_host_block(threads)); arenas.push_back(group.back()->smem); }
+    ts_host_barrier together; together.count = n * threads;
     std::vector<std::thread> all;
-    for (int t = 0; t < threads; ++t)
-      all.emplace_back([&, b, t] { ts_block_idx = {b % gx, b / gx % gy, b / (gx * gy)}; ts_thread_idx = {t, 0, 0};
-                                   ts_grid_dim = {gx, gy, gz}; ts_block_dim = {threads, 1, 1}; ts_regs = regs;
-                                   ts_barrier = warps[t / 32].get(); ts_exchange = &exchanges[t / 32]; ts_block_barrier = &block;
-                                   ts_warpgroup_barrier = groups[t / 128].get(); kernel(); });
+    for (int i = 0; i < n; ++i)
+      for (int t = 0; t < threads; ++t)
+        all.emplace_back([&, i, t] {
+          int b = first + i;
+          ts_host_block* me = group[i].get();
+          ts_block_idx = {b % gx, b / gx % gy, b / (gx * gy)}; ts_thread_idx = {t, 0, 0};
+          ts_grid_dim = {gx, gy, gz}; ts_block_dim = {threads, 1, 1}; ts_regs = regs; ts_reg_pool = &me->pool;
+          ts_barrier = me->warps[t / 32].get(); ts_exchange = &me->exchanges[t / 32]; ts_block_barrier = &me->block;
+          ts_warpgroup_barrier = me->groups[t / 128].get(); ts_block_smem = me->smem; ts_cluster_smem = arenas.data();
+          ts_cluster_barrier = &together; kernel();
+        });
     for (auto& t : all) t.join();
   }
 }
@@ -228,7 +260,35 @@ template <class F> static void ts_launch(int gx, int gy, int gz, int threads, F 
 
 # one-line helpers of the generated prelude that are plain C (integer division, min and max)
 _PLAIN = re.compile(r"^__device__ __forceinline__ (int32_t|int64_t|uint32_t|uint64_t) (ts_\w+)\(.*\}$")
-_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)')
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(?:__cluster_dims__\([^)]*\) )?'
+                        r"(\w+)\(([^)]*)\)")
+_SHARED = re.compile(r"(extern )?__shared__ __align__\((\d+)\) (\w+) (\w+)\[([^\]]*)\];")
+_ELEMENT_BYTES = {"half": 2, "__nv_bfloat16": 2, "float": 4, "double": 8, "uint8_t": 1, "int8_t": 1, "uint16_t": 2,
+                  "int16_t": 2, "uint32_t": 4, "int32_t": 4, "uint64_t": 8, "int64_t": 8}  # fmt: skip
+POOL_BYTES = 233472  # the dynamic pool at its largest (227 KiB + 1 KiB)
+
+
+def _block_shared(kernel: str) -> str:
+    """Shared memory as each block's own: every `__shared__` array becomes a pointer at its
+    offset in the block's arena (ts_block_smem, ARENA_BYTES each, 1024-byte aligned), so the
+    blocks of a cluster, which run together, keep theirs apart."""
+    offset = 0
+
+    def place(m: re.Match) -> str:
+        nonlocal offset
+        align, ctype, name, count = int(m.group(2)), m.group(3), m.group(4), m.group(5)
+        offset = -(-offset // align) * align
+        at = offset
+        size = POOL_BYTES if m.group(1) else eval(count, {"__builtins__": {}}) * _ELEMENT_BYTES[ctype]  # noqa: S307
+        offset += size
+        if offset > ARENA_BYTES:
+            raise NotImplementedError(f"the host model's shared memory holds {ARENA_BYTES} bytes per block")
+        return f"{ctype}* {name} = reinterpret_cast<{ctype}*>(ts_block_smem + {at});"
+
+    return _SHARED.sub(place, kernel)
+
+
+ARENA_BYTES = 256 * 1024  # (the prelude's ARENA_BYTES)
 # where the kernel's own instruction helpers start (after the shared prelude)
 _OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
 _WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16))\(")
@@ -281,10 +341,7 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
         params = [p.strip().split()[-1].rstrip("_") for p in m.group(2).split(",")]
         kernels.append((m.group(1), params))
         kernel = _SIGNATURE.sub(lambda m: f"static void {m.group(1)}({m.group(2)})", kernel, count=1)
-        # shared memory: one static array per kernel (blocks run one after another); the dynamic pool at its largest
-        kernel = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];", r"alignas(\1) static \2 \3[233472];",
-                        kernel)  # fmt: skip
-        kernel = re.sub(r"__shared__ __align__\((\d+)\)", r"alignas(\1) static", kernel)
+        kernel = _block_shared(kernel)
         kernel = _SETMAXNREG.sub(r"ts_host_setmaxnreg(\1);", kernel.replace("__grid_constant__ ", ""))
         for cuda, host in (("threadIdx", "ts_thread_idx"), ("blockIdx", "ts_block_idx"), ("gridDim", "ts_grid_dim"),
                            ("blockDim", "ts_block_dim")):  # fmt: skip
@@ -334,6 +391,15 @@ def launch_dims(kernel, values: dict) -> tuple[tuple[int, int, int], int]:
     return (grid[0], grid[1], grid[2]), block[0]
 
 
+def _cluster(kernel) -> int:
+    """Blocks per cluster (along x; the host model runs no other shape)."""
+    func = getattr(kernel, "ir", None)  # (a plan's source alone: no clusters)
+    dims = tuple(int(getattr(d, "value", d)) for d in (func.launch.cluster or ())) if func is not None else ()
+    if any(d != 1 for d in dims[1:]):
+        raise NotImplementedError("the host model runs clusters along x only")
+    return dims[0] if dims else 1
+
+
 def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> list[np.ndarray]:
     """cases: (kernel, {parameter: numpy array, HostTensorMap or int}, output parameter, blocks,
     threads), blocks an int or (x, y, z), or None for both (`launch_dims`); builds every kernel
@@ -360,7 +426,7 @@ def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> lis
             if isinstance(values[p], HostTensorMap):
                 decls.append(_tensor_map(i, p, values[p], values))
                 args.insert(params.index(p), f"c{i}_{p}")
-        main += [*decls, f"  ts_launch({gx}, {gy}, {gz}, {threads}, [&] {{ {name}({', '.join(args)}); }});",
+        main += [*decls, f"  ts_launch({gx}, {gy}, {gz}, {threads}, {_cluster(kernel)}, [&] {{ {name}({', '.join(args)}); }});",
                  f'  {{ FILE* f = std::fopen("{tmp_path / f"o{i}.bin"}", "wb"); '
                  f"std::fwrite(c{i}_{out}.data(), 1, c{i}_{out}.size(), f); std::fclose(f); }}"]  # fmt: skip
         outs.append((tmp_path / f"o{i}.bin", values[out]))

@@ -17,18 +17,23 @@ from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
-@pytest.mark.parametrize("config", [TmaConfig(128, 128, 3, 2, epilogue="staged"), TmaConfig(64, 64, 2, 1)], ids=str)
+@pytest.mark.parametrize("config", [TmaConfig(128, 128, 3, 2, epilogue="staged"), TmaConfig(64, 64, 2, 1),
+                                    TmaConfig(64, 64, 4, 1, split_k=3, persistent=False, split_reduce="cluster")],
+                         ids=str)  # fmt: skip
 def test_tma_gemm_on_the_host_matches_numpy(rng, tmp_path, config):
-    """Odd M, N and K (TMA's zero fill past the edges), several tiles per block (persistent)."""
+    """Odd M, N and K (TMA's zero fill past the edges), several tiles per block (persistent), or
+    split-k over a cluster whose blocks add their partial tiles through distributed shared memory."""
     cases, refs = [], []
     for m, n, k in ((70, 136, 200), (130, 64, 72)):
         a = rng.standard_normal((1, m, k)).astype(np.float16)
         b = rng.standard_normal((1, n, k)).astype(np.float16)
         boxes = tensor_map_boxes(config, "nk")
-        values = {"A": a, "B": b, "C": np.full((1, m, n), np.nan, np.float16), "split": 1, "ctas": 2, "batch": 1,
+        ctas = 2 if config.persistent else config.grid(m, n)
+        values = {"A": a, "B": b, "C": np.full((1, m, n), np.nan, np.float16), "split": config.split_k, "ctas": ctas,
+                  "batch": 1,
                   "M": m, "K": k, "N": n, "zdim": 1, "tma_a": HostTensorMap("A", (1, m, k), boxes[0]),
                   "tma_b": HostTensorMap("B", (1, n, k), boxes[1])}  # fmt: skip
-        cases.append((make_gemm_tma(f16, config, "nk"), values, "C", 2, config.threads))
+        cases.append((make_gemm_tma(f16, config, "nk"), values, "C", ctas, config.threads))
         refs.append(a[0].astype(np.float32) @ b[0].astype(np.float32).T)
     for got, ref in zip(run_on_host(tmp_path, cases), refs):
         assert np.abs(got[0] - ref).max() <= 2e-3 * np.abs(ref).max()
@@ -100,3 +105,25 @@ def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, gr
         refs.append(x.astype(np.float32) @ c["ref"].astype(np.float32).T)
     for got, ref in zip(run_on_host(tmp_path, cases), refs):
         assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max(), (name, str(config))
+
+
+@pytest.mark.parametrize("name, m", [("int4", 1), ("uint3", 16)])
+def test_decode_kernel_split_over_a_cluster_on_the_host(rng, tmp_path, name, m):
+    """The decode kernel's default config as it runs in models: split-k over a cluster of 2-4
+    blocks whose partial tiles are added through distributed shared memory."""
+    from test_lowbit_prefill import random_case
+
+    from tessera.kernels.lowbit_decode import DecodeConfig, make_decode
+
+    t = ts.dtype(name)
+    n, k = 72, 1040
+    config = DecodeConfig.default(t.nbits, m, n, k, 132)
+    assert config.split > 1
+    c = random_case(rng, t, n, k, 128, False, config.span)
+    x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+    values = {"X": x, "Wq": c["words"], "S": c["scales"], "B": c["biases"], "Y": np.full((m, n), np.nan, np.float16),
+              "KT": -(-k // 256), "M": m, "K": k, "W": c["words"].size, "NS": n, "G": c["scales"].shape[1],
+              "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "N": n}  # fmt: skip
+    (got,) = run_on_host(tmp_path, [(make_decode(t, 128, False, config), values, "Y", None, None)])
+    ref = x.astype(np.float32) @ c["ref"].astype(np.float32).T
+    assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max(), str(config)
