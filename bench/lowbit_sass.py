@@ -7,6 +7,7 @@ per HMMA and per weight unit (one warp's 16 x 256 tile; a pass of the loop compu
     python3 bench/lowbit_sass.py                          # every type, the default configs at M=1 and 16
     python3 bench/lowbit_sass.py --types int4,e4m3 --ms 1 --all   # every candidate config too
     python3 bench/lowbit_sass.py --types int4 --ops       # the loop's opcode histogram
+    python3 bench/lowbit_sass.py --prefill --types int4,int8   # the fused prefill kernel's dequantising loop
 
 cuobjdump comes with the CUDA toolkit (or the `nvidia-cuda-cuobjdump` wheel); set
 TESSERA_CUOBJDUMP to its path when it is not on PATH.  A proxy for issue cost only: it says
@@ -61,6 +62,37 @@ def main_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
     return best
 
 
+def prefill_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The fused prefill kernel's dequantising loop (256 k = four stages): the shortest
+    backward-branch body holding all of its 16-byte shared stores."""
+    best, best_key = code, None
+    for addr, op, args in code:
+        target = re.search(r"0x([0-9a-f]+)", args) if op == "BRA" else None
+        if target and int(target[1], 16) < addr:
+            body = [c for c in code if int(target[1], 16) <= c[0] <= addr]
+            key = (sum(c[1] == "STS" and ".128" in c[2] for c in body), -len(body))
+            if best_key is None or key > best_key:
+                best, best_key = body, key
+    return best
+
+
+def prefill_counts(names: list[str], group: int, bias: bool) -> None:
+    """Per buildable config of tessera.kernels.lowbit_gemm: the dequantising loop's instructions
+    per 64-k stage (one warp; the tensor cores take ~1024 cycles per stage of a 256 x 128 tile
+    at full rate), its shared stores, global loads and selects."""
+    from tessera.kernels import lowbit_gemm
+
+    print("type  config                              per stage  STS.128  LDG  SEL+PRMT")
+    for name in names:
+        t = ts.dtype(name)
+        for c in lowbit_gemm.buildable_configs(t, group, bias and t.is_integer):
+            loop = prefill_loop(instructions(lowbit_gemm.make_lowbit_gemm(t, group, bias and t.is_integer, c).build()))
+            ops = collections.Counter(op for _, op, _ in loop)
+            sts = sum(op == "STS" and ".128" in a for _, op, a in loop)
+            print(f"{name:5} {str(c):36} {len(loop) / 4:9.0f}  {sts:7}  {ops['LDG']:3}  {ops['SEL'] + ops['PRMT']:8}",
+                  flush=True)  # fmt: skip
+
+
 def count(t: ts.DataType, group: int, bias: bool, config: DecodeConfig) -> dict:
     code = instructions(make_decode(t, group, bias, config, K0 % 256 == 0, config.span == 2 and group % 32 == 0).build())
     loop = main_loop(code)
@@ -78,7 +110,11 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every candidate config, not only the default")
     ap.add_argument("--configs", default="", help="candidate names to count (DecodeConfig.candidates), e.g. reg,r16")
     ap.add_argument("--ops", action="store_true", help="print the main loop's opcode histogram")
+    ap.add_argument("--prefill", action="store_true", help="count the fused prefill kernel (lowbit_gemm) instead")
     args = ap.parse_args()
+    if args.prefill:
+        prefill_counts(args.types.split(","), args.group, args.bias)
+        return
     print("type  M   config                             loop  HMMA  per HMMA  per unit  (kernel total)")
     for name in args.types.split(","):
         t = ts.dtype(name)
