@@ -249,6 +249,9 @@ def lowbit_gemm_grid(config: TmaConfig, m: int, n: int, sms: int) -> int:
     return min(-(-m // config.block_m) * -(-n // config.block_n), sms)
 
 
+_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, block_m), the newest 64
+
+
 def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int, has_bias: bool,
                 config: TmaConfig | None = None) -> None:  # fmt: skip
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
@@ -269,6 +272,11 @@ def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int,
                                f"got K = {k}")  # fmt: skip
     config = config or prefill_config()
     kernel = make_lowbit_gemm(wtype, group_size, has_bias, config)
-    tma_a = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_m, BLOCK_K))
+    key = (x.data_ptr(), m, k, config.block_m)  # (a map only encodes the address, shape and box)
+    tma_a = _MAPS.get(key)
+    if tma_a is None:
+        if len(_MAPS) >= 64:
+            _MAPS.pop(next(iter(_MAPS)))
+        tma_a = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_m, BLOCK_K))
     ctas = lowbit_gemm_grid(config, m, n, multiprocessor_count())
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, ctas)
