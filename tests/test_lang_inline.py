@@ -11,7 +11,7 @@ from tessera.errors import KernelSyntaxError
 
 
 @ts.inline
-def add_scaled(out, x, i, count, times, n):  # noqa: ANN001
+def add_scaled(out, x, i, count, times, n):
     for _ in ts.unroll(times):  # compile-time argument: unrolled per call
         count += 1  # the caller's variable
         if i < n:
@@ -19,7 +19,7 @@ def add_scaled(out, x, i, count, times, n):  # noqa: ANN001
 
 
 @ts.inline
-def twice(out, x, i, count, n):  # noqa: ANN001
+def twice(out, x, i, count, n):
     add_scaled(out, x, i, count, 2, n)  # inline functions call inline functions
 
 
@@ -43,18 +43,23 @@ def test_an_inline_body_runs_in_place_with_the_callers_variables():
 
 
 @ts.inline
-def reads_a_caller_local(out):  # noqa: ANN001
+def reads_a_caller_local(out):
     out[0] = secret  # noqa: F821  (not visible: the caller's local)
 
 
 @ts.inline
-def returns(out):  # noqa: ANN001
+def returns(out):
     return
 
 
 @ts.inline
-def recurses(out):  # noqa: ANN001
+def recurses(out):
     recurses(out)
+
+
+@ts.inline
+def bumps(counter):
+    counter = counter + 1
 
 
 def test_inline_misuse_is_reported_where_it_is():
@@ -83,6 +88,12 @@ def test_inline_misuse_is_reported_where_it_is():
         @ts.kernel
         def k4(Out: f32["n"]):
             recurses(Out)
+
+    with pytest.raises(KernelSyntaxError, match="'counter' of inline function 'bumps' was passed a compile-time value"):
+
+        @ts.kernel
+        def k5(Out: f32["n"]):
+            bumps(3)
 
     with pytest.raises(TypeError, match="expands inside kernels"):
         twice(None, None, 0, 0, 1)

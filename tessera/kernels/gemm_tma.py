@@ -168,7 +168,7 @@ class ConvWindow:
 
 
 @ts.inline
-def init_ring(full, empty, tid, stages, full_arrivals, empty_arrivals):  # noqa: ANN001
+def init_ring(full, empty, tid, stages, full_arrivals, empty_arrivals):
     """Thread 0 initialises the ring's barriers: `full[s]` completes after `full_arrivals`
     arrivals (and the transaction bytes they announce), `empty[s]` after `empty_arrivals`
     (one per consumer warpgroup); then the block meets."""
@@ -181,7 +181,7 @@ def init_ring(full, empty, tid, stages, full_arrivals, empty_arrivals):  # noqa:
 
 
 @ts.inline
-def consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane, slabs, block_n, stages, kn):  # noqa: ANN001
+def consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane, slabs, block_n, stages, kn):
     """A consumer warpgroup's k-loop over one output tile: m64n{block_n}k16 wgmmas of its `slabs`
     m64 slabs from each stage once `full` says it landed, one k-tile in flight, the stage
     before released on `empty`; `stage`, `phase` and `last` are the caller's ring position."""
@@ -213,7 +213,7 @@ def consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane
 
 
 @ts.inline
-def store_staged_rows(C, Cs, acc, sl, z, m0, n0, row0, lane, wg, M, N, dtype, block_n, pairs):  # noqa: ANN001
+def store_staged_rows(C, Cs, acc, sl, z, m0, n0, row0, lane, wg, M, N, dtype, block_n, pairs):
     """The staged epilogue of slab `sl`: this warp's 16 rows go through shared memory (Cs, one
     [16, block_n + 8] tile per consumer warp), written as column pairs (`pairs`: c_pairs),
     read back as 16-byte row segments (coalesced global stores; epilogue fusion rewrites them)."""

@@ -7,7 +7,8 @@ call with its parameters bound to the caller's arguments, so
 * compile-time arguments (ints, dtypes, mappings, bools) stay compile-time: `ts.unroll(n)` and
   `if flag:` inside specialise per call;
 * a run-time variable passed in is the caller's variable: assigning to the parameter
-  (`stage += 1`) assigns it, as the caller's own code would;
+  (`stage += 1`) assigns it, as the caller's own code would (assigning a parameter that was
+  passed a compile-time value is an error: the caller would not see it);
 * tensors, shared buffers and registers are passed as they are;
 * names the body defines stay its own; it sees its parameters and its own module's Python
   names, never the caller's locals (pass shape symbols such as M explicitly).
@@ -47,7 +48,7 @@ class Inline:
         self.body = fdef.body
         self.indent = len(self.source_lines[0]) - len(self.source_lines[0].lstrip())
         # Its defining frame's locals and closure over its module's globals, read live at each
-        # expansion (an inline function may call one defined after it, or itself).
+        # expansion (an inline function may call one defined after it).
         local = dict(scope)
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:

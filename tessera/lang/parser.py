@@ -63,6 +63,7 @@ class KernelParser(ExpressionParser):
         # Variables the kernel may read but not assign: loop indices and shape symbols.
         self.readonly: dict[E.Var, str] = {}
         self.inlining: list[str] = []  # the inline functions being expanded (innermost last)
+        self.inline_constants: list[set[str]] = []  # their parameters bound to compile-time values
 
     # ---- entry -----------------------------------------------------------------------
     def parse(self) -> Function:
@@ -221,12 +222,14 @@ class KernelParser(ExpressionParser):
         self.source_lines, self.first_line, self.filename, self.indent = (func.source_lines, func.first_line,
                                                                           func.filename, func.indent)  # fmt: skip
         self.inlining.append(func.name)
+        self.inline_constants.append({k for k, v in bound.arguments.items() if not isinstance(v, E.Expr)})
         try:
             return self.block(func.body, dict(bound.arguments))
         except ParseError as err:  # reported where it is, in the inline function's source
             raise self.error(f"{err} (in inline function '{func.name}')") from None
         finally:
             self.inlining.pop()
+            self.inline_constants.pop()
             (self.env, self.scopes, self.source_lines, self.first_line, self.filename, self.indent,
              self.current) = saved  # fmt: skip
 
@@ -305,6 +308,9 @@ class KernelParser(ExpressionParser):
             raise ParseError(f"cannot assign to `{ast.unparse(target)}`")
         name = target.id
         existing = self.lookup_local(name)
+        if self.inline_constants and name in self.inline_constants[-1]:
+            raise ParseError(f"parameter '{name}' of inline function '{self.inlining[-1]}' was passed a compile-time "
+                             "value: assigning it would not change the caller's; pass a run-time variable")  # fmt: skip
         if isinstance(value, S.DeclareBuffer):
             if existing is not None:
                 raise ParseError(f"'{name}' is already defined; give the new tensor another name")
