@@ -36,6 +36,7 @@ import tessera as ts  # noqa: E402
 from tessera.kernels import lowbit_gemm  # noqa: E402
 from tessera.kernels.lowbit_dequant import DEFAULT_WARPS, make_dequant_units  # noqa: E402
 from tessera.kernels.lowbit_launch import cubin_registers  # noqa: E402
+from tessera.quant.linear import PREPARED_SPAN  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
 
@@ -44,7 +45,7 @@ def build_all(types: list[str], warps: list[int], workers: int) -> dict:
     """{(type, warps): registers per thread} after building every kernel with nvcc."""
     keys = [(t, w) for t in types for w in warps]
     with ThreadPoolExecutor(workers) as ex:
-        regs = list(ex.map(lambda key: cubin_registers(make_dequant_units(ts.dtype(key[0]), GROUP, False, 16,
+        regs = list(ex.map(lambda key: cubin_registers(make_dequant_units(ts.dtype(key[0]), GROUP, False, PREPARED_SPAN,
                                                                           key[1]).build()), keys))  # fmt: skip
     return dict(zip(keys, regs))
 
@@ -59,7 +60,7 @@ def main() -> None:
     types, warps = args.types.split(","), sorted({int(w) for w in args.warps.split(",")} | {DEFAULT_WARPS})
     t0 = time.time()
     regs = build_all(types, warps, args.workers)
-    print(f"built {len(regs)} kernels in {time.time() - t0:.1f}s (group {GROUP}, span 16, no zero points)")
+    print(f"built {len(regs)} kernels in {time.time() - t0:.1f}s (group {GROUP}, span {PREPARED_SPAN}, no zero points)")
     for (t, w), r in regs.items():
         print(f"  {t:5} warps {w}: {r} registers, {w * 8} KiB shared per block")
     if not args.dry_run:
@@ -96,7 +97,7 @@ def time_type(name: str, warps: list[int], timer, bw: float, x, w16, y, gen) -> 
     p = prepare(q)
     exact = torch.from_numpy(q.dequantize()).cuda()  # float32: the products are exact there
     setup = time.time() - t0
-    kernels = {wp: make_dequant_units(t, p.kernel_group, False, 16, wp) for wp in warps}
+    kernels = {wp: make_dequant_units(t, p.kernel_group, False, PREPARED_SPAN, wp) for wp in warps}
     deq = {wp: timer(dequantize, kernel, p, w16) for wp, kernel in kernels.items()}
     dequantize(kernels[DEFAULT_WARPS], p, w16)
     same = bool(torch.equal(w16, exact.half()))

@@ -188,7 +188,7 @@ def test_cuda_prefill_matmul_every_type(rng):
     QuantizedWeight's dequantisation rounded once, and no codes are copied to the device."""
     torch = pytest.importorskip("torch")
     from tessera.kernels.lowbit_dequant import dequantize_words
-    from tessera.quant.linear import DECODE_MAX_M, cuda_matmul, prepare
+    from tessera.quant.linear import DECODE_MAX_M, PREPARED_SPAN, cuda_matmul, prepare
 
     assert 65 > DECODE_MAX_M
     weights = []
@@ -196,11 +196,11 @@ def test_cuda_prefill_matmul_every_type(rng):
         n, k = SIZES[i % 2]
         q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, 128 if i % 3 else None, bool(i % 2) and t.is_integer)
         weights.append((q, prepare(q)))
-    _build_all((p.weight.dtype, p.kernel_group, p.weight.zeros is not None, 16) for _, p in weights)
+    _build_all((p.weight.dtype, p.kernel_group, p.weight.zeros is not None, PREPARED_SPAN) for _, p in weights)
     for q, p in weights:
         w = torch.from_numpy(q.dequantize()).cuda()
         w16 = torch.empty(q.shape, dtype=torch.float16, device="cuda")
-        dequantize_words(p.words, p.scales, p.biases, w16, q.dtype, p.kernel_group, q.zeros is not None)
+        dequantize_words(p.words, p.scales, p.biases, w16, q.dtype, p.kernel_group, q.zeros is not None, PREPARED_SPAN)
         assert torch.equal(w16, w.half()), q.dtype
         for m in (65, 130):
             for _ in range(2):

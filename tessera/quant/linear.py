@@ -23,13 +23,17 @@ from tessera.quant.quantize import QuantizedWeight
 
 log = logging.getLogger("tessera")
 
+# The k order `PreparedWeight.words` holds: the one the default decode configs (DecodeConfig.default),
+# the dequantiser and the fused prefill kernel read, so an eager model keeps one copy of its words.
+PREPARED_SPAN = 2
+
 
 @dataclass
 class PreparedWeight:
     """A QuantizedWeight laid out for the CUDA kernels (torch tensors on one device)."""
 
     weight: QuantizedWeight
-    words: Any  # uint32 [padded N * padded K * bits / 32]
+    words: Any  # uint32 [padded N * padded K * bits / 32], k order PREPARED_SPAN
     scales: Any  # float16 [N, G]
     biases: Any  # float16 [N, G], or a [1, 1] placeholder when there are no zero points
     k_tiles: int
@@ -37,9 +41,9 @@ class PreparedWeight:
     cache: dict = field(default_factory=dict)
 
     def words_for(self, span: int) -> Any:
-        """The words packed in the k order `span` (tessera.ir.lowbit.SPANS): `words` is span
-        16; others are packed on first use and kept."""
-        if span == 16:
+        """The words packed in the k order `span` (tessera.ir.lowbit.SPANS): `words` for
+        PREPARED_SPAN; another is packed on first use (a tuned span-16 config) and kept."""
+        if span == PREPARED_SPAN:
             return self.words
         got = self.cache.get(("words", span))
         if got is None:
@@ -88,7 +92,7 @@ def prepare(w: QuantizedWeight, device: str = "cuda") -> PreparedWeight:
 
     n, k = w.shape
     _, kpad = padded_shape(n, k)
-    words = pack_units(w.codes.codes(), w.dtype)
+    words = pack_units(w.codes.codes(), w.dtype, PREPARED_SPAN)
     scales, biases = kernel_scales_and_biases(w)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     group = kpad if w.group_size >= k else w.group_size
@@ -136,7 +140,7 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
                     w.zeros is not None, choice)  # fmt: skip
         return y
     w16 = torch.empty(w.shape, dtype=torch.float16, device=x.device)
-    dequantize_words(p.words, p.scales, p.biases, w16, w.dtype, p.kernel_group, w.zeros is not None)
+    dequantize_words(p.words, p.scales, p.biases, w16, w.dtype, p.kernel_group, w.zeros is not None, PREPARED_SPAN)
     return torch.matmul(x, w16.T, out=out) if out is not None else x @ w16.T
 
 
@@ -153,8 +157,7 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
     if choice is None:
         w = p.weight
         n, k = w.shape
-        # (the words of either k order have the same size: no span-2 copy unless the fused kernel runs)
-        choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, 2, bucket, n, k,
+        choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, PREPARED_SPAN, bucket, n, k,
                                                p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape),
                                                key[3])  # fmt: skip
     return choice
