@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 HOST_PRELUDE = r"""
-#define ARENA_BYTES (256 * 1024)
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <condition_variable>
@@ -266,6 +265,7 @@ _SHARED = re.compile(r"(extern )?__shared__ __align__\((\d+)\) (\w+) (\w+)\[([^\
 _ELEMENT_BYTES = {"half": 2, "__nv_bfloat16": 2, "float": 4, "double": 8, "uint8_t": 1, "int8_t": 1, "uint16_t": 2,
                   "int16_t": 2, "uint32_t": 4, "int32_t": 4, "uint64_t": 8, "int64_t": 8}  # fmt: skip
 POOL_BYTES = 233472  # the dynamic pool at its largest (227 KiB + 1 KiB)
+ARENA_BYTES = 256 * 1024  # each block's shared memory (the host program's ARENA_BYTES too)
 
 
 def _block_shared(kernel: str) -> str:
@@ -288,7 +288,6 @@ def _block_shared(kernel: str) -> str:
     return _SHARED.sub(place, kernel)
 
 
-ARENA_BYTES = 256 * 1024  # (the prelude's ARENA_BYTES)
 # where the kernel's own instruction helpers start (after the shared prelude)
 _OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
 _WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16))\(")
@@ -355,7 +354,8 @@ def host_source(sources: list[str]) -> tuple[str, list[tuple[str, list[str]]]]:
             break
         used += more
         text = "\n".join(plain[name] for name in more)
-    parts = [HOST_PRELUDE, *(plain[n] for n in plain if n in used), *helpers.values(), *bodies.values()]
+    parts = [f"#define ARENA_BYTES {ARENA_BYTES}", HOST_PRELUDE, *(plain[n] for n in plain if n in used),
+             *helpers.values(), *bodies.values()]
     return "\n".join(parts), kernels
 
 

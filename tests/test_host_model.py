@@ -74,6 +74,14 @@ def test_a_register_increase_beyond_the_block_is_reported(tmp_path):
         run_on_host(tmp_path, [(oversubscribed, {"Out": np.zeros(384, np.float16), "n": 384}, "Out", 1, 384)])
 
 
+def decode_values(c: dict, x: np.ndarray) -> dict:
+    """The decode kernel's arguments for test_lowbit_prefill.random_case `c` and x [M, K]."""
+    (m, k), n = x.shape, c["shape"][0]
+    return {"X": x, "Wq": c["words"], "S": c["scales"], "B": c["biases"], "Y": np.full((m, n), np.nan, np.float16),
+            "KT": -(-k // 256), "M": m, "K": k, "W": c["words"].size, "NS": n, "G": c["scales"].shape[1],
+            "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "N": n}  # fmt: skip
+
+
 @pytest.mark.parametrize("name, group, bias, m, path", [
     ("int4", 128, False, 1, "default"), ("uint3", 32, True, 5, "default"), ("e4m3", 64, False, 16, "default"),
     ("int8", None, True, 40, "default"), ("int2", 128, False, 1, "r16"), ("e2m1", 32, False, 3, "r16"),
@@ -98,10 +106,7 @@ def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, gr
     cases, refs = [], []
     for _ in range(2):
         x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
-        values = {"X": x, "Wq": c["words"], "S": c["scales"], "B": c["biases"], "Y": np.full((m, n), np.nan, np.float16),
-                  "KT": -(-k // 256), "M": m, "K": k, "W": c["words"].size, "NS": n, "G": c["scales"].shape[1],
-                  "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "N": n}  # fmt: skip
-        cases.append((kernel, values, "Y", None, None))
+        cases.append((kernel, decode_values(c, x), "Y", None, None))
         refs.append(x.astype(np.float32) @ c["ref"].astype(np.float32).T)
     for got, ref in zip(run_on_host(tmp_path, cases), refs):
         assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max(), (name, str(config))
@@ -121,9 +126,6 @@ def test_decode_kernel_split_over_a_cluster_on_the_host(rng, tmp_path, name, m):
     assert config.split > 1
     c = random_case(rng, t, n, k, 128, False, config.span)
     x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
-    values = {"X": x, "Wq": c["words"], "S": c["scales"], "B": c["biases"], "Y": np.full((m, n), np.nan, np.float16),
-              "KT": -(-k // 256), "M": m, "K": k, "W": c["words"].size, "NS": n, "G": c["scales"].shape[1],
-              "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "N": n}  # fmt: skip
-    (got,) = run_on_host(tmp_path, [(make_decode(t, 128, False, config), values, "Y", None, None)])
+    (got,) = run_on_host(tmp_path, [(make_decode(t, 128, False, config), decode_values(c, x), "Y", None, None)])
     ref = x.astype(np.float32) @ c["ref"].astype(np.float32).T
     assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max(), str(config)

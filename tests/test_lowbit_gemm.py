@@ -35,7 +35,7 @@ def host_values(c: dict, x: np.ndarray, config) -> dict:
     n = c["shape"][0]
     return {"A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
             "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_m, 64)),
-            "ctas": lg.lowbit_gemm_grid(config, m, n, 3), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
+            "ctas": config.grid(m, n, 1, 3), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
             "G": c["scales"].shape[1], "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "zdim": 1,
             "N": n}  # fmt: skip
 

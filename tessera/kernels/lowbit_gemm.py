@@ -123,7 +123,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
 
     `group_size` is the kernel group (the padded K for per-channel scales, as
     lowbit_dequant.make_dequant_units takes it); Z is read only when `has_bias`.  tma_a maps A
-    with box (1, block_m, 64) (zero fill past M and K); ctas = min(tiles, SMs).  K % 8 == 0."""
+    with box (1, block_m, 64) (zero fill past M and K); ctas = config.grid(M, N, 1, SMs).  K % 8 == 0."""
     bad = problems(wtype, group_size, has_bias, config)
     if bad:
         raise UnsupportedError(f"low-bit prefill GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
@@ -244,11 +244,6 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     return gemm
 
 
-def lowbit_gemm_grid(config: TmaConfig, m: int, n: int, sms: int) -> int:
-    """Thread blocks of one launch: one per SM, at most one per output tile."""
-    return min(-(-m // config.block_m) * -(-n // config.block_n), sms)
-
-
 _MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, block_m), the newest 64
 
 
@@ -278,5 +273,5 @@ def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int,
         if len(_MAPS) >= 64:
             _MAPS.pop(next(iter(_MAPS)))
         tma_a = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_m, BLOCK_K))
-    ctas = lowbit_gemm_grid(config, m, n, multiprocessor_count())
+    ctas = config.grid(m, n, 1, multiprocessor_count())  # (persistent: one block per SM, at most one per tile)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, ctas)

@@ -143,14 +143,14 @@ def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, sca
     """The fused prefill kernel with x read through a tensor map as [1, M, K] and the epilogue
     in its staged (16-byte row segment) stores."""
     from tessera.kernels.gemm_tma import BLOCK_K
-    from tessera.kernels.lowbit_gemm import lowbit_gemm_grid, make_lowbit_gemm
+    from tessera.kernels.lowbit_gemm import make_lowbit_gemm
 
     t = dtypes.dtype(attrs["wtype"])
     n, k = attrs["n"], attrs["k"]
     m, out_shape, rows_of = _rows(x_shape, n, k)
     f = make_lowbit_gemm(t, group, bool(attrs["has_bias"]), config).ir
     f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n)},
-                   {"ctas": lowbit_gemm_grid(config, m, n, _sms())})  # fmt: skip
+                   {"ctas": config.grid(m, n, 1, _sms())})  # fmt: skip
     f = retype_operand(f, "A", x_shape)
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
     f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),

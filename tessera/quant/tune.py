@@ -74,11 +74,15 @@ def random_operands(wtype: DataType, span: int, m: int, n: int, k: int, words: i
     return wq, sc, bz, x, torch.empty((m, n), dtype=torch.float16, device="cuda")
 
 
+def _sources(*modules: Any) -> str:
+    return "\n".join(Path(m.__file__).read_text(errors="replace") for m in modules)
+
+
 def template_source() -> str:
-    """The kernel and config sources: their hash keys the records (an edit re-tunes)."""
+    """The decode kernel and config sources: their hash keys the records (an edit re-tunes)."""
     from tessera.kernels import lowbit_decode, lowbit_decode_config
 
-    return "\n".join(Path(m.__file__).read_text(errors="replace") for m in (lowbit_decode, lowbit_decode_config))
+    return _sources(lowbit_decode, lowbit_decode_config)
 
 
 def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int,
@@ -232,7 +236,7 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
         return lowbit_gemm.make_lowbit_gemm(wtype, group, has_bias, c).build()
 
     record = tune(key, candidates, build=build, bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check,
-                  template=template_source() + prefill_source())  # fmt: skip
+                  template=prefill_source())  # fmt: skip
     if not record.from_cache:
         log.info("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: %s (%s)", wtype.name, m, n, k, record.best,
                  ", ".join(f"{name} {us:.1f} us" for name, us in record.times_us.items()))  # fmt: skip
@@ -240,6 +244,8 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
 
 
 def prefill_source() -> str:
-    from tessera.kernels import gemm_tma, lowbit_dequant, lowbit_gemm
+    """The prefill candidates' sources (the fused kernel with the GEMM and decode pieces it
+    uses, the dequantiser): their hash keys the prefill records."""
+    from tessera.kernels import gemm_tma, lowbit_decode, lowbit_dequant, lowbit_gemm
 
-    return "\n".join(Path(m.__file__).read_text(errors="replace") for m in (lowbit_gemm, lowbit_dequant, gemm_tma))
+    return _sources(lowbit_gemm, gemm_tma, lowbit_decode, lowbit_dequant)
