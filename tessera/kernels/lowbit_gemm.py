@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import tessera as ts
 from tessera import f16, f32, u32, u64
 from tessera.errors import UnsupportedError
+from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels import gemm_tma
@@ -77,18 +78,18 @@ def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3, spre
 def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool, spread: bool = False) -> int:
     """Registers per thread the dequantising warpgroup needs (ptxas spills below it, measured
     with -Xptxas -v at groups 32/128/per channel, with and without zero points): its units'
-    words, their scales (and zero points), one register per half, plus ~52 for addresses and
+    words, their scales (and zero points), one register per half, plus ~68 for addresses (the next 256 k's loads among them) and
     the values of a stage, ~12 more per unit for the spread stores' selects."""
     units = block_n // (16 * DEQUANT_WARPS)
     scales = units * len(scale_slots(SPAN, group_size)[2]) * 2 * (2 if has_bias else 1)
-    return -(-(units * 4 * bits + scales + 52 + (12 * units if spread else 0)) // 8) * 8
+    return -(-(units * 4 * bits + scales + 68 + (12 * units if spread else 0)) // 8) * 8
 
 
 def register_split(bits: int, block_n: int, group_size: int, has_bias: bool, spread: bool = False) -> tuple[int, int]:
     """(dequantising, consuming) warpgroups' registers per thread (setmaxnreg, multiples of 8,
-    128 * first + 256 * second <= REGISTERS): the dequantisers what they need (at least 96), the
+    128 * first + 256 * second <= REGISTERS): the dequantisers what they need (at least 112), the
     consumers (block_n / 2 float32 accumulators per m64 slab) the rest, up to 232."""
-    producer = min(168, max(96, producer_registers(bits, block_n, group_size, has_bias, spread)))
+    producer = min(168, max(112, producer_registers(bits, block_n, group_size, has_bias, spread)))
     return producer, min(232, (REGISTERS - 128 * producer) // 256 // 8 * 8)
 
 
@@ -139,6 +140,32 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     SPREAD = stores_spread(config)
     REGS = register_split(BITS, BN, GS, HAS_BIAS, SPREAD)
     GROUP = GROUP_M
+    # Stage b reads, of each plane of width p (tessera.ir.lowbit.plane_layout), the lane's words
+    # [first + b * p, first + (b + 1) * p), and scale run q ends in stage ((q + 1) * SPQ - 1) // 4:
+    # after stage b those words (16-, 8- or 4-byte loads) and runs are reloaded for the next 256 k,
+    # so their loads' latency hides behind the later stages (loading all of them at the start of
+    # each 256 k exposed it once per 4 stages: 0.73x cuBLAS at M=4096, int4).
+    ALL_WORDS = tuple((4 * j, 16) for j in range(BITS))  # (first word, bytes) of each load
+    STAGE_WORDS = tuple(sum((tuple((first + b * p + 4 * c, 16) for c in range(p // 4)) if p >= 4 else ((first + b * p, 4 * p),)
+                             for p, first, _ in lowbit.plane_layout(BITS)), ()) for b in range(4))  # fmt: skip
+    SLOTS_AFTER = tuple(tuple(q for q in QS if ((q + 1) * SPQ - 1) // 4 == b) for b in range(4))
+
+    @ts.inline
+    def load_unit(wr, sc, bz, Wq, S, Z, uu, unit, ku, k_units, n_units, lane, t4, g, G, NS, words, slots):
+        """Unit `uu`'s `words` ((first word, bytes) loads) and scale runs `slots` of 256-k block `ku`
+        into registers (units past N, the tile's padding rows, read the last one: their columns are
+        never stored).  A lane's 16-byte chunk j lies at ((unit * k_units + ku) * BITS + j) * 32 + lane."""
+        nt = min(unit, n_units - 1)
+        for w, nbytes in words:
+            ts.copy_vector(wr[uu, w], Wq[(((nt * k_units + ku) * BITS + w // 4) * 32 + lane) * 4 + w % 4], nbytes)
+        for q in slots:
+            grp = min((ku * 256 + KT_LANE * t4 + QK[q]) // GS, G - 1)
+            for h in ts.unroll(2):
+                row = min(nt * 16 + g + 8 * h, NS - 1)
+                sc[uu, q, h] = S[row, grp]
+                if HAS_BIAS:
+                    bz[uu, q, h] = Z[row, grp]
+
     name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}{'_sp' if SPREAD else ''}"
 
     @ts.kernel(target="cuda", name=name)
@@ -180,19 +207,20 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                 rows = min(tiles_m - first, GROUP)
                 m0 = (first + (t % group_tiles) % rows) * BM
                 n0 = ((t % group_tiles) // rows) * BN
+                # the next 256 k's words and scales: this tile's, or the next tile's first (its n0)
+                tn = min(t + ts.grid_dim.x, per_z - 1)
+                first_n = (tn // group_tiles) * GROUP
+                next_n0 = ((tn % group_tiles) // min(tiles_m - first_n, GROUP)) * BN
+                if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
+                    for uu in UNITS:
+                        load_unit(wr, sc, bz, Wq, S, Z, uu, n0 // 16 + warp * UPW + uu, 0, k_units, n_units, lane, t4,
+                                  g, G, NS, ALL_WORDS, QS)  # fmt: skip
                 for ku in range(k_units):
-                    for uu in UNITS:  # compile-time: register indices
-                        # units past N (the tile's padding rows) read the last one: their columns are never stored
-                        nt = min(n0 // 16 + warp * UPW + uu, n_units - 1)
-                        for j in ts.unroll(BITS):
-                            ts.copy_vector(wr[uu, 4 * j], Wq[(((nt * k_units + ku) * BITS + j) * 32 + lane) * 4], 16)
-                        for q in QS:
-                            grp = min((ku * 256 + KT_LANE * t4 + QK[q]) // GS, G - 1)
-                            for h in ts.unroll(2):
-                                row = min(nt * 16 + g + 8 * h, NS - 1)
-                                sc[uu, q, h] = S[row, grp]
-                                if HAS_BIAS:
-                                    bz[uu, q, h] = Z[row, grp]
+                    nku = ku + 1
+                    nn0 = n0
+                    if nku == k_units:
+                        nku = 0
+                        nn0 = next_n0
                     for b in BLOCKS:  # compile-time: the dequant's steps 4b..4b + 3
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
                         if tid == 0:
@@ -208,6 +236,9 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                                     else:
                                         ts.dequant(a[jj, 8 * p], wr[uu, 0], sc[uu, (4 * b + 2 * jj + p) // SPQ, 0],
                                                    wtype=T, start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
+                            # this stage's words and scale runs are dead: load the next 256 k's in their place
+                            load_unit(wr, sc, bz, Wq, S, Z, uu, nn0 // 16 + warp * UPW + uu, nku, k_units, n_units, lane,
+                                      t4, g, G, NS, STAGE_WORDS[b], SLOTS_AFTER[b])  # fmt: skip
                             for s in PAIRS:  # store slot s: pair s, or with SPREAD pair s ^ (g % 2)
                                 for h in HALVES:
                                     for e in EIGHT:
