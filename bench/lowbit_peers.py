@@ -31,7 +31,8 @@ def humming_type(tname: str) -> str:
 
 
 class HummingPeer:
-    """One quantised Humming layer per (type, group, N, K), reused across M."""
+    """One quantised Humming layer per (Humming type, group, N, K), reused across M and by the
+    signed and unsigned tessera types of one width (Humming stores both as unsigned codes)."""
 
     def __init__(self) -> None:
         self.layers: dict[tuple, object] = {}
@@ -43,11 +44,10 @@ class HummingPeer:
             _report("import", f"humming unavailable: {type(exc).__name__}: {str(exc)[:160]}")
             return None
         n, k = w.shape
-        key = (tname, group, n, k)
+        key = (humming_type(tname), group, n, k)
         try:
             layer = self.layers.get(key)
             if layer is None:
-                self.layers.clear()  # one weight at a time on the GPU
                 layer = HummingLayer(shape_n=n, shape_k=k, torch_dtype=torch.float16,
                                      weight_config={"dtype": humming_type(tname), "group_size": group or 0}).cuda()  # fmt: skip
                 layer.load_from_unquantized(w.to(torch.float16))

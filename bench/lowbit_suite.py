@@ -1,16 +1,19 @@
 """Suite `lowbit` (issue 12): low-bit weight x fp16 activation GEMM, every weight type, vs cuBLAS
-fp16 weights and torch's tinygemm int4 (`_weight_int4pack_mm`, bf16) in the same run.
+fp16 weights, torch's tinygemm int4 (`_weight_int4pack_mm`, bf16) and Humming (bench/lowbit_peers.py,
+where its wheel is installed; at N=12288, K=4096 and every group, not on the Llama-3 shapes: each
+new type, group and shape costs it ~16 s of JIT) in the same run.
 
 Rows: case `M=..,N=..,K=..,w=<type>,g=<group|ch>,fp16`, tessera_us, floor_us (bytes the kernel
 must move: packed weights + scales (+ zero points) + activations + output, over the copy
 bandwidth measured in this run), peers_us, rel_err against float64 on the dequantised weights.
-Humming and Tilus are not run (their wheels do not travel yet)."""
+Tilus is not run: its wheel has no quantized matmul (lowbit_peers.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 from harness import Timer, rel_err
+from lowbit_peers import HummingPeer
 
 import tessera as ts
 from tessera.quant import WEIGHT_TYPES
@@ -60,9 +63,10 @@ def _tinygemm(x: torch.Tensor, w: torch.Tensor, group: int):
         return None
 
 
-def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False) -> list[dict]:
-    """Rows for every case; with TESSERA_BENCH_BUDGET_S set, the cases started within that many
-    seconds (a partial run says so in its printout)."""
+def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tuple[int, int] = (1, 1)) -> list[dict]:
+    """Rows for every case (with shard (i, n): the i-th of n contiguous parts of them, for runs
+    that must fit a time limit); with TESSERA_BENCH_BUDGET_S set, the cases started within that
+    many seconds (a partial run says so in its printout)."""
     import os
     import time
 
@@ -72,7 +76,12 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False) -> list[dic
     rng = np.random.default_rng(0)
     weights: dict[tuple[int, int], torch.Tensor] = {}
     prepared: dict[tuple, tuple] = {}
+    humming = HummingPeer()
     todo = cases(quick)
+    part, parts = shard
+    if not 1 <= part <= parts:
+        raise ValueError(f"shard {part}/{parts}: the part must be between 1 and {parts}")
+    todo = todo[(part - 1) * len(todo) // parts:part * len(todo) // parts]
     for i, (m, n, k, tname, g) in enumerate(todo):
         if time.monotonic() - start > budget:
             print(f"time budget of {budget:.0f} s spent: {len(todo) - i} of {len(todo)} cases not run")
@@ -97,6 +106,10 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False) -> list[dic
             tg = _tinygemm(x, wf, g)
             if tg is not None:
                 peers["tinygemm"] = timer(tg)
+        if (n, k) == (N0, K0):
+            hm = humming(x, wf, tname, g)
+            if hm is not None:
+                peers["humming"] = timer(hm)
         moved = p.words.numel() * 4 + q.scales.size * 2 + (q.zeros.size * 2 if q.zeros is not None else 0)
         moved += m * k * 2 + m * n * 2
         floor = moved / (copy_gbs * 1e9) * 1e6

@@ -101,6 +101,7 @@ def main() -> None:
                     required=True)  # fmt: skip
     ap.add_argument("--quick", action="store_true",
                     help="gemm: the first six shapes only; lowbit: fewer M; attention: a few shapes")
+    ap.add_argument("--shard", default="1/1", help="lowbit: run the I-th of N contiguous parts of the cases (I/N)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
@@ -137,8 +138,9 @@ def main() -> None:
     if args.suite == "lowbit":
         from lowbit_suite import lowbit_suite
 
-        rows = lowbit_suite(timer, copy_gbs, quick=args.quick)
-        write_results(args.suite, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
+        part, parts = (int(v) for v in args.shard.split("/"))
+        rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts))
+        write_results(args.suite if parts == 1 else f"{args.suite}-part{part}of{parts}", rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
         return
     if args.suite == "attention":
         from attention_suite import attention_suite
