@@ -12,8 +12,9 @@ are modelled by what they promise, not by how the hardware does it:
   bounds, the 32/64/128-byte swizzle applied to the shared-memory address bits as the
   hardware does (tiles 1024-byte aligned), then the bytes completed on the barrier;
 * wgmma with both operands in shared memory, K-major and 128-byte swizzled (the descriptor of
-  `ts_wgmma_desc`): each thread adds its own accumulator fragment (float32 sums of the fp16 or
-  bf16 products) at once; `wgmma_fence` and `wgmma_wait` are warpgroup barriers (the
+  `ts_wgmma_desc`), or A from registers (the warpgroup's threads exchange their A fragments
+  first): each thread adds its own accumulator fragment (float32 sums of the fp16 or bf16
+  products) at once; `wgmma_fence` and `wgmma_wait` are warpgroup barriers (the
   instructions are warpgroup-collective), which is all a wait must promise once it is done;
 * `setmaxnreg` moves registers between a block's threads: each starts with what a launch of
   its size gets (65536 / threads, at most 255, in eights), an increase waits for registers
@@ -25,8 +26,8 @@ are modelled by what they promise, not by how the hardware does it:
 * cp.async copies at once (zero fill when not taken), so its commits and waits do nothing;
 * fences do nothing (host memory is coherent under the barriers' lock).
 
-It is not a CUDA emulator: kernels using anything else (ldmatrix, the MN-major or register-A
-wgmma, im2col maps) fail to build, which says so; a copy read before its wait is not caught
+It is not a CUDA emulator: kernels using anything else (ldmatrix, the MN-major wgmma, im2col
+maps) fail to build, which says so; a copy read before its wait is not caught
 (the copies are synchronous).
 """
 
@@ -167,6 +168,31 @@ template <int N, class T> static inline void ts_host_wgmma(float* d, const void*
     d[i] += s;
   }
 }
+// wgmma with A from registers (`_rs`): the warpgroup's threads hand in their four A-fragment
+// registers (warp w, lane l = 4g + t: register i holds row 16w + g + 8 (i % 2), columns
+// 2t + 8 (i / 2) + {0, 1}), then each adds its own accumulator fragment as ts_host_wgmma does.
+struct ts_group_exchange { uint32_t a[128][4]; };
+static thread_local ts_group_exchange* ts_group_a;
+template <int N, class T> static inline void ts_host_wgmma_rs(float* d, const void* a, const void* b) {
+  int lane = ts_thread_idx.x % 128, w = lane / 32, l = lane % 32;
+  ts_warpgroup_barrier->wait();  // everyone has read the previous exchange
+  std::memcpy(ts_group_a->a[lane], a, 16);
+  ts_warpgroup_barrier->wait();
+  auto A = [](int row, int k) {
+    const uint32_t* regs = ts_group_a->a[32 * (row / 16) + (row % 8) * 4 + (k % 8) / 2];
+    return ts_host_float(reinterpret_cast<const T*>(&regs[(row % 16) / 8 + 2 * (k / 8)])[k % 2]);
+  };
+  auto at = [](const void* p, int row, int k) {
+    uintptr_t x = ts_host_swizzle(reinterpret_cast<uintptr_t>(p) + row * 128 + k * 2, 128);
+    return ts_host_float(*reinterpret_cast<const T*>(x));
+  };
+  for (int i = 0; i < N / 2; ++i) {
+    int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += A(r, k) * at(b, c, k);
+    d[i] += s;
+  }
+}
 // mma.sync m16n8k16 (row.col, float32 accumulators): the warp's lanes hand in their A and B
 // fragments, then each adds its own 4 accumulators (rows g, g + 8, columns 2t, 2t + 1).
 struct ts_warp_exchange { uint32_t a[32][4], b[32][2]; };
@@ -222,10 +248,11 @@ struct ts_host_block {
   ts_host_barrier block;
   std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
   std::vector<ts_warp_exchange> exchanges;
+  std::vector<ts_group_exchange> group_a;
   std::vector<char> arena;
   char* smem;
   int pool = 0;
-  explicit ts_host_block(int threads) : exchanges(threads / 32), arena(ARENA_BYTES + 1024, 0x7F) {
+  explicit ts_host_block(int threads) : exchanges(threads / 32), group_a((threads + 127) / 128), arena(ARENA_BYTES + 1024, 0x7F) {
     block.count = threads;
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new ts_host_barrier);
     for (int g = 0; g < threads; g += 128) { groups.emplace_back(new ts_host_barrier); groups.back()->count = std::min(128, threads - g); }
@@ -249,7 +276,7 @@ template <class F> static void ts_launch(int gx, int gy, int gz, int threads, in
           ts_block_idx = {b % gx, b / gx % gy, b / (gx * gy)}; ts_thread_idx = {t, 0, 0};
           ts_grid_dim = {gx, gy, gz}; ts_block_dim = {threads, 1, 1}; ts_regs = regs; ts_reg_pool = &me->pool;
           ts_barrier = me->warps[t / 32].get(); ts_exchange = &me->exchanges[t / 32]; ts_block_barrier = &me->block;
-          ts_warpgroup_barrier = me->groups[t / 128].get(); ts_block_smem = me->smem; ts_cluster_smem = arenas.data();
+          ts_warpgroup_barrier = me->groups[t / 128].get(); ts_group_a = &me->group_a[t / 128]; ts_block_smem = me->smem; ts_cluster_smem = arenas.data();
           ts_cluster_barrier = &together; kernel();
         });
     for (auto& t : all) t.join();
@@ -290,7 +317,7 @@ def _block_shared(kernel: str) -> str:
 
 # where the kernel's own instruction helpers start (after the shared prelude)
 _OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
-_WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16))\(")
+_WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16)(_rs)?)\(")
 _SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32 (\d+);\\n"\);')
 
 
@@ -311,7 +338,7 @@ def _host_helper(chunk: str) -> str:
     if m:
         element = "half" if m.group(3) == "f16" else "__nv_bfloat16"
         return (f"static inline void {m.group(1)}(float* d, const void* a, const void* b) "
-                f"{{ ts_host_wgmma<{m.group(2)}, {element}>(d, a, b); }}")  # fmt: skip
+                f"{{ ts_host_wgmma{m.group(4) or ''}<{m.group(2)}, {element}>(d, a, b); }}")  # fmt: skip
     if not chunk.startswith("__device__ __forceinline__ void ts_dequant_"):
         raise NotImplementedError(f"the host model does not run {chunk.split('(', 1)[0].split()[-1]}")
     return chunk.replace("__device__ __forceinline__", "static inline")

@@ -160,7 +160,12 @@ def value_bit_locations(bits: int, value: int) -> list[tuple[int, int, int, int]
     return out
 
 
-SPANS = (16, 2)  # the k orders a unit may be packed in (see lane_value_position)
+SPANS = (16, 2)  # the k orders the decode kernel reads (see lane_value_position)
+# The k order of mma's own A fragment (span 1): step s is k [16s, 16s + 16) as mma and wgmma
+# number it, so a dequantised step is a register-A wgmma's operand against any K-major B tile
+# (tessera.kernels.lowbit_gemm_rs); the decode kernel does not read it.
+FRAGMENT_SPAN = 1
+ORDERS = (*SPANS, FRAGMENT_SPAN)  # every k order a unit may be packed in
 
 
 def lane_value_position(lane: int, value: int, span: int = 16) -> tuple[int, int]:
@@ -172,10 +177,14 @@ def lane_value_position(lane: int, value: int, span: int = 16) -> tuple[int, int
     k = 16 span (s // span) + 4 span t + 4 (s % span) + {0, 1}, registers 2-3 the next two.
     The B fragment (activations, token g) of step s is then four consecutive halves and
     16-byte loads cover two steps.  span 16: lane t owns k in [64t, 64t + 64) of the unit;
-    span 2: the 16 k of every step lie in 32 consecutive k (one scale group from 32 on)."""
-    if span not in SPANS:
-        raise ValueError(f"a unit's span is one of {SPANS}, got {span}")
+    span 2: the 16 k of every step lie in 32 consecutive k (one scale group from 32 on).
+    span 1 (FRAGMENT_SPAN): no permutation, mma's own order: registers 0-1 take k = 16s + 2t +
+    {0, 1}, registers 2-3 k = 16s + 2t + 8 + {0, 1}."""
+    if span not in ORDERS:
+        raise ValueError(f"a unit's span is one of {ORDERS}, got {span}")
     g, t = divmod(lane, 4)
     reg, half = divmod(value, 2)
     s, r = divmod(reg, 4)
+    if span == FRAGMENT_SPAN:
+        return g + 8 * (r % 2), 16 * s + 2 * t + 8 * (r // 2) + half
     return g + 8 * (r % 2), 16 * span * (s // span) + 4 * span * t + 4 * (s % span) + 2 * (r // 2) + half

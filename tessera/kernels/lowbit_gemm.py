@@ -118,6 +118,42 @@ def buildable_configs(wtype: DataType, group_size: int, has_bias: bool) -> list[
     return [c for c in configs if not problems(wtype, group_size, has_bias, c)]
 
 
+def word_loads(bits: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[tuple[int, int], ...], ...]]:
+    """(all, per_stage) loads of a lane's unit words, (first word, bytes) each: `all` the
+    `bits` 16-byte chunks of 256 k; per_stage[b] the words 64-k stage b (steps 4b..4b + 3)
+    reads of each plane of width p (tessera.ir.lowbit.plane_layout), [first + b p,
+    first + (b + 1) p), as 16-, 8- or 4-byte loads.  After stage b they are dead: the kernels
+    reload them for the next 256 k there, so the loads' latency hides behind the later stages."""
+    stages = tuple(sum((tuple((first + b * p + 4 * c, 16) for c in range(p // 4)) if p >= 4 else ((first + b * p, 4 * p),)
+                        for p, first, _ in lowbit.plane_layout(bits)), ()) for b in range(4))  # fmt: skip
+    return tuple((4 * j, 16) for j in range(bits)), stages
+
+
+def slots_after(steps_per_slot: int, slots: int) -> tuple[tuple[int, ...], ...]:
+    """Per 64-k stage b, the scale runs (of `steps_per_slot` steps each) whose last step is in
+    it: reloaded for the next 256 k after it, as the words are (word_loads)."""
+    return tuple(tuple(q for q in range(slots) if ((q + 1) * steps_per_slot - 1) // 4 == b) for b in range(4))
+
+
+@ts.inline
+def load_unit(wr, sc, bz, Wq, S, Z, uu, unit, ku, k_units, n_units, lane, t4, g, G, NS, words, slots, bits, kt_lane, qk,
+              group_size, has_bias):  # fmt: skip
+    """Unit `uu`'s `words` ((first word, bytes) loads) and scale runs `slots` of 256-k block `ku`
+    into registers: run q's group is that of k ku * 256 + kt_lane * t4 + qk[q] (units past N,
+    the tile's padding rows, read the last one: their columns are never stored).  A lane's
+    16-byte chunk j of a unit lies at ((unit * k_units + ku) * bits + j) * 32 + lane."""
+    nt = min(unit, n_units - 1)
+    for w, nbytes in words:
+        ts.copy_vector(wr[uu, w], Wq[(((nt * k_units + ku) * bits + w // 4) * 32 + lane) * 4 + w % 4], nbytes)
+    for q in slots:
+        grp = min((ku * 256 + kt_lane * t4 + qk[q]) // group_size, G - 1)
+        for h in ts.unroll(2):
+            row = min(nt * 16 + g + 8 * h, NS - 1)
+            sc[uu, q, h] = S[row, grp]
+            if has_bias:
+                bz[uu, q, h] = Z[row, grp]
+
+
 @functools.cache
 def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: PrefillConfig) -> ts.Kernel:
     """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas).
@@ -140,31 +176,8 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     SPREAD = stores_spread(config)
     REGS = register_split(BITS, BN, GS, HAS_BIAS, SPREAD)
     GROUP = GROUP_M
-    # Stage b reads, of each plane of width p (tessera.ir.lowbit.plane_layout), the lane's words
-    # [first + b * p, first + (b + 1) * p), and scale run q ends in stage ((q + 1) * SPQ - 1) // 4:
-    # after stage b those words (16-, 8- or 4-byte loads) and runs are reloaded for the next 256 k,
-    # so their loads' latency hides behind the later stages (loading all of them at the start of
-    # each 256 k exposed it once per 4 stages: 0.73x cuBLAS at M=4096, int4).
-    ALL_WORDS = tuple((4 * j, 16) for j in range(BITS))  # (first word, bytes) of each load
-    STAGE_WORDS = tuple(sum((tuple((first + b * p + 4 * c, 16) for c in range(p // 4)) if p >= 4 else ((first + b * p, 4 * p),)
-                             for p, first, _ in lowbit.plane_layout(BITS)), ()) for b in range(4))  # fmt: skip
-    SLOTS_AFTER = tuple(tuple(q for q in QS if ((q + 1) * SPQ - 1) // 4 == b) for b in range(4))
-
-    @ts.inline
-    def load_unit(wr, sc, bz, Wq, S, Z, uu, unit, ku, k_units, n_units, lane, t4, g, G, NS, words, slots):
-        """Unit `uu`'s `words` ((first word, bytes) loads) and scale runs `slots` of 256-k block `ku`
-        into registers (units past N, the tile's padding rows, read the last one: their columns are
-        never stored).  A lane's 16-byte chunk j lies at ((unit * k_units + ku) * BITS + j) * 32 + lane."""
-        nt = min(unit, n_units - 1)
-        for w, nbytes in words:
-            ts.copy_vector(wr[uu, w], Wq[(((nt * k_units + ku) * BITS + w // 4) * 32 + lane) * 4 + w % 4], nbytes)
-        for q in slots:
-            grp = min((ku * 256 + KT_LANE * t4 + QK[q]) // GS, G - 1)
-            for h in ts.unroll(2):
-                row = min(nt * 16 + g + 8 * h, NS - 1)
-                sc[uu, q, h] = S[row, grp]
-                if HAS_BIAS:
-                    bz[uu, q, h] = Z[row, grp]
+    ALL_WORDS, STAGE_WORDS = word_loads(BITS)
+    SLOTS_AFTER = slots_after(SPQ, len(QK))
 
     name = f"lowbit_gemm_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BM}x{BN}_s{STAGES}{'_sp' if SPREAD else ''}"
 
@@ -214,7 +227,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                 if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
                     for uu in UNITS:
                         load_unit(wr, sc, bz, Wq, S, Z, uu, n0 // 16 + warp * UPW + uu, 0, k_units, n_units, lane, t4,
-                                  g, G, NS, ALL_WORDS, QS)  # fmt: skip
+                                  g, G, NS, ALL_WORDS, QS, BITS, KT_LANE, QK, GS, HAS_BIAS)  # fmt: skip
                 for ku in range(k_units):
                     nku = ku + 1
                     nn0 = n0
@@ -238,7 +251,8 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
                                                    wtype=T, start=8 * (4 * b + 2 * jj + p), count=8)  # fmt: skip
                             # this stage's words and scale runs are dead: load the next 256 k's in their place
                             load_unit(wr, sc, bz, Wq, S, Z, uu, nn0 // 16 + warp * UPW + uu, nku, k_units, n_units, lane,
-                                      t4, g, G, NS, STAGE_WORDS[b], SLOTS_AFTER[b])  # fmt: skip
+                                      t4, g, G, NS, STAGE_WORDS[b], SLOTS_AFTER[b], BITS, KT_LANE, QK, GS,
+                                      HAS_BIAS)  # fmt: skip
                             for s in PAIRS:  # store slot s: pair s, or with SPREAD pair s ^ (g % 2)
                                 for h in HALVES:
                                     for e in EIGHT:

@@ -41,8 +41,9 @@ class PreparedWeight:
     cache: dict = field(default_factory=dict)
 
     def words_for(self, span: int) -> Any:
-        """The words packed in the k order `span` (tessera.ir.lowbit.SPANS): `words` for
-        PREPARED_SPAN; another is packed on first use (a tuned span-16 config) and kept."""
+        """The words packed in the k order `span` (tessera.ir.lowbit.ORDERS): `words` for
+        PREPARED_SPAN; another is packed on first use (a tuned span-16 config, the register-A
+        prefill kernel's FRAGMENT_SPAN) and kept."""
         if span == PREPARED_SPAN:
             return self.words
         got = self.cache.get(("words", span))

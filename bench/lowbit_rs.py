@@ -1,0 +1,134 @@
+"""The register-A low-bit prefill kernel (tessera.kernels.lowbit_gemm_rs) on the H200, next to
+the shared-memory fused kernel (tessera.kernels.lowbit_gemm), the two passes users get today
+(`prefill_matmul`: dequantise, then the fp16 GEMM) and cuBLAS on the fp16 weights, at K=4096,
+N=12288, group 128, M=4096 (bench/harness.py: L2 flushed by a 1 GB read, CUDA events, median
+of 50).  Correctness first, in the same run: odd shapes (zero points, groups of 32, per
+channel, M and N past a tile) and every timed case against float64 on the dequantised weights,
+two calls with fresh activations each.
+
+    python3 bench/lowbit_rs.py                   # GPU: check, time, print; JSONL + table under $OUT if set
+    python3 bench/lowbit_rs.py --dry-run         # no GPU: build every kernel with nvcc only
+    python3 bench/lowbit_rs.py --types int4,int1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+import tessera as ts  # noqa: E402
+from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
+from tessera.kernels import lowbit_gemm, lowbit_gemm_rs  # noqa: E402
+
+M0, N0, K0, GROUP = 4096, 12288, 4096, 128
+ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
+       ("int8", 128, False, 1, 24, 256))  # fmt: skip
+
+
+def build(types: list[str], workers: int) -> None:
+    kernels = [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(t), GROUP, False, c) for t in types for c in lowbit_gemm_rs.CONFIGS]
+    kernels += [lowbit_gemm.make_lowbit_gemm(ts.dtype(t), GROUP, False, lowbit_gemm.prefill_config()) for t in types]
+    for name, group, bias, _, _, k in ODD:
+        kgroup = group or -(-k // 256) * 256
+        kernels += [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(name), kgroup, bias, c) for c in lowbit_gemm_rs.CONFIGS]
+    t0 = time.time()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(lambda kern: kern.build(), kernels))
+    print(f"built {len(kernels)} kernels in {time.time() - t0:.1f}s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: build the kernels with nvcc only")
+    ap.add_argument("--types", default="int4,int3,int8,e4m3", help="weight types timed at M=4096")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 4, help="parallel nvcc builds")
+    args = ap.parse_args()
+    types = args.types.split(",")
+    build(types, args.workers)
+    if not args.dry_run:
+        run(types)
+
+
+def rel_err(y, ref) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def run(types: list[str]) -> None:
+    import torch
+    from harness import Timer, copy_bandwidth_gbs, environment
+
+    from tessera.quant.linear import prefill_matmul, prepare
+    from tessera.quant.quantize import quantize_weight
+
+    rng = np.random.default_rng(0)
+    timer = Timer()
+    print(f"copy bandwidth {copy_bandwidth_gbs(timer):.0f} GB/s", flush=True)
+    bad = []
+    for name, group, bias, m, n, k in ODD:  # correctness at odd shapes, every config
+        t = ts.dtype(name)
+        p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, bias))
+        w = torch.from_numpy(p.weight.dequantize()).cuda().double()
+        words = p.words_for(FRAGMENT_SPAN)
+        for config in lowbit_gemm_rs.CONFIGS:
+            for _ in range(2):
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+                lowbit_gemm_rs.lowbit_gemm_rs(x, words, p.scales, p.biases, y, t, p.kernel_group, bias, config)
+                err = rel_err(y, x.double() @ w.T)
+                if not err < 2e-3:
+                    bad.append((name, group, bias, m, n, k, str(config), err))
+    print("odd shapes:", "all within 2e-3" if not bad else f"FAILED {bad}", flush=True)
+    rows = []
+    env = environment()
+    for name in types:
+        t = ts.dtype(name)
+        wf = torch.from_numpy(rng.normal(size=(N0, K0)).astype(np.float32) * 0.02).cuda().half()
+        p = prepare(quantize_weight(wf.float().cpu().numpy(), t, GROUP))
+        w = torch.from_numpy(p.weight.dequantize()).cuda()
+        words1 = p.words_for(FRAGMENT_SPAN)
+        x = torch.randn(M0, K0, dtype=torch.float16, device="cuda")
+        y = torch.empty(M0, N0, dtype=torch.float16, device="cuda")
+        ref = x[:256].double() @ w.double().T
+        times, errs = {}, {}
+        for config in lowbit_gemm_rs.CONFIGS:
+            def call(c=config):
+                lowbit_gemm_rs.lowbit_gemm_rs(x, words1, p.scales, p.biases, y, t, GROUP, False, c)
+            call()
+            errs[str(config)] = rel_err(y[:256], ref)
+            times[str(config)] = timer(call)
+        ss = lowbit_gemm.prefill_config()
+
+        def fused():
+            lowbit_gemm.lowbit_gemm(x, p.words, p.scales, p.biases, y, t, GROUP, False, ss)
+
+        fused()
+        errs["fused"] = rel_err(y[:256], ref)
+        times["fused " + str(ss)] = timer(fused)
+        times["two passes"] = timer(prefill_matmul, x, p)
+        cublas = timer(torch.matmul, x, wf.T)
+        best = min((v, c) for c, v in times.items() if c.startswith("rs_"))
+        row = {"suite": "lowbit-rs", "case": f"M={M0},N={N0},K={K0},w={name},g={GROUP},fp16", "tessera_us": best[0],
+               "config": best[1], "peers_us": {"cublas": cublas}, "variants_us": times, "rel_err": max(errs.values()),
+               "rel_errs": errs, "vs_cublas": cublas / best[0], **env}  # fmt: skip
+        rows.append(row)
+        print(f"{name:5} cuBLAS {cublas:6.1f} | " + " | ".join(f"{c} {v:6.1f}" for c, v in times.items())
+              + f" | best rs {cublas / best[0]:.3f}x cuBLAS, rel_err {row['rel_err']:.1e}", flush=True)  # fmt: skip
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "lowbit-rs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if bad:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

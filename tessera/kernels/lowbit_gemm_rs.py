@@ -1,0 +1,268 @@
+"""Low-bit prefill GEMM for SM90 with the dequantised weights as wgmma's register A operand.
+
+Y[m, n] = sum_k X[m, k] W[n, k] computed as Y^T = W X^T: the weights are wgmma's A (64 rows a
+warpgroup), X is its B, a K-major [tokens, 64] tile that TMA writes into a ring of shared
+stages as it does for tessera.kernels.gemm_tma.  The words are packed in mma's own k order
+(tessera.ir.lowbit.FRAGMENT_SPAN), so `ts.dequant` of step s is, register for register, the
+m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared memory.
+
+* warpgroup 0, thread 0: the TMA loads of X's stages (1 producer thread, its registers given up);
+* warpgroups 1 and 2: 64 weight rows each, one 16-row unit per warp.  Per 64-k stage, four
+  steps: dequantise the step's fragment into one of two register buffers (the other is read by
+  the wgmma in flight), fence, `wgmma m64n{block_t}k16` with A from registers, commit, then
+  wait until one group is in flight, which frees the other buffer and, at a stage's first
+  step, the stage before.  A unit's words and scales for the next 256 k are reloaded stage by
+  stage as they die (tessera.kernels.lowbit_gemm.word_loads);
+* epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
+  64-token chunks and out as 16-byte segments of Y's rows.
+
+Why: the fused kernel of tessera.kernels.lowbit_gemm writes each dequantised fp16 B tile into
+shared memory for wgmma to read back; measured on the H200 (bench/results/...-7331bfc.md) its
+shared-memory pipe ran at 85% and it reached 0.73-0.78x cuBLAS.  Here shared memory carries
+only X, and the dequantisation overlaps the tensor cores inside the consumers themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import tessera as ts
+from tessera import f16, f32, u32, u64
+from tessera.errors import UnsupportedError
+from tessera.ir import lowbit
+from tessera.ir.dtypes import DataType
+from tessera.ir.instructions import DEQUANT_TYPES
+from tessera.kernels import gemm_tma
+from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
+from tessera.kernels.lowbit_gemm import load_unit, slots_after, word_loads
+
+SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
+ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
+CHUNK = 64  # tokens per epilogue pass through shared memory
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
+
+
+@dataclass(frozen=True)
+class RegisterAConfig:
+    """Tokens per tile (wgmma's n), the ring's depth and the rasterisation's group of m tiles."""
+
+    block_t: int = 256
+    stages: int = 4
+    group_m: int = GROUP_M
+
+    @property
+    def block_m(self) -> int:  # (tokens: the rows of X and Y, as TmaConfig names them)
+        return self.block_t
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.block_t * BLOCK_K * 2 + 8 * CHUNK * 24 * 2 + 2048
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.block_t not in (64, 128, 192, 256):
+            out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
+        if self.stages < 2:
+            out.append("a pipeline needs at least 2 stages")
+        if self.smem_bytes() > 227 * 1024:
+            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        return out
+
+    def tiles(self, m: int, n: int) -> int:
+        return -(-m // self.block_t) * -(-n // ROWS)
+
+    def grid(self, m: int, n: int, sms: int) -> int:
+        """Thread blocks to launch: persistent, one per SM, at most one per tile."""
+        return min(self.tiles(m, n), sms)
+
+    def __str__(self) -> str:
+        return f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
+
+
+CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6))  # the first is the default
+
+
+def scale_runs(group_size: int) -> tuple[int, int]:
+    """(steps per scale run, runs per 256 k): in the fragment order step s covers k [16s, 16s +
+    16) in every lane, so a run is the steps of one group."""
+    spq = min(16, group_size // 16)
+    return spq, 16 // spq
+
+
+def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> list[str]:
+    """Why the kernel cannot be built for these arguments (empty when it can)."""
+    out = list(config.problems())
+    if wtype.name not in DEQUANT_TYPES:
+        out.append(f"the register-A prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
+    if group_size % 16 or not (group_size % 256 == 0 or 256 % group_size == 0):
+        out.append(f"group size {group_size}: the register-A kernel takes 16, 32, 64, 128 or multiples of 256")
+    return out
+
+
+@functools.cache
+def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> ts.Kernel:
+    """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas),
+    the arguments of tessera.kernels.lowbit_gemm.make_lowbit_gemm with the words packed in span
+    FRAGMENT_SPAN; tma_a maps A with box (1, block_t, 64); ctas = config.grid(M, N, SMs)."""
+    bad = problems(wtype, group_size, has_bias, config)
+    if bad:
+        raise UnsupportedError(f"low-bit register-A GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
+    T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
+    BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
+    SPQ, NQ = scale_runs(GS)
+    QK = tuple(16 * SPQ * q for q in range(NQ))  # run q's first k within the 256
+    QS = tuple(range(NQ))
+    ALL_WORDS, STAGE_WORDS = word_loads(BITS)
+    SLOTS_AFTER = slots_after(SPQ, NQ)
+    BLOCKS, STEPS = tuple(range(4)), tuple(range(4))
+    X_BYTES = BT * BK * 2
+    TA = ts.tensor_map(f16, (1, BT, BK))
+    name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BT}x{ROWS}_s{STAGES}"
+
+    @ts.kernel(target="cuda", name=name)
+    def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
+             tma_a: TA, ctas: ts.int32):  # fmt: skip
+        ts.attrs.grid = ctas
+        ts.attrs.block = 384
+        ts.attrs.min_blocks = 1
+        Xs = ts.shared_tensor(f16, [STAGES, BT, BK], swizzle=SWIZZLE_128B)
+        full = ts.shared_tensor(u64, [STAGES])
+        empty = ts.shared_tensor(u64, [STAGES])
+        Cs = ts.shared_tensor(f16, [8, CHUNK, 24])  # per consumer warp: a chunk's tokens x its 16 rows (+8)
+        tid = ts.thread_idx.x
+        wg = tid // 128
+        # full: the producer's expect_tx; empty: each consumer warpgroup once its wgmmas read the stage
+        gemm_tma.init_ring(full, empty, tid, STAGES, 1, 2)
+        tiles_m = ts.ceil_div(M, BT)
+        tiles_n = ts.ceil_div(N, ROWS)
+        per_z = tiles_m * tiles_n
+        group_tiles = GROUP * tiles_n
+        k_units = ts.ceil_div(K, 256)
+        n_units = ts.ceil_div(N, 16)
+        stage = 0
+        phase = 0
+        if wg == 0:
+            ts.setmaxnreg(PRODUCER_REGISTERS, False)
+            if tid == 0:
+                for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
+                    first = (t // group_tiles) * GROUP
+                    m0 = (first + (t % group_tiles) % min(tiles_m - first, GROUP)) * BT
+                    for kk in range(k_units * 4):
+                        ts.mbarrier_wait(empty[stage], phase ^ 1)
+                        ts.mbarrier_arrive_expect_tx(full[stage], X_BYTES)
+                        ts.tma_load(Xs[stage, 0, 0], tma_a, full[stage], 0, m0, kk * BK)
+                        stage += 1
+                        if stage == STAGES:
+                            stage = 0
+                            phase ^= 1
+        else:
+            ts.setmaxnreg(CONSUMER_REGISTERS, True)
+            acc = ts.register_tensor(f32, [BT // 2])
+            a = ts.register_tensor(f16, [2, 8])  # two steps' A fragments: the wgmma in flight reads one
+            wr = ts.register_tensor(u32, [1, 4 * BITS])
+            sc = ts.register_tensor(f16, [1, NQ, 2])
+            bz = ts.register_tensor(f16, [1, NQ, 2])
+            lane = tid % 32
+            warp = tid // 32 - 4  # consumer warp 0..7: weight rows 16 warp.. of the tile
+            g = lane // 4
+            t4 = lane % 4
+            last = 0
+            for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
+                first = (t // group_tiles) * GROUP
+                rows = min(tiles_m - first, GROUP)
+                m0 = (first + (t % group_tiles) % rows) * BT
+                n0 = ((t % group_tiles) // rows) * ROWS
+                # the next 256 k's words and scales: this tile's, or the next tile's first (its n0)
+                tn = min(t + ts.grid_dim.x, per_z - 1)
+                first_n = (tn // group_tiles) * GROUP
+                next_n0 = ((tn % group_tiles) // min(tiles_m - first_n, GROUP)) * ROWS
+                if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
+                    load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
+                              ALL_WORDS, QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                for e in ts.unroll(BT // 2):
+                    acc[e] = 0.0
+                for ku in range(k_units):
+                    nku = ku + 1
+                    nn0 = n0
+                    if nku == k_units:
+                        nku = 0
+                        nn0 = next_n0
+                    for b in BLOCKS:  # compile-time: steps 4b..4b + 3 of the unit
+                        ts.mbarrier_wait(full[stage], phase)
+                        for j in STEPS:
+                            if HAS_BIAS:
+                                ts.dequant(a[j % 2, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], bz[0, (4 * b + j) // SPQ, 0],
+                                           wtype=T, start=8 * (4 * b + j), count=8)  # fmt: skip
+                            else:
+                                ts.dequant(a[j % 2, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], wtype=T,
+                                           start=8 * (4 * b + j), count=8)  # fmt: skip
+                            if j == 3:  # this stage's words and scale runs are dead: the next 256 k's in their place
+                                load_unit(wr, sc, bz, Wq, S, Z, 0, nn0 // 16 + warp, nku, k_units, n_units, lane, t4, g,
+                                          G, NS, STAGE_WORDS[b], SLOTS_AFTER[b], BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                            ts.wgmma_fence()  # the fragment's registers were just written
+                            ts.wgmma(acc[0], a[j % 2, 0], Xs[stage, 0, j * 16], n=BT)
+                            ts.wgmma_commit()
+                            ts.wgmma_wait(1)  # the previous step's wgmma is done: its buffer is free
+                            if j == 0 and tid % 128 == 0:  # ... and with it the stage before this one
+                                if b > 0:
+                                    ts.mbarrier_arrive(empty[last])
+                                elif ku > 0:
+                                    ts.mbarrier_arrive(empty[last])
+                        last = stage
+                        stage += 1
+                        if stage == STAGES:
+                            stage = 0
+                            phase ^= 1
+                ts.wgmma_wait(0)
+                if tid % 128 == 0:
+                    ts.mbarrier_arrive(empty[last])
+                # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2)
+                for c0 in ts.unroll(BT // CHUNK):
+                    ts.syncwarp()  # the previous chunk's reads of Cs are done
+                    for r in ts.unroll(CHUNK // 2):
+                        Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
+                    ts.syncwarp()
+                    for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
+                        gm = m0 + c0 * CHUNK + i // 2
+                        gn = n0 + 16 * warp + 8 * (i % 2)
+                        if gm < M:
+                            if N % 8 == 0 and gn + 8 <= N:
+                                ts.copy_vector(C[0, gm, gn], Cs[warp, i // 2, 8 * (i % 2)], 16)
+                            else:
+                                for e in ts.unroll(8):
+                                    if gn + e < N:
+                                        C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
+
+    return gemm
+
+
+_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, block_t), the newest 64
+
+
+def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: int, has_bias: bool,
+                   config: RegisterAConfig | None = None) -> None:  # fmt: skip
+    """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
+    `words` (pack_units in span FRAGMENT_SPAN) with [N, G] float16 scales and biases;
+    `group_size` the kernel group (padded K for per-channel scales); `config` one of CONFIGS."""
+    import torch
+
+    from tessera.runtime.cuda import multiprocessor_count
+    from tessera.runtime.tensor_map import TensorMap
+
+    m, k = x.shape
+    n = out.shape[1]
+    if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise UnsupportedError(f"the low-bit register-A GEMM takes float16 x [M, K] and a contiguous float16 out [M, N], "
+                               f"got {x.dtype} {list(x.shape)} and {out.dtype} {list(out.shape)}")  # fmt: skip
+    if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
+        raise UnsupportedError(f"the low-bit register-A GEMM reads x by TMA: contiguous, 16-byte aligned rows "
+                               f"(K % 8 == 0), got K = {k}")  # fmt: skip
+    config = config or CONFIGS[0]
+    kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
+    key = (x.data_ptr(), m, k, config.block_t)  # (a map only encodes the address, shape and box)
+    tma_a = _MAPS.get(key)
+    if tma_a is None:
+        if len(_MAPS) >= 64:
+            _MAPS.pop(next(iter(_MAPS)))
+        tma_a = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_t, BLOCK_K))
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, config.grid(m, n, multiprocessor_count()))
