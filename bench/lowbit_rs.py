@@ -101,19 +101,15 @@ def run(types: list[str]) -> None:
         ref = x[:256].double() @ w.double().T
         times, errs = {}, {}
         for config in lowbit_gemm_rs.CONFIGS:
-            def call(c=config):
-                lowbit_gemm_rs.lowbit_gemm_rs(x, words1, p.scales, p.biases, y, t, GROUP, False, c)
-            call()
+            args = (x, words1, p.scales, p.biases, y, t, GROUP, False, config)
+            lowbit_gemm_rs.lowbit_gemm_rs(*args)
             errs[str(config)] = rel_err(y[:256], ref)
-            times[str(config)] = timer(call)
+            times[str(config)] = timer(lowbit_gemm_rs.lowbit_gemm_rs, *args)
         ss = lowbit_gemm.prefill_config()
-
-        def fused():
-            lowbit_gemm.lowbit_gemm(x, p.words, p.scales, p.biases, y, t, GROUP, False, ss)
-
-        fused()
+        args = (x, p.words, p.scales, p.biases, y, t, GROUP, False, ss)
+        lowbit_gemm.lowbit_gemm(*args)
         errs["fused"] = rel_err(y[:256], ref)
-        times["fused " + str(ss)] = timer(fused)
+        times["fused " + str(ss)] = timer(lowbit_gemm.lowbit_gemm, *args)
         times["two passes"] = timer(prefill_matmul, x, p)
         cublas = timer(torch.matmul, x, wf.T)
         best = min((v, c) for c, v in times.items() if c.startswith("rs_"))
