@@ -4,6 +4,7 @@ generated CUDA in the CPU tier (nvcc builds where nvcc is installed); results on
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -187,6 +188,33 @@ def test_wgmma_with_an_mn_major_b_sets_the_transpose_bit():
 
     src = mn.source
     assert "ts_wgmma_desc_mn(b, 8192u)" in src and "p, 1, 1, 0, 1;" in src
+
+
+def test_wgmma_wait_fences_the_register_tensors_named_after_it():
+    """wgmma_wait(0, acc[0]) waits, then fences acc whole (no read of it may move above the
+    wait); only float32 / 32-bit integer register tensors can be fenced."""
+
+    @ts.kernel(target="cuda")
+    def fenced(a: f32[64]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 128
+        As = ts.shared_tensor(f16, [64, 64], swizzle=SW)
+        acc = ts.register_tensor(f32, [2, 32])
+        ts.wgmma(acc[0, 0], As[0, 0], As[0, 0], n=64)
+        ts.wgmma_commit()
+        ts.wgmma_wait(0, acc[1, 3])
+        a[0] = acc[0, 0]
+
+    src = fenced.source
+    assert re.search(r"ts_wgmma_wait<0>\(\);\s*ts_fence_registers<64>\(acc_\);", src)
+    with pytest.raises(KernelSyntaxError, match="wgmma_wait fences float32"):
+
+        @ts.kernel(target="cuda")
+        def shared(a: f32[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 128
+            Cs = ts.shared_tensor(f32, [64])
+            ts.wgmma_wait(0, Cs[0])
 
 
 def test_tensor_map_arguments_are_checked():

@@ -15,6 +15,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
+from tessera.ir.evaluate import evaluate
 from tessera.ir.expr import Const
 from tessera.ir.func import CUDA_KERNEL, Function
 from tessera.ir.types import TensorMapType, TensorType
@@ -117,6 +118,14 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc(const void* p) {
 __device__ __forceinline__ void ts_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void ts_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void ts_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+// A register fence: the compiler must assume the asm changed r, so no read of r moves above it.
+__device__ __forceinline__ void ts_fence_register(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void ts_fence_register(uint32_t& r) { asm volatile("" : "+r"(r) :: "memory"); }
+__device__ __forceinline__ void ts_fence_register(int32_t& r) { asm volatile("" : "+r"(r) :: "memory"); }
+template <int N, class T> __device__ __forceinline__ void ts_fence_registers(T* r) {
+  #pragma unroll
+  for (int i = 0; i < N; ++i) ts_fence_register(r[i]);
+}
 __device__ __forceinline__ void ts_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // MN-major (transposed) operand: 64-element chunks of 128-byte rows, 8-row groups 1024 bytes
 // apart (stride byte offset), chunks `chunk` bytes apart (leading byte offset).
@@ -224,6 +233,11 @@ def wgmma_helper(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False
         f"    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {trans};\\n}}\\n\"\n"
         f"    : {outs}\n    : \"l\"(ts_wgmma_desc(a)), \"l\"({bdesc}) : \"memory\");\n}}"
     )
+
+
+def _elements(t: TensorType) -> int:
+    """Elements of a register tensor type (its shape is constant, perhaps not folded)."""
+    return prod(int(evaluate(d, {})) for d in t.shape)
 
 
 def wgmma_name(n: int, kind: str, b_chunk_bytes: int = 0, a_regs: bool = False) -> str:
@@ -339,6 +353,8 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f'asm volatile("setmaxnreg.{"inc" if a["increase"] else "dec"}.sync.aligned.u32 {a["regs"]};\\n");')
         elif s.name == "wgmma_wait":
             self.emit(f"ts_wgmma_wait<{a['pending']}>();")
+            for op in s.operands:  # the fenced register tensors, whole
+                self.emit(f"ts_fence_registers<{_elements(op.buffer.type)}>({self.name_of(op.buffer)});")
         elif s.name == "dequant":
             self.helpers.add(codegen_lowbit.cuda_helper(a))
             self.emit(f"{codegen_lowbit.helper_name(a)}({', '.join(ops)});")

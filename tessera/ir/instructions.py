@@ -75,6 +75,17 @@ def _check_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_wgmma_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    bad = _check_wait(ops, attrs)
+    if bad:
+        return bad.replace("copy_async_wait", "wgmma_wait")
+    for a in ops:
+        if a.scope != REGISTER or a.type.dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32):
+            return ("wgmma_wait fences float32 or 32-bit integer register tensors (the accumulators it waited "
+                    "for), each named by an element, acc[0]")  # fmt: skip
+    return None
+
+
 def _check_ldmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     dst, src = ops
     if attrs["num"] not in (1, 2, 4):
@@ -287,8 +298,11 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "accumulator: fragments.wgmma_m64_c(16), as flash attention feeds P from its scores)"),
         InstructionSpec("wgmma_fence", (), (), True, _ok, "wgmma.fence: order register accesses before wgmma"),
         InstructionSpec("wgmma_commit", (), (), True, _ok, "wgmma.commit_group"),
-        InstructionSpec("wgmma_wait", (), ("pending",), True, _check_wait,
-                        "wgmma.wait_group: wait until at most `pending` wgmma groups are in flight"),
+        InstructionSpec("wgmma_wait", ("addr*",), ("pending",), True, _check_wgmma_wait,
+                        "wgmma.wait_group: wait until at most `pending` wgmma groups are in flight; the register "
+                        "tensors named after `pending` (by an element) are fenced there, whole: the C++ compiler "
+                        "may not read them earlier (it does not know the wait is what makes the wgmmas' results "
+                        "final; without the fence it moved an epilogue's reads of the accumulators above it)"),
         InstructionSpec("fence_proxy_async", (), (), True, _ok,
                         "fence.proxy.async.shared::cta: make shared-memory writes visible to wgmma/TMA"),
         InstructionSpec("mbarrier_init", ("addr", "int"), (), True, _check_mbarrier,

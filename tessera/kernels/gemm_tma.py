@@ -207,7 +207,7 @@ def consume_tile(acc, As, Bs, full, empty, stage, phase, last, num_k, row0, lane
         if stage == stages:
             stage = 0
             phase ^= 1
-    ts.wgmma_wait(0)
+    ts.wgmma_wait(0, acc[0, 0])  # (fenced: the epilogue's reads of acc may not move above the wait)
     if num_k > 0 and lane == 0:
         ts.mbarrier_arrive(empty[last])
 

@@ -11,7 +11,7 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
   steps: dequantise the step's fragment into one of two register buffers (the other is read by
   the wgmma in flight), fence, `wgmma m64n{block_t}k16` with A from registers, commit, then
   wait until one group is in flight, which frees the other buffer and, at a stage's first
-  step, the stage before.  A unit's words and scales for the next 256 k are reloaded stage by
+  step, the stage before (none at the last step of each 256 k: see the epilogue).  A unit's words and scales for the next 256 k are reloaded stage by
   stage as they die (tessera.kernels.lowbit_gemm.word_loads);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
   64-token chunks and out as 16-byte segments of Y's rows.
@@ -202,7 +202,10 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                             ts.wgmma_fence()  # the fragment's registers were just written
                             ts.wgmma(acc[0], a[j % 2, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
-                            ts.wgmma_wait(1)  # the previous step's wgmma is done: its buffer is free
+                            if b == 3 and j == 3:  # a 256 k's last step: none left in flight (see below)
+                                ts.wgmma_wait(0, acc[0])
+                            else:
+                                ts.wgmma_wait(1)  # the previous step's wgmma is done: its buffer is free
                             if j == 0 and tid % 128 == 0:  # ... and with it the stage before this one
                                 if b > 0:
                                     ts.mbarrier_arrive(empty[last])
@@ -213,7 +216,10 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         if stage == STAGES:
                             stage = 0
                             phase ^= 1
-                ts.wgmma_wait(0)
+                # Every wgmma of the tile finished at its last step's wait(0), inside the loop: with that
+                # wait here instead, after the loop, ptxas (CUDA 13.0) hoisted the epilogue's reads of
+                # the accumulators above it, and on the H200 those configs lost part of the last step
+                # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if tid % 128 == 0:
                     ts.mbarrier_arrive(empty[last])
                 # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2)

@@ -31,6 +31,10 @@ def _copy_async_wait(pending: int) -> tuple[tuple, dict]:
     return (), {"pending": pending}
 
 
+def _wgmma_wait(pending: int, *fenced: Any) -> tuple[tuple, dict]:
+    return fenced, {"pending": pending}
+
+
 def _ldmatrix(dst: Any, src: Any, num: int = 4, trans: bool = False) -> tuple[tuple, dict]:
     return (dst, src), {"num": num, "trans": trans}
 
@@ -107,7 +111,7 @@ def _no_operands() -> tuple[tuple, dict]:
 SIGNATURES = {
     "copy_vector": _copy_vector, "copy_async": _copy_async, "copy_async_commit": _no_operands,
     "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "mma": _mma, "wgmma": _wgmma,
-    "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _copy_async_wait,
+    "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _wgmma_wait,
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "tma_load_im2col": _tma_load, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,

@@ -1,0 +1,123 @@
+"""The register-A low-bit prefill GEMM (tessera.kernels.lowbit_gemm_rs) and the words' fragment
+k order it reads (tessera.ir.lowbit.FRAGMENT_SPAN).
+
+CPU tier: the order is a permutation of a unit and each step is exactly mma's A fragment; the
+generated CUDA run on the host (tests/cuda_on_host.py, register-A wgmma modelled) at odd sizes
+over types, groups, zero points and both configs, two calls with fresh activations; refusals.
+GPU tier (`cuda`): every type x groups x zero points x config against float64."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from test_lowbit_gemm import close, product
+from test_lowbit_prefill import SIZES, kernel_group, random_case
+
+import tessera as ts
+from tessera.errors import UnsupportedError
+from tessera.ir import lowbit
+from tessera.kernels import lowbit_gemm_rs as rs
+from tessera.quant import WEIGHT_TYPES
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+def test_the_fragment_order_is_mmas_own_a_fragment():
+    """Step s of lane 4g + t holds, register r = value // 2 % 4, row g + 8 (r % 2) and k
+    16s + 2t + 8 (r // 2) + value % 2: every (row, k) of the 16 x 256 unit exactly once."""
+    seen = set()
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for v in range(lowbit.UNIT_VALUES):
+            row, k = lowbit.lane_value_position(lane, v, lowbit.FRAGMENT_SPAN)
+            s, r = divmod(v // 2, 4)
+            assert (row, k) == (g + 8 * (r % 2), 16 * s + 2 * t + 8 * (r // 2) + v % 2)
+            seen.add((row, k))
+    assert len(seen) == 16 * 256
+    with pytest.raises(ValueError, match="span"):
+        lowbit.lane_value_position(0, 0, 4)
+
+
+def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
+    from cuda_on_host import HostTensorMap
+
+    m, k = x.shape
+    n = c["shape"][0]
+    return {"A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
+            "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t, 64)),
+            "ctas": config.grid(m, n, 3), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
+            "G": c["scales"].shape[1], "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "zdim": 1, "N": n}  # fmt: skip
+
+
+@needs_nvcc
+def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
+    """Types, groups (128, 32, 16, 64, per channel), zero points and both configs at odd shapes
+    (M past a tile or 1, N not a multiple of 16, K not of 256), two calls each; the host's
+    3 "SMs" give each block several tiles, so the next tile's prefetch runs too."""
+    from cuda_on_host import run_on_host
+
+    specs = [("int4", 128, False, 130), ("uint3", 32, True, 77), ("e4m3", None, False, 5), ("int8", 16, False, 1),
+             ("e2m1", 64, False, 300), ("uint6", None, True, 64)]  # fmt: skip
+    cases, refs = [], []
+    for i, (name, group, bias, m) in enumerate(specs):
+        t = ts.dtype(name)
+        n, k = SIZES[i % len(SIZES)] if i % 2 else (203, 520)
+        c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
+        config = rs.CONFIGS[i % len(rs.CONFIGS)]
+        kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
+        for _ in range(2):  # fresh activations each call
+            x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+            values = host_values(c, x, config)
+            cases.append((kernel, values, "C", values["ctas"], 384))
+            refs.append((name, group, bias, str(config), product(x, c["ref"])))
+    for (name, group, bias, config, ref), got in zip(refs, run_on_host(tmp_path, cases)):
+        assert not np.isnan(got).any() and close(got[0], ref) < 2e-3, (name, group, bias, config)
+
+
+def test_bad_arguments_are_refused_with_the_reason():
+    with pytest.raises(UnsupportedError, match="group size 8"):
+        rs.make_lowbit_gemm_rs(ts.int4, 8, False, rs.CONFIGS[0])
+    with pytest.raises(UnsupportedError, match="block_t"):
+        rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(96, 4))
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(256, 7))
+    assert rs.scale_runs(128) == (8, 2) and rs.scale_runs(16) == (1, 16) and rs.scale_runs(4096) == (16, 1)
+
+
+# ---- GPU tier ----------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
+    """Every type x groups 128, 32, 64, per channel (zero points on the integers at 32 and per
+    channel) x both configs, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
+    against float64 products of the quantized weights."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import prepare
+    from tessera.quant.quantize import quantize_weight
+
+    cases = []
+    for i, t in enumerate(WEIGHT_TYPES):
+        for j, group in enumerate((128, 32, 64, None)):
+            bias = t.is_integer and j in (1, 3)
+            n, k = SIZES[(i + j) % 3]
+            p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, bias))
+            for config in rs.CONFIGS:
+                cases.append((p, t, bias, config))
+    with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:
+        list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3]).build(), cases))
+    bad = []
+    for p, t, bias, config in cases:
+        n, k = p.weight.shape
+        w = torch.from_numpy(p.weight.dequantize()).cuda().double()
+        for m in (1, 65, 300):
+            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+            rs.lowbit_gemm_rs(x, p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, config)
+            ref = x.double() @ w.T
+            err = float((y.double() - ref).norm() / ref.norm())
+            if not err < 2e-3:
+                bad.append((t.name, p.weight.group_size, bias, str(config), m, err))
+    assert not bad, bad
