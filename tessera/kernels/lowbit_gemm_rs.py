@@ -11,8 +11,9 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
   steps: dequantise the step's fragment into one of two register buffers (the other is read by
   the wgmma in flight), fence, `wgmma m64n{block_t}k16` with A from registers, commit, then
   wait until one group is in flight, which frees the other buffer and, at a stage's first
-  step, the stage before (none at the last step of each 256 k: see the epilogue).  A unit's words and scales for the next 256 k are reloaded stage by
-  stage as they die (tessera.kernels.lowbit_gemm.word_loads);
+  step, the stage before (none left at the tile's last step: see the epilogue).  A unit's
+  words and scales for the next 256 k are reloaded stage by stage as they die
+  (tessera.kernels.lowbit_gemm.word_loads);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
   64-token chunks and out as 16-byte segments of Y's rows.
 
@@ -202,7 +203,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                             ts.wgmma_fence()  # the fragment's registers were just written
                             ts.wgmma(acc[0], a[j % 2, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
-                            if b == 3 and j == 3:  # a 256 k's last step: none left in flight (see below)
+                            if b == 3 and j == 3 and ku == k_units - 1:  # the tile's last step: none left (see below)
                                 ts.wgmma_wait(0, acc[0])
                             else:
                                 ts.wgmma_wait(1)  # the previous step's wgmma is done: its buffer is free
