@@ -152,46 +152,40 @@ static inline void ts_tma_load_5d(void* d, const CUtensorMap* m, void* b, int32_
 }
 static inline float ts_host_float(half x) { return __half2float(x); }
 static inline float ts_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-// wgmma m64nNk16, A [64, 16] and B [N, 16] K-major in 128-byte swizzled rows: this thread's
-// accumulator (warp w of the warpgroup: rows 16w.., register 4j + e at row g + 8 (e / 2),
-// column 8j + 2 (lane % 4) + e % 2) gets its 16 products.
-template <int N, class T> static inline void ts_host_wgmma(float* d, const void* a, const void* b) {
+// An element of a K-major tile in 128-byte swizzled rows (wgmma's shared-memory operands).
+template <class T> static inline float ts_host_at(const void* p, int row, int k) {
+  uintptr_t x = ts_host_swizzle(reinterpret_cast<uintptr_t>(p) + row * 128 + k * 2, 128);
+  return ts_host_float(*reinterpret_cast<const T*>(x));
+}
+// wgmma m64nNk16 with B [N, 16] K-major in shared memory: this thread's accumulator (warp w of
+// the warpgroup: rows 16w.., register 4j + e at row g + 8 (e / 2), column 8j + 2 (lane % 4) +
+// e % 2) gets its 16 products, A's elements from A(row, k).
+template <int N, class T, class FA> static inline void ts_host_wgmma_of(float* d, FA A, const void* b) {
   int lane = ts_thread_idx.x % 128, w = lane / 32, l = lane % 32;
-  auto at = [](const void* p, int row, int k) {
-    uintptr_t x = ts_host_swizzle(reinterpret_cast<uintptr_t>(p) + row * 128 + k * 2, 128);
-    return ts_host_float(*reinterpret_cast<const T*>(x));
-  };
   for (int i = 0; i < N / 2; ++i) {
     int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
     float s = 0.0f;
-    for (int k = 0; k < 16; ++k) s += at(a, r, k) * at(b, c, k);
+    for (int k = 0; k < 16; ++k) s += A(r, k) * ts_host_at<T>(b, c, k);
     d[i] += s;
   }
 }
-// wgmma with A from registers (`_rs`): the warpgroup's threads hand in their four A-fragment
+// ... with A [64, 16] K-major in shared memory too
+template <int N, class T> static inline void ts_host_wgmma(float* d, const void* a, const void* b) {
+  ts_host_wgmma_of<N, T>(d, [a](int row, int k) { return ts_host_at<T>(a, row, k); }, b);
+}
+// ... with A from registers (`_rs`): the warpgroup's threads hand in their four A-fragment
 // registers (warp w, lane l = 4g + t: register i holds row 16w + g + 8 (i % 2), columns
-// 2t + 8 (i / 2) + {0, 1}), then each adds its own accumulator fragment as ts_host_wgmma does.
+// 2t + 8 (i / 2) + {0, 1}) first.
 struct ts_group_exchange { uint32_t a[128][4]; };
 static thread_local ts_group_exchange* ts_group_a;
 template <int N, class T> static inline void ts_host_wgmma_rs(float* d, const void* a, const void* b) {
-  int lane = ts_thread_idx.x % 128, w = lane / 32, l = lane % 32;
   ts_warpgroup_barrier->wait();  // everyone has read the previous exchange
-  std::memcpy(ts_group_a->a[lane], a, 16);
+  std::memcpy(ts_group_a->a[ts_thread_idx.x % 128], a, 16);
   ts_warpgroup_barrier->wait();
-  auto A = [](int row, int k) {
+  ts_host_wgmma_of<N, T>(d, [](int row, int k) {
     const uint32_t* regs = ts_group_a->a[32 * (row / 16) + (row % 8) * 4 + (k % 8) / 2];
     return ts_host_float(reinterpret_cast<const T*>(&regs[(row % 16) / 8 + 2 * (k / 8)])[k % 2]);
-  };
-  auto at = [](const void* p, int row, int k) {
-    uintptr_t x = ts_host_swizzle(reinterpret_cast<uintptr_t>(p) + row * 128 + k * 2, 128);
-    return ts_host_float(*reinterpret_cast<const T*>(x));
-  };
-  for (int i = 0; i < N / 2; ++i) {
-    int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
-    float s = 0.0f;
-    for (int k = 0; k < 16; ++k) s += A(r, k) * at(b, c, k);
-    d[i] += s;
-  }
+  }, b);
 }
 // mma.sync m16n8k16 (row.col, float32 accumulators): the warp's lanes hand in their A and B
 // fragments, then each adds its own 4 accumulators (rows g, g + 8, columns 2t, 2t + 1).

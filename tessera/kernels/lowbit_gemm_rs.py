@@ -36,7 +36,7 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels import gemm_tma
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
-from tessera.kernels.lowbit_gemm import load_unit, slots_after, word_loads
+from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads
 
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
@@ -145,9 +145,11 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         if wg == 0:
             ts.setmaxnreg(PRODUCER_REGISTERS, False)
             if tid == 0:
+                m0 = 0
+                n0 = 0
+                next_n0 = 0
                 for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                    first = (t // group_tiles) * GROUP
-                    m0 = (first + (t % group_tiles) % min(tiles_m - first, GROUP)) * BT
+                    tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
                     for kk in range(k_units * 4):
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
                         ts.mbarrier_arrive_expect_tx(full[stage], X_BYTES)
@@ -168,15 +170,11 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             g = lane // 4
             t4 = lane % 4
             last = 0
+            m0 = 0
+            n0 = 0
+            next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                first = (t // group_tiles) * GROUP
-                rows = min(tiles_m - first, GROUP)
-                m0 = (first + (t % group_tiles) % rows) * BT
-                n0 = ((t % group_tiles) // rows) * ROWS
-                # the next 256 k's words and scales: this tile's, or the next tile's first (its n0)
-                tn = min(t + ts.grid_dim.x, per_z - 1)
-                first_n = (tn // group_tiles) * GROUP
-                next_n0 = ((tn % group_tiles) // min(tiles_m - first_n, GROUP)) * ROWS
+                tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
                 if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
                     load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
                               ALL_WORDS, QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
