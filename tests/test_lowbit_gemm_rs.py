@@ -85,6 +85,9 @@ def test_bad_arguments_are_refused_with_the_reason():
         rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(96, 4))
     with pytest.raises(UnsupportedError, match="shared memory"):
         rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(256, 7))
+    with pytest.raises(UnsupportedError, match="block_t 128"):
+        rs.make_lowbit_gemm_rs(ts.int6, 16, True, rs.RegisterAConfig(256, 4))
+    assert not rs.problems(ts.int6, 16, True, rs.RegisterAConfig(128, 6))
     assert rs.scale_runs(128) == (8, 2) and rs.scale_runs(16) == (1, 16) and rs.scale_runs(4096) == (16, 1)
 
 

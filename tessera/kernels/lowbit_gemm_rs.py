@@ -97,6 +97,10 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterA
         out.append(f"the register-A prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if group_size % 16 or not (group_size % 256 == 0 or 256 % group_size == 0):
         out.append(f"group size {group_size}: the register-A kernel takes 16, 32, 64, 128 or multiples of 256")
+    elif group_size == 16 and has_bias and config.block_t > 128 and wtype.nbits >= 4:
+        # (measured with -Xptxas -v: int4 spills 12 bytes, int6 124)
+        out.append("groups of 16 with zero points: their 32 scale and zero-point registers spill next to "
+                   f"{config.block_t // 2} accumulators; use block_t 128")  # fmt: skip
     return out
 
 
