@@ -78,8 +78,9 @@ def prefill_config(block_m: int = 256, block_n: int = 128, stages: int = 3, spre
 def producer_registers(bits: int, block_n: int, group_size: int, has_bias: bool, spread: bool = False) -> int:
     """Registers per thread the dequantising warpgroup needs (ptxas spills below it, measured
     with -Xptxas -v at groups 32/128/per channel, with and without zero points): its units'
-    words, their scales (and zero points), one register per half, plus ~68 for addresses (the next 256 k's loads among them) and
-    the values of a stage, ~12 more per unit for the spread stores' selects."""
+    words, their scales (and zero points), one register per half, plus ~68 for addresses (the
+    next 256 k's loads among them) and the values of a stage, ~12 more per unit for the spread
+    stores' selects."""
     units = block_n // (16 * DEQUANT_WARPS)
     scales = units * len(scale_slots(SPAN, group_size)[2]) * 2 * (2 if has_bias else 1)
     return -(-(units * 4 * bits + scales + 68 + (12 * units if spread else 0)) // 8) * 8
@@ -300,7 +301,31 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     return gemm
 
 
-_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, block_m), the newest 64
+_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, rows), the newest 64
+
+
+def x_tensor_map(x, out, rows: int, kernel: str) -> object:
+    """The TMA map of x [M, K] in boxes of `rows` x 64 (cached by address and shape: a map only
+    encodes those and the box), after checking x and out [M, N] as the prefill kernels take them."""
+    import torch
+
+    from tessera.runtime.tensor_map import TensorMap
+
+    m, k = x.shape
+    n = out.shape[1]
+    if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise UnsupportedError(f"the {kernel} takes float16 x [M, K] and a contiguous float16 out [M, N], got "
+                               f"{x.dtype} {list(x.shape)} and {out.dtype} {list(out.shape)}")  # fmt: skip
+    if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
+        raise UnsupportedError(f"the {kernel} reads x by TMA: contiguous, 16-byte aligned rows (K % 8 == 0), "
+                               f"got K = {k}")  # fmt: skip
+    key = (x.data_ptr(), m, k, rows)
+    tma = _MAPS.get(key)
+    if tma is None:
+        if len(_MAPS) >= 64:
+            _MAPS.pop(next(iter(_MAPS)))
+        tma = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, rows, BLOCK_K))
+    return tma
 
 
 def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int, has_bias: bool,
@@ -308,26 +333,12 @@ def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int,
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
     `words` (pack_units in span 2) with [N, G] float16 scales and biases; `group_size` as
     make_lowbit_gemm takes it; `config` one of `buildable_configs` (prefill_config() by default)."""
-    import torch
-
     from tessera.runtime.cuda import multiprocessor_count
-    from tessera.runtime.tensor_map import TensorMap
 
     m, k = x.shape
     n = out.shape[1]
-    if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        raise UnsupportedError(f"the low-bit prefill GEMM takes float16 x [M, K] and a contiguous float16 out [M, N], got "
-                               f"{x.dtype} {list(x.shape)} and {out.dtype} {list(out.shape)}")  # fmt: skip
-    if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
-        raise UnsupportedError(f"the low-bit prefill GEMM reads x by TMA: contiguous, 16-byte aligned rows (K % 8 == 0), "
-                               f"got K = {k}")  # fmt: skip
     config = config or prefill_config()
+    tma_a = x_tensor_map(x, out, config.block_m, "low-bit prefill GEMM")
     kernel = make_lowbit_gemm(wtype, group_size, has_bias, config)
-    key = (x.data_ptr(), m, k, config.block_m)  # (a map only encodes the address, shape and box)
-    tma_a = _MAPS.get(key)
-    if tma_a is None:
-        if len(_MAPS) >= 64:
-            _MAPS.pop(next(iter(_MAPS)))
-        tma_a = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_m, BLOCK_K))
     ctas = config.grid(m, n, 1, multiprocessor_count())  # (persistent: one block per SM, at most one per tile)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, ctas)

@@ -36,7 +36,7 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels import gemm_tma
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
-from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads
+from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads, x_tensor_map
 
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
@@ -51,10 +51,6 @@ class RegisterAConfig:
     block_t: int = 256
     stages: int = 4
     group_m: int = GROUP_M
-
-    @property
-    def block_m(self) -> int:  # (tokens: the rows of X and Y, as TmaConfig names them)
-        return self.block_t
 
     def smem_bytes(self) -> int:
         return self.stages * self.block_t * BLOCK_K * 2 + 8 * CHUNK * 24 * 2 + 2048
@@ -245,33 +241,16 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     return gemm
 
 
-_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, block_t), the newest 64
-
-
 def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: int, has_bias: bool,
                    config: RegisterAConfig | None = None) -> None:  # fmt: skip
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
     `words` (pack_units in span FRAGMENT_SPAN) with [N, G] float16 scales and biases;
     `group_size` the kernel group (padded K for per-channel scales); `config` one of CONFIGS."""
-    import torch
-
     from tessera.runtime.cuda import multiprocessor_count
-    from tessera.runtime.tensor_map import TensorMap
 
     m, k = x.shape
     n = out.shape[1]
-    if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        raise UnsupportedError(f"the low-bit register-A GEMM takes float16 x [M, K] and a contiguous float16 out [M, N], "
-                               f"got {x.dtype} {list(x.shape)} and {out.dtype} {list(out.shape)}")  # fmt: skip
-    if k % 8 or not x.is_contiguous() or x.data_ptr() % 16:
-        raise UnsupportedError(f"the low-bit register-A GEMM reads x by TMA: contiguous, 16-byte aligned rows "
-                               f"(K % 8 == 0), got K = {k}")  # fmt: skip
     config = config or CONFIGS[0]
+    tma_a = x_tensor_map(x, out, config.block_t, "low-bit register-A GEMM")
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
-    key = (x.data_ptr(), m, k, config.block_t)  # (a map only encodes the address, shape and box)
-    tma_a = _MAPS.get(key)
-    if tma_a is None:
-        if len(_MAPS) >= 64:
-            _MAPS.pop(next(iter(_MAPS)))
-        tma_a = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, config.block_t, BLOCK_K))
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, config.grid(m, n, multiprocessor_count()))
