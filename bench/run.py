@@ -138,7 +138,10 @@ def main() -> None:
     if args.suite == "lowbit":
         from lowbit_suite import lowbit_suite
 
-        part, parts = (int(v) for v in args.shard.split("/"))
+        try:
+            part, parts = (int(v) for v in args.shard.split("/"))
+        except ValueError:
+            ap.error(f"--shard takes I/N (the I-th of N parts), got {args.shard!r}")
         rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts))
         write_results(args.suite if parts == 1 else f"{args.suite}-part{part}of{parts}", rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
         return
