@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import tessera as ts  # noqa: E402
 from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
 from tessera.kernels import lowbit_gemm, lowbit_gemm_rs  # noqa: E402
+from tessera.quant.layout import padded_shape  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
 ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
@@ -39,7 +40,7 @@ def build(types: list[str], workers: int) -> None:
     kernels = [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(t), GROUP, False, c) for t in types for c in lowbit_gemm_rs.CONFIGS]
     kernels += [lowbit_gemm.make_lowbit_gemm(ts.dtype(t), GROUP, False, lowbit_gemm.prefill_config()) for t in types]
     for name, group, bias, _, _, k in ODD:
-        kgroup = group or -(-k // 256) * 256
+        kgroup = group or padded_shape(1, k)[1]  # (per channel: the padded K, as prepare gives it)
         kernels += [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(name), kgroup, bias, c) for c in lowbit_gemm_rs.CONFIGS]
     t0 = time.time()
     with ThreadPoolExecutor(workers) as ex:
@@ -59,13 +60,9 @@ def main() -> None:
         run(types)
 
 
-def rel_err(y, ref) -> float:
-    return float((y.double() - ref).norm() / ref.norm())
-
-
 def run(types: list[str]) -> None:
     import torch
-    from harness import Timer, copy_bandwidth_gbs, environment
+    from harness import Timer, copy_bandwidth_gbs, environment, rel_err
 
     from tessera.quant.linear import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight

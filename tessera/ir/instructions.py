@@ -68,17 +68,20 @@ def _check_cp_async(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
-    n = attrs["pending"]
+def _pending_problem(name: str, n: Any) -> str | None:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 7:
-        return f"copy_async_wait(n) needs a compile-time int n in 0..7 (groups left in flight), got {n!r}"
+        return f"{name}(n) needs a compile-time int n in 0..7 (groups left in flight), got {n!r}"
     return None
 
 
+def _check_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    return _pending_problem("copy_async_wait", attrs["pending"])
+
+
 def _check_wgmma_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
-    bad = _check_wait(ops, attrs)
+    bad = _pending_problem("wgmma_wait", attrs["pending"])
     if bad:
-        return bad.replace("copy_async_wait", "wgmma_wait")
+        return bad
     for a in ops:
         if a.scope != REGISTER or a.type.dtype not in (dtypes.float32, dtypes.int32, dtypes.uint32):
             return ("wgmma_wait fences float32 or 32-bit integer register tensors (the accumulators it waited "

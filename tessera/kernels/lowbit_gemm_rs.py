@@ -41,6 +41,7 @@ from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, wo
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
 CHUNK = 64  # tokens per epilogue pass through shared memory
+STAGING = (8, CHUNK, 24)  # the epilogue's shared tile: per consumer warp, a chunk's tokens x its 16 rows (+8)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
 
 
@@ -53,7 +54,7 @@ class RegisterAConfig:
     group_m: int = GROUP_M
 
     def smem_bytes(self) -> int:
-        return self.stages * self.block_t * BLOCK_K * 2 + 8 * CHUNK * 24 * 2 + 2048
+        return self.stages * self.block_t * BLOCK_K * 2 + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
 
     def problems(self) -> list[str]:
         out = []
@@ -129,7 +130,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         Xs = ts.shared_tensor(f16, [STAGES, BT, BK], swizzle=SWIZZLE_128B)
         full = ts.shared_tensor(u64, [STAGES])
         empty = ts.shared_tensor(u64, [STAGES])
-        Cs = ts.shared_tensor(f16, [8, CHUNK, 24])  # per consumer warp: a chunk's tokens x its 16 rows (+8)
+        Cs = ts.shared_tensor(f16, list(STAGING))
         tid = ts.thread_idx.x
         wg = tid // 128
         # full: the producer's expect_tx; empty: each consumer warpgroup once its wgmmas read the stage
