@@ -58,6 +58,32 @@ class Timer:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
+    def side_by_side(self, calls: dict[str, Callable[[], Any]]) -> dict[str, float]:
+        """Median microseconds of each call, timed in interleaved rounds: every round times
+        each call once (after its own flush), in forward order on even rounds and reverse on
+        odd ones.  Drift in the card's clocks (power-limited GEMMs at ~500 us swing +-10%
+        between back-to-back runs of the same kernel) then lands on every peer alike, which
+        timing one peer's repeats after another's does not give."""
+        names = list(calls)
+        for name in names:
+            for _ in range(self.warmup):
+                calls[name]()
+        torch.cuda.synchronize()
+        events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(self.repeats)] for n in names}  # fmt: skip
+        for r in range(self.repeats):
+            for name in names if r % 2 == 0 else names[::-1]:
+                start, end = events[name][r]
+                if self.flush_l2:
+                    self.flush()
+                start.record()
+                calls[name]()
+                end.record()
+            if r % 8 == 7:  # keep the queue short: the host never runs far ahead of the GPU
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        return {n: statistics.median(s.elapsed_time(e) for s, e in events[n]) * 1e3 for n in names}
+
 
 def copy_bandwidth_gbs(timer: Any, nbytes: int = 1 << 30, device: str = "cuda") -> float:
     """Device-to-device copy bandwidth (bytes read + written) measured in this run."""

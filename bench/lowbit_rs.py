@@ -14,6 +14,7 @@ two calls with fresh activations each.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -36,9 +37,15 @@ ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264),
        ("int8", 128, False, 1, 24, 256))  # fmt: skip
 
 
+def zero_points(name: str) -> bool:
+    """Whether the timed weights have zero points: quantize_weight's default (the unsigned types)."""
+    return ts.dtype(name).kind == "uint"
+
+
 def build(types: list[str], workers: int) -> None:
-    kernels = [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(t), GROUP, False, c) for t in types for c in lowbit_gemm_rs.CONFIGS]
-    kernels += [lowbit_gemm.make_lowbit_gemm(ts.dtype(t), GROUP, False, lowbit_gemm.prefill_config()) for t in types]
+    kernels = [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(t), GROUP, zero_points(t), c) for t in types
+               for c in lowbit_gemm_rs.CONFIGS]  # fmt: skip
+    kernels += [lowbit_gemm.make_lowbit_gemm(ts.dtype(t), GROUP, zero_points(t), lowbit_gemm.prefill_config()) for t in types]
     for name, group, bias, _, _, k in ODD:
         kgroup = group or padded_shape(1, k)[1]  # (per channel: the padded K, as prepare gives it)
         kernels += [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(name), kgroup, bias, c) for c in lowbit_gemm_rs.CONFIGS]
@@ -67,6 +74,7 @@ def run(types: list[str]) -> None:
     from tessera.quant.linear import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight
 
+    os.environ["TESSERA_LOWBIT_PREFILL"] = "dequant"  # "two passes" below: prefill_matmul as it was before tuning
     rng = np.random.default_rng(0)
     timer = Timer()
     print(f"copy bandwidth {copy_bandwidth_gbs(timer):.0f} GB/s", flush=True)
@@ -91,24 +99,27 @@ def run(types: list[str]) -> None:
         t = ts.dtype(name)
         wf = torch.from_numpy(rng.normal(size=(N0, K0)).astype(np.float32) * 0.02).cuda().half()
         p = prepare(quantize_weight(wf.float().cpu().numpy(), t, GROUP))
+        assert (p.weight.zeros is not None) == zero_points(name)
         w = torch.from_numpy(p.weight.dequantize()).cuda()
         words1 = p.words_for(FRAGMENT_SPAN)
         x = torch.randn(M0, K0, dtype=torch.float16, device="cuda")
         y = torch.empty(M0, N0, dtype=torch.float16, device="cuda")
         ref = x[:256].double() @ w.double().T
-        times, errs = {}, {}
+        errs, calls = {}, {}
         for config in lowbit_gemm_rs.CONFIGS:
-            args = (x, words1, p.scales, p.biases, y, t, GROUP, False, config)
+            args = (x, words1, p.scales, p.biases, y, t, GROUP, zero_points(name), config)
             lowbit_gemm_rs.lowbit_gemm_rs(*args)
             errs[str(config)] = rel_err(y[:256], ref)
-            times[str(config)] = timer(lowbit_gemm_rs.lowbit_gemm_rs, *args)
+            calls[str(config)] = functools.partial(lowbit_gemm_rs.lowbit_gemm_rs, *args)
         ss = lowbit_gemm.prefill_config()
-        args = (x, p.words, p.scales, p.biases, y, t, GROUP, False, ss)
+        args = (x, p.words, p.scales, p.biases, y, t, GROUP, zero_points(name), ss)
         lowbit_gemm.lowbit_gemm(*args)
         errs["fused"] = rel_err(y[:256], ref)
-        times["fused " + str(ss)] = timer(lowbit_gemm.lowbit_gemm, *args)
-        times["two passes"] = timer(prefill_matmul, x, p)
-        cublas = timer(torch.matmul, x, wf.T)
+        calls["fused " + str(ss)] = functools.partial(lowbit_gemm.lowbit_gemm, *args)
+        calls["two passes"] = functools.partial(prefill_matmul, x, p)
+        calls["cublas"] = functools.partial(torch.matmul, x, wf.T)
+        times = timer.side_by_side(calls)  # interleaved rounds: the card's clock drift hits every variant alike
+        cublas = times.pop("cublas")
         best = min((v, c) for c, v in times.items() if c.startswith("rs_"))
         row = {"suite": "lowbit-rs", "case": f"M={M0},N={N0},K={K0},w={name},g={GROUP},fp16", "tessera_us": best[0],
                "config": best[1], "peers_us": {"cublas": cublas}, "variants_us": times, "rel_err": max(errs.values()),

@@ -6,9 +6,12 @@ new type, group and shape costs it ~16 s of JIT) in the same run.
 Rows: case `M=..,N=..,K=..,w=<type>,g=<group|ch>,fp16`, tessera_us, floor_us (bytes the kernel
 must move: packed weights + scales (+ zero points) + activations + output, over the copy
 bandwidth measured in this run), peers_us, rel_err against float64 on the dequantised weights.
+Each case times every system in interleaved rounds (harness.Timer.side_by_side).
 Tilus is not run: its wheel has no quantized matmul (lowbit_peers.py)."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -29,7 +32,7 @@ def cases(quick: bool) -> list[tuple[int, int, int, str, int | None]]:
     out = []
     ms = (1, 16, 4096) if quick else MS
     for t in WEIGHT_TYPES:
-        for m in ms if t.name == "int4" or not quick else (1, 16):
+        for m in ms:
             out.append((m, N0, K0, t.name, 128))
     for g in (32, 64, None):
         for m in (1, 16):
@@ -100,16 +103,17 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tupl
         y = cuda_matmul(x, p)
         ref = x.double() @ wdq.double().T
         err = rel_err(y, ref)
-        us = timer(cuda_matmul, x, p)
-        peers = {"cublas": timer(torch.matmul, x, wf.T)}
+        calls = {"tessera": functools.partial(cuda_matmul, x, p), "cublas": functools.partial(torch.matmul, x, wf.T)}
         if tname == "int4" and g in (32, 64, 128, 256):
             tg = _tinygemm(x, wf, g)
             if tg is not None:
-                peers["tinygemm"] = timer(tg)
+                calls["tinygemm"] = tg
         if (n, k) == (N0, K0):
             hm = humming(x, wf, tname, g)
             if hm is not None:
-                peers["humming"] = timer(hm)
+                calls["humming"] = hm
+        peers = timer.side_by_side(calls)  # interleaved rounds: clock drift hits every system alike
+        us = peers.pop("tessera")
         moved = p.words.numel() * 4 + q.scales.size * 2 + (q.zeros.size * 2 if q.zeros is not None else 0)
         moved += m * k * 2 + m * n * 2
         floor = moved / (copy_gbs * 1e9) * 1e6

@@ -23,6 +23,7 @@ from test_lowbit_prefill import SIZES, kernel_group, random_case, reference
 import tessera as ts
 from tessera.errors import UnsupportedError
 from tessera.kernels import lowbit_gemm as lg
+from tessera.kernels import lowbit_gemm_rs as rs
 from tessera.quant import WEIGHT_TYPES
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -158,12 +159,17 @@ def test_prefill_candidates_start_with_the_two_passes():
     assert {(c.block_m, c.block_n, c.stages) for c in got[1:]} == set(lg.TILES) and len({str(c) for c in got}) == len(got)
     assert prefill_candidates(ts.int4, 128, False, 16) == [DEQUANT_THEN_GEMM]  # the fused kernel reads span 2
     assert all(c.block_n == 128 for c in prefill_candidates(ts.int8, 32, True, 2)[1:])  # (registers)
+    # with the words in FRAGMENT_SPAN at hand too: the register-A kernel's configs after the fused tiles
+    assert prefill_candidates(ts.int4, 128, False, 2, register_a=True) == got + list(rs.CONFIGS)
+    assert prefill_candidates(ts.int4, 128, False, 16, register_a=True) == [DEQUANT_THEN_GEMM, *rs.CONFIGS]
+    assert prefill_candidates(ts.int6, 16, True, 16, register_a=True) == [DEQUANT_THEN_GEMM, rs.CONFIGS[1]]  # (spills)
 
 
 def test_prefill_mode_picks_the_path(monkeypatch, caplog):
     """$TESSERA_LOWBIT_PREFILL: 'dequant' and 'auto' without tuning take the two passes,
-    'fused' the kernel's first config (a plan of one launch, no temporary), or the two passes
-    with a warning where it cannot run (span-16 words); anything else is refused."""
+    'fused' the kernel's first config (a plan of one launch, no temporary), 'register' the
+    register-A kernel's where the caller has fragment-order words, or the two passes with a
+    warning where the forced kernel cannot run; anything else is refused."""
     from tessera.errors import ArgumentError
     from tessera.quant.anchor import plan_lowbit_linear
     from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_choice
@@ -179,7 +185,13 @@ def test_prefill_mode_picks_the_path(monkeypatch, caplog):
     assert len(plan.launches) == 1 and not plan.temporaries and plan.name.startswith("lowbit_prefill_int4_tma")
     with caplog.at_level("WARNING", logger="tessera"):
         assert prefill_choice(ts.int4, 128, False, 16, *args[4:], False) == DEQUANT_THEN_GEMM
-    assert "cannot run int4 g128 words in k order 16" in caplog.text
+    assert "cannot run int4 g128 words here (k order 16" in caplog.text
+    monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", "register")
+    assert prefill_choice(*args, False, register_a=True) == rs.CONFIGS[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tessera"):  # (the graph's anchor has no fragment-order words)
+        assert prefill_choice(*args, False) == DEQUANT_THEN_GEMM
+    assert "register: that kernel cannot run" in caplog.text and "no fragment-order copy" in caplog.text
     monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", "always")
     with pytest.raises(ArgumentError, match="TESSERA_LOWBIT_PREFILL='always'"):
         prefill_choice(*args, False)
@@ -263,8 +275,9 @@ def test_cuda_fused_kernel_every_type_group_zero_point_and_tile(rng):
 @pytest.mark.cuda
 def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     """The anchor with prefill=<each tile> equals the two-pass anchor's result on x [3, 50, K]
-    (two calls, fresh inputs); tuned_prefill returns a candidate; eager prefill_matmul, tuned
-    and forced fused, agrees with float64 on the quantized weight's dequantisation."""
+    (two calls, fresh inputs); tuned_prefill returns a candidate (with and without the
+    register-A kernel); eager prefill_matmul, tuned and forced to either fused kernel, agrees
+    with float64 on the quantized weight's dequantisation."""
     torch = pytest.importorskip("torch")
     from tessera.quant.anchor import plan_lowbit_linear
     from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates, tuned_prefill
@@ -285,6 +298,8 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
             assert float((a.float() - b.float()).abs().max() / a.float().abs().max()) < 2e-3, str(config)
     choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes)
     assert choice in prefill_candidates(t, group, True, 2)
+    choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes, register_a=True)
+    assert choice in prefill_candidates(t, group, True, 2, register_a=True)
 
     from tessera.quant.linear import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight
@@ -293,7 +308,7 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     p = prepare(q)
     w = torch.from_numpy(q.dequantize()).cuda().double()
     monkeypatch.setenv("TESSERA_TUNE", "1")
-    for mode in ("auto", "fused"):
+    for mode in ("auto", "fused", "register"):
         monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", mode)
         for m in (65, 300):
             x = torch.randn(m, k, dtype=torch.float16, device="cuda")
@@ -301,3 +316,4 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
             err = float((prefill_matmul(x, p).double() - ref).norm() / ref.norm())
             assert err < 2e-3, (mode, m, err)
     assert p.cache[("prefill", 512, "fused", True)] != DEQUANT_THEN_GEMM
+    assert p.cache[("prefill", 512, "register", True)] == rs.CONFIGS[0] and ("words", 1) in p.cache

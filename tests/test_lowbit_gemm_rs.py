@@ -94,8 +94,8 @@ def test_bad_arguments_are_refused_with_the_reason():
 # ---- GPU tier ----------------------------------------------------------------------------
 @pytest.mark.cuda
 def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
-    """Every type x groups 128, 32, 64, per channel (zero points on the integers at 32 and per
-    channel) x both configs, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
+    """Every type x groups 128, 32, 64, per channel (zero points on the unsigned types, and on
+    the signed at 32 and per channel) x both configs, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
     against float64 products of the quantized weights."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import prepare
@@ -104,9 +104,10 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
     cases = []
     for i, t in enumerate(WEIGHT_TYPES):
         for j, group in enumerate((128, 32, 64, None)):
-            bias = t.is_integer and j in (1, 3)
             n, k = SIZES[(i + j) % 3]
-            p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, bias))
+            # zero points on the signed integers at 32 and per channel; the unsigned always have them
+            p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, t.is_integer and j in (1, 3) or None))
+            bias = p.weight.zeros is not None
             for config in rs.CONFIGS:
                 cases.append((p, t, bias, config))
     with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:

@@ -54,7 +54,6 @@ class PreparedWeight:
             got = self.cache[("words", span)] = torch.from_numpy(packed).to(self.words.device)
         return got
 
-
     def unit_scaled(self) -> tuple[Any, Any]:
         """(scales, biases) laid out per unit for the span-2 kernels (lowbit_decode.unit_scales),
         made on first use and kept; biases stay the [1, 1] placeholder without zero points."""
@@ -120,19 +119,29 @@ DECODE_MAX_M = 64  # larger M: dequantise to fp16, then the tensor-core GEMM (pr
 
 
 def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
-    """Prefill sizes, by `_prefill_choice`: the fused kernel (tessera.kernels.lowbit_gemm: the
-    dequantisation in the TMA GEMM's mainloop, one launch), or the weights dequantised to fp16
-    from the words the decode kernel reads (tessera.kernels.lowbit_dequant: one pass, words in,
-    W16 out), then x @ W16^T on the tensor cores (cuBLAS through torch).  W16 is a workspace of
-    each call, from torch's caching allocator (keeping it per weight would hold 16 / bits times
-    the weights' memory for every layer)."""
+    """Prefill sizes, by `_prefill_choice`: one of the fused kernels, one launch (the
+    register-A kernel, tessera.kernels.lowbit_gemm_rs, dequantising into wgmma's A registers
+    from a second copy of the words in FRAGMENT_SPAN, packed on first use and kept: bits/16 of
+    the fp16 weights' memory; or tessera.kernels.lowbit_gemm, dequantising into shared memory
+    in the TMA GEMM's mainloop), or the weights dequantised to fp16 from the words the decode
+    kernel reads (tessera.kernels.lowbit_dequant: one pass, words in, W16 out), then
+    x @ W16^T on the tensor cores (cuBLAS through torch).  W16 is a workspace of each call,
+    from torch's caching allocator (keeping it per weight would hold 16 / bits times the
+    weights' memory for every layer)."""
     import torch
 
     from tessera.kernels.lowbit_dequant import dequantize_words
-    from tessera.quant.tune import DEQUANT_THEN_GEMM
+    from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a
 
     w = p.weight
     choice = _prefill_choice(p, x.shape[0])
+    if is_register_a(choice):
+        from tessera.kernels.lowbit_gemm_rs import lowbit_gemm_rs
+
+        y = out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=torch.float16, device=x.device)
+        lowbit_gemm_rs(x.contiguous(), p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, w.dtype,
+                       p.kernel_group, w.zeros is not None, choice)  # fmt: skip
+        return y
     if choice != DEQUANT_THEN_GEMM:
         from tessera.kernels.lowbit_gemm import SPAN, lowbit_gemm
 
@@ -146,7 +155,7 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
 
 
 def _prefill_choice(p: PreparedWeight, m: int) -> Any:
-    """DEQUANT_THEN_GEMM or a fused kernel config for m rows of this weight
+    """DEQUANT_THEN_GEMM or a fused kernel's config for m rows of this weight
     (tessera.quant.tune.prefill_choice with tuning per $TESSERA_TUNE, at m rounded up to a
     power of two: one record per shape and GPU), kept per bucket."""
     from tessera.quant.tune import prefill_choice, prefill_mode
@@ -160,7 +169,7 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
         n, k = w.shape
         choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, PREPARED_SPAN, bucket, n, k,
                                                p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape),
-                                               key[3])  # fmt: skip
+                                               key[3], register_a=True)  # fmt: skip
     return choice
 
 

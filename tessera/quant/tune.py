@@ -136,86 +136,126 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
     return record.best
 
 
-# ---- prefill: the fused kernel's tiles against dequantising first ---------------------------------------------------
+# ---- prefill: the fused kernels against dequantising first -------------------------------------------------------
 DEQUANT_THEN_GEMM = "dequant_then_gemm"  # the two-pass path: words -> fp16 W (lowbit_dequant), then the fp16 GEMM
 PREFILL_ENV = "TESSERA_LOWBIT_PREFILL"
-PREFILL_MODES = ("auto", "fused", "dequant")
+PREFILL_MODES = ("auto", "fused", "register", "dequant")
 
 
 def prefill_mode() -> str:
     """$TESSERA_LOWBIT_PREFILL: 'auto' (default: tuning decides, the two passes without it),
-    'fused' (the fused kernel wherever it builds) or 'dequant' (always the two passes)."""
+    'fused' (the shared-memory fused kernel wherever it builds), 'register' (the register-A
+    kernel wherever it builds) or 'dequant' (always the two passes)."""
     value = os.environ.get(PREFILL_ENV, "").strip().lower() or "auto"
     if value not in PREFILL_MODES:
-        raise ArgumentError(f"${PREFILL_ENV}={os.environ[PREFILL_ENV]!r}: use 'auto' (tuning picks the fused kernel or "
-                            "dequantising first), 'fused' or 'dequant'")  # fmt: skip
+        raise ArgumentError(f"${PREFILL_ENV}={os.environ[PREFILL_ENV]!r}: use 'auto' (tuning picks a fused kernel or "
+                            "dequantising first), 'fused', 'register' or 'dequant'")  # fmt: skip
     return value
 
 
+def is_register_a(choice: Any) -> bool:
+    """Whether a prefill choice is a config of the register-A kernel (tessera.kernels.lowbit_gemm_rs)."""
+    from tessera.kernels.lowbit_gemm_rs import RegisterAConfig
+
+    return isinstance(choice, RegisterAConfig)
+
+
 def prefill_choice(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int, words: int,
-                   scales: tuple[int, int], biases: tuple[int, int], tune: bool) -> Any:  # fmt: skip
-    """How m rows run past the decode sizes: DEQUANT_THEN_GEMM or a fused config, by
-    `prefill_mode` (with 'auto', `tuned_prefill` when `tune`, else the two passes).  A fused
-    request the kernel cannot serve (span-16 words, not SM90, too many registers), or tuning
-    that fails, falls back to the two passes with a warning."""
+                   scales: tuple[int, int], biases: tuple[int, int], tune: bool,
+                   register_a: bool = False) -> Any:  # fmt: skip
+    """How m rows run past the decode sizes: DEQUANT_THEN_GEMM or a fused kernel's config, by
+    `prefill_mode` (with 'auto', `tuned_prefill` when `tune`, else the two passes);
+    `register_a`: the caller can give the words in FRAGMENT_SPAN too (see prefill_candidates).
+    A forced kernel that cannot serve the weights (another k order, not SM90, too many
+    registers), or tuning that fails, falls back to the two passes with a warning."""
     mode = prefill_mode()
     if mode == "dequant" or (mode == "auto" and not tune):
         return DEQUANT_THEN_GEMM
-    if mode == "fused":
-        fused = prefill_candidates(wtype, group, has_bias, span)[1:]
-        if not fused:
-            log.warning("tessera: %s=fused: the fused prefill kernel cannot run %s g%d%s words in k order %d here; "
-                        "dequantising first", PREFILL_ENV, wtype.name, group, " with zero points" if has_bias else "",
-                        span)  # fmt: skip
-        return fused[0] if fused else DEQUANT_THEN_GEMM
+    candidates = prefill_candidates(wtype, group, has_bias, span, register_a)
+    if mode in ("fused", "register"):
+        forced = [c for c in candidates[1:] if is_register_a(c) == (mode == "register")]
+        if not forced:
+            log.warning("tessera: %s=%s: that kernel cannot run %s g%d%s words here (k order %d%s); dequantising "
+                        "first", PREFILL_ENV, mode, wtype.name, group, " with zero points" if has_bias else "", span,
+                        "" if register_a else ", no fragment-order copy")  # fmt: skip
+        return forced[0] if forced else DEQUANT_THEN_GEMM
     from tessera.errors import TuningError
 
     try:
-        return tuned_prefill(wtype, group, has_bias, span, m, n, k, words, scales, biases)
+        return tuned_prefill(wtype, group, has_bias, span, m, n, k, words, scales, biases, register_a)
     except TuningError as exc:  # (every candidate failed: the two passes, which the tests check)
         log.warning("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: tuning failed (%s); dequantising first",
                     wtype.name, m, n, k, exc)  # fmt: skip
         return DEQUANT_THEN_GEMM
 
 
-def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int) -> list[Any]:
-    """DEQUANT_THEN_GEMM first (the default, measured path), then the fused kernel's tiles
-    (tessera.kernels.lowbit_gemm) it can be built with: SM90, words in its k order (span 2)."""
-    from tessera.kernels import lowbit_gemm
+def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, register_a: bool = False) -> list[Any]:
+    """DEQUANT_THEN_GEMM first (the default, measured path), then on SM90 the fused kernel's
+    tiles (tessera.kernels.lowbit_gemm) when the words are in its k order (span 2), and the
+    register-A kernel's configs (tessera.kernels.lowbit_gemm_rs) when `register_a`: the caller
+    holds (or makes) the words in FRAGMENT_SPAN too, as PreparedWeight.words_for does."""
+    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
     from tessera.runtime.cuda import device_properties
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
-    if span == lowbit_gemm.SPAN and device_properties().capability == (9, 0):
+    if device_properties().capability != (9, 0):
+        return out
+    if span == lowbit_gemm.SPAN:
         out += lowbit_gemm.buildable_configs(wtype, group, has_bias)
+    if register_a:
+        out += [c for c in lowbit_gemm_rs.CONFIGS if not lowbit_gemm_rs.problems(wtype, group, has_bias, c)]
     return out
 
 
-def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int,
-                  words: int, scales: tuple[int, int], biases: tuple[int, int]) -> Any:  # fmt: skip
-    """DEQUANT_THEN_GEMM or the fused kernel's TmaConfig, whichever computes x [m, k] @ W^T
-    fastest on the current GPU with these operand sizes, checked against the two-pass result
-    first (a candidate that differs is skipped with a warning, never chosen); from the
-    tuning record when one exists.  The two passes are timed as the eager path runs them
-    (the dequantiser, then cuBLAS through torch; tessera's fp16 GEMM runs at its speed)."""
+def host_codes_words(wtype: DataType, n: int, k: int, spans: tuple[int, ...]) -> list[Any]:
+    """Random codes (finite ones for the floats) packed in each k order of `spans`: uint32
+    words on the GPU holding the same weights, for checking kernels that read different orders."""
+    import numpy as np
     import torch
 
-    from tessera.kernels import lowbit_gemm
+    from tessera.quant import codecs
+    from tessera.quant.layout import pack_units
+
+    codes = np.random.default_rng(0).integers(0, 1 << wtype.nbits, size=(n, k), dtype=np.uint8)
+    if wtype.is_float:
+        table = np.isfinite(codecs.decode(np.arange(1 << wtype.nbits, dtype=np.uint8), wtype))
+        codes = np.where(table[codes], codes, 0).astype(np.uint8)
+    return [torch.from_numpy(pack_units(codes, wtype, span)).cuda() for span in spans]
+
+
+def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int, n: int, k: int,
+                  words: int, scales: tuple[int, int], biases: tuple[int, int], register_a: bool = False) -> Any:  # fmt: skip
+    """DEQUANT_THEN_GEMM or a fused kernel's config (prefill_candidates), whichever computes
+    x [m, k] @ W^T fastest on the current GPU with these operand sizes, checked against the
+    two-pass result first (a candidate that differs is skipped with a warning, never chosen);
+    from the tuning record when one exists.  The two passes are timed as the eager path runs
+    them (the dequantiser, then cuBLAS through torch; tessera's fp16 GEMM runs at its speed);
+    the register-A kernel reads the same codes packed in FRAGMENT_SPAN."""
+    import torch
+
+    from tessera.ir.lowbit import FRAGMENT_SPAN
+    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
     from tessera.kernels.lowbit_dequant import dequantize_words, make_dequant_units
     from tessera.kernels.matmul import check_result, graph_bench
     from tessera.tune.tuner import tune
 
-    candidates = prefill_candidates(wtype, group, has_bias, span)
+    candidates = prefill_candidates(wtype, group, has_bias, span, register_a)
     if len(candidates) == 1:
         return candidates[0]
     gpu = torch.cuda.get_device_name()
-    key = f"lowbit_prefill|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}|m{m}|n{n}|k{k}|{gpu}"
+    key = (f"lowbit_prefill|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}{'+ra' if register_a else ''}"
+           f"|m{m}|n{n}|k{k}|{gpu}")  # fmt: skip
     wq, sc, bz, x, y = random_operands(wtype, span, m, n, k, words, scales, biases)
+    if any(map(is_register_a, candidates)):  # the same weights in both orders: one reference checks all
+        wq, wq_fragment = host_codes_words(wtype, n, k, (span, FRAGMENT_SPAN))
     w16 = torch.empty((n, k), dtype=torch.float16, device="cuda")
 
     def run(c: Any) -> None:
         if c == DEQUANT_THEN_GEMM:
             dequantize_words(wq, sc, bz, w16, wtype, group, has_bias, span)
             torch.matmul(x, w16.T, out=y)
+        elif is_register_a(c):
+            lowbit_gemm_rs.lowbit_gemm_rs(x, wq_fragment, sc, bz, y, wtype, group, has_bias, c)
         else:
             lowbit_gemm.lowbit_gemm(x, wq, sc, bz, y, wtype, group, has_bias, c)
 
@@ -233,6 +273,8 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
     def build(c: Any) -> Any:
         if c == DEQUANT_THEN_GEMM:
             return make_dequant_units(wtype, group, has_bias, span).build()
+        if is_register_a(c):
+            return lowbit_gemm_rs.make_lowbit_gemm_rs(wtype, group, has_bias, c).build()
         return lowbit_gemm.make_lowbit_gemm(wtype, group, has_bias, c).build()
 
     record = tune(key, candidates, build=build, bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check,
@@ -244,8 +286,8 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
 
 
 def prefill_source() -> str:
-    """The prefill candidates' sources (the fused kernel with the GEMM and decode pieces it
-    uses, the dequantiser): their hash keys the prefill records."""
-    from tessera.kernels import gemm_tma, lowbit_decode, lowbit_dequant, lowbit_gemm
+    """The prefill candidates' sources (the fused kernels with the GEMM and decode pieces they
+    use, the dequantiser): their hash keys the prefill records."""
+    from tessera.kernels import gemm_tma, lowbit_decode, lowbit_dequant, lowbit_gemm, lowbit_gemm_rs
 
-    return _sources(lowbit_gemm, gemm_tma, lowbit_decode, lowbit_dequant)
+    return _sources(lowbit_gemm, lowbit_gemm_rs, gemm_tma, lowbit_decode, lowbit_dequant)
