@@ -3,6 +3,8 @@ passes, the register-A kernel) runs back to back for a few seconds while `nvidia
 the SM clock, board power and throttle reasons every 50 ms; the table gives us per call, the
 mean clock and power, and the cycles per call (us x MHz) that compare work without the
 clock's drift.  K=4096, N=12288, group 128, M=4096, no L2 flush (the loop's steady state).
+Kernels launch as tessera launches them ($TESSERA_PDL: programmatic dependent launch, on by
+default); run it with TESSERA_PDL=0 too to see what back-to-back launches cost without it.
 
     python3 bench/lowbit_power.py --types int1,int4,int7,e4m3
 """
@@ -79,7 +81,10 @@ def main() -> None:
     wf = torch.from_numpy(rng.normal(size=(N0, K0)).astype(np.float32) * 0.02).cuda().half()
     x = torch.randn(M0, K0, dtype=torch.float16, device="cuda")
     y = torch.empty(M0, N0, dtype=torch.float16, device="cuda")
-    rows = [("cuBLAS fp16", *sampled(functools.partial(torch.matmul, x, wf.T), args.seconds))]
+    from tessera.kernels.matmul import matmul
+
+    rows = [("cuBLAS fp16", *sampled(functools.partial(torch.matmul, x, wf.T), args.seconds)),
+            ("tessera fp16 GEMM", *sampled(functools.partial(matmul, x, wf, b_layout="nk"), args.seconds))]  # fmt: skip
     for name in args.types.split(","):
         t = ts.dtype(name)
         p = prepare(quantize_weight(wf.float().cpu().numpy(), t, GROUP))
