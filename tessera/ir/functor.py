@@ -285,3 +285,19 @@ def written_buffers(func: Function) -> frozenset[E.Var]:
     finder = _Written()
     finder.visit_function(func)
     return frozenset(finder.buffers)
+
+
+class _InstructionNames(IRVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Instruction(self, s: S.Instruction) -> None:
+        self.names.add(s.name)
+        super().visit_Instruction(s)
+
+
+def instruction_names(func: Function) -> frozenset[str]:
+    """The names of the instructions (tessera.ir.instructions) `func`'s body executes."""
+    finder = _InstructionNames()
+    finder.visit_function(func)
+    return frozenset(finder.names)
