@@ -22,7 +22,7 @@ import numpy as np
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function, LaunchConfig
-from tessera.ir.functor import written_buffers
+from tessera.ir.functor import instruction_names, written_buffers
 from tessera.ir.types import TensorMapType
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
 from tessera.runtime.lru import LRUCache
@@ -390,11 +390,11 @@ class _Plan:
     __slots__ = ("types", "values", "pointer_slots", "map_slots", "grid", "block", "smem", "local", "configs")
 
     def __init__(self, types: list[type], values: list[Any], pointer_slots: list[int], map_slots: list[int],
-                 grid: tuple[int, int, int], block: tuple[int, int, int], smem: int):  # fmt: skip
+                 grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, programmatic: bool):  # fmt: skip
         self.types, self.values, self.pointer_slots, self.map_slots = types, values, pointer_slots, map_slots
         self.grid, self.block, self.smem = grid, block, smem
         self.local = threading.local()
-        self.configs: dict[int, Any] | None = {} if programmatic_launch() else None  # stream -> launch config
+        self.configs: dict[int, Any] | None = {} if programmatic else None  # stream -> launch config
 
     def slots(self) -> tuple[list[Any], list[Any], int]:
         """This thread's (pointer slots, tensor-map slots, address of the argument array), the
@@ -425,6 +425,12 @@ class CudaKernel:
         self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
         self.written = written_buffers(func)
+        # Warp-specialised kernels (setmaxnreg: one persistent block per SM) launch plainly: with
+        # programmatic serialization, back-to-back launches of them ran 100-400x slower on the
+        # H200 (the GPU idle; M=4096 GEMMs at 110-300 ms a call instead of 0.7 ms, whether the
+        # kernel let its dependents launch at its start or only at its exit; bench/lowbit_power.py),
+        # and at hundreds of us a call they have no launch gap worth hiding.
+        self.programmatic = programmatic_launch() and "setmaxnreg" not in instruction_names(func)
         self.smem_limit_set = 0
         self._smem_lock = threading.Lock()
         self.plans: LRUCache[_Plan] = LRUCache(PLAN_CACHE_SIZE)
@@ -479,7 +485,7 @@ class CudaKernel:
         pointer_slots = [i for i, p in enumerate(self.func.params)
                          if not isinstance(p.type, (DataType, TensorMapType))]  # fmt: skip
         del views
-        return _Plan(self.ctypes, values, pointer_slots, map_slots, grid, block, smem)
+        return _Plan(self.ctypes, values, pointer_slots, map_slots, grid, block, smem, self.programmatic)
 
 
 class BoundLaunch:
