@@ -66,10 +66,11 @@ def _tinygemm(x: torch.Tensor, w: torch.Tensor, group: int):
         return None
 
 
-def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tuple[int, int] = (1, 1)) -> list[dict]:
-    """Rows for every case (with shard (i, n): the i-th of n contiguous parts of them, for runs
-    that must fit a time limit); with TESSERA_BENCH_BUDGET_S set, the cases started within that
-    many seconds (a partial run says so in its printout)."""
+def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tuple[int, int] = (1, 1),
+                 ms: tuple[int, ...] | None = None) -> list[dict]:  # fmt: skip
+    """Rows for every case (with `ms`, those of these M only; with shard (i, n): the i-th of n
+    contiguous parts of them, for runs that must fit a time limit); with TESSERA_BENCH_BUDGET_S
+    set, the cases started within that many seconds (a partial run says so in its printout)."""
     import os
     import time
 
@@ -80,7 +81,7 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tupl
     weights: dict[tuple[int, int], torch.Tensor] = {}
     prepared: dict[tuple, tuple] = {}
     humming = HummingPeer()
-    todo = cases(quick)
+    todo = [c for c in cases(quick) if ms is None or c[0] in ms]
     part, parts = shard
     if not 1 <= part <= parts:
         raise ValueError(f"shard {part}/{parts}: the part must be between 1 and {parts}")

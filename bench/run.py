@@ -102,6 +102,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="gemm: the first six shapes only; lowbit: fewer M; attention: a few shapes")
     ap.add_argument("--shard", default="1/1", help="lowbit: run the I-th of N contiguous parts of the cases (I/N)")
+    ap.add_argument("--ms", default="", help="lowbit: only the cases of these M (comma-separated), e.g. 4096")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
@@ -142,8 +143,13 @@ def main() -> None:
             part, parts = (int(v) for v in args.shard.split("/"))
         except ValueError:
             ap.error(f"--shard takes I/N (the I-th of N parts), got {args.shard!r}")
-        rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts))
-        write_results(args.suite if parts == 1 else f"{args.suite}-part{part}of{parts}", rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
+        try:
+            ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
+        except ValueError:
+            ap.error(f"--ms takes comma-separated row counts, got {args.ms!r}")
+        rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts), ms=ms)
+        name = args.suite + (f"-m{'-'.join(map(str, ms))}" if ms else "") + ("" if parts == 1 else f"-part{part}of{parts}")
+        write_results(name, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
         return
     if args.suite == "attention":
         from attention_suite import attention_suite
