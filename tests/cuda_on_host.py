@@ -70,7 +70,6 @@ static thread_local ts_host_barrier* ts_warpgroup_barrier;
 static inline void ts_host_syncwarp() { ts_barrier->wait(); }
 static inline void ts_host_syncthreads() { ts_block_barrier->wait(); }
 static inline void ts_grid_dependency_sync() {}
-static inline void ts_grid_dependency_wait() {}
 template <int N> static inline void ts_copy_vector(void* dst, const void* src) { std::memcpy(dst, src, N); }
 static inline uint32_t ts_lop3_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }
 static inline uint32_t ts_prmt(uint32_t a, uint32_t b, uint32_t s) {

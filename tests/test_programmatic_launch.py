@@ -1,6 +1,7 @@
 """Programmatic dependent launch: every generated CUDA kernel waits for the grids it depends on
 before touching memory, so launching it with programmatic stream serialization is safe; the
-runtime uses it on SM90+ GPUs unless $TESSERA_PDL=0."""
+runtime uses it on SM90+ GPUs unless $TESSERA_PDL=0, for every kernel but the warp-specialised
+ones."""
 
 from __future__ import annotations
 
@@ -56,6 +57,46 @@ def test_programmatic_launch_is_off_without_a_gpu_or_when_disabled(monkeypatch):
         assert cuda.programmatic_launch() == (props.from_driver and props.capability >= (9, 0))
     finally:
         cuda.programmatic_launch.cache_clear()
+
+
+def test_warp_specialised_kernels_launch_plainly(monkeypatch):
+    """With programmatic launch on, every kernel takes the attribute but the warp-specialised
+    ones (setmaxnreg): back-to-back launches of those with it ran 100-400x slower."""
+    from tessera.kernels import gemm_tma
+    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.kernels.lowbit_gemm_rs import CONFIGS, make_lowbit_gemm_rs
+
+    monkeypatch.setattr(cuda, "programmatic_launch", lambda: True)
+    assert cuda.launches_programmatically(_axpy().ir)
+    assert not cuda.launches_programmatically(gemm_tma.make_gemm_tma(ts.f16, TmaConfig(128, 128, 4)).ir)
+    assert not cuda.launches_programmatically(make_lowbit_gemm_rs(ts.int4, 128, False, CONFIGS[0]).ir)
+    monkeypatch.setattr(cuda, "programmatic_launch", lambda: False)
+    assert not cuda.launches_programmatically(_axpy().ir)
+
+
+@pytest.mark.cuda
+def test_back_to_back_warp_specialised_gemms_chain_their_results(rng):
+    """Persistent TMA GEMMs launched back to back, each reading the previous one's output
+    (C_i+1 = C_i @ B), with an axpy (programmatic) between two of them: every result holds."""
+    torch = pytest.importorskip("torch")
+    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.kernels.matmul import matmul
+
+    n = 1000  # (not a multiple of the tile: boundary tiles too)
+    b = torch.from_numpy(rng.standard_normal((n, n)).astype(np.float32) / np.sqrt(n)).cuda().half()
+    c = torch.from_numpy(rng.standard_normal((600, n)).astype(np.float32)).cuda().half()
+    want = c.double()
+    config = TmaConfig(128, 128, 4)
+    for i in range(4):
+        c = matmul(c, b, b_layout="nk", config=config)
+        want = want @ b.double().T
+        if i == 1:
+            out = torch.empty(c.numel(), dtype=torch.float32, device="cuda")
+            _axpy()(c.float().reshape(-1), c.float().reshape(-1), out)  # 3c, then back to c / 1
+            c = (out / 3).reshape(c.shape).half()
+    torch.cuda.synchronize()
+    err = float((c.double() - want).norm() / want.norm())
+    assert err < 1e-2, err
 
 
 @pytest.mark.cuda

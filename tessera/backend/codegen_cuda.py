@@ -18,7 +18,6 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ir.expr import Const
 from tessera.ir.func import CUDA_KERNEL, Function
-from tessera.ir.functor import instruction_names
 from tessera.ir.types import TensorMapType, TensorType
 from tessera.transforms.plan_shared_memory import shared_buffer_offsets
 
@@ -39,18 +38,13 @@ __device__ __forceinline__ uint16_t ts_bits_of_bfloat16(nv_bfloat16 v) { return 
 __device__ __forceinline__ nv_bfloat16 ts_bfloat16_of_bits(uint16_t u) { return __ushort_as_bfloat16(u); }
 {helpers}
 // Programmatic dependent launch (SM90+): every kernel first waits for the grids it depends on
-// to complete (their writes visible), then (most kernels) lets its own dependents be scheduled,
-// so that the runtime may launch the next kernel while this one runs (tessera.runtime.cuda
-// launches with programmatic stream serialization).  Nothing before this touches global
-// memory.  Without that launch attribute these instructions are no-ops.
-__device__ __forceinline__ void ts_grid_dependency_wait() {
+// to complete (their writes visible), then lets its own dependents be scheduled, so that the
+// runtime may launch the next kernel while this one runs (tessera.runtime.cuda launches with
+// programmatic stream serialization).  Nothing before this touches global memory.  Without
+// that launch attribute both instructions are no-ops.
+__device__ __forceinline__ void ts_grid_dependency_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ts_grid_dependency_sync() {
-  ts_grid_dependency_wait();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
@@ -424,12 +418,7 @@ class CudaCodegen(CLikeCodegen):
         if func.launch.shared_pool:
             self.pool_offsets, _ = shared_buffer_offsets(func)
             self.emit("extern __shared__ __align__(1024) uint8_t ts_shared_pool[];")
-        # A warp-specialised kernel (setmaxnreg: one persistent block per SM) lets its dependents
-        # launch only when it exits: triggered at its start, back-to-back launches of such GEMMs
-        # ran 100-400x slower on the H200 (M=4096 N=12288 K=4096: 291 ms a call instead of
-        # 0.72 ms; bench/lowbit_power.py), and a dependent could not start early anyway.
-        early = "setmaxnreg" not in instruction_names(func)
-        self.emit("ts_grid_dependency_sync();" if early else "ts_grid_dependency_wait();")
+        self.emit("ts_grid_dependency_sync();")
         self.visit(func.body)
         self.depth -= 1
         self.emit("}")

@@ -357,6 +357,17 @@ def programmatic_launch() -> bool:
     return props.from_driver and props.capability >= (9, 0)
 
 
+def launches_programmatically(func: Function) -> bool:
+    """Whether `func` launches with programmatic stream serialization: when `programmatic_launch`
+    is on, every kernel but the warp-specialised ones (setmaxnreg: one persistent block per SM).
+    With the attribute, back-to-back launches of those ran 100-400x slower on the H200, the GPU
+    idle (M=4096 GEMMs, tessera's fp16 TMA GEMM and the register-A low-bit kernel: 110-300 ms a
+    call instead of 0.7 ms, whether the kernel let its dependents launch at its start or only
+    at its exit; bench/results/2026-11-28-h200-lowbit-power.md); at hundreds of us a call they
+    have no launch gap worth hiding."""
+    return programmatic_launch() and "setmaxnreg" not in instruction_names(func)
+
+
 def _launch_config(plan: _Plan, stream: int) -> Any:
     """The cuLaunchKernelEx configuration of a plan on a stream (programmatic serialization on)."""
     driver = _driver()
@@ -425,12 +436,7 @@ class CudaKernel:
         self.handle = check(driver.cuModuleGetFunction(self.module, (name or func.name).encode()), "cuModuleGetFunction")
         self.ctypes = [ctype_of(p.type) for p in func.all_params]
         self.written = written_buffers(func)
-        # Warp-specialised kernels (setmaxnreg: one persistent block per SM) launch plainly: with
-        # programmatic serialization, back-to-back launches of them ran 100-400x slower on the
-        # H200 (the GPU idle; M=4096 GEMMs at 110-300 ms a call instead of 0.7 ms, whether the
-        # kernel let its dependents launch at its start or only at its exit; bench/lowbit_power.py),
-        # and at hundreds of us a call they have no launch gap worth hiding.
-        self.programmatic = programmatic_launch() and "setmaxnreg" not in instruction_names(func)
+        self.programmatic = launches_programmatically(func)
         self.smem_limit_set = 0
         self._smem_lock = threading.Lock()
         self.plans: LRUCache[_Plan] = LRUCache(PLAN_CACHE_SIZE)
