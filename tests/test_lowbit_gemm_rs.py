@@ -3,8 +3,10 @@ k order it reads (tessera.ir.lowbit.FRAGMENT_SPAN).
 
 CPU tier: the order is a permutation of a unit and each step is exactly mma's A fragment; the
 generated CUDA run on the host (tests/cuda_on_host.py, register-A wgmma modelled) at odd sizes
-over types, groups, zero points and both configs, two calls with fresh activations; refusals.
-GPU tier (`cuda`): every type x groups x zero points x config against float64."""
+over types, groups, zero points and every config, two calls with fresh activations; refusals.
+GPU tier (`cuda`): every type x groups x zero points x config against float64.  (The host model
+runs each wgmma at its issue, so it cannot see a fragment buffer or stage reused too early:
+tests/test_wgmma_hazards.py scans the SASS for the first, the GPU tier covers both.)"""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
 
 @needs_nvcc
 def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
-    """Types, groups (128, 32, 16, 64, per channel), zero points and both configs at odd shapes
+    """Types, groups (128, 32, 16, 64, per channel), zero points and every config at odd shapes
     (M past a tile or 1, N not a multiple of 16, K not of 256), two calls each; the host's
     3 "SMs" give each block several tiles, so the next tile's prefetch runs too."""
     from cuda_on_host import run_on_host
@@ -88,6 +90,11 @@ def test_bad_arguments_are_refused_with_the_reason():
     with pytest.raises(UnsupportedError, match="block_t 128"):
         rs.make_lowbit_gemm_rs(ts.int6, 16, True, rs.RegisterAConfig(256, 4))
     assert not rs.problems(ts.int6, 16, True, rs.RegisterAConfig(128, 6))
+    with pytest.raises(UnsupportedError, match="in_flight must be 1 or 3"):
+        rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(256, 4, in_flight=2))
+    four_buffers = rs.RegisterAConfig(256, 5, in_flight=3)  # two more fragment buffers: spills from 2 bits
+    assert rs.problems(ts.uint2, 16, True, four_buffers) and not rs.problems(ts.int1, 16, True, four_buffers)
+    assert str(four_buffers) == "rs_256x128_s5_f3" and str(rs.CONFIGS[0]) == "rs_256x128_s4"
     assert rs.scale_runs(128) == (8, 2) and rs.scale_runs(16) == (1, 16) and rs.scale_runs(4096) == (16, 1)
 
 
@@ -95,7 +102,7 @@ def test_bad_arguments_are_refused_with_the_reason():
 @pytest.mark.cuda
 def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
     """Every type x groups 128, 32, 64, per channel (zero points on the unsigned types, and on
-    the signed at 32 and per channel) x both configs, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
+    the signed at 32 and per channel) x every config, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
     against float64 products of the quantized weights."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import prepare

@@ -8,10 +8,11 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
 
 * warpgroup 0, thread 0: the TMA loads of X's stages (1 producer thread, its registers given up);
 * warpgroups 1 and 2: 64 weight rows each, one 16-row unit per warp.  Per 64-k stage, four
-  steps: dequantise the step's fragment into one of two register buffers (the other is read by
-  the wgmma in flight), fence, `wgmma m64n{block_t}k16` with A from registers, commit, then
-  wait until one group is in flight, which frees the other buffer and, at a stage's first
-  step, the stage before (none left at the tile's last step: see the epilogue).  A unit's
+  steps: dequantise the step's fragment into one of in_flight + 1 register buffers (the others
+  are read by the wgmmas in flight), fence, `wgmma m64n{block_t}k16` with A from registers,
+  commit, then wait until in_flight groups are in flight, which frees the next step's buffer
+  and, at the stage's step in_flight - 1, the stage before (none left at the tile's last
+  step: see the epilogue).  A unit's
   words and scales for the next 256 k are reloaded stage by stage as they die
   (tessera.kernels.lowbit_gemm.word_loads);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
@@ -47,11 +48,14 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x
 
 @dataclass(frozen=True)
 class RegisterAConfig:
-    """Tokens per tile (wgmma's n), the ring's depth and the rasterisation's group of m tiles."""
+    """Tokens per tile (wgmma's n), the ring's depth, the rasterisation's group of m tiles and
+    the wgmmas each consumer leaves in flight while it dequantises the next step (1 or 3: two
+    or four register buffers of A fragments)."""
 
     block_t: int = 256
     stages: int = 4
     group_m: int = GROUP_M
+    in_flight: int = 1
 
     def smem_bytes(self) -> int:
         return self.stages * self.block_t * BLOCK_K * 2 + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
@@ -62,6 +66,8 @@ class RegisterAConfig:
             out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
+        if self.in_flight not in (1, 3):
+            out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
         if self.smem_bytes() > 227 * 1024:
             out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
         return out
@@ -74,10 +80,14 @@ class RegisterAConfig:
         return min(self.tiles(m, n), sms)
 
     def __str__(self) -> str:
-        return f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
+        return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
+                + (f"_f{self.in_flight}" if self.in_flight != 1 else ""))  # fmt: skip
 
 
-CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6))  # the first is the default
+# The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
+# (int1 536 us, int7 620 us at M=4096; cuBLAS 535), as if each step's dequantisation, begun only
+# once the step before last had finished, sometimes left the tensor cores waiting.
+CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3))
 
 
 def scale_runs(group_size: int) -> tuple[int, int]:
@@ -94,8 +104,9 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterA
         out.append(f"the register-A prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if group_size % 16 or not (group_size % 256 == 0 or 256 % group_size == 0):
         out.append(f"group size {group_size}: the register-A kernel takes 16, 32, 64, 128 or multiples of 256")
-    elif group_size == 16 and has_bias and config.block_t > 128 and wtype.nbits >= 4:
-        # (measured with -Xptxas -v: int4 spills 12 bytes, int6 124)
+    elif group_size == 16 and has_bias and config.block_t > 128 and wtype.nbits >= (4 if config.in_flight == 1 else 2):
+        # (measured with -Xptxas -v: int4 spills 12 bytes, int6 124; with in_flight 3's two more
+        # fragment buffers, uint2 8 and int3 32)
         out.append("groups of 16 with zero points: their 32 scale and zero-point registers spill next to "
                    f"{config.block_t // 2} accumulators; use block_t 128")  # fmt: skip
     return out
@@ -111,6 +122,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         raise UnsupportedError(f"low-bit register-A GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
+    FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
     SPQ, NQ = scale_runs(GS)
     QK = tuple(16 * SPQ * q for q in range(NQ))  # run q's first k within the 256
     QS = tuple(range(NQ))
@@ -119,7 +131,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     BLOCKS, STEPS = tuple(range(4)), tuple(range(4))
     X_BYTES = BT * BK * 2
     TA = ts.tensor_map(f16, (1, BT, BK))
-    name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{BT}x{ROWS}_s{STAGES}"
+    name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{str(config).removeprefix('rs_')}"
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
@@ -162,7 +174,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         else:
             ts.setmaxnreg(CONSUMER_REGISTERS, True)
             acc = ts.register_tensor(f32, [BT // 2])
-            a = ts.register_tensor(f16, [2, 8])  # two steps' A fragments: the wgmma in flight reads one
+            a = ts.register_tensor(f16, [BUFFERS, 8])  # A fragments: the FLIGHT wgmmas in flight read the others
             wr = ts.register_tensor(u32, [1, 4 * BITS])
             sc = ts.register_tensor(f16, [1, NQ, 2])
             bz = ts.register_tensor(f16, [1, NQ, 2])
@@ -191,22 +203,22 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         ts.mbarrier_wait(full[stage], phase)
                         for j in STEPS:
                             if HAS_BIAS:
-                                ts.dequant(a[j % 2, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], bz[0, (4 * b + j) // SPQ, 0],
-                                           wtype=T, start=8 * (4 * b + j), count=8)  # fmt: skip
+                                ts.dequant(a[j % BUFFERS, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0],
+                                           bz[0, (4 * b + j) // SPQ, 0], wtype=T, start=8 * (4 * b + j), count=8)  # fmt: skip
                             else:
-                                ts.dequant(a[j % 2, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], wtype=T,
+                                ts.dequant(a[j % BUFFERS, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], wtype=T,
                                            start=8 * (4 * b + j), count=8)  # fmt: skip
                             if j == 3:  # this stage's words and scale runs are dead: the next 256 k's in their place
                                 load_unit(wr, sc, bz, Wq, S, Z, 0, nn0 // 16 + warp, nku, k_units, n_units, lane, t4, g,
                                           G, NS, STAGE_WORDS[b], SLOTS_AFTER[b], BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
                             ts.wgmma_fence()  # the fragment's registers were just written
-                            ts.wgmma(acc[0], a[j % 2, 0], Xs[stage, 0, j * 16], n=BT)
+                            ts.wgmma(acc[0], a[j % BUFFERS, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
                             if b == 3 and j == 3 and ku == k_units - 1:  # the tile's last step: none left (see below)
                                 ts.wgmma_wait(0, acc[0])
-                            else:
-                                ts.wgmma_wait(1)  # the previous step's wgmma is done: its buffer is free
-                            if j == 0 and tid % 128 == 0:  # ... and with it the stage before this one
+                            else:  # step j - FLIGHT is done: its buffer, the next step's, is free
+                                ts.wgmma_wait(FLIGHT)
+                            if j == FLIGHT - 1 and tid % 128 == 0:  # ... and with it the stage before this one
                                 if b > 0:
                                     ts.mbarrier_arrive(empty[last])
                                 elif ku > 0:
