@@ -2,7 +2,8 @@
 the shared-memory fused kernel (tessera.kernels.lowbit_gemm), the two passes users get today
 (`prefill_matmul`: dequantise, then the fp16 GEMM) and cuBLAS on the fp16 weights, at K=4096,
 N=12288, group 128, M=4096 (bench/harness.py: L2 flushed by a 1 GB read, CUDA events, median
-of 50).  Correctness first, in the same run: odd shapes (zero points, groups of 32, per
+of 50, the variants in interleaved rounds); every config, and the default's scalar-store
+epilogue against its stmatrix one.  Correctness first, in the same run: odd shapes (zero points, groups of 32, per
 channel, M and N past a tile) and every timed case against float64 on the dequantised weights,
 two calls with fresh activations each.
 
@@ -14,6 +15,7 @@ two calls with fresh activations each.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -33,6 +35,8 @@ from tessera.kernels import lowbit_gemm, lowbit_gemm_rs  # noqa: E402
 from tessera.quant.layout import padded_shape  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
+# every config, and the default's scalar-store epilogue for an A/B of stmatrix's
+TIMED = (*lowbit_gemm_rs.CONFIGS, dataclasses.replace(lowbit_gemm_rs.CONFIGS[0], epilogue="scalar"))
 ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
        ("int8", 128, False, 1, 24, 256))  # fmt: skip
 
@@ -44,7 +48,7 @@ def zero_points(name: str) -> bool:
 
 def build(types: list[str], workers: int) -> None:
     kernels = [lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(t), GROUP, zero_points(t), c) for t in types
-               for c in lowbit_gemm_rs.CONFIGS]  # fmt: skip
+               for c in TIMED]  # fmt: skip
     kernels += [lowbit_gemm.make_lowbit_gemm(ts.dtype(t), GROUP, zero_points(t), lowbit_gemm.prefill_config()) for t in types]
     for name, group, bias, _, _, k in ODD:
         kgroup = group or padded_shape(1, k)[1]  # (per channel: the padded K, as prepare gives it)
@@ -106,7 +110,7 @@ def run(types: list[str]) -> None:
         y = torch.empty(M0, N0, dtype=torch.float16, device="cuda")
         ref = x[:256].double() @ w.double().T
         errs, calls = {}, {}
-        for config in lowbit_gemm_rs.CONFIGS:
+        for config in TIMED:
             args = (x, words1, p.scales, p.biases, y, t, GROUP, zero_points(name), config)
             lowbit_gemm_rs.lowbit_gemm_rs(*args)
             errs[str(config)] = rel_err(y[:256], ref)

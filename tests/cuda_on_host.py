@@ -20,6 +20,7 @@ are modelled by what they promise, not by how the hardware does it:
   its size gets (65536 / threads, at most 255, in eights), an increase waits for registers
   others released and aborts when none come (on the GPU the block would hang);
 * mma.sync m16n8k16: the warp's lanes exchange their fragments, then each adds its own;
+  stmatrix likewise, each lane then writing the row it addresses;
 * shared memory is each block's own arena, filled with 0x7F bytes (an fp16 read of a byte no
   one wrote is NaN); a cluster's blocks (along x) run together: `cluster_sync` is a barrier of
   all their threads and `load_cluster` reads another block's arena at the same offset;
@@ -207,6 +208,21 @@ template <class T> static inline void ts_host_mma(float* c, const void* a, const
     float s = 0.0f;
     for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
     c[i] += s;
+  }
+}
+// stmatrix: the warp's lanes hand in their registers (register q: lane 4g + t's two values of
+// row g, columns 2t, 2t + 1 of matrix q), then lane 8q + r writes row r of stored matrix q to
+// its own address: that row of matrix q, or with TRANS its column r.
+template <int NUM, bool TRANS> static inline void ts_stmatrix(void* dst, const void* src) {
+  int l = ts_thread_idx.x % 32, q = l / 8, r = l % 8;
+  ts_barrier->wait();  // everyone has read the previous exchange
+  std::memcpy(ts_exchange->a[l], src, 4 * NUM);
+  ts_barrier->wait();
+  if (q >= NUM) return;
+  uint16_t* row = reinterpret_cast<uint16_t*>(dst);
+  for (int c = 0; c < 8; ++c) {
+    int lane = TRANS ? 4 * c + r / 2 : 4 * r + c / 2, half = TRANS ? r % 2 : c % 2;
+    row[c] = reinterpret_cast<const uint16_t*>(&ts_exchange->a[lane][q])[half];
   }
 }
 static inline void ts_mma_m16n8k16_f16(float* c, const void* a, const void* b) { ts_host_mma<half>(c, a, b); }

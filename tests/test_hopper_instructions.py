@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 import tessera as ts
@@ -238,6 +239,76 @@ def test_tensor_map_arguments_are_checked():
 def test_hopper_kernels_build_with_nvcc():
     make_tma_copy().build()
     make_cluster_exchange().build()
+
+
+def make_stmatrix(num: int, trans: bool):
+    """One warp: lane l's register q holds the values 8l + 2q, 8l + 2q + 1; stmatrix.x{num}
+    writes them into S [32, 8] (lane l addresses row l), which is copied out."""
+
+    @ts.kernel(target="cuda", name=f"stmatrix_x{num}{'_t' if trans else ''}")
+    def store(out: f16[32, 8]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 32
+        S = ts.shared_tensor(f16, [32, 8])
+        r = ts.register_tensor(f16, [8])
+        lane = ts.thread_idx.x
+        for i in range(8):
+            S[lane, i] = 0.0
+            r[i] = ts.cast(8 * lane + i, f16)
+        ts.syncwarp()
+        ts.stmatrix(S[lane, 0], r[0], num=num, trans=trans)
+        ts.syncwarp()
+        for i in range(8):
+            out[lane, i] = S[lane, i]
+
+    return store
+
+
+def stmatrix_reference(num: int, trans: bool) -> np.ndarray:
+    """Matrix q's fragment (PTX ISA, mma m8n8 / ldmatrix): row g, columns 2t, 2t + 1 in lane
+    4g + t's register q; stored row r of matrix q is its row r, or with .trans its column r."""
+    out = np.zeros((32, 8), np.float16)
+    for q in range(num):
+        m = np.zeros((8, 8))
+        for g in range(8):
+            for c in range(8):
+                m[g, c] = 8 * (4 * g + c // 2) + 2 * q + c % 2
+        out[8 * q : 8 * q + 8] = m.T if trans else m
+    return out
+
+
+@needs_nvcc
+def test_stmatrix_stores_mma_fragments_as_rows_on_the_host(tmp_path):
+    """Every count and both orientations against the fragment layout, on the host model (the
+    register-A low-bit GEMM's epilogue uses x4 .trans); rows past num matrices stay zero."""
+    from cuda_on_host import run_on_host
+
+    shapes = [(num, trans) for num in (1, 2, 4) for trans in (False, True)]
+    cases = [(make_stmatrix(num, trans), {"out": np.full((32, 8), np.nan, np.float16)}, "out", 1, 32)
+             for num, trans in shapes]  # fmt: skip
+    for (num, trans), got in zip(shapes, run_on_host(tmp_path, cases)):
+        np.testing.assert_array_equal(got, stmatrix_reference(num, trans), err_msg=f"x{num} trans={trans}")
+
+
+def test_stmatrix_is_checked():
+    with pytest.raises(KernelSyntaxError, match="stmatrix stores a register tensor into shared memory"):
+
+        @ts.kernel(target="cuda")
+        def k(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f16, [32, 8])
+            ts.stmatrix(a[0], s[0, 0])
+
+    with pytest.raises(KernelSyntaxError, match="1, 2 or 4 matrices"):
+
+        @ts.kernel(target="cuda")
+        def k2(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f16, [32, 8])
+            r = ts.register_tensor(f16, [8])
+            ts.stmatrix(s[0, 0], r[0], num=3)
 
 
 # ---- GPU ---------------------------------------------------------------------------------

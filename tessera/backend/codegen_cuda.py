@@ -99,6 +99,28 @@ template <int NUM, bool TRANS> __device__ __forceinline__ void ts_ldmatrix(void*
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
 }
+// stmatrix (SM90): register q of each lane (two 16-bit values) is its part of matrix q's mma
+// fragment; lane 8q + r gives the address of row r of matrix q (16 bytes).
+template <int NUM, bool TRANS> __device__ __forceinline__ void ts_stmatrix(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t* r = reinterpret_cast<const uint32_t*>(src);
+  uint32_t a = ts_smem(dst);
+  if (NUM == 4 && !TRANS)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" :: "r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+  else if (NUM == 4)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" :: "r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+  else if (NUM == 2 && !TRANS)
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1,%2};\n" :: "r"(a), "r"(r[0]), "r"(r[1]) : "memory");
+  else if (NUM == 2)
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1,%2};\n" :: "r"(a), "r"(r[0]), "r"(r[1]) : "memory");
+  else if (!TRANS)
+    asm volatile("stmatrix.sync.aligned.m8n8.x1.shared.b16 [%0], {%1};\n" :: "r"(a), "r"(r[0]) : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" :: "r"(a), "r"(r[0]) : "memory");
+#else
+  __trap();  // (stmatrix needs SM90)
+#endif
+}
 #define TS_MMA_M16N8K16(NAME, T)                                                                  \
   __device__ __forceinline__ void NAME(float* c, const void* a, const void* b) {                \
     const uint32_t* x = reinterpret_cast<const uint32_t*>(a);                                   \
@@ -321,6 +343,8 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_copy_async_wait<{a['pending']}>();")
         elif s.name == "ldmatrix":
             self.emit(f"ts_ldmatrix<{a['num']}, {'true' if a['trans'] else 'false'}>({ops[0]}, {ops[1]});")
+        elif s.name == "stmatrix":
+            self.emit(f"ts_stmatrix<{a['num']}, {'true' if a['trans'] else 'false'}>({ops[0]}, {ops[1]});")
         elif s.name == "wgmma":
             kind = "bf16" if s.operands[1].type.dtype == dtypes.bfloat16 else "f16"
             chunk = a["b_chunk_bytes"] if a["trans_b"] else 0

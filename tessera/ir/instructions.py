@@ -102,6 +102,19 @@ def _check_ldmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_stmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src = ops
+    if attrs["num"] not in (1, 2, 4):
+        return f"stmatrix stores 1, 2 or 4 matrices, not {attrs['num']!r}"
+    if not isinstance(attrs["trans"], bool):
+        return "stmatrix's trans= must be True or False"
+    if dst.scope != SHARED or src.scope != REGISTER:
+        return f"stmatrix stores a register tensor into shared memory, got {src.scope} -> {dst.scope}"
+    if src.type.dtype.nbits != 16 or src.type.dtype != dst.type.dtype:
+        return f"stmatrix moves 16-bit elements (float16/bfloat16), got {src.type.dtype} -> {dst.type.dtype}"
+    return None
+
+
 MMA_SHAPES = ("m16n8k16",)
 
 
@@ -291,6 +304,10 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "cp.async.wait_group: wait until at most `pending` groups are in flight"),
         InstructionSpec("ldmatrix", ("addr", "addr"), ("num", "trans"), True, _check_ldmatrix,
                         "ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16; each lane gives one row address"),
+        InstructionSpec("stmatrix", ("addr", "addr"), ("num", "trans"), True, _check_stmatrix,
+                        "stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 (SM90): the warp's mma-fragment "
+                        "registers (a 32-bit register of two 16-bit values per matrix) into 8 rows of 16 bytes "
+                        "per matrix; each lane gives one row address, as for ldmatrix"),
         InstructionSpec("mma", ("addr", "addr", "addr"), ("shape",), True, _check_mma,
                         "mma.sync.aligned (row.col), float32 accumulate: c += a @ b on warp fragments"),
         InstructionSpec("wgmma", ("addr", "addr", "addr"), ("n", "trans_b", "b_chunk_bytes"), True, _check_wgmma,

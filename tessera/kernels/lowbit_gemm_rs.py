@@ -16,7 +16,8 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
   words and scales for the next 256 k are reloaded stage by stage as they die
   (tessera.kernels.lowbit_gemm.word_loads);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
-  64-token chunks and out as 16-byte segments of Y's rows.
+  64-token chunks (stmatrix .trans: four 8 x 8 blocks an instruction; `epilogue="scalar"`
+  stores element by element) and out as 16-byte segments of Y's rows.
 
 Why: the fused kernel of tessera.kernels.lowbit_gemm writes each dequantised fp16 B tile into
 shared memory for wgmma to read back; measured on the H200 (bench/results/...-7331bfc.md) its
@@ -56,6 +57,7 @@ class RegisterAConfig:
     stages: int = 4
     group_m: int = GROUP_M
     in_flight: int = 1
+    epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
 
     def smem_bytes(self) -> int:
         return self.stages * self.block_t * BLOCK_K * 2 + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
@@ -66,6 +68,8 @@ class RegisterAConfig:
             out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
+        if self.epilogue not in ("stmatrix", "scalar"):
+            out.append(f"epilogue must be 'stmatrix' or 'scalar', got {self.epilogue!r}")
         if self.in_flight not in (1, 3):
             out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
         if self.smem_bytes() > 227 * 1024:
@@ -81,7 +85,7 @@ class RegisterAConfig:
 
     def __str__(self) -> str:
         return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
-                + (f"_f{self.in_flight}" if self.in_flight != 1 else ""))  # fmt: skip
+                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else ""))  # fmt: skip
 
 
 # The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
@@ -123,6 +127,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
     FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
+    STMATRIX = config.epilogue == "stmatrix"
     SPQ, NQ = scale_runs(GS)
     QK = tuple(16 * SPQ * q for q in range(NQ))  # run q's first k within the 256
     QS = tuple(range(NQ))
@@ -178,6 +183,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             wr = ts.register_tensor(u32, [1, 4 * BITS])
             sc = ts.register_tensor(f16, [1, NQ, 2])
             bz = ts.register_tensor(f16, [1, NQ, 2])
+            h = ts.register_tensor(f16, [4, 2])  # one stmatrix.x4: a register of each of 4 matrices
             lane = tid % 32
             warp = tid // 32 - 4  # consumer warp 0..7: weight rows 16 warp.. of the tile
             g = lane // 4
@@ -234,11 +240,22 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if tid % 128 == 0:
                     ts.mbarrier_arrive(empty[last])
-                # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2)
+                # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
+                # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
+                # layout, which stmatrix .trans writes as Cs's [tokens, rows]
                 for c0 in ts.unroll(BT // CHUNK):
                     ts.syncwarp()  # the previous chunk's reads of Cs are done
-                    for r in ts.unroll(CHUNK // 2):
-                        Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
+                    if STMATRIX:
+                        for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
+                            for q in ts.unroll(4):
+                                h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
+                                h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+                            # lane 8q + r: row r (token) of matrix q
+                            ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
+                                        num=4, trans=True)  # fmt: skip
+                    else:
+                        for r in ts.unroll(CHUNK // 2):
+                            Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
                     ts.syncwarp()
                     for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
                         gm = m0 + c0 * CHUNK + i // 2

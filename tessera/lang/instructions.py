@@ -39,6 +39,10 @@ def _ldmatrix(dst: Any, src: Any, num: int = 4, trans: bool = False) -> tuple[tu
     return (dst, src), {"num": num, "trans": trans}
 
 
+def _stmatrix(dst: Any, src: Any, num: int = 4, trans: bool = False) -> tuple[tuple, dict]:
+    return (dst, src), {"num": num, "trans": trans}
+
+
 def _mma(c: Any, a: Any, b: Any, shape: str = "m16n8k16") -> tuple[tuple, dict]:
     return (c, a, b), {"shape": shape}
 
@@ -110,7 +114,7 @@ def _no_operands() -> tuple[tuple, dict]:
 # Python signatures of the kernel-facing calls (defaults live here, validation in ir).
 SIGNATURES = {
     "copy_vector": _copy_vector, "copy_async": _copy_async, "copy_async_commit": _no_operands,
-    "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "mma": _mma, "wgmma": _wgmma,
+    "copy_async_wait": _copy_async_wait, "ldmatrix": _ldmatrix, "stmatrix": _stmatrix, "mma": _mma, "wgmma": _wgmma,
     "wgmma_fence": _no_operands, "wgmma_commit": _no_operands, "wgmma_wait": _wgmma_wait,
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
