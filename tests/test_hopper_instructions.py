@@ -335,3 +335,15 @@ def test_cluster_blocks_read_each_others_shared_memory():
     b = torch.arange(8, device="cuda")
     ref = ((b // 4) * 4 + (b + 1) % 4)[:, None] * 10.0 + torch.arange(4, device="cuda")[None, :]
     torch.testing.assert_close(y, ref.float())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("num,trans", [(1, False), (2, True), (4, False), (4, True)])
+def test_stmatrix_on_the_gpu_matches_the_fragment_layout(num, trans):
+    """The hardware against the layout the host model (and the register-A GEMM's epilogue)
+    assumes."""
+    torch = pytest.importorskip("torch")
+    out = torch.full((32, 8), float("nan"), device="cuda", dtype=torch.float16)
+    make_stmatrix(num, trans)(out)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(out.cpu().numpy(), stmatrix_reference(num, trans))
