@@ -149,7 +149,7 @@ def main() -> None:
             ap.error(f"--ms takes comma-separated row counts, got {args.ms!r}")
         rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts), ms=ms)
         name = args.suite + (f"-m{'-'.join(map(str, ms))}" if ms else "") + ("" if parts == 1 else f"-part{part}of{parts}")
-        write_results(name, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas"])
+        write_results(name, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas", "config"])
         return
     if args.suite == "attention":
         from attention_suite import attention_suite
