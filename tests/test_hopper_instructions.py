@@ -290,7 +290,17 @@ def test_stmatrix_stores_mma_fragments_as_rows_on_the_host(tmp_path):
         np.testing.assert_array_equal(got, stmatrix_reference(num, trans), err_msg=f"x{num} trans={trans}")
 
 
-def test_stmatrix_is_checked():
+def test_stmatrix_and_ldmatrix_are_checked():
+    with pytest.raises(KernelSyntaxError, match="ldmatrix loads shared memory into a register tensor"):
+
+        @ts.kernel(target="cuda")
+        def k0(a: f16[64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            s = ts.shared_tensor(f16, [32, 8])
+            r = ts.register_tensor(f16, [8])
+            ts.ldmatrix(s[0, 0], r[0])
+
     with pytest.raises(KernelSyntaxError, match="stmatrix stores a register tensor into shared memory"):
 
         @ts.kernel(target="cuda")

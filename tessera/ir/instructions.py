@@ -89,30 +89,24 @@ def _check_wgmma_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | Non
     return None
 
 
-def _check_ldmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
-    dst, src = ops
-    if attrs["num"] not in (1, 2, 4):
-        return f"ldmatrix loads 1, 2 or 4 matrices, not {attrs['num']!r}"
-    if not isinstance(attrs["trans"], bool):
-        return "ldmatrix's trans= must be True or False"
-    if dst.scope != REGISTER or src.scope != SHARED:
-        return f"ldmatrix loads shared memory into a register tensor, got {src.scope} -> {dst.scope}"
-    if dst.type.dtype.nbits != 16 or src.type.dtype != dst.type.dtype:
-        return f"ldmatrix moves 16-bit elements (float16/bfloat16), got {src.type.dtype} -> {dst.type.dtype}"
-    return None
+def _check_matrix_move(name: str, store: bool) -> Callable[[tuple[Expr, ...], dict[str, Any]], str | None]:
+    """The check of ldmatrix (shared -> registers) or, with `store`, stmatrix (registers -> shared)."""
+    verb, want = ("stores", (REGISTER, SHARED)) if store else ("loads", (SHARED, REGISTER))
+    what = "a register tensor into shared memory" if store else "shared memory into a register tensor"
 
+    def check(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+        dst, src = ops
+        if attrs["num"] not in (1, 2, 4):
+            return f"{name} {verb} 1, 2 or 4 matrices, not {attrs['num']!r}"
+        if not isinstance(attrs["trans"], bool):
+            return f"{name}'s trans= must be True or False"
+        if (src.scope, dst.scope) != want:
+            return f"{name} {verb} {what}, got {src.scope} -> {dst.scope}"
+        if src.type.dtype.nbits != 16 or src.type.dtype != dst.type.dtype:
+            return f"{name} moves 16-bit elements (float16/bfloat16), got {src.type.dtype} -> {dst.type.dtype}"
+        return None
 
-def _check_stmatrix(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
-    dst, src = ops
-    if attrs["num"] not in (1, 2, 4):
-        return f"stmatrix stores 1, 2 or 4 matrices, not {attrs['num']!r}"
-    if not isinstance(attrs["trans"], bool):
-        return "stmatrix's trans= must be True or False"
-    if dst.scope != SHARED or src.scope != REGISTER:
-        return f"stmatrix stores a register tensor into shared memory, got {src.scope} -> {dst.scope}"
-    if src.type.dtype.nbits != 16 or src.type.dtype != dst.type.dtype:
-        return f"stmatrix moves 16-bit elements (float16/bfloat16), got {src.type.dtype} -> {dst.type.dtype}"
-    return None
+    return check
 
 
 MMA_SHAPES = ("m16n8k16",)
@@ -302,9 +296,9 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("copy_async_commit", (), (), True, _ok, "cp.async.commit_group"),
         InstructionSpec("copy_async_wait", (), ("pending",), True, _check_wait,
                         "cp.async.wait_group: wait until at most `pending` groups are in flight"),
-        InstructionSpec("ldmatrix", ("addr", "addr"), ("num", "trans"), True, _check_ldmatrix,
+        InstructionSpec("ldmatrix", ("addr", "addr"), ("num", "trans"), True, _check_matrix_move("ldmatrix", False),
                         "ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16; each lane gives one row address"),
-        InstructionSpec("stmatrix", ("addr", "addr"), ("num", "trans"), True, _check_stmatrix,
+        InstructionSpec("stmatrix", ("addr", "addr"), ("num", "trans"), True, _check_matrix_move("stmatrix", True),
                         "stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 (SM90): the warp's mma-fragment "
                         "registers (a 32-bit register of two 16-bit values per matrix) into 8 rows of 16 bytes "
                         "per matrix; each lane gives one row address, as for ldmatrix"),
