@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 
 import torch
 from harness import Timer, rel_err
@@ -46,8 +47,9 @@ def gemm_suite(timer: Timer, quick: bool = False, dtypes: tuple[str, ...] = ("fp
                 tune_s = time.perf_counter() - t0
                 out = matmul(a, b, b_layout=layout, config=cfg)
                 err = rel_err(out, peer(a.double(), b.double()))
-                peers = {"cublas": timer(peer, a, b), "torch.compile:default": timer(compiled, a, b)}
-                t_us = timer(lambda a, b, cfg, layout: matmul(a, b, b_layout=layout, config=cfg), a, b, cfg, layout)
+                peers = timer.side_by_side({"cublas": partial(peer, a, b), "torch.compile:default": partial(compiled, a, b),
+                                            "tessera": partial(matmul, a, b, b_layout=layout, config=cfg)})  # fmt: skip
+                t_us = peers.pop("tessera")
                 rows.append(_row(m, n, k, dname, layout, t_us, peers, err, cfg, tune_s))
     return rows
 
@@ -112,9 +114,10 @@ def graph_gemm_suite(timer: Timer, convs: bool = True, batches: tuple[int, ...] 
         kern(inputs, out, extras)
         ref = tail(F.linear(x.double(), w.double(), None if b is None else b.double()), None if r is None else r.double())
         eager = lambda x, w, b, r, tail=tail: tail(F.linear(x, w, b), r)  # noqa: E731
-        peers = {"cublas": timer(F.linear, x, w, b), "torch.eager": timer(eager, x, w, b, r),
-                 "torch.compile:default": timer(fresh_compile(eager), x, w, b, r)}  # fmt: skip
-        t_us = timer(kern, inputs, out, extras)
+        peers = timer.side_by_side({"cublas": partial(F.linear, x, w, b), "torch.eager": partial(eager, x, w, b, r),
+                                    "torch.compile:default": partial(fresh_compile(eager), x, w, b, r),
+                                    "tessera": partial(kern, inputs, out, extras)})  # fmt: skip
+        t_us = peers.pop("tessera")
         rows.append(_graph_row(f"model={model},layer={layer},M={m},N={n},K={k},ep={kind},fp16", t_us, peers,
                                rel_err(out, ref), kern, prep_s))  # fmt: skip
     for bs in batches if convs else ():
@@ -134,8 +137,10 @@ def graph_gemm_suite(timer: Timer, convs: bool = True, batches: tuple[int, ...] 
             out = torch.empty(ref.shape, device="cuda", dtype=torch.float16)
             kern([x, w, b], out)
             eager = lambda x, w, b, s=stride, p=pad: F.relu(F.conv2d(x, w, b, stride=s, padding=p))  # noqa: E731
-            peers = {"torch.eager": timer(eager, x, w, b), "torch.compile:default": timer(fresh_compile(eager), x, w, b)}
-            t_us = timer(kern, [x, w, b], out)
+            peers = timer.side_by_side({"torch.eager": partial(eager, x, w, b),
+                                        "torch.compile:default": partial(fresh_compile(eager), x, w, b),
+                                        "tessera": partial(kern, [x, w, b], out)})  # fmt: skip
+            t_us = peers.pop("tessera")
             oh = ref.shape[2]
             case = (f"model=resnet50,bs={bs},conv=C{c}xH{h}xO{o}xk{ks}s{stride},M={bs * oh * oh},N={o},K={c * ks * ks},"
                     "ep=bias+relu,fp16")  # fmt: skip
