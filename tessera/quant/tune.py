@@ -235,7 +235,7 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
 
     from tessera.ir.lowbit import FRAGMENT_SPAN
     from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
-    from tessera.kernels.lowbit_dequant import dequantize_words, make_dequant_units
+    from tessera.kernels.lowbit_dequant import dequantize_words
     from tessera.kernels.matmul import check_result, graph_bench
     from tessera.tune.tuner import tune
 
@@ -270,19 +270,25 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
         torch.cuda.synchronize()
         return check_result(y, ref[0])
 
-    def build(c: Any) -> Any:
-        if c == DEQUANT_THEN_GEMM:
-            return make_dequant_units(wtype, group, has_bias, span).build()
-        if is_register_a(c):
-            return lowbit_gemm_rs.make_lowbit_gemm_rs(wtype, group, has_bias, c).build()
-        return lowbit_gemm.make_lowbit_gemm(wtype, group, has_bias, c).build()
-
-    record = tune(key, candidates, build=build, bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check,
-                  template=prefill_source())  # fmt: skip
+    record = tune(key, candidates, build=lambda c: prefill_kernel(wtype, group, has_bias, span, c).build(),
+                  bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check, template=prefill_source())  # fmt: skip
     if not record.from_cache:
         log.info("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: %s (%s)", wtype.name, m, n, k, record.best,
                  ", ".join(f"{name} {us:.1f} us" for name, us in record.times_us.items()))  # fmt: skip
     return record.best
+
+
+def prefill_kernel(wtype: DataType, group: int, has_bias: bool, span: int, choice: Any) -> Any:
+    """The kernel a prefill candidate launches (for DEQUANT_THEN_GEMM, its dequantiser): what
+    tuning builds, and what a benchmark may build ahead for many shapes at once."""
+    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
+    from tessera.kernels.lowbit_dequant import make_dequant_units
+
+    if choice == DEQUANT_THEN_GEMM:
+        return make_dequant_units(wtype, group, has_bias, span)
+    if is_register_a(choice):
+        return lowbit_gemm_rs.make_lowbit_gemm_rs(wtype, group, has_bias, choice)
+    return lowbit_gemm.make_lowbit_gemm(wtype, group, has_bias, choice)
 
 
 def prefill_source() -> str:
