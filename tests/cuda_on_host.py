@@ -252,26 +252,12 @@ static thread_local char* ts_block_smem;
 static thread_local char** ts_cluster_smem;
 static thread_local ts_host_barrier* ts_cluster_barrier;
 static inline void ts_cluster_sync() { ts_cluster_barrier->wait(); }
-// Named barriers (bar.sync / bar.arrive): `threads` arrivals complete a phase; arrive does not wait.
-struct ts_host_named { std::mutex m; std::condition_variable cv; int arrived = 0, phase = 0; };
-static thread_local ts_host_named* ts_named;
-static inline void ts_host_named_barrier(uint32_t id, uint32_t threads, bool wait) {
-  if (id == 0 || id > 15) ts_host_fail("named barrier id outside 1..15");
-  ts_host_named& b = ts_named[id];
-  std::unique_lock<std::mutex> lock(b.m);
-  int p = b.phase;
-  if (++b.arrived == (int)threads) { b.arrived = 0; ++b.phase; b.cv.notify_all(); }
-  else if (wait) b.cv.wait(lock, [&] { return b.phase != p; });
-}
-static inline void ts_named_barrier_sync(uint32_t id, uint32_t threads) { ts_host_named_barrier(id, threads, true); }
-static inline void ts_named_barrier_arrive(uint32_t id, uint32_t threads) { ts_host_named_barrier(id, threads, false); }
 template <int N> static inline void ts_load_cluster(void* dst, const void* src, uint32_t rank) {
   std::memcpy(dst, ts_cluster_smem[rank] + (static_cast<const char*>(src) - ts_block_smem), N);
 }
 struct ts_host_block {
   ts_host_barrier block;
   std::vector<std::unique_ptr<ts_host_barrier>> warps, groups;
-  ts_host_named named[16];
   std::vector<ts_warp_exchange> exchanges;
   std::vector<ts_group_exchange> group_a;
   std::vector<char> arena;
@@ -302,7 +288,7 @@ template <class F> static void ts_launch(int gx, int gy, int gz, int threads, in
           ts_grid_dim = {gx, gy, gz}; ts_block_dim = {threads, 1, 1}; ts_regs = regs; ts_reg_pool = &me->pool;
           ts_barrier = me->warps[t / 32].get(); ts_exchange = &me->exchanges[t / 32]; ts_block_barrier = &me->block;
           ts_warpgroup_barrier = me->groups[t / 128].get(); ts_group_a = &me->group_a[t / 128]; ts_block_smem = me->smem; ts_cluster_smem = arenas.data();
-          ts_cluster_barrier = &together; ts_named = me->named; kernel();
+          ts_cluster_barrier = &together; kernel();
         });
     for (auto& t : all) t.join();
   }

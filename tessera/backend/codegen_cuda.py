@@ -155,14 +155,6 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc_mn(const void* p, uint32_t chu
   uint64_t addr = ts_smem(p);
   return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((chunk >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
-// Named barrier `id` (1-15; 0 is __syncthreads) of `threads` threads: sync waits for them all,
-// arrive counts itself and goes on.
-__device__ __forceinline__ void ts_named_barrier_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void ts_named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
 // Every thread of every block of the cluster meets here; memory written before (global and
 // shared) is visible to the cluster's threads after it.
 __device__ __forceinline__ void ts_cluster_sync() {
@@ -373,7 +365,8 @@ class CudaCodegen(CLikeCodegen):
             args = ", ".join([*reversed(coords), *reversed(offsets)])  # innermost first
             self.emit(f"ts_tma_load_im2col_{rank}d({ops[0]}, &{ops[1]}, {ops[2]}, {args});")
         elif s.name in ("named_barrier_sync", "named_barrier_arrive"):
-            self.emit(f"ts_{s.name}({ops[0]}, {ops[1]});")
+            op = "sync" if s.name == "named_barrier_sync" else "arrive"
+            self.emit(f'asm volatile("bar.{op} %0, %1;\\n" :: "r"({ops[0]}), "r"({ops[1]}) : "memory");')
         elif s.name == "syncwarp":
             self.emit("__syncwarp();")
         elif s.name == "cluster_sync":

@@ -51,16 +51,13 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x
 class RegisterAConfig:
     """Tokens per tile (wgmma's n), the ring's depth, the rasterisation's group of m tiles and
     the wgmmas each consumer leaves in flight while it dequantises the next step (1 or 3: two
-    or four register buffers of A fragments), and the 64-k stages by which the second consumer
-    warpgroup trails the first (`lag`: while one warpgroup runs its epilogue, the other still
-    feeds the tensor cores)."""
+    or four register buffers of A fragments)."""
 
     block_t: int = 256
     stages: int = 4
     group_m: int = GROUP_M
     in_flight: int = 1
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
-    lag: int = 0
 
     def smem_bytes(self) -> int:
         return self.stages * self.block_t * BLOCK_K * 2 + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
@@ -75,8 +72,6 @@ class RegisterAConfig:
             out.append(f"epilogue must be 'stmatrix' or 'scalar', got {self.epilogue!r}")
         if self.in_flight not in (1, 3):
             out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
-        if not 0 <= self.lag <= min(3, self.stages - 2):
-            out.append(f"lag must be 0 to min(3, stages - 2) stages (the ring holds the lead), got {self.lag}")
         if self.smem_bytes() > 227 * 1024:
             out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
         return out
@@ -90,16 +85,16 @@ class RegisterAConfig:
 
     def __str__(self) -> str:
         return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
-                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + (f"_l{self.lag}" if self.lag else "") + ("_scalar" if self.epilogue == "scalar" else ""))  # fmt: skip
+                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else ""))  # fmt: skip
 
 
 # The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
 # (int1 536 us, int7 620 us at M=4096; cuBLAS 535), as if each step's dequantisation, begun only
-# once the step before last had finished, sometimes left the tensor cores waiting.
-# lag 2: both warpgroups ran their epilogues at once, the tensor cores idle (ncu at M=4096: the
-# kernel took 8% more cycles than cuBLAS, 3% with no dequantisation at all).
-CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3),
-           RegisterAConfig(256, 5, lag=2), RegisterAConfig(256, 5, in_flight=3, lag=2))
+# once the step before last had finished, sometimes left the tensor cores waiting; it won
+# 3-5% for int7/int8/e4m3/uint4 and tied elsewhere (bench/results/*-lowbit-rs-153b8a6.jsonl).
+# Tried and dropped there: the second consumer warpgroup trailing the first by 2 stages so
+# that their epilogues overlap the other's wgmmas (no change).
+CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3))
 
 
 def scale_runs(group_size: int) -> tuple[int, int]:
@@ -134,7 +129,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         raise UnsupportedError(f"low-bit register-A GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
     T, BITS, GS, HAS_BIAS = wtype, wtype.nbits, group_size, has_bias
     BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
-    FLIGHT, BUFFERS, LAG = config.in_flight, config.in_flight + 1, config.lag
+    FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
     STMATRIX = config.epilogue == "stmatrix"
     SPQ, NQ = scale_runs(GS)
     QK = tuple(16 * SPQ * q for q in range(NQ))  # run q's first k within the 256
@@ -200,8 +195,6 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            if LAG and wg == 2:  # trail the first warpgroup by LAG stages (it arrives below)
-                ts.named_barrier_sync(1, 256)
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
                 tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
                 if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
@@ -216,8 +209,6 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         nku = 0
                         nn0 = next_n0
                     for b in BLOCKS:  # compile-time: steps 4b..4b + 3 of the unit
-                        if LAG and b == LAG and wg == 1 and ku == 0 and t == ts.block_idx.x:
-                            ts.named_barrier_arrive(1, 256)  # LAG stages issued: the second warpgroup may start
                         ts.mbarrier_wait(full[stage], phase)
                         for j in STEPS:
                             if HAS_BIAS:
