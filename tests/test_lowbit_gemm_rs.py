@@ -51,6 +51,8 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
     n = c["shape"][0]
     return {"A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
             "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t, 64)),
+            "tma_w": HostTensorMap("Wq", (shape := rs.word_shape(c["words"].size, k, c["key"][0].nbits)),
+                                   (rs.ROWS // 16, 1, *shape[2:]), swizzle=0),
             "ctas": config.grid(m, n, 3), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
             "G": c["scales"].shape[1], "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "zdim": 1, "N": n}  # fmt: skip
 

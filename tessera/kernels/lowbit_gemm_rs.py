@@ -44,6 +44,7 @@ SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
 CHUNK = 64  # tokens per epilogue pass through shared memory
 STAGING = (8, CHUNK, 24)  # the epilogue's shared tile: per consumer warp, a chunk's tokens x its 16 rows (+8)
+WORD_SLOTS = 2  # words="tma": 256-k blocks of a tile's weight words in shared memory (the next one and the one after)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
 
 
@@ -58,9 +59,11 @@ class RegisterAConfig:
     group_m: int = GROUP_M
     in_flight: int = 1
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
+    words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
 
-    def smem_bytes(self) -> int:
-        return self.stages * self.block_t * BLOCK_K * 2 + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
+    def smem_bytes(self, bits: int = 8) -> int:
+        words = WORD_SLOTS * ROWS * 32 * bits if self.words == "tma" else 0  # ROWS / 16 units x bits x 512 bytes a slot
+        return self.stages * self.block_t * BLOCK_K * 2 + words + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
 
     def problems(self) -> list[str]:
         out = []
@@ -68,12 +71,14 @@ class RegisterAConfig:
             out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
+        if self.words not in ("global", "tma"):
+            out.append(f"words must be 'global' or 'tma', got {self.words!r}")
         if self.epilogue not in ("stmatrix", "scalar"):
             out.append(f"epilogue must be 'stmatrix' or 'scalar', got {self.epilogue!r}")
         if self.in_flight not in (1, 3):
             out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
-        if self.smem_bytes() > 227 * 1024:
-            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        if self.smem_bytes(1) > 227 * 1024:
+            out.append(f"{self.smem_bytes(1)} bytes of shared memory (227 KiB max)")
         return out
 
     def tiles(self, m: int, n: int) -> int:
@@ -85,7 +90,7 @@ class RegisterAConfig:
 
     def __str__(self) -> str:
         return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
-                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else ""))  # fmt: skip
+                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else "") + ("_wt" if self.words == "tma" else ""))  # fmt: skip
 
 
 # The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
@@ -94,7 +99,8 @@ class RegisterAConfig:
 # 3-5% for int7/int8/e4m3/uint4 and tied elsewhere (bench/results/*-lowbit-rs-153b8a6.jsonl).
 # Tried and dropped there: the second consumer warpgroup trailing the first by 2 stages so
 # that their epilogues overlap the other's wgmmas (no change).
-CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3))
+CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3),
+           RegisterAConfig(256, 4, words="tma"), RegisterAConfig(256, 5, in_flight=3, words="tma"))
 
 
 def scale_runs(group_size: int) -> tuple[int, int]:
@@ -107,6 +113,8 @@ def scale_runs(group_size: int) -> tuple[int, int]:
 def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> list[str]:
     """Why the kernel cannot be built for these arguments (empty when it can)."""
     out = list(config.problems())
+    if config.words == "tma" and config.smem_bytes(wtype.nbits) > 227 * 1024:
+        out.append(f"{config.smem_bytes(wtype.nbits)} bytes of shared memory with {wtype}'s word ring (227 KiB max)")
     if wtype.name not in DEQUANT_TYPES:
         out.append(f"the register-A prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if group_size % 16 or not (group_size % 256 == 0 or 256 % group_size == 0):
@@ -119,11 +127,43 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterA
     return out
 
 
+@ts.inline
+def load_words(Ws, wfull, wempty, tma_w, wslot, wphase, unit, ku, nbytes):
+    """Producer: 256-k block `ku` of the tile's units from `unit` on into the word ring's next slot."""
+    ts.mbarrier_wait(wempty[wslot], wphase ^ 1)
+    ts.mbarrier_arrive_expect_tx(wfull[wslot], nbytes)
+    ts.tma_load(Ws[wslot, 0, 0, 0], tma_w, wfull[wslot], unit, ku, 0, 0)
+    wslot += 1
+    if wslot == WORD_SLOTS:
+        wslot = 0
+        wphase ^= 1
+
+
+@ts.inline
+def read_words(wr, Ws, wfull, wempty, wslot, wphase, warp, lane, words, first, last):
+    """Consumer warp: `words` ((first word, bytes) loads, as load_unit takes them) of its unit from
+    the word ring's current slot, waiting for it at the block's `first` read and releasing it
+    (then moving to the next slot) after its `last`."""
+    if first:
+        ts.mbarrier_wait(wfull[wslot], wphase)
+    for w, nbytes in words:
+        ts.copy_vector(wr[0, w], Ws[wslot, warp, w // 4, lane * 4 + w % 4], nbytes)
+    if last:
+        ts.syncwarp()  # the warp's reads of the slot are done
+        if lane == 0:
+            ts.mbarrier_arrive(wempty[wslot])
+        wslot += 1
+        if wslot == WORD_SLOTS:
+            wslot = 0
+            wphase ^= 1
+
+
 @functools.cache
 def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> ts.Kernel:
-    """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, ctas),
-    the arguments of tessera.kernels.lowbit_gemm.make_lowbit_gemm with the words packed in span
-    FRAGMENT_SPAN; tma_a maps A with box (1, block_t, 64); ctas = config.grid(M, N, SMs)."""
+    """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, tma_w,
+    ctas), the arguments of tessera.kernels.lowbit_gemm.make_lowbit_gemm with the words packed in
+    span FRAGMENT_SPAN; tma_a maps A with box (1, block_t, 64), tma_w the words (word_map; read
+    only when config.words == "tma"); ctas = config.grid(M, N, SMs)."""
     bad = problems(wtype, group_size, has_bias, config)
     if bad:
         raise UnsupportedError(f"low-bit register-A GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
@@ -131,6 +171,10 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
     FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
     STMATRIX = config.epilogue == "stmatrix"
+    WTMA = config.words == "tma"
+    UNITS = ROWS // 16
+    W_SHAPE = [WORD_SLOTS, UNITS, BITS, 128] if WTMA else [1, 1, 1, 4]  # (a placeholder when unused)
+    W_BYTES = UNITS * BITS * 512  # a 256-k block of the tile's words
     SPQ, NQ = scale_runs(GS)
     QK = tuple(16 * SPQ * q for q in range(NQ))  # run q's first k within the 256
     QS = tuple(range(NQ))
@@ -139,11 +183,12 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     BLOCKS, STEPS = tuple(range(4)), tuple(range(4))
     X_BYTES = BT * BK * 2
     TA = ts.tensor_map(f16, (1, BT, BK))
+    TW = ts.tensor_map(u32, (UNITS, 1, BITS, 128), swizzle=0)
     name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{str(config).removeprefix('rs_')}"
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
-             tma_a: TA, ctas: ts.int32):  # fmt: skip
+             tma_a: TA, tma_w: TW, ctas: ts.int32):  # fmt: skip
         ts.attrs.grid = ctas
         ts.attrs.block = 384
         ts.attrs.min_blocks = 1
@@ -151,10 +196,15 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         full = ts.shared_tensor(u64, [STAGES])
         empty = ts.shared_tensor(u64, [STAGES])
         Cs = ts.shared_tensor(f16, list(STAGING))
+        Ws = ts.shared_tensor(u32, W_SHAPE)
+        wfull = ts.shared_tensor(u64, [WORD_SLOTS])
+        wempty = ts.shared_tensor(u64, [WORD_SLOTS])
         tid = ts.thread_idx.x
         wg = tid // 128
         # full: the producer's expect_tx; empty: each consumer warpgroup once its wgmmas read the stage
         gemm_tma.init_ring(full, empty, tid, STAGES, 1, 2)
+        if WTMA:  # the word ring: wempty once each of the 8 consumer warps read its unit's words
+            gemm_tma.init_ring(wfull, wempty, tid, WORD_SLOTS, 1, 8)
         tiles_m = ts.ceil_div(M, BT)
         tiles_n = ts.ceil_div(N, ROWS)
         per_z = tiles_m * tiles_n
@@ -163,15 +213,27 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         n_units = ts.ceil_div(N, 16)
         stage = 0
         phase = 0
+        wslot = 0  # the word ring: the next block's slot and phase (producer: to fill; consumers: to read)
+        wphase = 0
         if wg == 0:
             ts.setmaxnreg(PRODUCER_REGISTERS, False)
             if tid == 0:
                 m0 = 0
                 n0 = 0
                 next_n0 = 0
+                if WTMA:  # the first tile's first 256 k: the consumers' prologue reads it
+                    tile_origins(ts.block_idx.x, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
+                    load_words(Ws, wfull, wempty, tma_w, wslot, wphase, n0 // 16, 0, W_BYTES)
                 for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
                     tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
                     for kk in range(k_units * 4):
+                        if WTMA and kk % 4 == 0:  # the consumers read the next 256 k's words during this one's
+                            nku = kk // 4 + 1
+                            nn0 = n0
+                            if nku == k_units:
+                                nku = 0
+                                nn0 = next_n0
+                            load_words(Ws, wfull, wempty, tma_w, wslot, wphase, nn0 // 16, nku, W_BYTES)
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
                         ts.mbarrier_arrive_expect_tx(full[stage], X_BYTES)
                         ts.tma_load(Xs[stage, 0, 0], tma_a, full[stage], 0, m0, kk * BK)
@@ -198,8 +260,13 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
                 tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
                 if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
-                    load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
-                              ALL_WORDS, QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                    if WTMA:
+                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
+                                  (), QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                        read_words(wr, Ws, wfull, wempty, wslot, wphase, warp, lane, ALL_WORDS, True, True)
+                    else:
+                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
+                                  ALL_WORDS, QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
                 for e in ts.unroll(BT // 2):
                     acc[e] = 0.0
                 for ku in range(k_units):
@@ -218,8 +285,14 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                 ts.dequant(a[j % BUFFERS, 0], wr[0, 0], sc[0, (4 * b + j) // SPQ, 0], wtype=T,
                                            start=8 * (4 * b + j), count=8)  # fmt: skip
                             if j == 3:  # this stage's words and scale runs are dead: the next 256 k's in their place
-                                load_unit(wr, sc, bz, Wq, S, Z, 0, nn0 // 16 + warp, nku, k_units, n_units, lane, t4, g,
-                                          G, NS, STAGE_WORDS[b], SLOTS_AFTER[b], BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                                if WTMA:
+                                    load_unit(wr, sc, bz, Wq, S, Z, 0, nn0 // 16 + warp, nku, k_units, n_units, lane, t4,
+                                              g, G, NS, (), SLOTS_AFTER[b], BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
+                                    read_words(wr, Ws, wfull, wempty, wslot, wphase, warp, lane, STAGE_WORDS[b], b == 0,
+                                               b == 3)  # fmt: skip
+                                else:
+                                    load_unit(wr, sc, bz, Wq, S, Z, 0, nn0 // 16 + warp, nku, k_units, n_units, lane, t4,
+                                              g, G, NS, STAGE_WORDS[b], SLOTS_AFTER[b], BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
                             ts.wgmma_fence()  # the fragment's registers were just written
                             ts.wgmma(acc[0], a[j % BUFFERS, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
@@ -285,5 +358,37 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     n = out.shape[1]
     config = config or CONFIGS[0]
     tma_a = x_tensor_map(x, out, config.block_t, "low-bit register-A GEMM")
+    tma_w = word_map(words, k, wtype.nbits)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
-    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, config.grid(m, n, multiprocessor_count()))
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w,
+           config.grid(m, n, multiprocessor_count()))  # fmt: skip
+
+
+def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:
+    """The words (`words` uint32 in span FRAGMENT_SPAN for K = k) as the 4-d tensor word_map
+    reads: [units of 16 rows, 256-k blocks, bits, 128 words] (a lane's 16-byte chunk j of a unit
+    and block at [.., .., j, 4 lane])."""
+    k_units = -(-k // 256)
+    per_unit = k_units * bits * 128
+    if words % per_unit:
+        raise UnsupportedError(f"{words} words are not whole 16-row units of K = {k} at {bits} bits "
+                               f"({per_unit} words a unit): pack them with pack_units")  # fmt: skip
+    return words // per_unit, k_units, bits, 128
+
+
+_WORD_MAPS: dict = {}
+
+
+def word_map(words, k: int, bits: int) -> object:
+    """The TMA map of the words in boxes of a tile's units x one 256-k block (cached by address
+    and shape, as x_tensor_map's)."""
+    from tessera.runtime.tensor_map import TensorMap
+
+    shape = word_shape(words.numel(), k, bits)
+    key = (words.data_ptr(), shape)
+    tma = _WORD_MAPS.get(key)
+    if tma is None:
+        if len(_WORD_MAPS) >= 64:
+            _WORD_MAPS.pop(next(iter(_WORD_MAPS)))
+        tma = _WORD_MAPS[key] = TensorMap.from_pointer(words.data_ptr(), u32, shape, (ROWS // 16, 1, bits, 128), swizzle=0)
+    return tma
