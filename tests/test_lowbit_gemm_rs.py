@@ -105,7 +105,8 @@ def test_bad_arguments_are_refused_with_the_reason():
 def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
     """Every type x groups 128, 32, 64, per channel (zero points on the unsigned types, and on
     the signed at 32 and per channel) x every config, odd N and K, M of 1, 65 and 300, two calls with fresh activations,
-    against float64 products of the quantized weights."""
+    against float64 products of the quantized weights (the configs each builds: the word ring's
+    refuse the wider types at 5 stages)."""
     torch = pytest.importorskip("torch")
     from tessera.quant.linear import prepare
     from tessera.quant.quantize import quantize_weight
@@ -117,8 +118,7 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
             # zero points on the signed integers at 32 and per channel; the unsigned always have them
             p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, t.is_integer and j in (1, 3) or None))
             bias = p.weight.zeros is not None
-            for config in rs.CONFIGS:
-                cases.append((p, t, bias, config))
+            cases += [(p, t, bias, c) for c in rs.CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
     with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:
         list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3]).build(), cases))
     bad = []

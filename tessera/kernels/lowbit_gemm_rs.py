@@ -39,6 +39,7 @@ from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels import gemm_tma
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
 from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads, x_tensor_map
+from tessera.transforms.plan_shared_memory import ALIGN as SHARED_ALIGN
 
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
@@ -62,8 +63,11 @@ class RegisterAConfig:
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
 
     def smem_bytes(self, bits: int = 8) -> int:
-        words = WORD_SLOTS * ROWS * 32 * bits if self.words == "tma" else 0  # ROWS / 16 units x bits x 512 bytes a slot
-        return self.stages * self.block_t * BLOCK_K * 2 + words + STAGING[0] * STAGING[1] * STAGING[2] * 2 + 2048
+        """The kernel's shared tensors, each rounded up as tessera.transforms.plan_shared_memory places them."""
+        words = WORD_SLOTS * ROWS * 32 * bits if self.words == "tma" else 16  # ROWS / 16 units x bits x 512 bytes a slot
+        sizes = (self.stages * self.block_t * BLOCK_K * 2, STAGING[0] * STAGING[1] * STAGING[2] * 2, words,
+                 8 * self.stages, 8 * self.stages, 8 * WORD_SLOTS, 8 * WORD_SLOTS)  # fmt: skip
+        return sum(-(-size // SHARED_ALIGN) * SHARED_ALIGN for size in sizes)
 
     def problems(self) -> list[str]:
         out = []
