@@ -6,15 +6,17 @@ stages as it does for tessera.kernels.gemm_tma.  The words are packed in mma's o
 (tessera.ir.lowbit.FRAGMENT_SPAN), so `ts.dequant` of step s is, register for register, the
 m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared memory.
 
-* warpgroup 0, thread 0: the TMA loads of X's stages (1 producer thread, its registers given up);
+* warpgroup 0, thread 0: the TMA loads of X's stages (1 producer thread, its registers given up)
+  and, with `words="tma"`, of the tile's weight words a 256-k block at a time into a two-slot
+  ring (the block after the one X is at: the consumers read it while they work through this one);
 * warpgroups 1 and 2: 64 weight rows each, one 16-row unit per warp.  Per 64-k stage, four
   steps: dequantise the step's fragment into one of in_flight + 1 register buffers (the others
   are read by the wgmmas in flight), fence, `wgmma m64n{block_t}k16` with A from registers,
   commit, then wait until in_flight groups are in flight, which frees the next step's buffer
   and, at the stage's step in_flight - 1, the stage before (none left at the tile's last
-  step: see the epilogue).  A unit's
-  words and scales for the next 256 k are reloaded stage by stage as they die
-  (tessera.kernels.lowbit_gemm.word_loads);
+  step: see the epilogue).  A unit's words and scales for the next 256 k are reloaded
+  stage by stage as they die (tessera.kernels.lowbit_gemm.word_loads): from global memory, or
+  the words from the shared ring (`words="tma"`; each warp releases a slot after its last read);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
   64-token chunks (stmatrix .trans: four 8 x 8 blocks an instruction; `epilogue="scalar"`
   stores element by element) and out as 16-byte segments of Y's rows.
