@@ -122,7 +122,7 @@ static inline uintptr_t ts_host_swizzle(uintptr_t a, int swizzle) {  // 16-byte 
   int bits = swizzle == 128 ? 3 : swizzle == 64 ? 2 : swizzle == 32 ? 1 : 0;
   return a ^ (((a >> 7) & ((1u << bits) - 1)) << 4);
 }
-static inline void ts_host_tma(void* dst, const CUtensorMap* map, void* bar, const int32_t* c) {
+static inline int64_t ts_host_tma_copy(void* dst, const CUtensorMap* map, const int32_t* c) {  // the box's bytes
   int64_t total = 1;
   for (int d = 0; d < map->rank; ++d) total *= map->box[d];
   for (int64_t i = 0; i < total; ++i) {
@@ -134,6 +134,10 @@ static inline void ts_host_tma(void* dst, const CUtensorMap* map, void* bar, con
     char* to = reinterpret_cast<char*>(ts_host_swizzle(reinterpret_cast<uintptr_t>(dst) + i * map->elem, map->swizzle));
     if (inside) std::memcpy(to, map->base + offset, map->elem); else std::memset(to, 0, map->elem);
   }
+  return total * map->elem;
+}
+static inline void ts_host_tma(void* dst, const CUtensorMap* map, void* bar, const int32_t* c) {
+  int64_t total = ts_host_tma_copy(dst, map, c) / map->elem;
   std::lock_guard<std::mutex> lock(ts_mb_lock);
   uint64_t* w = static_cast<uint64_t*>(bar);
   if ((uint64_t)(total * map->elem) > (*w >> 33)) ts_host_fail("TMA bytes beyond the barrier's expected transaction");
@@ -252,6 +256,23 @@ static thread_local char* ts_block_smem;
 static thread_local char** ts_cluster_smem;
 static thread_local ts_host_barrier* ts_cluster_barrier;
 static inline void ts_cluster_sync() { ts_cluster_barrier->wait(); }
+static inline char* ts_host_in_block(const void* p, uint32_t rank) {  // the same shared-memory offset in block `rank`
+  return ts_cluster_smem[rank] + (static_cast<const char*>(p) - ts_block_smem);
+}
+static inline void ts_mbarrier_arrive_cluster(void* bar, uint32_t rank) { ts_mb_arrive(ts_host_in_block(bar, rank), 0); }
+// Multicast: the box lands in each block of the mask and completes its bytes on that block's barrier,
+// which may not have announced them yet (another block's producer can be ahead): the transaction
+// count goes below zero until its own arrive.expect_tx, as on the GPU.
+static inline void ts_host_tma_multicast(void* dst, const CUtensorMap* map, void* bar, uint32_t mask, const int32_t* c) {
+  for (uint32_t rank = 0; rank < 16; ++rank) {
+    if (!(mask >> rank & 1)) continue;
+    int64_t bytes = ts_host_tma_copy(ts_host_in_block(dst, rank), map, c);
+    std::lock_guard<std::mutex> lock(ts_mb_lock);
+    uint64_t* w = reinterpret_cast<uint64_t*>(ts_host_in_block(bar, rank));
+    *w -= (uint64_t)bytes << 33;
+    ts_mb_settle(w);
+  }
+}
 template <int N> static inline void ts_load_cluster(void* dst, const void* src, uint32_t rank) {
   std::memcpy(dst, ts_cluster_smem[rank] + (static_cast<const char*>(src) - ts_block_smem), N);
 }
@@ -327,7 +348,7 @@ def _block_shared(kernel: str) -> str:
 
 
 # where the kernel's own instruction helpers start (after the shared prelude)
-_OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_))")
+_OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_|ts_tma_load_multicast_))")
 _WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16)(_rs)?)\(")
 _SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32 (\d+);\\n"\);')
 
@@ -350,6 +371,12 @@ def _host_helper(chunk: str) -> str:
         element = "half" if m.group(3) == "f16" else "__nv_bfloat16"
         return (f"static inline void {m.group(1)}(float* d, const void* a, const void* b) "
                 f"{{ ts_host_wgmma{m.group(4) or ''}<{m.group(2)}, {element}>(d, a, b); }}")  # fmt: skip
+    multicast = re.match(r"__device__ __forceinline__ void (ts_tma_load_multicast_(\d)d)\(", chunk)
+    if multicast:
+        rank = int(multicast.group(2))
+        coords = ", ".join(f"int32_t c{i}" for i in range(rank))
+        return (f"static inline void {multicast.group(1)}(void* d, const CUtensorMap* m, void* b, uint32_t mask, {coords}) "
+                f"{{ int32_t c[] = {{{', '.join(f'c{i}' for i in range(rank))}}}; ts_host_tma_multicast(d, m, b, mask, c); }}")  # fmt: skip
     if not chunk.startswith("__device__ __forceinline__ void ts_dequant_"):
         raise NotImplementedError(f"the host model does not run {chunk.split('(', 1)[0].split()[-1]}")
     return chunk.replace("__device__ __forceinline__", "static inline")

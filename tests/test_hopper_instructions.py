@@ -73,6 +73,46 @@ def make_cluster_exchange():
     return exchange
 
 
+def make_multicast_rows():
+    """Clusters of 2 blocks share a 16 x 64 tile of X: block r loads rows [8r, 8r + 8) once and
+    multicasts them into both blocks' shared memory (each barrier expects the whole tile); then
+    each block tells its peer through a remote mbarrier arrival that it is done reading, waits for
+    the peer's, and writes what it holds to Y[block]."""
+
+    @ts.kernel(target="cuda")
+    def multicast_rows(X: f16["R", 64], Y: f16["B", 16, 64], tx: ts.tensor_map(f16, (8, 64), swizzle=0)):
+        ts.attrs.grid = B
+        ts.attrs.block = 64
+        ts.attrs.cluster = (2, 1, 1)
+        tile = ts.shared_tensor(f16, [16, 64])
+        bars = ts.shared_tensor(u64, [2])  # 0: the tile landed; 1: the peer is done with its tile
+        tid = ts.thread_idx.x
+        b = ts.block_idx.x
+        rank = b % 2
+        if tid == 0:
+            ts.mbarrier_init(bars[0], 1)
+            ts.mbarrier_init(bars[1], 1)
+            ts.fence_mbarrier_init()
+        ts.cluster_sync()  # the peer's barriers exist before anything lands there
+        if tid == 0:
+            ts.mbarrier_arrive_expect_tx(bars[0], 16 * 64 * 2)
+            ts.tma_load_multicast(tile[8 * rank, 0], tx, bars[0], 3, (b // 2) * 16 + 8 * rank, 0)
+        ts.mbarrier_wait(bars[0], 0)
+        for i in range(tid, 16 * 64, 64):
+            Y[b, i // 64, i % 64] = tile[i // 64, i % 64]
+        ts.syncthreads()
+        if tid == 0:
+            ts.mbarrier_arrive_cluster(bars[1], 1 - rank)
+        ts.mbarrier_wait(bars[1], 0)
+        ts.cluster_sync()
+
+    return multicast_rows
+
+
+def multicast_reference(x: np.ndarray, blocks: int) -> np.ndarray:
+    return np.stack([x[(b // 2) * 16 : (b // 2) * 16 + 16] for b in range(blocks)])
+
+
 # ---- front end -------------------------------------------------------------------------------
 def test_tensor_map_annotations_are_validated():
     t = tensor_map(f16, (1, 128, 64))
@@ -345,6 +385,59 @@ def test_cluster_blocks_read_each_others_shared_memory():
     b = torch.arange(8, device="cuda")
     ref = ((b // 4) * 4 + (b + 1) % 4)[:, None] * 10.0 + torch.arange(4, device="cuda")[None, :]
     torch.testing.assert_close(y, ref.float())
+
+
+@needs_nvcc
+def test_multicast_tma_fills_both_blocks_of_a_cluster_on_the_host(rng, tmp_path):
+    """Rows past the tensor (the last cluster's second half) arrive as zeros in both blocks."""
+    from cuda_on_host import HostTensorMap, run_on_host
+
+    x = rng.standard_normal((40, 64)).astype(np.float16)
+    values = {"X": x, "Y": np.full((6, 16, 64), np.nan, np.float16), "tx": HostTensorMap("X", (40, 64), (8, 64), swizzle=0),
+              "R": 40, "B": 6}  # fmt: skip
+    make_multicast_rows().build()  # ptxas takes the multicast and the remote arrival
+    (got,) = run_on_host(tmp_path, [(make_multicast_rows(), values, "Y", 6, 64)])
+    ref = multicast_reference(np.concatenate([x, np.zeros((8, 64), np.float16)]), 6)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_multicast_and_remote_arrive_are_checked_and_lowered():
+    src = make_multicast_rows().source
+    assert ".multicast::cluster" in src and "ts_tma_load_multicast_2d(" in src
+    assert "mapa.shared::cluster" in src and "ts_mbarrier_arrive_cluster(" in src
+    with pytest.raises(KernelSyntaxError, match="block mask and 2 coordinates"):
+
+        @ts.kernel(target="cuda")
+        def k0(X: f16["R", 64], tx: ts.tensor_map(f16, (8, 64), swizzle=0)):
+            ts.attrs.grid = 2
+            ts.attrs.block = 32
+            ts.attrs.cluster = (2, 1, 1)
+            tile = ts.shared_tensor(f16, [8, 64])
+            bar = ts.shared_tensor(u64, [1])
+            ts.tma_load_multicast(tile[0, 0], tx, bar[0], 3, 0)
+
+    with pytest.raises(KernelSyntaxError, match="mbarrier"):
+
+        @ts.kernel(target="cuda")
+        def k1(X: f16["R", 64]):
+            ts.attrs.grid = 2
+            ts.attrs.block = 32
+            ts.attrs.cluster = (2, 1, 1)
+            tile = ts.shared_tensor(f16, [8, 64])
+            ts.mbarrier_arrive_cluster(tile[0, 0], 1)
+
+
+@pytest.mark.cuda
+def test_multicast_tma_and_remote_arrive_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    from tessera.runtime.tensor_map import TensorMap
+
+    x = torch.randn(40, 64, device="cuda", dtype=torch.float16)
+    y = torch.full((6, 16, 64), float("nan"), device="cuda", dtype=torch.float16)
+    make_multicast_rows()(x, y, TensorMap.tiled(x, (8, 64), swizzle=0))
+    torch.cuda.synchronize()
+    ref = multicast_reference(np.concatenate([x.cpu().numpy(), np.zeros((8, 64), np.float16)]), 6)
+    np.testing.assert_array_equal(y.cpu().numpy(), ref)
 
 
 @pytest.mark.cuda

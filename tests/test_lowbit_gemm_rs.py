@@ -50,10 +50,10 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
     m, k = x.shape
     n = c["shape"][0]
     return {"A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
-            "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t, 64)),
+            "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t // config.cluster, 64)),
             "tma_w": HostTensorMap("Wq", (shape := rs.word_shape(c["words"].size, k, c["key"][0].nbits)),
                                    (rs.ROWS // 16, 1, *shape[2:]), swizzle=0),
-            "ctas": config.grid(m, n, 3), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
+            "ctas": config.grid(m, n, 4), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
             "G": c["scales"].shape[1], "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "zdim": 1, "N": n}  # fmt: skip
 
 
@@ -61,11 +61,12 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
 def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """Types, groups (128, 32, 16, 64, per channel), zero points and every config at odd shapes
     (M past a tile or 1, N not a multiple of 16, K not of 256), two calls each; the host's
-    3 "SMs" give each block several tiles, so the next tile's prefetch runs too."""
+    4 "SMs" give each block several tiles, so the next tile's prefetch runs too; the clusters'
+    second blocks take weight tiles inside N and wholly past it."""
     from cuda_on_host import run_on_host
 
     specs = [("int4", 128, False, 130), ("uint3", 32, True, 77), ("e4m3", None, False, 5), ("int8", 16, False, 1),
-             ("e2m1", 64, False, 300), ("uint6", None, True, 64)]  # fmt: skip
+             ("e2m1", 64, False, 300), ("uint6", None, True, 64), ("int3", 32, False, 257)]  # fmt: skip
     cases, refs = [], []
     for i, (name, group, bias, m) in enumerate(specs):
         t = ts.dtype(name)
@@ -94,6 +95,11 @@ def test_bad_arguments_are_refused_with_the_reason():
     assert not rs.problems(ts.int6, 16, True, rs.RegisterAConfig(128, 6))
     with pytest.raises(UnsupportedError, match="in_flight must be 1 or 3"):
         rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(256, 4, in_flight=2))
+    with pytest.raises(UnsupportedError, match="cluster must be 1 or 2"):
+        rs.make_lowbit_gemm_rs(ts.int4, 128, False, rs.RegisterAConfig(256, 4, cluster=4))
+    pair = rs.RegisterAConfig(256, 4, cluster=2)  # whole clusters, each a group of two weight tiles
+    assert pair.grid(4096, 12288, 132) == 132 and pair.grid(300, 200, 132) == 4 and pair.grid(1, 16, 132) == 2 and pair.tiles(4096, 12288) == 16 * 48
+    assert str(pair) == "rs_256x128_s4_c2"
     four_buffers = rs.RegisterAConfig(256, 5, in_flight=3)  # two more fragment buffers: spills from 2 bits
     assert rs.problems(ts.uint2, 16, True, four_buffers) and not rs.problems(ts.int1, 16, True, four_buffers)
     assert str(four_buffers) == "rs_256x128_s5_f3" and str(rs.CONFIGS[0]) == "rs_256x128_s4"

@@ -155,6 +155,12 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc_mn(const void* p, uint32_t chu
   uint64_t addr = ts_smem(p);
   return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((chunk >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster.
+__device__ __forceinline__ void ts_mbarrier_arrive_cluster(void* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ts_smem(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+}
 // Every thread of every block of the cluster meets here; memory written before (global and
 // shared) is visible to the cluster's threads after it.
 __device__ __forceinline__ void ts_cluster_sync() {
@@ -211,6 +217,19 @@ __device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map
                :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
 """
+
+
+def tma_multicast_helper(rank: int) -> str:
+    """ts_tma_load_multicast_{rank}d(dst, map, bar, mask, c0..): one TMA box written to the blocks
+    of the cluster in the 16-bit `mask`, coordinates innermost first."""
+    coords = ", ".join(f"int32_t c{i}" for i in range(rank))
+    regs = ", ".join(f"%{4 + i}" for i in range(rank))
+    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    return (f"__device__ __forceinline__ void ts_tma_load_multicast_{rank}d(void* dst, const CUtensorMap* map, void* bar, "
+            f"uint32_t mask, {coords}) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes'
+            f'.multicast::cluster [%0], [%1, {{{regs}}}], [%2], %3;\\n"\n'
+            f'               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "h"((unsigned short)mask), {ins} : "memory");\n}}\n')  # fmt: skip
 
 
 def tma_im2col_helper(rank: int) -> str:
@@ -358,6 +377,13 @@ class CudaCodegen(CLikeCodegen):
         elif s.name == "tma_load":
             coords = ", ".join(reversed(ops[3:]))  # the IR gives them outermost first, TMA innermost first
             self.emit(f"ts_tma_load_{len(ops) - 3}d({ops[0]}, &{ops[1]}, {ops[2]}, {coords});")
+        elif s.name == "tma_load_multicast":
+            rank = len(ops) - 4
+            self.helpers.add(tma_multicast_helper(rank))
+            coords = ", ".join(reversed(ops[4:]))
+            self.emit(f"ts_tma_load_multicast_{rank}d({ops[0]}, &{ops[1]}, {ops[2]}, {ops[3]}, {coords});")
+        elif s.name == "mbarrier_arrive_cluster":
+            self.emit(f"ts_mbarrier_arrive_cluster({ops[0]}, {ops[1]});")
         elif s.name == "tma_load_im2col":
             rank = s.operands[1].type.rank
             coords, offsets = ops[3 : 3 + rank], ops[3 + rank :]

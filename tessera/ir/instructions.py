@@ -224,6 +224,20 @@ def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_tma_load_multicast(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, tmap, bar, _mask, *coords = ops
+    if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType)) or tmap.type.im2col_rank:
+        return "tma_load_multicast's second operand must be a tiled tensor-map parameter (ts.tensor_map(dtype, box))"
+    t: TensorMapType = tmap.type
+    wrong = _tma_copy_problem("tma_load_multicast", dst, t, bar)
+    if wrong:
+        return wrong
+    if len(coords) != t.rank:
+        return (f"tma_load_multicast into a rank-{t.rank} tensor map takes the block mask and {t.rank} coordinates "
+                f"(outermost first), got {len(coords)} coordinates")  # fmt: skip
+    return None
+
+
 def _check_tma_load_im2col(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     dst, tmap, bar, *coords = ops
     if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType) and tmap.type.im2col_rank):
@@ -331,6 +345,14 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("tma_load", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load,
                         "cp.async.bulk.tensor (TMA) global->shared of one box at the given coordinates (outermost "
                         "first, zero-filled past the edges), completing `box_bytes` on the mbarrier"),
+        InstructionSpec("tma_load_multicast", ("addr", "tmap", "addr", "int", "int*"), (), True,
+                        _check_tma_load_multicast,
+                        "cp.async.bulk.tensor .multicast::cluster: one box (as tma_load) written at the same "
+                        "shared-memory offset in every block of the cluster whose bit is set in the mask, each "
+                        "block's mbarrier at the same offset completing its bytes"),
+        InstructionSpec("mbarrier_arrive_cluster", ("addr", "int"), (), True, _check_mbarrier,
+                        "mbarrier.arrive.release.cluster on the barrier at the same shared-memory offset in block "
+                        "`rank` of the cluster (mapa): one arrival there"),
         InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
                         "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
                         "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "

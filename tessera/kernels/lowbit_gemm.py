@@ -156,16 +156,16 @@ def load_unit(wr, sc, bz, Wq, S, Z, uu, unit, ku, k_units, n_units, lane, t4, g,
 
 
 @ts.inline
-def tile_origins(t, tiles_m, per_z, group_tiles, group, block_m, block_n, m0, n0, next_n0):
+def tile_origins(t, stride, tiles_m, per_z, group_tiles, group, block_m, block_n, m0, n0, next_n0):
     """Tile t's origin (m0, n0) in the persistent schedule's rasterisation (gemm_tma's: groups of
-    `group` m tiles), and next_n0, that of the block's next tile (the last tile's own when
-    there is none): the weights the kernels prefetch are the next tile's.  (The assignments are
-    the caller's variables, as ts.inline binds them.)"""
+    `group` m tiles), and next_n0, that of the block's next tile t + stride (the last tile's own
+    when there is none): the weights the kernels prefetch are the next tile's.  (The assignments
+    are the caller's variables, as ts.inline binds them.)"""
     first = (t // group_tiles) * group
     rows = min(tiles_m - first, group)
     m0 = (first + (t % group_tiles) % rows) * block_m  # noqa: F841
     n0 = ((t % group_tiles) // rows) * block_n  # noqa: F841
-    tn = min(t + ts.grid_dim.x, per_z - 1)
+    tn = min(t + stride, per_z - 1)
     first_n = (tn // group_tiles) * group
     next_n0 = ((tn % group_tiles) // min(tiles_m - first_n, group)) * block_n  # noqa: F841
 
@@ -235,7 +235,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BM, BN, m0, n0, next_n0)
+                tile_origins(t, ts.grid_dim.x, tiles_m, per_z, group_tiles, GROUP, BM, BN, m0, n0, next_n0)
                 if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
                     for uu in UNITS:
                         load_unit(wr, sc, bz, Wq, S, Z, uu, n0 // 16 + warp * UPW + uu, 0, k_units, n_units, lane, t4,
@@ -292,7 +292,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
             n0 = 0
             next_n0 = 0
             for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BM, BN, m0, n0, next_n0)
+                tile_origins(t, ts.grid_dim.x, tiles_m, per_z, group_tiles, GROUP, BM, BN, m0, n0, next_n0)
                 gemm_tma.consume_tile(acc, As, Bs, full, empty, stage, phase, last, k_units * 4, row0, lane, SLABS,
                                       BN, STAGES, False)  # fmt: skip
                 for sl in ts.unroll(SLABS):

@@ -9,6 +9,9 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
 * warpgroup 0, thread 0: the TMA loads of X's stages (1 producer thread, its registers given up)
   and, with `words="tma"`, of the tile's weight words a 256-k block at a time into a two-slot
   ring (the block after the one X is at: the consumers read it while they work through this one);
+  with `cluster=2`, the two blocks of a cluster take adjacent weight tiles of the same tokens and
+  each loads half of every X stage for both (TMA multicast), so X crosses L2 once per pair; each
+  block's consumers release a stage in both blocks (remote mbarrier arrivals);
 * warpgroups 1 and 2: 64 weight rows each, one 16-row unit per warp.  Per 64-k stage, four
   steps: dequantise the step's fragment into one of in_flight + 1 register buffers (the others
   are read by the wgmmas in flight), fence, `wgmma m64n{block_t}k16` with A from registers,
@@ -63,6 +66,7 @@ class RegisterAConfig:
     in_flight: int = 1
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
+    cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
 
     def smem_bytes(self, bits: int = 8) -> int:
         """The kernel's shared tensors, each rounded up as tessera.transforms.plan_shared_memory places them."""
@@ -77,6 +81,8 @@ class RegisterAConfig:
             out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
+        if self.cluster not in (1, 2):
+            out.append(f"cluster must be 1 or 2 blocks, got {self.cluster}")
         if self.words not in ("global", "tma"):
             out.append(f"words must be 'global' or 'tma', got {self.words!r}")
         if self.epilogue not in ("stmatrix", "scalar"):
@@ -88,15 +94,17 @@ class RegisterAConfig:
         return out
 
     def tiles(self, m: int, n: int) -> int:
-        return -(-m // self.block_t) * -(-n // ROWS)
+        """Work items of the persistent schedule: tiles, or with a cluster the tile groups its
+        blocks take together (one per block, the last group's partly past N)."""
+        return -(-m // self.block_t) * -(-n // (ROWS * self.cluster))
 
     def grid(self, m: int, n: int, sms: int) -> int:
-        """Thread blocks to launch: persistent, one per SM, at most one per tile."""
-        return min(self.tiles(m, n), sms)
+        """Thread blocks to launch: persistent, one per SM, at most one per tile (whole clusters)."""
+        return min(self.tiles(m, n), sms // self.cluster) * self.cluster
 
     def __str__(self) -> str:
         return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
-                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else "") + ("_wt" if self.words == "tma" else ""))  # fmt: skip
+                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else "") + ("_wt" if self.words == "tma" else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))  # fmt: skip
 
 
 # The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
@@ -106,7 +114,8 @@ class RegisterAConfig:
 # Tried and dropped there: the second consumer warpgroup trailing the first by 2 stages so
 # that their epilogues overlap the other's wgmmas (no change).
 CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3),
-           RegisterAConfig(256, 4, words="tma"), RegisterAConfig(256, 5, in_flight=3, words="tma"))
+           RegisterAConfig(256, 4, words="tma"), RegisterAConfig(256, 5, in_flight=3, words="tma"),
+           RegisterAConfig(256, 4, words="tma", cluster=2), RegisterAConfig(256, 5, in_flight=3, cluster=2))
 
 
 def scale_runs(group_size: int) -> tuple[int, int]:
@@ -131,6 +140,17 @@ def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterA
         out.append("groups of 16 with zero points: their 32 scale and zero-point registers spill next to "
                    f"{config.block_t // 2} accumulators; use block_t 128")  # fmt: skip
     return out
+
+
+@ts.inline
+def release_stage(empty, stage, cluster):
+    """A consumer warpgroup is done with X's `stage`: one arrival on its barrier in every block of
+    the cluster (each block's producer writes its share of the stage into all of them)."""
+    if cluster > 1:
+        for r in range(cluster):
+            ts.mbarrier_arrive_cluster(empty[stage], r)
+    else:
+        ts.mbarrier_arrive(empty[stage])
 
 
 @ts.inline
@@ -188,7 +208,9 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     SLOTS_AFTER = slots_after(SPQ, NQ)
     BLOCKS, STEPS = tuple(range(4)), tuple(range(4))
     X_BYTES = BT * BK * 2
-    TA = ts.tensor_map(f16, (1, BT, BK))
+    CL = config.cluster
+    HALF, MASK = BT // CL, (1 << CL) - 1  # tokens of an X stage each block of the cluster loads, for all of them
+    TA = ts.tensor_map(f16, (1, HALF, BK))
     TW = ts.tensor_map(u32, (UNITS, 1, BITS, 128), swizzle=0)
     name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{str(config).removeprefix('rs_')}"
 
@@ -198,6 +220,8 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         ts.attrs.grid = ctas
         ts.attrs.block = 384
         ts.attrs.min_blocks = 1
+        if CL > 1:
+            ts.attrs.cluster = (CL, 1, 1)
         Xs = ts.shared_tensor(f16, [STAGES, BT, BK], swizzle=SWIZZLE_128B)
         full = ts.shared_tensor(u64, [STAGES])
         empty = ts.shared_tensor(u64, [STAGES])
@@ -208,11 +232,17 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         tid = ts.thread_idx.x
         wg = tid // 128
         # full: the producer's expect_tx; empty: each consumer warpgroup once its wgmmas read the stage
-        gemm_tma.init_ring(full, empty, tid, STAGES, 1, 2)
+        # (with a cluster, every block's consumers release each block's stage: its producers write them all)
+        gemm_tma.init_ring(full, empty, tid, STAGES, 1, 2 * CL)
         if WTMA:  # the word ring: wempty once each of the 8 consumer warps read its unit's words
             gemm_tma.init_ring(wfull, wempty, tid, WORD_SLOTS, 1, 8)
+        rank = ts.block_idx.x % CL
+        cluster = ts.block_idx.x // CL
+        clusters = ts.grid_dim.x // CL
+        if CL > 1:
+            ts.cluster_sync()  # the other blocks' barriers exist before anything lands there
         tiles_m = ts.ceil_div(M, BT)
-        tiles_n = ts.ceil_div(N, ROWS)
+        tiles_n = ts.ceil_div(ts.ceil_div(N, ROWS), CL)  # (a cluster's CL adjacent weight tiles count as one)
         per_z = tiles_m * tiles_n
         group_tiles = GROUP * tiles_n
         k_units = ts.ceil_div(K, 256)
@@ -228,10 +258,13 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 n0 = 0
                 next_n0 = 0
                 if WTMA:  # the first tile's first 256 k: the consumers' prologue reads it
-                    tile_origins(ts.block_idx.x, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
+                    tile_origins(cluster, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
+                    n0 += rank * ROWS
                     load_words(Ws, wfull, wempty, tma_w, wslot, wphase, n0 // 16, 0, W_BYTES)
-                for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                    tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
+                for t in range(cluster, per_z, clusters):
+                    tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
+                    n0 += rank * ROWS
+                    next_n0 += rank * ROWS
                     for kk in range(k_units * 4):
                         if WTMA and kk % 4 == 0:  # the consumers read the next 256 k's words during this one's
                             nku = kk // 4 + 1
@@ -242,7 +275,11 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                             load_words(Ws, wfull, wempty, tma_w, wslot, wphase, nn0 // 16, nku, W_BYTES)
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
                         ts.mbarrier_arrive_expect_tx(full[stage], X_BYTES)
-                        ts.tma_load(Xs[stage, 0, 0], tma_a, full[stage], 0, m0, kk * BK)
+                        if CL > 1:  # this block's share of the stage, written into every block of the cluster
+                            ts.tma_load_multicast(Xs[stage, rank * HALF, 0], tma_a, full[stage], MASK, 0, m0 + rank * HALF,
+                                                  kk * BK)  # fmt: skip
+                        else:
+                            ts.tma_load(Xs[stage, 0, 0], tma_a, full[stage], 0, m0, kk * BK)
                         stage += 1
                         if stage == STAGES:
                             stage = 0
@@ -263,9 +300,11 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            for t in range(ts.block_idx.x, per_z, ts.grid_dim.x):
-                tile_origins(t, tiles_m, per_z, group_tiles, GROUP, BT, ROWS, m0, n0, next_n0)
-                if t == ts.block_idx.x:  # the block's first tile: nothing was prefetched
+            for t in range(cluster, per_z, clusters):
+                tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
+                n0 += rank * ROWS
+                next_n0 += rank * ROWS
+                if t == cluster:  # the block's first tile: nothing was prefetched
                     if WTMA:
                         load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
                                   (), QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
@@ -308,9 +347,9 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                 ts.wgmma_wait(FLIGHT)
                             if j == FLIGHT - 1 and tid % 128 == 0:  # ... and with it the stage before this one
                                 if b > 0:
-                                    ts.mbarrier_arrive(empty[last])
+                                    release_stage(empty, last, CL)
                                 elif ku > 0:
-                                    ts.mbarrier_arrive(empty[last])
+                                    release_stage(empty, last, CL)
                         last = stage
                         stage += 1
                         if stage == STAGES:
@@ -321,7 +360,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # the accumulators above it, and on the H200 those configs lost part of the last step
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if tid % 128 == 0:
-                    ts.mbarrier_arrive(empty[last])
+                    release_stage(empty, last, CL)
                 # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
                 # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
                 # layout, which stmatrix .trans writes as Cs's [tokens, rows]
@@ -349,6 +388,8 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                 for e in ts.unroll(8):
                                     if gn + e < N:
                                         C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
+        if CL > 1:  # no block leaves while another may still write its stages or arrive on its barriers
+            ts.cluster_sync()
 
     return gemm
 
@@ -363,7 +404,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     m, k = x.shape
     n = out.shape[1]
     config = config or CONFIGS[0]
-    tma_a = x_tensor_map(x, out, config.block_t, "low-bit register-A GEMM")
+    tma_a = x_tensor_map(x, out, config.block_t // config.cluster, "low-bit register-A GEMM")
     tma_w = word_map(words, k, wtype.nbits)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w,

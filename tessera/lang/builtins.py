@@ -82,6 +82,8 @@ named_barrier_sync = Builtin("named_barrier_sync", "instruction")
 named_barrier_arrive = Builtin("named_barrier_arrive", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
+tma_load_multicast = Builtin("tma_load_multicast", "instruction")
+mbarrier_arrive_cluster = Builtin("mbarrier_arrive_cluster", "instruction")
 # Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
 dequant = Builtin("dequant", "instruction")
 
