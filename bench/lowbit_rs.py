@@ -34,7 +34,7 @@ from tessera.quant.layout import padded_shape  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
 # every config (the scalar-store epilogue lost to stmatrix by 0.3-1.3% at 38590c8: not timed)
-TIMED = lowbit_gemm_rs.CONFIGS
+TIMED = lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS
 
 
 def configs(name: str, group: int, bias: bool) -> list:

@@ -72,7 +72,8 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
         t = ts.dtype(name)
         n, k = SIZES[i % len(SIZES)] if i % 2 else (203, 520)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
-        config = rs.CONFIGS[i % len(rs.CONFIGS)]
+        configs = rs.CONFIGS + rs.CLUSTER_CONFIGS
+        config = configs[i % len(configs)]
         kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
         for _ in range(2):  # fresh activations each call
             x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
@@ -124,7 +125,7 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
             # zero points on the signed integers at 32 and per channel; the unsigned always have them
             p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, t.is_integer and j in (1, 3) or None))
             bias = p.weight.zeros is not None
-            cases += [(p, t, bias, c) for c in rs.CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
+            cases += [(p, t, bias, c) for c in rs.CONFIGS + rs.CLUSTER_CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
     with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:
         list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3]).build(), cases))
     bad = []
