@@ -103,8 +103,10 @@ class RegisterAConfig:
         return min(self.tiles(m, n), sms // self.cluster) * self.cluster
 
     def __str__(self) -> str:
-        return (f"rs_{self.block_t}x{ROWS}_s{self.stages}" + (f"_g{self.group_m}" if self.group_m != GROUP_M else "")
-                + (f"_f{self.in_flight}" if self.in_flight != 1 else "") + ("_scalar" if self.epilogue == "scalar" else "") + ("_wt" if self.words == "tma" else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))  # fmt: skip
+        flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",
+                 "_scalar" if self.epilogue == "scalar" else "", "_wt" if self.words == "tma" else "",
+                 f"_c{self.cluster}" if self.cluster > 1 else "")  # fmt: skip
+        return f"rs_{self.block_t}x{ROWS}_s{self.stages}" + "".join(flags)
 
 
 # The first is the default.  in_flight 3: on the H200 the kernel slowed with the weights' bits
@@ -191,8 +193,8 @@ def read_words(wr, Ws, wfull, wempty, wslot, wphase, warp, lane, words, first, l
 def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> ts.Kernel:
     """kernel(A [1, M, K] f16, Wq u32, S [NS, G] f16, Z [NB, GB] f16, C [1, M, N] f16, tma_a, tma_w,
     ctas), the arguments of tessera.kernels.lowbit_gemm.make_lowbit_gemm with the words packed in
-    span FRAGMENT_SPAN; tma_a maps A with box (1, block_t, 64), tma_w the words (word_map; read
-    only when config.words == "tma"); ctas = config.grid(M, N, SMs)."""
+    span FRAGMENT_SPAN; tma_a maps A with box (1, block_t / cluster, 64), tma_w the words
+    (word_map; read only when config.words == "tma"); ctas = config.grid(M, N, SMs)."""
     bad = problems(wtype, group_size, has_bias, config)
     if bad:
         raise UnsupportedError(f"low-bit register-A GEMM {wtype} g{group_size} {config}: {'; '.join(bad)}")
