@@ -428,7 +428,10 @@ def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:
     return words // per_unit, k_units, bits, 128
 
 
+# One map per weight's words (a model's linears: Llama's 1.1B has 154); a map encodes only the
+# address and shape, so an address reused by another weight of that shape finds a valid map.
 _WORD_MAPS: dict = {}
+WORD_MAP_CACHE = 1024
 
 
 def word_map(words, k: int, bits: int) -> object:
@@ -440,7 +443,7 @@ def word_map(words, k: int, bits: int) -> object:
     key = (words.data_ptr(), shape)
     tma = _WORD_MAPS.get(key)
     if tma is None:
-        if len(_WORD_MAPS) >= 64:
+        if len(_WORD_MAPS) >= WORD_MAP_CACHE:
             _WORD_MAPS.pop(next(iter(_WORD_MAPS)))
         tma = _WORD_MAPS[key] = TensorMap.from_pointer(words.data_ptr(), u32, shape, (ROWS // 16, 1, bits, 128), swizzle=0)
     return tma
