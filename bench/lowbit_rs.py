@@ -2,9 +2,9 @@
 the shared-memory fused kernel (tessera.kernels.lowbit_gemm), the two passes users get today
 (`prefill_matmul`: dequantise, then the fp16 GEMM) and cuBLAS on the fp16 weights, at K=4096,
 N=12288, group 128, M=4096 (bench/harness.py: L2 flushed by a 1 GB read, CUDA events, median
-of 50, the variants in interleaved rounds), every config.  Correctness first, in the same run: odd shapes (zero points, groups of 32, per
-channel, M and N past a tile) and every timed case against float64 on the dequantised weights,
-two calls with fresh activations each.
+of 50, the variants in interleaved rounds), every config.  Correctness first, in the same
+run: odd shapes (zero points, groups of 32, per channel, M and N past a tile) and every timed
+case against float64 on the dequantised weights, two calls with fresh activations each.
 
     python3 bench/lowbit_rs.py                   # GPU: check, time, print; JSONL + table under $OUT if set
     python3 bench/lowbit_rs.py --dry-run         # no GPU: build every kernel with nvcc only
@@ -35,13 +35,13 @@ from tessera.quant.layout import padded_shape  # noqa: E402
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
 # every config (the scalar-store epilogue lost to stmatrix by 0.3-1.3% at 38590c8: not timed)
 TIMED = lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS
+ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
+       ("int8", 128, False, 1, 24, 256))  # fmt: skip
 
 
 def configs(name: str, group: int, bias: bool) -> list:
     """The configs the kernel builds for these weights (the word ring's take more shared memory as the bits grow)."""
     return [c for c in TIMED if not lowbit_gemm_rs.problems(ts.dtype(name), group, bias, c)]
-ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
-       ("int8", 128, False, 1, 24, 256))  # fmt: skip
 
 
 def zero_points(name: str) -> bool:

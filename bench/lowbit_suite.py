@@ -20,7 +20,7 @@ from lowbit_peers import HummingPeer
 
 import tessera as ts
 from tessera.quant import WEIGHT_TYPES
-from tessera.quant.linear import DECODE_MAX_M, cuda_matmul, prepare
+from tessera.quant.linear import DECODE_MAX_M, chosen_kernel, cuda_matmul, prepare
 from tessera.quant.quantize import quantize_weight
 
 N0, K0 = 12288, 4096
@@ -152,12 +152,9 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tupl
         moved += m * k * 2 + m * n * 2
         floor = moved / (copy_gbs * 1e9) * 1e6
         gname = "ch" if g is None else str(g)
-        if m > DECODE_MAX_M:  # what cuda_matmul ran at this M (tessera.quant.linear keeps it per weight)
-            chosen = [v for c, v in p.cache.items() if c[:2] == ("prefill", 1 << (m - 1).bit_length())]
-        else:
-            chosen = [p.cache.get(("config", m <= 8))]
+        chosen = chosen_kernel(p, m)
         row = {"case": f"M={m},N={n},K={k},w={tname},g={gname},fp16", "tessera_us": us, "floor_us": floor,
-               "config": str(chosen[0]) if chosen else "",
+               "config": "" if chosen is None else str(chosen),
                "peers_us": peers, "rel_err": err, "vs_floor": us / floor, "vs_cublas": peers["cublas"] / us,
                "target_us": 1.25 * floor + 1.5, "copy_gbs": copy_gbs}  # fmt: skip
         print(f"{row['case']}: {us:.1f} us (floor {floor:.1f}, target {row['target_us']:.1f}), peers "

@@ -158,19 +158,36 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
     """DEQUANT_THEN_GEMM or a fused kernel's config for m rows of this weight
     (tessera.quant.tune.prefill_choice with tuning per $TESSERA_TUNE, at m rounded up to a
     power of two: one record per shape and GPU), kept per bucket."""
-    from tessera.quant.tune import prefill_choice, prefill_mode
-    from tessera.tune.tuner import default_tune
+    from tessera.quant.tune import prefill_choice
 
-    bucket = 1 << (m - 1).bit_length()
-    key = ("prefill", bucket, prefill_mode(), default_tune())
+    key = _prefill_key(m)
     choice = p.cache.get(key)
     if choice is None:
         w = p.weight
         n, k = w.shape
-        choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, PREPARED_SPAN, bucket, n, k,
-                                               p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape),
+        choice = p.cache[key] = prefill_choice(w.dtype, p.kernel_group, w.zeros is not None, PREPARED_SPAN, key[1], n,
+                                               k, p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape),
                                                key[3], register_a=True)  # fmt: skip
     return choice
+
+
+def _prefill_key(m: int) -> tuple:
+    """Where a weight keeps its prefill choice for m rows: per power-of-two bucket, mode and tuning."""
+    from tessera.quant.tune import prefill_mode
+    from tessera.tune.tuner import default_tune
+
+    return ("prefill", 1 << (m - 1).bit_length(), prefill_mode(), default_tune())
+
+
+def _decode_key(m: int) -> tuple:
+    """Where a weight keeps its decode config for m rows (one for m <= 8, one beyond)."""
+    return ("config", m <= 8)
+
+
+def chosen_kernel(p: PreparedWeight, m: int) -> Any:
+    """What cuda_matmul ran for m rows of this weight (a prefill choice past DECODE_MAX_M, else
+    a decode config), as it keeps it; None before its first such call."""
+    return p.cache.get(_prefill_key(m) if m > DECODE_MAX_M else _decode_key(m))
 
 
 def _decode_config(p: PreparedWeight, m: int) -> Any:
@@ -215,7 +232,7 @@ def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) 
     if m > DECODE_MAX_M and config is None:
         return prefill_matmul(x, p, out)
     if config is None:
-        key = ("config", m <= 8)
+        key = _decode_key(m)
         config = p.cache.get(key)
         if config is None:
             config = p.cache[key] = _decode_config(p, m)
