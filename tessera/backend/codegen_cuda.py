@@ -155,11 +155,14 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc_mn(const void* p, uint32_t chu
   uint64_t addr = ts_smem(p);
   return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((chunk >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
-// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster.
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster.  Release at CTA
+// scope (PTX's default, as CUTLASS's ClusterBarrier::arrive): .release.cluster compiles to
+// MEMBAR.ALL.GPU, which waits for every load the thread has in flight (a consumer's prefetch of
+// the next weights), and made the register-A GEMM's cluster configs 1.7x slower on the H200.
 __device__ __forceinline__ void ts_mbarrier_arrive_cluster(void* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ts_smem(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
 }
 // Every thread of every block of the cluster meets here; memory written before (global and
 // shared) is visible to the cluster's threads after it.

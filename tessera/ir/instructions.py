@@ -351,8 +351,9 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "shared-memory offset in every block of the cluster whose bit is set in the mask, each "
                         "block's mbarrier at the same offset completing its bytes"),
         InstructionSpec("mbarrier_arrive_cluster", ("addr", "int"), (), True, _check_mbarrier,
-                        "mbarrier.arrive.release.cluster on the barrier at the same shared-memory offset in block "
-                        "`rank` of the cluster (mapa): one arrival there"),
+                        "mbarrier.arrive (release at CTA scope) on the barrier at the same shared-memory offset in "
+                        "block `rank` of the cluster (mapa): one arrival there; it orders the block's own use of "
+                        "a buffer before a peer's TMA overwrites it, not writes the peer will read (cluster_sync)"),
         InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
                         "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
                         "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "
