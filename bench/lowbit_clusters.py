@@ -81,15 +81,16 @@ def main() -> None:
             grid = config.grid(M0, N0, sms)
             # The first launch raises the kernel's dynamic shared memory limit; before it the
             # driver counts no cluster resident (it did, 2026-11-28).
+            whole, partials, flags = config.tiles(M0, N0), torch.zeros(1, device="cuda"), torch.zeros(1, dtype=torch.uint32, device="cuda")
             functools.partial(kernel, x.view(1, M0, K0), words, p.scales, p.biases, y.view(1, M0, N0),
-                              tma_a, tma_w, grid)()  # fmt: skip
+                              tma_a, tma_w, grid, whole, partials, flags)()  # fmt: skip
             resident = max_active_clusters(kernel, config, t.nbits, grid)
             capped = min(grid, resident * config.cluster)
             print(f"{name} {config}: grid {grid} blocks ({grid // config.cluster} clusters); "
                   f"{resident} clusters resident at most", flush=True)  # fmt: skip
             for label, ctas in ((f"{config} grid {grid}", grid), (f"{config} grid {capped}", capped)):
                 launch = functools.partial(kernel, x.view(1, M0, K0), words, p.scales, p.biases, y.view(1, M0, N0),
-                                           tma_a, tma_w, ctas)  # fmt: skip
+                                           tma_a, tma_w, ctas, whole, partials, flags)  # fmt: skip
                 launch()
                 print(f"  {label}: rel_err {rel_err(y[:256], ref):.1e}", flush=True)
                 calls[label] = launch

@@ -1,5 +1,6 @@
 """Run a generated CUDA kernel on the host, for the CPU tier: the kernel's C++ built by nvcc as
-host code, every thread of a block a std::thread (blocks, or clusters, one after another),
+host code, every thread of a block a std::thread (blocks, or clusters, one after another, the
+last first),
 meeting at `__syncwarp` (its warp's 32 lanes) and `__syncthreads` (the block).
 
 It checks a kernel's index arithmetic, shared-memory traffic, `dequant` helpers (cuda_fp16's
@@ -25,7 +26,10 @@ are modelled by what they promise, not by how the hardware does it:
   one wrote is NaN); a cluster's blocks (along x) run together: `cluster_sync` is a barrier of
   all their threads and `load_cluster` reads another block's arena at the same offset;
 * cp.async copies at once (zero fill when not taken), so its commits and waits do nothing;
-* fences do nothing (host memory is coherent under the barriers' lock).
+* fences do nothing (host memory is coherent under the barriers' lock);
+* flags (`signal_flag` / `wait_flag`) are words under the same lock; a wait for a flag that no
+  block run before it set fails after 20 s (blocks run last first, so a block may wait on
+  higher-numbered ones, which the GPU runs at the same time in a persistent grid).
 
 It is not a CUDA emulator: kernels using anything else (ldmatrix, the MN-major wgmma, im2col
 maps) fail to build, which says so; a copy read before its wait is not caught
@@ -260,6 +264,18 @@ static inline char* ts_host_in_block(const void* p, uint32_t rank) {  // the sam
   return ts_cluster_smem[rank] + (static_cast<const char*>(p) - ts_block_smem);
 }
 static inline void ts_mbarrier_arrive_cluster(void* bar, uint32_t rank) { ts_mb_arrive(ts_host_in_block(bar, rank), 0); }
+// Flags between blocks: blocks run one after another, so a flag must have been set by a block
+// that ran before the waiter (a later block: see ts_launch), or the GPU could hang as well.
+static inline void ts_signal_flag(void* flag, uint32_t value) {
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  *static_cast<uint32_t*>(flag) = value;
+  ts_mb_cv.notify_all();
+}
+static inline void ts_wait_flag(const void* flag, uint32_t value) {
+  std::unique_lock<std::mutex> lock(ts_mb_lock);
+  if (!ts_mb_cv.wait_for(lock, std::chrono::seconds(20), [&] { return *static_cast<const uint32_t*>(flag) == value; }))
+    ts_host_fail("wait_flag: no block that ran before this one (the host model runs the last block first) set the flag");
+}
 // Multicast: the box lands in each block of the mask and completes its bytes on that block's barrier,
 // which may not have announced them yet (another block's producer can be ahead): the transaction
 // count goes below zero until its own arrive.expect_tx, as on the GPU.
@@ -293,7 +309,8 @@ struct ts_host_block {
 };
 template <class F> static void ts_launch(int gx, int gy, int gz, int threads, int cluster, F kernel) {
   int blocks = gx * gy * gz, regs = std::min(255, 65536 / threads) / 8 * 8;
-  for (int first = 0; first < blocks; first += cluster) {
+  // from the last block (or cluster) to the first: a block that waits for a flag waits for a later one
+  for (int first = (blocks - 1) / cluster * cluster; first >= 0; first -= cluster) {
     int n = std::min(cluster, blocks - first);
     std::vector<std::unique_ptr<ts_host_block>> group;
     std::vector<char*> arenas;

@@ -49,7 +49,10 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
 
     m, k = x.shape
     n = c["shape"][0]
-    return {"A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
+    floats, flags = config.workspace(config.grid(m, n, 4))
+    return {"whole": config.whole_tiles(m, n, k, 4), "P": np.full(floats, np.nan, np.float32), "F": np.zeros(flags, np.uint32),
+            "PW": floats, "FW": flags,
+            "A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
             "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t // config.cluster, 64)),
             "tma_w": HostTensorMap("Wq", (shape := rs.word_shape(c["words"].size, k, c["key"][0].nbits)),
                                    (rs.ROWS // 16, 1, *shape[2:]), swizzle=0),
@@ -82,6 +85,48 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
             refs.append((name, group, bias, str(config), product(x, c["ref"])))
     for (name, group, bias, config, ref), got in zip(refs, run_on_host(tmp_path, cases)):
         assert not np.isnan(got).any() and close(got[0], ref) < 2e-3, (name, group, bias, config)
+
+
+STREAM_K = (rs.RegisterAConfig(256, 4, words="tma", stream_k=True), rs.RegisterAConfig(256, 5, in_flight=3, stream_k=True),
+            rs.RegisterAConfig(128, 6, stream_k=True))  # fmt: skip
+
+
+def test_stream_k_schedule_gives_out_the_last_rounds_units():
+    """Whole rounds of tiles, then the rest's 256-k blocks, at least one a block; otherwise whole tiles."""
+    sk, plain = STREAM_K[0], rs.CONFIGS[0]
+    assert sk.whole_tiles(4096, 12288, 4096, 132) == 1452 and plain.whole_tiles(4096, 12288, 4096, 132) == 1536
+    assert sk.whole_tiles(4096, 12672, 4096, 132) == 1584  # whole rounds: nothing to share
+    assert sk.whole_tiles(200, 1000, 4096, 132) == 8  # fewer tiles than blocks: one round
+    assert sk.whole_tiles(300, 637, 256, 4) == 10  # 2 tiles left, 1 unit each: fewer units than blocks
+    assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 8 * 32 * 128, 32)
+    assert str(sk) == "rs_256x128_s4_wt_sk"
+    assert rs.RegisterAConfig(256, 4, cluster=2, stream_k=True).problems() == ["stream_k shares tiles between single blocks, not clusters"]
+
+
+@needs_nvcc
+def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
+    """The last round's tiles cut among the host's 4 "SMs": a tile in 4 shares (one 256-k block
+    each, after a whole tile each), tiles in 2 and 3 shares with a block whose share holds a
+    whole tile between two cut ones; two calls with fresh activations; the flags at rest after."""
+    from cuda_on_host import run_on_host
+
+    specs = [("int4", 128, False, 200, 633, 984), ("uint3", 32, True, 300, 637, 520), ("e4m3", 64, False, 70, 883, 500)]
+    cases, refs = [], []
+    for (name, group, bias, m, n, k), config in zip(specs, STREAM_K):
+        t = ts.dtype(name)
+        c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
+        kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
+        assert config.whole_tiles(m, n, k, 4) < config.tiles(m, n), (name, config)
+        for out in ("C", "C", "F"):
+            x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+            values = host_values(c, x, config)
+            cases.append((kernel, values, out, values["ctas"], 384))
+            refs.append((name, str(config), out, product(x, c["ref"])))
+    for (name, config, out, ref), got in zip(refs, run_on_host(tmp_path, cases)):
+        if out == "F":
+            assert not got.any(), (name, config, "flags left set")
+        else:
+            assert not np.isnan(got).any() and close(got[0], ref) < 2e-3, (name, config)
 
 
 def test_bad_arguments_are_refused_with_the_reason():

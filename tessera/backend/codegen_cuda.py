@@ -164,6 +164,17 @@ __device__ __forceinline__ void ts_mbarrier_arrive_cluster(void* bar, uint32_t r
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ts_smem(bar)), "r"(rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
 }
+// Flags between blocks of a grid: one thread signals after its group's barrier (release at GPU
+// scope is cumulative over the writes the barrier ordered before it); a waiter acquires.
+__device__ __forceinline__ void ts_signal_flag(void* flag, uint32_t value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" :: "l"(flag), "r"(value) : "memory");
+}
+__device__ __forceinline__ void ts_wait_flag(const void* flag, uint32_t value) {
+  uint32_t seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
+  } while (seen != value);
+}
 // Every thread of every block of the cluster meets here; memory written before (global and
 // shared) is visible to the cluster's threads after it.
 __device__ __forceinline__ void ts_cluster_sync() {
@@ -387,6 +398,8 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_tma_load_multicast_{rank}d({ops[0]}, &{ops[1]}, {ops[2]}, {ops[3]}, {coords});")
         elif s.name == "mbarrier_arrive_cluster":
             self.emit(f"ts_mbarrier_arrive_cluster({ops[0]}, {ops[1]});")
+        elif s.name in ("signal_flag", "wait_flag"):
+            self.emit(f"ts_{s.name}({ops[0]}, {ops[1]});")
         elif s.name == "tma_load_im2col":
             rank = s.operands[1].type.rank
             coords, offsets = ops[3 : 3 + rank], ops[3 + rank :]

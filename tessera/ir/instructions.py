@@ -192,6 +192,13 @@ def _is_barrier(x: Expr) -> bool:
 _BARRIER = "mbarriers are uint64 elements of a shared tensor, e.g. bars = ts.shared_tensor(u64, [stages]); bars[s]"
 
 
+def _check_flag(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    flag = ops[0]
+    if not isinstance(flag, Address) or flag.scope != GLOBAL or flag.type.dtype not in (dtypes.uint32, dtypes.int32):
+        return "a flag is an element of a global uint32 or int32 tensor"
+    return None
+
+
 def _check_mbarrier(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     if not _is_barrier(ops[0]):
         return _BARRIER
@@ -354,6 +361,13 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "mbarrier.arrive (release at CTA scope) on the barrier at the same shared-memory offset in "
                         "block `rank` of the cluster (mapa): one arrival there; it orders the block's own use of "
                         "a buffer before a peer's TMA overwrites it, not writes the peer will read (cluster_sync)"),
+        InstructionSpec("signal_flag", ("addr", "int"), (), True, _check_flag,
+                        "st.release.gpu of `value` to a global flag: the writes of every thread that met this "
+                        "one at a barrier before it are visible to a thread of any block that waits for the "
+                        "value (wait_flag); one thread signals, after its group's barrier"),
+        InstructionSpec("wait_flag", ("addr", "int"), (), True, _check_flag,
+                        "spin on ld.acquire.gpu of a global flag until it holds `value` (another block's "
+                        "signal_flag); a barrier after it passes what the signal published to the group"),
         InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
                         "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
                         "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "

@@ -33,6 +33,7 @@ only X, and the dequantisation overlaps the tensor cores inside the consumers th
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import tessera as ts
@@ -46,6 +47,7 @@ from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
 from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads, x_tensor_map
 from tessera.transforms.plan_shared_memory import ALIGN as SHARED_ALIGN
 
+_log = logging.getLogger("tessera")
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
 CHUNK = 64  # tokens per epilogue pass through shared memory
@@ -67,6 +69,7 @@ class RegisterAConfig:
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
+    stream_k: bool = False  # the last, partial round's tiles shared out among all blocks by 256-k blocks
 
     def smem_bytes(self, bits: int = 8) -> int:
         """The kernel's shared tensors, each rounded up as tessera.transforms.plan_shared_memory places them."""
@@ -87,6 +90,8 @@ class RegisterAConfig:
             out.append(f"words must be 'global' or 'tma', got {self.words!r}")
         if self.epilogue not in ("stmatrix", "scalar"):
             out.append(f"epilogue must be 'stmatrix' or 'scalar', got {self.epilogue!r}")
+        if self.stream_k and self.cluster > 1:
+            out.append("stream_k shares tiles between single blocks, not clusters")
         if self.in_flight not in (1, 3):
             out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
         if self.smem_bytes(1) > 227 * 1024:
@@ -102,10 +107,26 @@ class RegisterAConfig:
         """Thread blocks to launch: persistent, one per SM, at most one per tile (whole clusters)."""
         return min(self.tiles(m, n), sms // self.cluster) * self.cluster
 
+    def whole_tiles(self, m: int, n: int, k: int, sms: int) -> int:
+        """Tiles the persistent schedule gives out whole (the kernel's `dp_tiles`): all of them,
+        or with stream_k the full rounds only, when a partial round is left and its 256-k blocks
+        give every block at least one (the rest are shared out by 256-k blocks: the H200 took as
+        long for 1456 tiles as for 1584, 12 rounds of 132 blocks, bench/results/...-waves.md)."""
+        tiles, blocks = self.tiles(m, n), self.grid(m, n, sms)
+        whole = tiles // blocks * blocks
+        if not self.stream_k or whole in (0, tiles) or (tiles - whole) * -(-k // 256) < blocks:
+            return tiles
+        return whole
+
+    def workspace(self, blocks: int) -> tuple[int, int]:
+        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: one
+        partial tile a block, one flag a consumer warp."""
+        return blocks * 8 * 32 * self.block_t // 2, blocks * 8
+
     def __str__(self) -> str:
         flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",
                  "_scalar" if self.epilogue == "scalar" else "", "_wt" if self.words == "tma" else "",
-                 f"_c{self.cluster}" if self.cluster > 1 else "")  # fmt: skip
+                 f"_c{self.cluster}" if self.cluster > 1 else "", "_sk" if self.stream_k else "")  # fmt: skip
         return f"rs_{self.block_t}x{ROWS}_s{self.stages}" + "".join(flags)
 
 
@@ -159,6 +180,18 @@ def release_stage(empty, stage, cluster):
 
 
 @ts.inline
+def work_item(i, block, blocks, n_whole, whole, first, end, k_units, t, u0, u1):
+    """The block's item i of the persistent schedule: 256-k blocks [u0, u1) of tile t.  Items
+    below n_whole are whole tiles (block, block + blocks, ...); the others cut the block's share
+    [first, end) of the stream-K units (k_units a tile, tiles from `whole` on) at tile ends."""
+    j = i - n_whole
+    start = ts.select(j == 0, first, (first // k_units + j) * k_units)
+    t = ts.select(j < 0, block + i * blocks, whole + start // k_units)  # noqa: F841
+    u0 = ts.select(j < 0, 0, start % k_units)  # noqa: F841
+    u1 = ts.select(j < 0, k_units, min(k_units, end - (start - start % k_units)))  # noqa: F841
+
+
+@ts.inline
 def load_words(Ws, wfull, wempty, tma_w, wslot, wphase, unit, ku, nbytes):
     """Producer: 256-k block `ku` of the tile's units from `unit` on into the word ring's next slot."""
     ts.mbarrier_wait(wempty[wslot], wphase ^ 1)
@@ -203,6 +236,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
     STMATRIX = config.epilogue == "stmatrix"
     WTMA = config.words == "tma"
+    SKC = config.stream_k
     UNITS = ROWS // 16
     W_SHAPE = [WORD_SLOTS, UNITS, BITS, 128] if WTMA else [1, 1, 1, 4]  # (a placeholder when unused)
     W_BYTES = UNITS * BITS * 512  # a 256-k block of the tile's words
@@ -221,7 +255,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
-             tma_a: TA, tma_w: TW, ctas: ts.int32):  # fmt: skip
+             tma_a: TA, tma_w: TW, ctas: ts.int32, whole: ts.int32, P: f32["PW"], F: u32["FW"]):  # fmt: skip
         ts.attrs.grid = ctas
         ts.attrs.block = 384
         ts.attrs.min_blocks = 1
@@ -252,6 +286,15 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         group_tiles = GROUP * tiles_n
         k_units = ts.ceil_div(K, 256)
         n_units = ts.ceil_div(N, 16)
+        # the schedule: whole tiles `cluster`, + clusters, ... below `whole`; then (stream_k) the
+        # block's share [first, end) of the other tiles' 256-k blocks (work_item)
+        n_whole = ts.ceil_div(whole - cluster, clusters)
+        sk_units = (per_z - whole) * k_units
+        first = cluster * sk_units // clusters
+        end = (cluster + 1) * sk_units // clusters
+        n_items = n_whole
+        if end > first:
+            n_items += (end - 1) // k_units - first // k_units + 1
         stage = 0
         phase = 0
         wslot = 0  # the word ring: the next block's slot and phase (producer: to fill; consumers: to read)
@@ -262,20 +305,33 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 m0 = 0
                 n0 = 0
                 next_n0 = 0
-                if WTMA:  # the first tile's first 256 k: the consumers' prologue reads it
-                    tile_origins(cluster, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
-                    n0 += rank * ROWS
-                    load_words(Ws, wfull, wempty, tma_w, wslot, wphase, n0 // 16, 0, W_BYTES)
-                for t in range(cluster, per_z, clusters):
+                t = 0
+                u0 = 0
+                u1 = 0
+                tn = 0
+                nu0 = 0
+                nu1 = 0
+                nm0 = 0
+                after_n0 = 0
+                if WTMA:  # the first item's first 256 k: the consumers' prologue reads it
+                    work_item(0, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                     tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
                     n0 += rank * ROWS
+                    load_words(Ws, wfull, wempty, tma_w, wslot, wphase, n0 // 16, u0, W_BYTES)
+                for i in range(n_items):
+                    work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
+                    tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
+                    # the next item's first 256 k (the last item's own: loaded, never used)
+                    work_item(min(i + 1, n_items - 1), cluster, clusters, n_whole, whole, first, end, k_units, tn, nu0, nu1)
+                    tile_origins(tn, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, nm0, next_n0, after_n0)
+                    n0 += rank * ROWS
                     next_n0 += rank * ROWS
-                    for kk in range(k_units * 4):
+                    for kk in range(u0 * 4, u1 * 4):
                         if WTMA and kk % 4 == 0:  # the consumers read the next 256 k's words during this one's
                             nku = kk // 4 + 1
                             nn0 = n0
-                            if nku == k_units:
-                                nku = 0
+                            if nku == u1:
+                                nku = nu0
                                 nn0 = next_n0
                             load_words(Ws, wfull, wempty, tma_w, wslot, wphase, nn0 // 16, nku, W_BYTES)
                         ts.mbarrier_wait(empty[stage], phase ^ 1)
@@ -305,25 +361,36 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            for t in range(cluster, per_z, clusters):
+            t = 0
+            u0 = 0
+            u1 = 0
+            tn = 0
+            nu0 = 0
+            nu1 = 0
+            nm0 = 0
+            after_n0 = 0
+            for i in range(n_items):
+                work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                 tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
+                work_item(min(i + 1, n_items - 1), cluster, clusters, n_whole, whole, first, end, k_units, tn, nu0, nu1)
+                tile_origins(tn, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, nm0, next_n0, after_n0)
                 n0 += rank * ROWS
                 next_n0 += rank * ROWS
-                if t == cluster:  # the block's first tile: nothing was prefetched
+                if i == 0:  # the block's first item: nothing was prefetched
                     if WTMA:
-                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
+                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, u0, k_units, n_units, lane, t4, g, G, NS,
                                   (), QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
                         read_words(wr, Ws, wfull, wempty, wslot, wphase, warp, lane, ALL_WORDS, True, True)
                     else:
-                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, 0, k_units, n_units, lane, t4, g, G, NS,
+                        load_unit(wr, sc, bz, Wq, S, Z, 0, n0 // 16 + warp, u0, k_units, n_units, lane, t4, g, G, NS,
                                   ALL_WORDS, QS, BITS, 0, QK, GS, HAS_BIAS)  # fmt: skip
                 for e in ts.unroll(BT // 2):
                     acc[e] = 0.0
-                for ku in range(k_units):
+                for ku in range(u0, u1):
                     nku = ku + 1
                     nn0 = n0
-                    if nku == k_units:
-                        nku = 0
+                    if nku == u1:
+                        nku = nu0
                         nn0 = next_n0
                     for b in BLOCKS:  # compile-time: steps 4b..4b + 3 of the unit
                         ts.mbarrier_wait(full[stage], phase)
@@ -346,14 +413,14 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                             ts.wgmma_fence()  # the fragment's registers were just written
                             ts.wgmma(acc[0], a[j % BUFFERS, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
-                            if b == 3 and j == 3 and ku == k_units - 1:  # the tile's last step: none left (see below)
+                            if b == 3 and j == 3 and ku == u1 - 1:  # the item's last step: none left (see below)
                                 ts.wgmma_wait(0, acc[0])
                             else:  # step j - FLIGHT is done: its buffer, the next step's, is free
                                 ts.wgmma_wait(FLIGHT)
                             if j == FLIGHT - 1 and tid % 128 == 0:  # ... and with it the stage before this one
                                 if b > 0:
                                     release_stage(empty, last, CL)
-                                elif ku > 0:
+                                elif ku > u0:  # (the item's first stage: the last one before it was released at its end)
                                     release_stage(empty, last, CL)
                         last = stage
                         stage += 1
@@ -366,33 +433,51 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
-                # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
-                # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
-                # layout, which stmatrix .trans writes as Cs's [tokens, rows]
-                for c0 in ts.unroll(BT // CHUNK):
-                    ts.syncwarp()  # the previous chunk's reads of Cs are done
-                    if STMATRIX:
-                        for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
-                            for q in ts.unroll(4):
-                                h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
-                                h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
-                            # lane 8q + r: row r (token) of matrix q
-                            ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
-                                        num=4, trans=True)  # fmt: skip
-                    else:
-                        for r in ts.unroll(CHUNK // 2):
-                            Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
-                    ts.syncwarp()
-                    for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
-                        gm = m0 + c0 * CHUNK + i // 2
-                        gn = n0 + 16 * warp + 8 * (i % 2)
-                        if gm < M:
-                            if N % 8 == 0 and gn + 8 <= N:
-                                ts.copy_vector(C[0, gm, gn], Cs[warp, i // 2, 8 * (i % 2)], 16)
-                            else:
-                                for e in ts.unroll(8):
-                                    if gn + e < N:
-                                        C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
+                if SKC:
+                    if u0 > 0:  # a share of a tile that begins after its k = 0: partial sums for the block that has that
+                        for e in ts.unroll(BT // 2):
+                            P[((cluster * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
+                        ts.syncwarp()  # (the warp's writes are ordered before lane 0's release)
+                        if lane == 0:
+                            ts.signal_flag(F[cluster * 8 + warp], 1)
+                    elif u1 < k_units:  # the tile's first share: the later ones are the following blocks' first
+                        owner = ((t - whole + 1) * k_units * clusters - 1) // sk_units  # the block with its last 256 k
+                        for j in range(cluster + 1, owner + 1):
+                            if lane == 0:
+                                ts.wait_flag(F[j * 8 + warp], 1)
+                            ts.syncwarp()
+                            for e in ts.unroll(BT // 2):
+                                acc[e] += P[((j * 8 + warp) * (BT // 2) + e) * 32 + lane]
+                            if lane == 0:  # consumed: at rest for the next launch
+                                ts.signal_flag(F[j * 8 + warp], 0)
+                if u0 == 0:  # the tile's whole sum is here
+                    # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
+                    # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
+                    # layout, which stmatrix .trans writes as Cs's [tokens, rows]
+                    for c0 in ts.unroll(BT // CHUNK):
+                        ts.syncwarp()  # the previous chunk's reads of Cs are done
+                        if STMATRIX:
+                            for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
+                                for q in ts.unroll(4):
+                                    h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
+                                    h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+                                # lane 8q + r: row r (token) of matrix q
+                                ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
+                                            num=4, trans=True)  # fmt: skip
+                        else:
+                            for r in ts.unroll(CHUNK // 2):
+                                Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
+                        ts.syncwarp()
+                        for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
+                            gm = m0 + c0 * CHUNK + i // 2
+                            gn = n0 + 16 * warp + 8 * (i % 2)
+                            if gm < M:
+                                if N % 8 == 0 and gn + 8 <= N:
+                                    ts.copy_vector(C[0, gm, gn], Cs[warp, i // 2, 8 * (i % 2)], 16)
+                                else:
+                                    for e in ts.unroll(8):
+                                        if gn + e < N:
+                                            C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
         if CL > 1:  # no block leaves while another may still write its stages or arrive on its barriers
             ts.cluster_sync()
 
@@ -412,8 +497,45 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     tma_a = x_tensor_map(x, out, config.block_t // config.cluster, "low-bit register-A GEMM")
     tma_w = word_map(words, k, wtype.nbits)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
-    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w,
-           config.grid(m, n, multiprocessor_count()))  # fmt: skip
+    sms = multiprocessor_count()
+    grid, whole = config.grid(m, n, sms), config.whole_tiles(m, n, k, sms)
+    partials, flags = stream_k_workspace(x, config, grid) if whole < config.tiles(m, n) else (None, None)
+    if partials is None:
+        whole = config.tiles(m, n)
+        partials, flags = _placeholders(x.device)
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, grid, whole, partials, flags)
+
+
+# stream_k's partial sums and flags, per device and stream (two grids sharing flags at once would
+# mix their partial sums); the flags are zero at rest: each launch leaves them as it found them.
+_WORKSPACES: dict = {}
+
+
+def stream_k_workspace(x, config: RegisterAConfig, blocks: int):
+    """(partials float32, flags uint32) for a stream_k launch of `blocks` on x's device and the
+    current stream, or (None, None) while that stream captures a CUDA graph and has none yet
+    (zeroing new flags is not a captured operation's to do): the launch then gives out whole
+    tiles only, the same result a little slower (logged)."""
+    import torch
+
+    stream = torch.cuda.current_stream(x.device)
+    key = (x.device.index, stream.cuda_stream)
+    floats, words = config.workspace(blocks)
+    have = _WORKSPACES.get(key)
+    if have is None or have[0].numel() < floats or have[1].numel() < words:
+        if stream.is_capturing() if hasattr(stream, "is_capturing") else torch.cuda.is_current_stream_capturing():
+            _log.info("register-A GEMM: no stream-K workspace for a stream that captures a CUDA graph; whole tiles only")
+            return None, None
+        have = _WORKSPACES[key] = (torch.empty(floats, dtype=torch.float32, device=x.device),
+                                   torch.zeros(words, dtype=torch.int32, device=x.device).view(torch.uint32))  # fmt: skip
+    return have
+
+
+def _placeholders(device):
+    """One-element tensors for the workspace arguments of a launch without stream-K."""
+    import torch
+
+    return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device).view(torch.uint32)
 
 
 def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:

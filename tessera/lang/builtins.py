@@ -84,6 +84,9 @@ cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
 tma_load_multicast = Builtin("tma_load_multicast", "instruction")
 mbarrier_arrive_cluster = Builtin("mbarrier_arrive_cluster", "instruction")
+# Flags in global memory between blocks of one grid (release / acquire at GPU scope).
+signal_flag = Builtin("signal_flag", "instruction")
+wait_flag = Builtin("wait_flag", "instruction")
 # Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
 dequant = Builtin("dequant", "instruction")
 

@@ -85,6 +85,10 @@ def _mbarrier_arrive_cluster(bar: Any, rank: Any) -> tuple[tuple, dict]:
     return (bar, rank), {}
 
 
+def _flag(flag: Any, value: Any) -> tuple[tuple, dict]:
+    return (flag, value), {}
+
+
 def _load_cluster(dst: Any, src: Any, rank: Any, bytes: int = 16) -> tuple[tuple, dict]:
     return (dst, src, rank), {"bytes": bytes}
 
@@ -127,7 +131,8 @@ SIGNATURES = {
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "tma_load_im2col": _tma_load,
-    "tma_load_multicast": _tma_load_multicast, "mbarrier_arrive_cluster": _mbarrier_arrive_cluster, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
+    "tma_load_multicast": _tma_load_multicast, "mbarrier_arrive_cluster": _mbarrier_arrive_cluster,
+    "signal_flag": _flag, "wait_flag": _flag, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
     "dequant": _dequant, "named_barrier_sync": _named_barrier, "named_barrier_arrive": _named_barrier,
 }  # fmt: skip
