@@ -192,6 +192,15 @@ def work_item(i, block, blocks, n_whole, whole, first, end, k_units, t, u0, u1):
 
 
 @ts.inline
+def tile_sum(s, acc, e, P, first, end, warp, lane, per_warp):
+    """s = accumulator e plus the partial sums of stream-K shares first..end - 1 (a warp's 32
+    lanes' per_warp registers a share, register-major, as the shares wrote them)."""
+    s = acc[e]
+    for j in range(first, end):
+        s += P[((j * 8 + warp) * per_warp + e) * 32 + lane]
+
+
+@ts.inline
 def load_words(Ws, wfull, wempty, tma_w, wslot, wphase, unit, ku, nbytes):
     """Producer: 256-k block `ku` of the tile's units from `unit` on into the word ring's next slot."""
     ts.mbarrier_wait(wempty[wslot], wphase ^ 1)
@@ -369,6 +378,8 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             nu1 = 0
             nm0 = 0
             after_n0 = 0
+            s = 0.0  # stream_k: an accumulator with the partial sums of the tile's later shares
+            sums_end = 0
             for i in range(n_items):
                 work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                 tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
@@ -431,6 +442,9 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # wait here instead, after the loop, ptxas (CUDA 13.0) hoisted the epilogue's reads of
                 # the accumulators above it, and on the H200 those configs lost part of the last step
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
+                if SKC:  # (none pending: the last step's wait(0) ran.  Without this one ptxas put its own wait
+                    # in the flag spin's divergent path below and serialised every wgmma, C7518: 1.07-1.2x slower)
+                    ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
                 if SKC:
@@ -440,16 +454,16 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         ts.syncwarp()  # (the warp's writes are ordered before lane 0's release)
                         if lane == 0:
                             ts.signal_flag(F[cluster * 8 + warp], 1)
-                    elif u1 < k_units:  # the tile's first share: the later ones are the following blocks' first
-                        owner = ((t - whole + 1) * k_units * clusters - 1) // sk_units  # the block with its last 256 k
-                        for j in range(cluster + 1, owner + 1):
-                            if lane == 0:
-                                ts.wait_flag(F[j * 8 + warp], 1)
-                            ts.syncwarp()
-                            for e in ts.unroll(BT // 2):
-                                acc[e] += P[((j * 8 + warp) * (BT // 2) + e) * 32 + lane]
-                            if lane == 0:  # consumed: at rest for the next launch
-                                ts.signal_flag(F[j * 8 + warp], 0)
+                    # the tile's first share: the later ones are the first of the blocks up to the one with
+                    # its last 256 k, added as the epilogue reads the accumulators (never written here: an
+                    # accumulator defined in a branch serialised every wgmma, ptxas C7518)
+                    sums_end = cluster + 1
+                    if u0 == 0 and u1 < k_units:
+                        sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
+                    for j in range(cluster + 1, sums_end):
+                        if lane == 0:
+                            ts.wait_flag(F[j * 8 + warp], 1)
+                    ts.syncwarp()
                 if u0 == 0:  # the tile's whole sum is here
                     # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
                     # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
@@ -459,14 +473,24 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         if STMATRIX:
                             for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
                                 for q in ts.unroll(4):
-                                    h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
-                                    h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+                                    if SKC:
+                                        for v in ts.unroll(2):
+                                            tile_sum(s, acc, c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + v, P,
+                                                     cluster + 1, sums_end, warp, lane, BT // 2)  # fmt: skip
+                                            h[q, v] = s
+                                    else:
+                                        h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
+                                        h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
                                 # lane 8q + r: row r (token) of matrix q
                                 ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
                                             num=4, trans=True)  # fmt: skip
                         else:
                             for r in ts.unroll(CHUNK // 2):
-                                Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
+                                if SKC:
+                                    tile_sum(s, acc, c0 * (CHUNK // 2) + r, P, cluster + 1, sums_end, warp, lane, BT // 2)
+                                    Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = s
+                                else:
+                                    Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
                         ts.syncwarp()
                         for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
                             gm = m0 + c0 * CHUNK + i // 2
@@ -478,6 +502,10 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                     for e in ts.unroll(8):
                                         if gn + e < N:
                                             C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
+                    if SKC:
+                        for j in range(cluster + 1, sums_end):
+                            if lane == 0:  # consumed: at rest for the next launch
+                                ts.signal_flag(F[j * 8 + warp], 0)
         if CL > 1:  # no block leaves while another may still write its stages or arrive on its barriers
             ts.cluster_sync()
 
