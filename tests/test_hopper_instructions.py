@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import f16, f32, u64
+from tessera import f16, f32, u32, u64
 from tessera.errors import ArgumentError, KernelSyntaxError
 from tessera.ir.types import TensorMapType, tensor_map
 from tessera.runtime.tensor_map import MAP_BYTES, TensorMap, TensorMapSlot, check_tensor_map
@@ -425,6 +425,81 @@ def test_multicast_and_remote_arrive_are_checked_and_lowered():
             ts.attrs.cluster = (2, 1, 1)
             tile = ts.shared_tensor(f16, [8, 64])
             ts.mbarrier_arrive_cluster(tile[0, 0], 1)
+
+
+def make_suffix_sums():
+    """Block b waits for block b + 1's flag, adds its X to the sum that block published, publishes
+    its own and puts b + 1's flag back to rest: V = suffix sums of X, through flags only."""
+
+    @ts.kernel(target="cuda")
+    def suffix_sums(X: f32["B"], V: f32["B"], F: u32["B"]):
+        ts.attrs.grid = B
+        ts.attrs.block = 32
+        b = ts.block_idx.x
+        lane = ts.thread_idx.x
+        if b + 1 < B:
+            if lane == 0:
+                ts.wait_flag(F[b + 1], 1)
+            ts.syncwarp()
+        if lane == 0:
+            total = X[b]
+            if b + 1 < B:
+                total += V[b + 1]
+                ts.signal_flag(F[b + 1], 0)
+            V[b] = total
+        ts.syncwarp()
+        if lane == 0 and b > 0:
+            ts.signal_flag(F[b], 1)
+
+    return suffix_sums
+
+
+@needs_nvcc
+def test_flags_pass_sums_between_blocks_on_the_host(rng, tmp_path):
+    from cuda_on_host import run_on_host
+
+    x = rng.standard_normal(7).astype(np.float32)
+    cases = [(make_suffix_sums(), {"X": x, "V": np.full(7, np.nan, np.float32), "F": np.zeros(7, np.uint32), "B": 7}, out, 7, 32)
+             for out in ("V", "F")]  # fmt: skip
+    got, flags = run_on_host(tmp_path, cases)
+    np.testing.assert_allclose(got, np.cumsum(x[::-1])[::-1], rtol=1e-6)
+    assert not flags.any()  # every flag consumed
+
+
+def test_flags_are_checked_and_lowered():
+    src = make_suffix_sums().source
+    assert "st.release.gpu.global.u32" in src and "ld.acquire.gpu.global.u32" in src
+    with pytest.raises(KernelSyntaxError, match="global uint32 or int32"):
+
+        @ts.kernel(target="cuda")
+        def k0(X: f32["B"]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            flags = ts.shared_tensor(u32, [4])
+            ts.signal_flag(flags[0], 1)
+
+    with pytest.raises(KernelSyntaxError, match="global uint32 or int32"):
+
+        @ts.kernel(target="cuda")
+        def k1(X: f32["B"]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            ts.wait_flag(X[0], 1)
+
+
+@pytest.mark.cuda
+def test_flags_pass_sums_between_blocks_on_the_gpu():
+    torch = pytest.importorskip("torch")
+
+    for blocks in (1, 5, 64):  # (all resident at once: a block waits on the next)
+        x = torch.randn(blocks, device="cuda")
+        v = torch.full((blocks,), float("nan"), device="cuda")
+        f = torch.zeros(blocks, dtype=torch.int32, device="cuda").view(torch.uint32)
+        make_suffix_sums()(x, v, f)
+        torch.cuda.synchronize()
+        ref = torch.flip(torch.cumsum(torch.flip(x.double(), [0]), 0), [0])
+        torch.testing.assert_close(v.double(), ref, rtol=1e-5, atol=1e-5)
+        assert int(f.view(torch.int32).abs().sum()) == 0
 
 
 @pytest.mark.cuda

@@ -69,7 +69,10 @@ class RegisterAConfig:
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
-    stream_k: bool = False  # the last, partial round's tiles shared out among all blocks by 256-k blocks
+    # the last, partial round's tiles shared out among all blocks by 256-k blocks.  Correct on the
+    # H200, not a tuning candidate: 1.7x slower (the epilogue adding the partial sums per register
+    # compiles to ~19k instructions, fetched cold for every tile; see bench/results/...-streamk.md)
+    stream_k: bool = False
 
     def smem_bytes(self, bits: int = 8) -> int:
         """The kernel's shared tensors, each rounded up as tessera.transforms.plan_shared_memory places them."""
