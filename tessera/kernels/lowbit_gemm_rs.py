@@ -122,9 +122,9 @@ class RegisterAConfig:
         return whole
 
     def workspace(self, blocks: int) -> tuple[int, int]:
-        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: one
-        partial tile a block, one flag a consumer warp."""
-        return blocks * 8 * 32 * self.block_t // 2, blocks * 8
+        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: two
+        partial tiles a block (its first share and its last), one flag a consumer warp."""
+        return 2 * blocks * 8 * 32 * self.block_t // 2, blocks * 8
 
     def __str__(self) -> str:
         flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",
@@ -192,15 +192,6 @@ def work_item(i, block, blocks, n_whole, whole, first, end, k_units, t, u0, u1):
     t = ts.select(j < 0, block + i * blocks, whole + start // k_units)  # noqa: F841
     u0 = ts.select(j < 0, 0, start % k_units)  # noqa: F841
     u1 = ts.select(j < 0, k_units, min(k_units, end - (start - start % k_units)))  # noqa: F841
-
-
-@ts.inline
-def tile_sum(s, acc, e, P, first, end, warp, lane, per_warp):
-    """s = accumulator e plus the partial sums of stream-K shares first..end - 1 (a warp's 32
-    lanes' per_warp registers a share, register-major, as the shares wrote them)."""
-    s = acc[e]
-    for j in range(first, end):
-        s += P[((j * 8 + warp) * per_warp + e) * 32 + lane]
 
 
 @ts.inline
@@ -381,8 +372,9 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             nu1 = 0
             nm0 = 0
             after_n0 = 0
-            s = 0.0  # stream_k: an accumulator with the partial sums of the tile's later shares
+            s = 0.0  # stream_k: an output, its shares' partial sums added
             sums_end = 0
+            own = 0
             for i in range(n_items):
                 work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                 tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
@@ -450,24 +442,36 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                     ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
-                if SKC:
-                    if u0 > 0:  # a share of a tile that begins after its k = 0: partial sums for the block that has that
+                if SKC:  # a share of a tile: its partial sums into the workspace
+                    if u1 - u0 < k_units:
+                        own = 2 * cluster + ts.select(u0 == 0, 1, 0)  # (a block's first share, and its last)
                         for e in ts.unroll(BT // 2):
-                            P[((cluster * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
+                            P[((own * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
                         ts.syncwarp()  # (the warp's writes are ordered before lane 0's release)
-                        if lane == 0:
-                            ts.signal_flag(F[cluster * 8 + warp], 1)
-                    # the tile's first share: the later ones are the first of the blocks up to the one with
-                    # its last 256 k, added as the epilogue reads the accumulators (never written here: an
-                    # accumulator defined in a branch serialised every wgmma, ptxas C7518)
-                    sums_end = cluster + 1
-                    if u0 == 0 and u1 < k_units:
-                        sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
-                    for j in range(cluster + 1, sums_end):
-                        if lane == 0:
-                            ts.wait_flag(F[j * 8 + warp], 1)
-                    ts.syncwarp()
-                if u0 == 0:  # the tile's whole sum is here
+                        if u0 > 0:  # a later share: for the block with the tile's first
+                            if lane == 0:
+                                ts.signal_flag(F[cluster * 8 + warp], 1)
+                        else:  # the first: the later ones are the first shares of the next blocks, up to the one with
+                            # its last 256 k.  Summed from the workspace, not into the accumulators: an accumulator
+                            # used after the flag spin serialised every wgmma (ptxas C7518), and an unrolled sum
+                            # per register made ~19k instructions fetched cold for every tile (1.7x slower)
+                            sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
+                            for j in range(cluster + 1, sums_end):
+                                if lane == 0:
+                                    ts.wait_flag(F[j * 8 + warp], 1)
+                            ts.syncwarp()
+                            for e in range(BT // 2):  # register e: token 8 (e // 4) + 2 t4 + e % 2, row g + 8 (e // 2 % 2)
+                                s = P[((own * 8 + warp) * (BT // 2) + e) * 32 + lane]
+                                for j in range(cluster + 1, sums_end):
+                                    s += P[((2 * j * 8 + warp) * (BT // 2) + e) * 32 + lane]
+                                gm = m0 + 8 * (e // 4) + 2 * t4 + e % 2
+                                gn = n0 + 16 * warp + g + 8 * ((e // 2) % 2)
+                                if gm < M and gn < N:
+                                    C[0, gm, gn] = s
+                            for j in range(cluster + 1, sums_end):
+                                if lane == 0:  # consumed: at rest for the next launch
+                                    ts.signal_flag(F[j * 8 + warp], 0)
+                if u1 - u0 == k_units:  # a whole tile
                     # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
                     # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
                     # layout, which stmatrix .trans writes as Cs's [tokens, rows]
@@ -476,24 +480,14 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         if STMATRIX:
                             for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
                                 for q in ts.unroll(4):
-                                    if SKC:
-                                        for v in ts.unroll(2):
-                                            tile_sum(s, acc, c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + v, P,
-                                                     cluster + 1, sums_end, warp, lane, BT // 2)  # fmt: skip
-                                            h[q, v] = s
-                                    else:
-                                        h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
-                                        h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+                                    h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
+                                    h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
                                 # lane 8q + r: row r (token) of matrix q
                                 ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
                                             num=4, trans=True)  # fmt: skip
                         else:
                             for r in ts.unroll(CHUNK // 2):
-                                if SKC:
-                                    tile_sum(s, acc, c0 * (CHUNK // 2) + r, P, cluster + 1, sums_end, warp, lane, BT // 2)
-                                    Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = s
-                                else:
-                                    Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
+                                Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
                         ts.syncwarp()
                         for i in range(lane, 2 * CHUNK, 32):  # a token's 16 rows: two 16-byte segments
                             gm = m0 + c0 * CHUNK + i // 2
@@ -505,10 +499,6 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                     for e in ts.unroll(8):
                                         if gn + e < N:
                                             C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
-                    if SKC:
-                        for j in range(cluster + 1, sums_end):
-                            if lane == 0:  # consumed: at rest for the next launch
-                                ts.signal_flag(F[j * 8 + warp], 0)
         if CL > 1:  # no block leaves while another may still write its stages or arrive on its barriers
             ts.cluster_sync()
 
