@@ -52,6 +52,7 @@ SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
 CHUNK = 64  # tokens per epilogue pass through shared memory
 STAGING = (8, CHUNK, 24)  # the epilogue's shared tile: per consumer warp, a chunk's tokens x its 16 rows (+8)
+SUM_CHUNK = 32  # stream_k: partial sums added a chunk of registers at a time
 WORD_SLOTS = 2  # words="tma": 256-k blocks of a tile's weight words in shared memory (the next one and the one after)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
 
@@ -372,7 +373,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             nu1 = 0
             nm0 = 0
             after_n0 = 0
-            s = 0.0  # stream_k: an output, its shares' partial sums added
+            part = ts.register_tensor(f32, [SUM_CHUNK])  # stream_k: outputs, their shares' partial sums added
             sums_end = 0
             own = 0
             for i in range(n_items):
@@ -460,14 +461,19 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                 if lane == 0:
                                     ts.wait_flag(F[j * 8 + warp], 1)
                             ts.syncwarp()
-                            for e in range(BT // 2):  # register e: token 8 (e // 4) + 2 t4 + e % 2, row g + 8 (e // 2 % 2)
-                                s = P[((own * 8 + warp) * (BT // 2) + e) * 32 + lane]
+                            # SUM_CHUNK registers at a time, their loads in flight together (one at a time,
+                            # each an L2 round trip, they cost the H200 about two tiles' time)
+                            for e0 in range(0, BT // 2, SUM_CHUNK):
+                                for e in ts.unroll(SUM_CHUNK):
+                                    part[e] = P[((own * 8 + warp) * (BT // 2) + e0 + e) * 32 + lane]
                                 for j in range(cluster + 1, sums_end):
-                                    s += P[((2 * j * 8 + warp) * (BT // 2) + e) * 32 + lane]
-                                gm = m0 + 8 * (e // 4) + 2 * t4 + e % 2
-                                gn = n0 + 16 * warp + g + 8 * ((e // 2) % 2)
-                                if gm < M and gn < N:
-                                    C[0, gm, gn] = s
+                                    for e in ts.unroll(SUM_CHUNK):
+                                        part[e] += P[((2 * j * 8 + warp) * (BT // 2) + e0 + e) * 32 + lane]
+                                for e in ts.unroll(SUM_CHUNK):  # register r: token 8 (r // 4) + 2 t4 + r % 2, row g + 8 (r // 2 % 2)
+                                    gm = m0 + 8 * ((e0 + e) // 4) + 2 * t4 + e % 2
+                                    gn = n0 + 16 * warp + g + 8 * ((e // 2) % 2)
+                                    if gm < M and gn < N:
+                                        C[0, gm, gn] = part[e]
                             for j in range(cluster + 1, sums_end):
                                 if lane == 0:  # consumed: at rest for the next launch
                                     ts.signal_flag(F[j * 8 + warp], 0)
