@@ -70,9 +70,10 @@ class RegisterAConfig:
     epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
-    # the last, partial round's tiles shared out among all blocks by 256-k blocks.  Correct on the
-    # H200, not a tuning candidate: 1.7x slower (the epilogue adding the partial sums per register
-    # compiles to ~19k instructions, fetched cold for every tile; see bench/results/...-streamk.md)
+    # the last, partial round's tiles shared out among all blocks by 256-k blocks (the H200 takes
+    # as long for 1456 tiles as for 1584: 12 rounds of 132).  Correct on the H200, not a tuning
+    # candidate: the form measured there was 1.15x slower than without (its sums one load at a
+    # time); the present one, loads in flight together, is unmeasured (bench/results/...-streamk.md)
     stream_k: bool = False
 
     def smem_bytes(self, bits: int = 8) -> int:
@@ -142,9 +143,10 @@ class RegisterAConfig:
 # that their epilogues overlap the other's wgmmas (no change).
 CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3),
            RegisterAConfig(256, 4, words="tma"), RegisterAConfig(256, 5, in_flight=3, words="tma"))
-# Correct on the H200 but 1.7x slower at M=4096 (bench/results/...-lowbit-rs-74d247c.jsonl), so not
-# tuning candidates until that is understood; bench/lowbit_rs.py times them.  Suspected: fewer
-# clusters resident at once than the grid's (a second wave); cuOccupancyMaxActiveClusters would say.
+# Correct on the H200 and, since the remote arrivals release at CTA scope (at cluster scope they
+# compiled to MEMBAR.ALL.GPU, which waited for the consumers' prefetch loads: 1.7x slower), level
+# with the same configs without a cluster (2026-11-28, bench/results/...-lowbit-rs-streamk.md):
+# X's multicast saves nothing measurable, so they are not tuning candidates; bench/lowbit_rs.py times them.
 CLUSTER_CONFIGS = (RegisterAConfig(256, 4, words="tma", cluster=2), RegisterAConfig(256, 5, in_flight=3, cluster=2))
 
 
