@@ -32,7 +32,6 @@ from tessera.kernels import lowbit_gemm_rs as rs  # noqa: E402
 
 M0, K0, GROUP = 4096, 4096, 128
 TIMED = (rs.CONFIGS[3], rs.CONFIGS[4])  # the word-ring configs, the tuner's usual picks
-STREAM_K = tuple(dataclasses.replace(c, stream_k=True) for c in (*TIMED, rs.CONFIGS[1]))
 ODD = (("uint3", 1000, 5000, 1096), ("e4m3", 700, 12283, 4096), ("int7", 4096, 12288, 4096))
 
 
@@ -52,7 +51,7 @@ def check(rng: np.random.Generator, sms: int) -> list:
         p = weights(rng, name, n, k)
         t, bias = p.weight.dtype, p.weight.zeros is not None
         w = torch.from_numpy(p.weight.dequantize()).cuda().double()
-        for c in STREAM_K:
+        for c in rs.STREAM_K_CONFIGS:
             if rs.problems(t, p.kernel_group, bias, c):
                 continue
             assert c.whole_tiles(m, n, k, sms) < c.tiles(m, n), (name, m, n, k, str(c))

@@ -87,8 +87,8 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
         assert not np.isnan(got).any() and close(got[0], ref) < 2e-3, (name, group, bias, config)
 
 
-STREAM_K = (rs.RegisterAConfig(256, 4, words="tma", stream_k=True), rs.RegisterAConfig(256, 5, in_flight=3, stream_k=True),
-            rs.RegisterAConfig(128, 6, stream_k=True))  # fmt: skip
+# the host test's own second config (global words) beside the module's opt-in ones
+STREAM_K = (rs.STREAM_K_CONFIGS[0], rs.RegisterAConfig(256, 5, in_flight=3, stream_k=True), rs.STREAM_K_CONFIGS[2])
 
 
 def test_stream_k_schedule_gives_out_the_last_rounds_units():

@@ -41,7 +41,7 @@ def _kernels() -> list[tuple[str, object]]:
     out = []
     for name, group, bias in (("int4", 128, False), ("int8", 128, False), ("e4m3", 128, False), ("e2m1", 64, False),
                               ("uint4", 32, True), ("int2", 512, False), ("int3", 16, True)):  # fmt: skip
-        for config in lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS:
+        for config in lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS + lowbit_gemm_rs.STREAM_K_CONFIGS:
             if not lowbit_gemm_rs.problems(ts.dtype(name), group, bias, config):
                 out.append((f"rs {name} g{group}{' z' if bias else ''} {config}",
                             lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(name), group, bias, config)))  # fmt: skip
