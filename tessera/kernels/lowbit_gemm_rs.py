@@ -556,7 +556,7 @@ def stream_k_workspace(x, config: RegisterAConfig, blocks: int):
     floats, words = config.workspace(blocks)
     have = _WORKSPACES.get(key)
     if have is None or have[0].numel() < floats or have[1].numel() < words:
-        if stream.is_capturing() if hasattr(stream, "is_capturing") else torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing():
             _log.info("register-A GEMM: no stream-K workspace for a stream that captures a CUDA graph; whole tiles only")
             return None, None
         have = _WORKSPACES[key] = (torch.empty(floats, dtype=torch.float32, device=x.device),
