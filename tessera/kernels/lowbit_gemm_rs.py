@@ -113,10 +113,10 @@ class RegisterAConfig:
         return min(self.tiles(m, n), sms // self.cluster) * self.cluster
 
     def whole_tiles(self, m: int, n: int, k: int, sms: int) -> int:
-        """Tiles the persistent schedule gives out whole (the kernel's `dp_tiles`): all of them,
-        or with stream_k the full rounds only, when a partial round is left and its 256-k blocks
+        """Tiles the persistent schedule gives out whole (the kernel's `whole`): all of them, or
+        with stream_k the full rounds only, when a partial round is left and its 256-k blocks
         give every block at least one (the rest are shared out by 256-k blocks: the H200 took as
-        long for 1456 tiles as for 1584, 12 rounds of 132 blocks, bench/results/...-waves.md)."""
+        long for 1456 tiles as for 1584, 12 rounds of 132 blocks, bench/results/...-streamk.md)."""
         tiles, blocks = self.tiles(m, n), self.grid(m, n, sms)
         whole = tiles // blocks * blocks
         if not self.stream_k or whole in (0, tiles) or (tiles - whole) * -(-k // 256) < blocks:
@@ -535,7 +535,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     partials, flags = stream_k_workspace(x, config, grid) if whole < config.tiles(m, n) else (None, None)
     if partials is None:
         whole = config.tiles(m, n)
-        partials, flags = _placeholders(x.device)
+        partials, flags = _placeholders(x.device)  # (no shares: the kernel never reads them)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, grid, whole, partials, flags)
 
 
@@ -564,11 +564,19 @@ def stream_k_workspace(x, config: RegisterAConfig, blocks: int):
     return have
 
 
+_PLACEHOLDERS: dict = {}
+
+
 def _placeholders(device):
-    """One-element tensors for the workspace arguments of a launch without stream-K."""
+    """One-element tensors for the workspace arguments of a launch without stream-K (one pair a
+    device, made once: not an allocation and a fill kernel every call)."""
     import torch
 
-    return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device).view(torch.uint32)
+    have = _PLACEHOLDERS.get(device.index)
+    if have is None:
+        have = _PLACEHOLDERS[device.index] = (torch.empty(1, dtype=torch.float32, device=device),
+                                              torch.empty(1, dtype=torch.uint32, device=device))  # fmt: skip
+    return have
 
 
 def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:
