@@ -264,8 +264,8 @@ static inline char* ts_host_in_block(const void* p, uint32_t rank) {  // the sam
   return ts_cluster_smem[rank] + (static_cast<const char*>(p) - ts_block_smem);
 }
 static inline void ts_mbarrier_arrive_cluster(void* bar, uint32_t rank) { ts_mb_arrive(ts_host_in_block(bar, rank), 0); }
-// Flags between blocks: blocks run one after another, so a flag must have been set by a block
-// that ran before the waiter (a later block: see ts_launch), or the GPU could hang as well.
+// Flags between blocks: blocks run one after another here (the last first: see ts_launch), so a
+// flag must have been set by a block that ran before the waiter; a wait for any other fails.
 static inline void ts_signal_flag(void* flag, uint32_t value) {
   std::lock_guard<std::mutex> lock(ts_mb_lock);
   *static_cast<uint32_t*>(flag) = value;

@@ -367,7 +367,9 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "value (wait_flag); one thread signals, after its group's barrier"),
         InstructionSpec("wait_flag", ("addr", "int"), (), True, _check_flag,
                         "spin on ld.acquire.gpu of a global flag until it holds `value` (another block's "
-                        "signal_flag); a barrier after it passes what the signal published to the group"),
+                        "signal_flag); a barrier after it passes what the signal published to the group.  In a wgmma "
+                        "kernel, after a wgmma_wait(0) of the accumulators read later: a spin ptxas must put its "
+                        "own wait into serialises every wgmma (C7518)"),
         InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
                         "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
                         "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "
