@@ -305,6 +305,15 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         n_items = n_whole
         if end > first:
             n_items += (end - 1) // k_units - first // k_units + 1
+        # the current work item (tile t, 256-k blocks [u0, u1)) and the next one's (tile tn from nu0)
+        t = 0
+        u0 = 0
+        u1 = 0
+        tn = 0
+        nu0 = 0
+        nu1 = 0
+        nm0 = 0
+        after_n0 = 0
         stage = 0
         phase = 0
         wslot = 0  # the word ring: the next block's slot and phase (producer: to fill; consumers: to read)
@@ -315,14 +324,6 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 m0 = 0
                 n0 = 0
                 next_n0 = 0
-                t = 0
-                u0 = 0
-                u1 = 0
-                tn = 0
-                nu0 = 0
-                nu1 = 0
-                nm0 = 0
-                after_n0 = 0
                 if WTMA:  # the first item's first 256 k: the consumers' prologue reads it
                     work_item(0, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                     tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
@@ -371,14 +372,6 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            t = 0
-            u0 = 0
-            u1 = 0
-            tn = 0
-            nu0 = 0
-            nu1 = 0
-            nm0 = 0
-            after_n0 = 0
             part = ts.register_tensor(f32, [SUM_CHUNK])  # stream_k: outputs, their shares' partial sums added
             sums_end = 0
             own = 0
