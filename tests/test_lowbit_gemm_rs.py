@@ -98,7 +98,7 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
     assert sk.whole_tiles(4096, 12672, 4096, 132) == 1584  # whole rounds: nothing to share
     assert sk.whole_tiles(200, 1000, 4096, 132) == 8  # fewer tiles than blocks: one round
     assert sk.whole_tiles(300, 637, 256, 4) == 10  # 2 tiles left, 1 unit each: fewer units than blocks
-    assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (2 * 4 * 8 * 32 * 128, 32)
+    assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 8 * 32 * 128, 32)
     assert str(sk) == "rs_256x128_s4_wt_sk"
     assert rs.RegisterAConfig(256, 4, cluster=2, stream_k=True).problems() == ["stream_k shares tiles between single blocks, not clusters"]
 

@@ -52,7 +52,6 @@ SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
 ROWS = 128  # weight rows per tile: two consumer warpgroups of 64, a 16-row unit per warp
 CHUNK = 64  # tokens per epilogue pass through shared memory
 STAGING = (8, CHUNK, 24)  # the epilogue's shared tile: per consumer warp, a chunk's tokens x its 16 rows (+8)
-SUM_CHUNK = 32  # stream_k: partial sums added a chunk of registers at a time
 WORD_SLOTS = 2  # words="tma": 256-k blocks of a tile's weight words in shared memory (the next one and the one after)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
 
@@ -71,9 +70,9 @@ class RegisterAConfig:
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
     # the last, partial round's tiles shared out among all blocks by 256-k blocks (the H200 takes
-    # as long for 1456 tiles as for 1584: 12 rounds of 132).  Correct on the H200, not a tuning
-    # candidate: the form measured there was 1.15x slower than without (its sums one load at a
-    # time); the present one, loads in flight together, is unmeasured (bench/results/...-streamk.md)
+    # as long for 1456 tiles as for 1584: 12 rounds of 132).  Not a tuning candidate until
+    # measured: the forms timed on the H200 were correct but slower, each for a reason ptxas or
+    # the SASS showed; this one, without those, is not timed yet (bench/results/...-streamk.md)
     stream_k: bool = False
 
     def smem_bytes(self, bits: int = 8) -> int:
@@ -124,9 +123,10 @@ class RegisterAConfig:
         return whole
 
     def workspace(self, blocks: int) -> tuple[int, int]:
-        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: two
-        partial tiles a block (its first share and its last), one flag a consumer warp."""
-        return 2 * blocks * 8 * 32 * self.block_t // 2, blocks * 8
+        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: one
+        partial tile a block (its first share, when that is not a tile's first), one flag a
+        consumer warp."""
+        return blocks * 8 * 32 * self.block_t // 2, blocks * 8
 
     def __str__(self) -> str:
         flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",
@@ -372,9 +372,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            part = ts.register_tensor(f32, [SUM_CHUNK])  # stream_k: outputs, their shares' partial sums added
-            sums_end = 0
-            own = 0
+            sums_end = 0  # stream_k: the blocks whose shares' partial sums a tile's first share adds
             for i in range(n_items):
                 work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                 tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
@@ -438,45 +436,29 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # the accumulators above it, and on the H200 those configs lost part of the last step
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if SKC:  # (none pending: the last step's wait(0) ran.  Without this one ptxas put its own wait
-                    # in the flag spin's divergent path below and serialised every wgmma, C7518: 1.07-1.2x slower)
+                    # in the flag spin's divergent path below and serialised every wgmma, C7518: the H200 ran
+                    # 7% slower even with no shares to sum, bench/results/...-streamk.md)
                     ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
-                if SKC:  # a share of a tile: its partial sums into the workspace
-                    if u1 - u0 < k_units:
-                        own = 2 * cluster + ts.select(u0 == 0, 1, 0)  # (a block's first share, and its last)
+                if SKC:
+                    if u0 > 0:  # a later share of a tile: its partial sums for the block with the tile's first
                         for e in ts.unroll(BT // 2):
-                            P[((own * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
+                            P[((cluster * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
                         ts.syncwarp()  # (the warp's writes are ordered before lane 0's release)
-                        if u0 > 0:  # a later share: for the block with the tile's first
+                        if lane == 0:
+                            ts.signal_flag(F[cluster * 8 + warp], 1)
+                    elif u1 < k_units:  # the first: the later ones are the next blocks' first, up to the one with its last 256 k
+                        sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
+                        for j in range(cluster + 1, sums_end):
                             if lane == 0:
-                                ts.signal_flag(F[cluster * 8 + warp], 1)
-                        else:  # the first: the later ones are the first shares of the next blocks, up to the one with
-                            # its last 256 k.  Summed from the workspace, not into the accumulators: an accumulator
-                            # used after the flag spin serialised every wgmma (ptxas C7518), and an unrolled sum
-                            # per register made ~19k instructions fetched cold for every tile (1.7x slower)
-                            sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
-                            for j in range(cluster + 1, sums_end):
-                                if lane == 0:
-                                    ts.wait_flag(F[j * 8 + warp], 1)
+                                ts.wait_flag(F[j * 8 + warp], 1)
                             ts.syncwarp()
-                            # SUM_CHUNK registers at a time, their loads in flight together (one at a time,
-                            # each an L2 round trip, they cost the H200 about two tiles' time)
-                            for e0 in range(0, BT // 2, SUM_CHUNK):
-                                for e in ts.unroll(SUM_CHUNK):
-                                    part[e] = P[((own * 8 + warp) * (BT // 2) + e0 + e) * 32 + lane]
-                                for j in range(cluster + 1, sums_end):
-                                    for e in ts.unroll(SUM_CHUNK):
-                                        part[e] += P[((2 * j * 8 + warp) * (BT // 2) + e0 + e) * 32 + lane]
-                                for e in ts.unroll(SUM_CHUNK):  # register r: token 8 (r // 4) + 2 t4 + r % 2, row g + 8 (r // 2 % 2)
-                                    gm = m0 + 8 * ((e0 + e) // 4) + 2 * t4 + e % 2
-                                    gn = n0 + 16 * warp + g + 8 * ((e // 2) % 2)
-                                    if gm < M and gn < N:
-                                        C[0, gm, gn] = part[e]
-                            for j in range(cluster + 1, sums_end):
-                                if lane == 0:  # consumed: at rest for the next launch
-                                    ts.signal_flag(F[j * 8 + warp], 0)
-                if u1 - u0 == k_units:  # a whole tile
+                            for e in ts.unroll(BT // 2):
+                                acc[e] += P[((j * 8 + warp) * (BT // 2) + e) * 32 + lane]
+                            if lane == 0:  # consumed: at rest for the next launch
+                                ts.signal_flag(F[j * 8 + warp], 0)
+                if u0 == 0:  # the tile's whole sum is here
                     # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
                     # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
                     # layout, which stmatrix .trans writes as Cs's [tokens, rows]
