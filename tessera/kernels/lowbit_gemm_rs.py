@@ -437,7 +437,9 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if SKC:  # (none pending: the last step's wait(0) ran.  Without this one ptxas put its own wait
                     # in the flag spin's divergent path below and serialised every wgmma, C7518: the H200 ran
-                    # 7% slower even with no shares to sum, bench/results/...-streamk.md)
+                    # 7% slower even with no shares to sum, bench/results/...-streamk.md.  Without stream_k,
+                    # ptxas injects a wait(0) at the 256-k loop's back edge instead (C7517): a full drain of
+                    # the wgmmas every 16 steps, which this one removes too; not yet timed on its own)
                     ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
