@@ -1,7 +1,8 @@
 """Why the register-A kernel's 2-block cluster configs (tessera.kernels.lowbit_gemm_rs.CLUSTER_CONFIGS,
 X multicast across a pair of blocks) ran 1.7x slower than the same kernel without a cluster
-(bench/results/2026-11-28-h200-lowbit-rs-74d247c.jsonl).  First suspect: the persistent grid asks
-for more clusters than the GPU keeps resident at once, so some run in a second wave.
+(bench/results/2026-11-28-h200-lowbit-rs-74d247c.jsonl).  Not a second wave: all 66 clusters are
+resident; the remote arrivals' cluster-scope release was a MEMBAR.ALL.GPU, and with CTA scope the
+cluster configs run level with the plain ones (bench/results/2026-11-28-h200-lowbit-rs-streamk.md).
 
 For each cluster config this prints the driver's cuOccupancyMaxActiveClusters for the kernel as
 launched (384 threads, its shared memory), then times, in interleaved rounds after a 1 GB L2
@@ -81,7 +82,7 @@ def main() -> None:
             grid = config.grid(M0, N0, sms)
             # The first launch raises the kernel's dynamic shared memory limit; before it the
             # driver counts no cluster resident (it did, 2026-11-28).
-            whole, partials, flags = config.tiles(M0, N0), torch.zeros(1, device="cuda"), torch.zeros(1, dtype=torch.uint32, device="cuda")
+            whole, partials, flags = config.tiles(M0, N0), torch.empty(1, device="cuda"), torch.empty(1, dtype=torch.uint32, device="cuda")
             functools.partial(kernel, x.view(1, M0, K0), words, p.scales, p.biases, y.view(1, M0, N0),
                               tma_a, tma_w, grid, whole, partials, flags)()  # fmt: skip
             resident = max_active_clusters(kernel, config, t.nbits, grid)
