@@ -107,12 +107,14 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
 def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """The last round's tiles cut among the host's 4 "SMs": a tile in 4 shares (one 256-k block
     each, after a whole tile each), tiles in 2 and 3 shares with a block whose share holds a
-    whole tile between two cut ones; two calls with fresh activations; the flags at rest after."""
+    whole tile between two cut ones, and one token; two calls with fresh activations; the flags
+    at rest after."""
     from cuda_on_host import run_on_host
 
-    specs = [("int4", 128, False, 200, 633, 984), ("uint3", 32, True, 300, 637, 520), ("e4m3", 64, False, 70, 883, 500)]
+    specs = [("int4", 128, False, 200, 633, 984), ("uint3", 32, True, 300, 637, 520), ("e4m3", 64, False, 70, 883, 500),
+             ("int8", 128, False, 1, 633, 984)]  # (one token)
     cases, refs = [], []
-    for (name, group, bias, m, n, k), config in zip(specs, STREAM_K):
+    for (name, group, bias, m, n, k), config in zip(specs, (*STREAM_K, STREAM_K[0])):
         t = ts.dtype(name)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
         kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
