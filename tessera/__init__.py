@@ -92,6 +92,8 @@ from tessera.lang.builtins import (
     tma_load,
     tma_load_im2col,
     tma_load_multicast,
+    tma_store,
+    tma_store_wait,
     unroll,
     vadd,
     vbroadcast,
@@ -125,7 +127,7 @@ __all__ = [
     "wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async", "TensorMapType", "tensor_map",
     "tensor_map_im2col", "tma_load_im2col",
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-    "tma_load", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "tma_load_multicast", "mbarrier_arrive_cluster", "signal_flag", "wait_flag", "explain", "named_barrier_sync", "named_barrier_arrive",
+    "tma_load", "tma_store", "tma_store_wait", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "tma_load_multicast", "mbarrier_arrive_cluster", "signal_flag", "wait_flag", "explain", "named_barrier_sync", "named_barrier_arrive",
     "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",
     "vsum", "vreduce_max", "prefetch", "dequant",
 ]  # fmt: skip

@@ -126,7 +126,8 @@ static inline uintptr_t ts_host_swizzle(uintptr_t a, int swizzle) {  // 16-byte 
   int bits = swizzle == 128 ? 3 : swizzle == 64 ? 2 : swizzle == 32 ? 1 : 0;
   return a ^ (((a >> 7) & ((1u << bits) - 1)) << 4);
 }
-static inline int64_t ts_host_tma_copy(void* dst, const CUtensorMap* map, const int32_t* c) {  // the box's bytes
+// Element i of a box at coordinates c (innermost first): visit(i, byte offset in the tensor, inside it).
+template <class F> static inline int64_t ts_host_tma_box(const CUtensorMap* map, const int32_t* c, F visit) {
   int64_t total = 1;
   for (int d = 0; d < map->rank; ++d) total *= map->box[d];
   for (int64_t i = 0; i < total; ++i) {
@@ -135,11 +136,27 @@ static inline int64_t ts_host_tma_copy(void* dst, const CUtensorMap* map, const 
       int64_t x = c[d] + rest % map->box[d]; rest /= map->box[d];
       inside = inside && x >= 0 && x < map->dims[d]; offset += x * map->strides[d];
     }
-    char* to = reinterpret_cast<char*>(ts_host_swizzle(reinterpret_cast<uintptr_t>(dst) + i * map->elem, map->swizzle));
-    if (inside) std::memcpy(to, map->base + offset, map->elem); else std::memset(to, 0, map->elem);
+    visit(i, offset, inside);
   }
-  return total * map->elem;
+  return total;
 }
+static inline char* ts_host_box_element(const void* box, int64_t i, const CUtensorMap* map) {  // element i, swizzled
+  return reinterpret_cast<char*>(ts_host_swizzle(reinterpret_cast<uintptr_t>(box) + i * map->elem, map->swizzle));
+}
+static inline int64_t ts_host_tma_copy(void* dst, const CUtensorMap* map, const int32_t* c) {  // the box's bytes
+  return map->elem * ts_host_tma_box(map, c, [&](int64_t i, int64_t offset, bool inside) {
+    char* to = ts_host_box_element(dst, i, map);
+    if (inside) std::memcpy(to, map->base + offset, map->elem); else std::memset(to, 0, map->elem);
+  });
+}
+// A TMA store: the box written at once (its parts past the tensor's edges dropped); nothing is
+// left in flight, so the wait for its source to be read does nothing.
+static inline void ts_host_tma_store(const CUtensorMap* map, const void* src, const int32_t* c) {
+  ts_host_tma_box(map, c, [&](int64_t i, int64_t offset, bool inside) {
+    if (inside) std::memcpy(const_cast<char*>(map->base) + offset, ts_host_box_element(src, i, map), map->elem);
+  });
+}
+template <int N> static inline void ts_tma_store_wait() {}
 static inline void ts_host_tma(void* dst, const CUtensorMap* map, void* bar, const int32_t* c) {
   int64_t total = ts_host_tma_copy(dst, map, c) / map->elem;
   std::lock_guard<std::mutex> lock(ts_mb_lock);
@@ -365,7 +382,7 @@ def _block_shared(kernel: str) -> str:
 
 
 # where the kernel's own instruction helpers start (after the shared prelude)
-_OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_|ts_tma_load_multicast_))")
+_OWN_HELPER = re.compile(r"\n(?=__device__ __forceinline__ void (ts_dequant_|ts_wgmma_m64n|ts_tma_load_im2col_|ts_tma_load_multicast_|ts_tma_store_))")
 _WGMMA = re.compile(r"void (ts_wgmma_m64n(\d+)k16_(f16|bf16)(_rs)?)\(")
 _SETMAXNREG = re.compile(r'asm volatile\("setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32 (\d+);\\n"\);')
 
@@ -394,6 +411,12 @@ def _host_helper(chunk: str) -> str:
         coords = ", ".join(f"int32_t c{i}" for i in range(rank))
         return (f"static inline void {multicast.group(1)}(void* d, const CUtensorMap* m, void* b, uint32_t mask, {coords}) "
                 f"{{ int32_t c[] = {{{', '.join(f'c{i}' for i in range(rank))}}}; ts_host_tma_multicast(d, m, b, mask, c); }}")  # fmt: skip
+    store = re.match(r"__device__ __forceinline__ void (ts_tma_store_(\d)d)\(", chunk)
+    if store:
+        rank = int(store.group(2))
+        coords = ", ".join(f"int32_t c{i}" for i in range(rank))
+        return (f"static inline void {store.group(1)}(const CUtensorMap* m, const void* s, {coords}) "
+                f"{{ int32_t c[] = {{{', '.join(f'c{i}' for i in range(rank))}}}; ts_host_tma_store(m, s, c); }}")  # fmt: skip
     if not chunk.startswith("__device__ __forceinline__ void ts_dequant_"):
         raise NotImplementedError(f"the host model does not run {chunk.split('(', 1)[0].split()[-1]}")
     return chunk.replace("__device__ __forceinline__", "static inline")

@@ -49,6 +49,35 @@ def make_tma_copy():
     return tma_copy
 
 
+def make_tma_store_rows():
+    """Each block writes 2 X into its 64 x 64 box of Y in two 32-row halves, both through one
+    swizzled shared tile: the second half waits for the first store to have read it."""
+
+    @ts.kernel(target="cuda")
+    def tma_store_rows(X: f16["R", "C"], Y: f16["R", "C"], ty: ts.tensor_map(f16, (32, 64))):
+        ts.attrs.grid = (ts.ceil_div(C, 64), ts.ceil_div(R, 64))
+        ts.attrs.block = 128
+        tile = ts.shared_tensor(f16, [32, 64], swizzle=SW)
+        tid = ts.thread_idx.x
+        for half in range(2):
+            if tid == 0:
+                ts.tma_store_wait(0)  # the previous half's store has read the tile
+            ts.syncthreads()
+            for i in range(tid, 32 * 64, 128):
+                r = ts.block_idx.y * 64 + 32 * half + i // 64
+                c = ts.block_idx.x * 64 + i % 64
+                if r < R and c < C:
+                    tile[i // 64, i % 64] = X[r, c] * 2.0
+            ts.fence_proxy_async()
+            ts.syncthreads()
+            if tid == 0:
+                ts.tma_store(ty, tile[0, 0], ts.block_idx.y * 64 + 32 * half, ts.block_idx.x * 64)
+        if tid == 0:
+            ts.tma_store_wait(0)  # the shared tile outlives the store's read of it
+
+    return tma_store_rows
+
+
 def make_cluster_exchange():
     """Blocks of a 4-block cluster publish their index in shared memory; each reads its
     neighbour's through distributed shared memory."""
@@ -279,6 +308,7 @@ def test_tensor_map_arguments_are_checked():
 def test_hopper_kernels_build_with_nvcc():
     make_tma_copy().build()
     make_cluster_exchange().build()
+    make_tma_store_rows().build()  # ptxas takes the bulk store, its commit and its wait
 
 
 def make_stmatrix(num: int, trans: bool):
@@ -375,6 +405,78 @@ def test_tma_load_and_mbarrier_phases(r, c):
     # calls contiguous) for its 2-byte rows.
     with pytest.raises(ArgumentError, match="contiguous|multiple of 16 bytes"):
         TensorMap.tiled(x.t(), (64, 64))
+
+
+@needs_nvcc
+def test_tma_store_writes_the_box_inside_the_tensor_on_the_host(rng, tmp_path):
+    from cuda_on_host import HostTensorMap, run_on_host
+
+    x = rng.standard_normal((70, 136)).astype(np.float16)
+    values = {"X": x, "Y": np.full((70, 136), np.nan, np.float16), "ty": HostTensorMap("Y", (70, 136), (32, 64)),
+              "R": 70, "C": 136}  # fmt: skip
+    (got,) = run_on_host(tmp_path, [(make_tma_store_rows(), values, "Y", (3, 2, 1), 128)])
+    np.testing.assert_array_equal(got, x * np.float16(2))
+
+
+def test_tma_store_is_checked_and_lowered():
+    src = make_tma_store_rows().source
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in src and "cp.async.bulk.commit_group" in src
+    assert "cp.async.bulk.wait_group.read %0" in src and "ts_tma_store_wait<0>()" in src
+    with pytest.raises(KernelSyntaxError, match="tensor-map parameter"):
+
+        @ts.kernel(target="cuda")
+        def k0(X: f16["R", 64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            tile = ts.shared_tensor(f16, [8, 64])
+            ts.tma_store(X[0, 0], tile[0, 0], 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="reads shared memory"):
+
+        @ts.kernel(target="cuda")
+        def k1(X: f16["R", 64], tx: ts.tensor_map(f16, (8, 64))):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            ts.tma_store(tx, X[0, 0], 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="2 coordinates"):
+
+        @ts.kernel(target="cuda")
+        def k2(X: f16["R", 64], tx: ts.tensor_map(f16, (8, 64))):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            tile = ts.shared_tensor(f16, [8, 64])
+            ts.tma_store(tx, tile[0, 0], 0)
+
+    with pytest.raises(KernelSyntaxError, match="holds float32 but the tensor map describes float16"):
+
+        @ts.kernel(target="cuda")
+        def k3(X: f16["R", 64], tx: ts.tensor_map(f16, (8, 64))):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            tile = ts.shared_tensor(f32, [8, 64])
+            ts.tma_store(tx, tile[0, 0], 0, 0)
+
+    with pytest.raises(KernelSyntaxError, match="0..7"):
+
+        @ts.kernel(target="cuda")
+        def k4(X: f16["R", 64]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            ts.tma_store_wait(9)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("r,c", [(200, 136), (64, 64), (1, 520), (129, 8)])
+def test_tma_store_on_the_gpu(r, c):
+    """Boxes past both edges write only inside the tensor; two launches with fresh inputs."""
+    torch = pytest.importorskip("torch")
+    for _ in range(2):
+        x = torch.randn(r, c, dtype=torch.float16, device="cuda")
+        y = torch.full_like(x, float("nan"))
+        make_tma_store_rows()(x, y, TensorMap.tiled(y, (32, 64)))
+        torch.cuda.synchronize()
+        assert torch.equal(y, x * 2)
 
 
 @pytest.mark.cuda

@@ -56,6 +56,7 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
             "C": np.full((1, m, n), np.nan, np.float16), "tma_a": HostTensorMap("A", (1, m, k), (1, config.block_t // config.cluster, 64)),
             "tma_w": HostTensorMap("Wq", (shape := rs.word_shape(c["words"].size, k, c["key"][0].nbits)),
                                    (rs.ROWS // 16, 1, *shape[2:]), swizzle=0),
+            "tma_c": HostTensorMap("C", (1, m, n), (1, config.block_t, 16), swizzle=0),
             "ctas": config.grid(m, n, 4), "batch": 1, "M": m, "K": k, "W": c["words"].size, "NS": n,
             "G": c["scales"].shape[1], "NB": c["biases"].shape[0], "GB": c["biases"].shape[1], "zdim": 1, "N": n}  # fmt: skip
 
@@ -68,8 +69,8 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     second blocks take weight tiles inside N and wholly past it."""
     from cuda_on_host import run_on_host
 
-    specs = [("int4", 128, False, 130), ("uint3", 32, True, 77), ("e4m3", None, False, 5), ("int8", 16, False, 1),
-             ("e2m1", 64, False, 300), ("uint6", None, True, 64), ("int3", 32, False, 257)]  # fmt: skip
+    specs = [("int4", 128, False, 130), ("uint3", 32, True, 77), ("e4m3", None, False, 5), ("int3", 32, False, 257),
+             ("e2m1", 64, False, 300), ("uint6", None, True, 64), ("int8", 16, False, 1)]  # fmt: skip
     cases, refs = [], []
     for i, (name, group, bias, m) in enumerate(specs):
         t = ts.dtype(name)
@@ -99,7 +100,7 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
     assert sk.whole_tiles(200, 1000, 4096, 132) == 8  # fewer tiles than blocks: one round
     assert sk.whole_tiles(300, 637, 256, 4) == 10  # 2 tiles left, 1 unit each: fewer units than blocks
     assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 8 * 32 * 128, 32)
-    assert str(sk) == "rs_256x128_s4_wt_sk"
+    assert str(sk) == "rs_256x128_s4_et_sk"
     assert rs.RegisterAConfig(256, 4, cluster=2, stream_k=True).problems() == ["stream_k shares tiles between single blocks, not clusters"]
 
 
@@ -150,7 +151,12 @@ def test_bad_arguments_are_refused_with_the_reason():
     assert str(pair) == "rs_256x128_s4_c2"
     four_buffers = rs.RegisterAConfig(256, 5, in_flight=3)  # two more fragment buffers: spills from 2 bits
     assert rs.problems(ts.uint2, 16, True, four_buffers) and not rs.problems(ts.int1, 16, True, four_buffers)
-    assert str(four_buffers) == "rs_256x128_s5_f3" and str(rs.CONFIGS[0]) == "rs_256x128_s4"
+    assert str(four_buffers) == "rs_256x128_s5_f3" and str(rs.CONFIGS[0]) == "rs_256x128_s4_et"
+    # the TMA epilogue's 64 KiB slab: 3 stages beside the int6 word ring, not the int8 one; 4 with global words
+    ring = rs.RegisterAConfig(256, 3, words="tma", epilogue="tma")
+    assert not rs.problems(ts.int6, 128, False, ring) and "227 KiB" in rs.problems(ts.int8, 128, False, ring)[0]
+    assert "227 KiB" in rs.problems(ts.int1, 128, False, rs.RegisterAConfig(256, 5, epilogue="tma"))[0]
+    assert rs.RegisterAConfig(256, 4, epilogue="dma").problems() == ["epilogue must be 'stmatrix', 'scalar' or 'tma', got 'dma'"]
     assert rs.scale_runs(128) == (8, 2) and rs.scale_runs(16) == (1, 16) and rs.scale_runs(4096) == (16, 1)
 
 
@@ -188,3 +194,48 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
             if not err < 2e-3:
                 bad.append((t.name, p.weight.group_size, bias, str(config), m, err))
     assert not bad, bad
+
+
+@pytest.mark.cuda
+def test_cuda_register_a_kernel_persistent_tiles_and_tma_epilogue(rng):
+    """More tiles than SMs, so that blocks take several (each TMA epilogue waits for its warp's
+    slab to be read before writing the next tile's), M past a tile edge, N a multiple of 8
+    past a tile edge (the TMA epilogue) and odd (its logged fallback to the stmatrix
+    epilogue), every config and the stream-K ones (the last round shared), three calls each
+    with fresh activations."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.linear import prepare
+    from tessera.quant.quantize import quantize_weight
+
+    bad = []
+    for name, m, n, k in (("int4", 4100, 4104, 1000), ("int7", 2049, 9000, 776), ("e4m3", 4100, 4101, 520), ("uint3", 300, 40, 4096)):
+        t = ts.dtype(name)
+        p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, 128))
+        bias = p.weight.zeros is not None
+        w = torch.from_numpy(p.weight.dequantize()).cuda().double()
+        for config in rs.CONFIGS + rs.STREAM_K_CONFIGS:
+            if rs.problems(t, p.kernel_group, bias, config):
+                continue
+            for _ in range(3):
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+                rs.lowbit_gemm_rs(x, p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, config)
+                ref = x.double() @ w.T
+                err = float((y.double() - ref).norm() / ref.norm())
+                if not err < 2e-3:
+                    bad.append((name, m, n, k, str(config), err))
+    assert not bad, bad
+
+
+@pytest.mark.cuda
+def test_cuda_tma_epilogue_falls_back_where_tma_cannot_write(caplog):
+    """N % 8 != 0 (rows not 16-byte aligned): the launch logs and runs the stmatrix epilogue."""
+    torch = pytest.importorskip("torch")
+    out = torch.empty(3, 20, dtype=torch.float16, device="cuda")
+    assert rs.output_map(out, 256) is None and rs.output_map(torch.empty(3, 24, dtype=torch.float16, device="cuda"), 256)
+    x = torch.randn(3, 256, dtype=torch.float16, device="cuda")
+    words = torch.zeros(2 * 4 * 128, dtype=torch.int32, device="cuda").view(torch.uint32)  # 2 units of 16 rows x 256 k
+    scales = torch.ones(20, 2, dtype=torch.float16, device="cuda")
+    with caplog.at_level("INFO", logger=rs._log.name):
+        rs.lowbit_gemm_rs(x, words, scales, scales, out, ts.int4, 128, False, rs.CONFIGS[0])
+    assert "stmatrix epilogue instead" in caplog.text and not out.isnan().any()

@@ -139,6 +139,7 @@ __device__ __forceinline__ uint64_t ts_wgmma_desc(const void* p) {
 }
 __device__ __forceinline__ void ts_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void ts_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ts_tma_store_wait() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory"); }
 template <int N> __device__ __forceinline__ void ts_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 // A register fence: the compiler must assume the asm changed r, so no read of r moves above it.
 __device__ __forceinline__ void ts_fence_register(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
@@ -244,6 +245,18 @@ def tma_multicast_helper(rank: int) -> str:
             f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes'
             f'.multicast::cluster [%0], [%1, {{{regs}}}], [%2], %3;\\n"\n'
             f'               :: "r"(ts_smem(dst)), "l"(map), "r"(ts_smem(bar)), "h"((unsigned short)mask), {ins} : "memory");\n}}\n')  # fmt: skip
+
+
+def tma_store_helper(rank: int) -> str:
+    """ts_tma_store_{rank}d(map, src, c0..): one box from shared memory to the map's tensor
+    (coordinates innermost first), committed as a bulk group of its own."""
+    coords = ", ".join(f"int32_t c{i}" for i in range(rank))
+    regs = ", ".join(f"%{2 + i}" for i in range(rank))
+    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    return (f"__device__ __forceinline__ void ts_tma_store_{rank}d(const CUtensorMap* map, const void* src, {coords}) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{regs}}}], [%1];\\n"\n'
+            f'               "cp.async.bulk.commit_group;\\n"\n'
+            f'               :: "l"(map), "r"(ts_smem(src)), {ins} : "memory");\n}}\n')  # fmt: skip
 
 
 def tma_im2col_helper(rank: int) -> str:
@@ -396,6 +409,12 @@ class CudaCodegen(CLikeCodegen):
             self.helpers.add(tma_multicast_helper(rank))
             coords = ", ".join(reversed(ops[4:]))
             self.emit(f"ts_tma_load_multicast_{rank}d({ops[0]}, &{ops[1]}, {ops[2]}, {ops[3]}, {coords});")
+        elif s.name == "tma_store":
+            rank = len(ops) - 2
+            self.helpers.add(tma_store_helper(rank))
+            self.emit(f"ts_tma_store_{rank}d(&{ops[0]}, {ops[1]}, {', '.join(reversed(ops[2:]))});")
+        elif s.name == "tma_store_wait":
+            self.emit(f"ts_tma_store_wait<{a['pending']}>();")
         elif s.name == "mbarrier_arrive_cluster":
             self.emit(f"ts_mbarrier_arrive_cluster({ops[0]}, {ops[1]});")
         elif s.name in ("signal_flag", "wait_flag"):

@@ -231,6 +231,24 @@ def _check_tma_load(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_tma_store(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    tmap, src, *coords = ops
+    if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType)) or tmap.type.im2col_rank:
+        return "tma_store's first operand must be a tiled tensor-map parameter (ts.tensor_map(dtype, box))"
+    t: TensorMapType = tmap.type
+    if src.scope != SHARED:
+        return f"tma_store reads shared memory, got a {src.scope} source"
+    if src.type.dtype != t.dtype:
+        return f"tma_store's source holds {src.type.dtype} but the tensor map describes {t.dtype}"
+    if len(coords) != t.rank:
+        return f"tma_store through a rank-{t.rank} tensor map takes {t.rank} coordinates (outermost first), got {len(coords)}"
+    return None
+
+
+def _check_tma_store_wait(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    return _pending_problem("tma_store_wait", attrs["pending"])
+
+
 def _check_tma_load_multicast(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     dst, tmap, bar, _mask, *coords = ops
     if not (isinstance(tmap, Var) and isinstance(tmap.type, TensorMapType)) or tmap.type.im2col_rank:
@@ -352,6 +370,15 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
         InstructionSpec("tma_load", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load,
                         "cp.async.bulk.tensor (TMA) global->shared of one box at the given coordinates (outermost "
                         "first, zero-filled past the edges), completing `box_bytes` on the mbarrier"),
+        InstructionSpec("tma_store", ("tmap", "addr", "int*"), (), True, _check_tma_store,
+                        "cp.async.bulk.tensor (TMA) shared->global of one box at the given coordinates (outermost "
+                        "first; the parts past the tensor's edges are not written), a bulk group of its own; "
+                        "the thread issues it after fence_proxy_async and a barrier over the box's writers.  "
+                        "The global tensor is written behind the kernel's back: the launcher passes its map"),
+        InstructionSpec("tma_store_wait", (), ("pending",), True, _check_tma_store_wait,
+                        "cp.async.bulk.wait_group.read: wait until at most `pending` of this thread's tma_store "
+                        "groups may still read their shared source (which may then be overwritten; a block "
+                        "waits for 0 before it exits, its shared memory being its stores' source)"),
         InstructionSpec("tma_load_multicast", ("addr", "tmap", "addr", "int", "int*"), (), True,
                         _check_tma_load_multicast,
                         "cp.async.bulk.tensor .multicast::cluster: one box (as tma_load) written at the same "

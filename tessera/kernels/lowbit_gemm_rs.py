@@ -32,6 +32,7 @@ only X, and the dequantisation overlaps the tensor cores inside the consumers th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -66,7 +67,11 @@ class RegisterAConfig:
     stages: int = 4
     group_m: int = GROUP_M
     in_flight: int = 1
-    epilogue: str = "stmatrix"  # how the accumulators reach the shared tile: "stmatrix" or "scalar" stores
+    # how the accumulators leave: through a per-warp shared chunk by "stmatrix" or "scalar" stores
+    # and then global stores, or "tma": each warp's whole 16-row slab by stmatrix into shared
+    # memory, then one TMA store that drains while the next tile's wgmmas run (the synchronous
+    # stores cost ~2.5 us a tile on the H200, all blocks writing at once: bench/results/...-tma-epilogue.md)
+    epilogue: str = "stmatrix"
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
     # the last, partial round's tiles shared out among all blocks by 256-k blocks (the H200 takes
@@ -78,7 +83,8 @@ class RegisterAConfig:
     def smem_bytes(self, bits: int = 8) -> int:
         """The kernel's shared tensors, each rounded up as tessera.transforms.plan_shared_memory places them."""
         words = WORD_SLOTS * ROWS * 32 * bits if self.words == "tma" else 16  # ROWS / 16 units x bits x 512 bytes a slot
-        sizes = (self.stages * self.block_t * BLOCK_K * 2, STAGING[0] * STAGING[1] * STAGING[2] * 2, words,
+        staging = 8 * self.block_t * 16 * 2 if self.epilogue == "tma" else STAGING[0] * STAGING[1] * STAGING[2] * 2
+        sizes = (self.stages * self.block_t * BLOCK_K * 2, staging, words,
                  8 * self.stages, 8 * self.stages, 8 * WORD_SLOTS, 8 * WORD_SLOTS)  # fmt: skip
         return sum(-(-size // SHARED_ALIGN) * SHARED_ALIGN for size in sizes)
 
@@ -92,8 +98,8 @@ class RegisterAConfig:
             out.append(f"cluster must be 1 or 2 blocks, got {self.cluster}")
         if self.words not in ("global", "tma"):
             out.append(f"words must be 'global' or 'tma', got {self.words!r}")
-        if self.epilogue not in ("stmatrix", "scalar"):
-            out.append(f"epilogue must be 'stmatrix' or 'scalar', got {self.epilogue!r}")
+        if self.epilogue not in ("stmatrix", "scalar", "tma"):
+            out.append(f"epilogue must be 'stmatrix', 'scalar' or 'tma', got {self.epilogue!r}")
         if self.stream_k and self.cluster > 1:
             out.append("stream_k shares tiles between single blocks, not clusters")
         if self.in_flight not in (1, 3):
@@ -130,7 +136,7 @@ class RegisterAConfig:
 
     def __str__(self) -> str:
         flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",
-                 "_scalar" if self.epilogue == "scalar" else "", "_wt" if self.words == "tma" else "",
+                 {"stmatrix": "", "scalar": "_scalar", "tma": "_et"}[self.epilogue], "_wt" if self.words == "tma" else "",
                  f"_c{self.cluster}" if self.cluster > 1 else "", "_sk" if self.stream_k else "")  # fmt: skip
         return f"rs_{self.block_t}x{ROWS}_s{self.stages}" + "".join(flags)
 
@@ -140,9 +146,13 @@ class RegisterAConfig:
 # once the step before last had finished, sometimes left the tensor cores waiting; it won
 # 3-5% for int7/int8/e4m3/uint4 and tied elsewhere (bench/results/*-lowbit-rs-153b8a6.jsonl).
 # Tried and dropped there: the second consumer warpgroup trailing the first by 2 stages so
-# that their epilogues overlap the other's wgmmas (no change).
-CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256, 5, in_flight=3),
-           RegisterAConfig(256, 4, words="tma"), RegisterAConfig(256, 5, in_flight=3, words="tma"))
+# that their epilogues overlap the other's wgmmas (no change).  The TMA epilogue's 64 KiB slab
+# leaves room for 3 stages beside the word ring (4 with the global words): the H200 ran it 4%
+# faster all the same (int4 571 / 569 us where the stmatrix epilogue took 596 / 590 at 4 stages,
+# bench/results/2026-11-28-h200-lowbit-tma-epilogue.md).  The 128-token config serves small M.
+CONFIGS = (RegisterAConfig(256, 4, epilogue="tma"), RegisterAConfig(128, 6), RegisterAConfig(256, 4, in_flight=3, epilogue="tma"),
+           RegisterAConfig(256, 3, words="tma", epilogue="tma"),
+           RegisterAConfig(256, 3, in_flight=3, words="tma", epilogue="tma"))  # fmt: skip
 # Correct on the H200 and, since the remote arrivals release at CTA scope (at cluster scope they
 # compiled to MEMBAR.ALL.GPU, which waited for the consumers' prefetch loads: 1.7x slower), level
 # with the same configs without a cluster (2026-11-28, bench/results/...-lowbit-rs-streamk.md):
@@ -150,8 +160,8 @@ CONFIGS = (RegisterAConfig(256, 4), RegisterAConfig(128, 6), RegisterAConfig(256
 CLUSTER_CONFIGS = (RegisterAConfig(256, 4, words="tma", cluster=2), RegisterAConfig(256, 5, in_flight=3, cluster=2))
 # The word-ring configs and the 128-token one with stream_k (see the field): opt-in, checked and
 # timed by bench/lowbit_tail.py, not tuning candidates until they win there.
-STREAM_K_CONFIGS = (RegisterAConfig(256, 4, words="tma", stream_k=True),
-                    RegisterAConfig(256, 5, in_flight=3, words="tma", stream_k=True), RegisterAConfig(128, 6, stream_k=True))  # fmt: skip
+STREAM_K_CONFIGS = (RegisterAConfig(256, 4, epilogue="tma", stream_k=True),
+                    RegisterAConfig(256, 3, words="tma", epilogue="tma", stream_k=True), RegisterAConfig(128, 6, stream_k=True))  # fmt: skip
 
 
 def scale_runs(group_size: int) -> tuple[int, int]:
@@ -245,6 +255,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     BT, BK, STAGES, GROUP = config.block_t, BLOCK_K, config.stages, config.group_m
     FLIGHT, BUFFERS = config.in_flight, config.in_flight + 1
     STMATRIX = config.epilogue == "stmatrix"
+    TMA_OUT = config.epilogue == "tma"
     WTMA = config.words == "tma"
     SKC = config.stream_k
     UNITS = ROWS // 16
@@ -261,11 +272,12 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
     HALF, MASK = BT // CL, (1 << CL) - 1  # tokens of an X stage each block of the cluster loads, for all of them
     TA = ts.tensor_map(f16, (1, HALF, BK))
     TW = ts.tensor_map(u32, (UNITS, 1, BITS, 128), swizzle=0)
+    TC = ts.tensor_map(f16, (1, BT, 16), swizzle=0)  # a warp's slab of the tile: [tokens, its 16 rows]
     name = f"lowbit_gemm_rs_{T.name}_g{GS}{'_z' if HAS_BIAS else ''}_{str(config).removeprefix('rs_')}"
 
     @ts.kernel(target="cuda", name=name)
     def gemm(A: f16["batch", "M", "K"], Wq: u32["W"], S: f16["NS", "G"], Z: f16["NB", "GB"], C: f16["zdim", "M", "N"],
-             tma_a: TA, tma_w: TW, ctas: ts.int32, whole: ts.int32, P: f32["PW"], F: u32["FW"]):  # fmt: skip
+             tma_a: TA, tma_w: TW, tma_c: TC, ctas: ts.int32, whole: ts.int32, P: f32["PW"], F: u32["FW"]):  # fmt: skip
         ts.attrs.grid = ctas
         ts.attrs.block = 384
         ts.attrs.min_blocks = 1
@@ -274,7 +286,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         Xs = ts.shared_tensor(f16, [STAGES, BT, BK], swizzle=SWIZZLE_128B)
         full = ts.shared_tensor(u64, [STAGES])
         empty = ts.shared_tensor(u64, [STAGES])
-        Cs = ts.shared_tensor(f16, list(STAGING))
+        Cs = ts.shared_tensor(f16, [8, BT, 16] if TMA_OUT else list(STAGING))
         Ws = ts.shared_tensor(u32, W_SHAPE)
         wfull = ts.shared_tensor(u64, [WORD_SLOTS])
         wempty = ts.shared_tensor(u64, [WORD_SLOTS])
@@ -460,7 +472,21 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                 acc[e] += P[((j * 8 + warp) * (BT // 2) + e) * 32 + lane]
                             if lane == 0:  # consumed: at rest for the next launch
                                 ts.signal_flag(F[j * 8 + warp], 0)
-                if u0 == 0:  # the tile's whole sum is here
+                if u0 == 0 and TMA_OUT:  # the tile's whole sum is here: the warp's slab by TMA
+                    if lane == 0:  # the previous tile's store has read the slab
+                        ts.tma_store_wait(0)
+                    ts.syncwarp()
+                    for p in ts.unroll(BT // 16):  # token blocks 2p, 2p + 1 x row halves (as below)
+                        for q in ts.unroll(4):
+                            h[q, 0] = acc[4 * (2 * p + q // 2) + 2 * (q % 2)]
+                            h[q, 1] = acc[4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+                        ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0], num=4,
+                                    trans=True)  # fmt: skip
+                    ts.fence_proxy_async()  # the slab's writes, visible to the TMA unit
+                    ts.syncwarp()
+                    if lane == 0:
+                        ts.tma_store(tma_c, Cs[warp, 0, 0], 0, m0, n0 + 16 * warp)
+                elif u0 == 0:  # the tile's whole sum is here
                     # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
                     # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
                     # layout, which stmatrix .trans writes as Cs's [tokens, rows]
@@ -488,6 +514,8 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                                     for e in ts.unroll(8):
                                         if gn + e < N:
                                             C[0, gm, gn + e] = Cs[warp, i // 2, 8 * (i % 2) + e]
+            if TMA_OUT and lane == 0:  # the block's shared memory is its last store's source until read
+                ts.tma_store_wait(0)
         if CL > 1:  # no block leaves while another may still write its stages or arrive on its barriers
             ts.cluster_sync()
 
@@ -506,6 +534,13 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     config = config or CONFIGS[0]
     tma_a = x_tensor_map(x, out, config.block_t // config.cluster, "low-bit register-A GEMM")
     tma_w = word_map(words, k, wtype.nbits)
+    tma_c = output_map(out, config.block_t) if config.epilogue == "tma" else None
+    if config.epilogue == "tma" and tma_c is None:
+        _log.info("register-A GEMM: TMA cannot write out [%d, %d] (rows not 16-byte aligned: N %% 8 or the base); "
+                  "the stmatrix epilogue instead", m, n)  # fmt: skip
+        config = dataclasses.replace(config, epilogue="stmatrix")
+    if tma_c is None:
+        tma_c = _placeholder_slab_map(x.device, config.block_t)  # (the kernel never writes through it)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
     sms = multiprocessor_count()
     grid, whole = config.grid(m, n, sms), config.whole_tiles(m, n, k, sms)
@@ -513,7 +548,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     if partials is None:
         whole = config.tiles(m, n)
         partials, flags = _placeholders(x.device)  # (no shares: the kernel never reads them)
-    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, grid, whole, partials, flags)
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, tma_c, grid, whole, partials, flags)
 
 
 # stream_k's partial sums and flags, per device and stream (two grids sharing flags at once would
@@ -566,6 +601,46 @@ def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:
         raise UnsupportedError(f"{words} words are not whole 16-row units of K = {k} at {bits} bits "
                                f"({per_unit} words a unit): pack them with pack_units")  # fmt: skip
     return words // per_unit, k_units, bits, 128
+
+
+_OUT_MAPS: dict = {}
+
+
+def output_map(out, block_t: int) -> object | None:
+    """The TMA map of out [M, N] float16 in consumer-warp slabs of block_t tokens x 16 rows
+    (cached by address and shape, as x_tensor_map's), or None where TMA cannot write it: its
+    rows must start 16-byte aligned (N % 8 == 0 and an aligned base)."""
+    from tessera.runtime.tensor_map import TensorMap
+
+    m, n = out.shape
+    if n % 8 or out.data_ptr() % 16:
+        return None
+    key = (out.data_ptr(), m, n, block_t)
+    tma = _OUT_MAPS.get(key)
+    if tma is None:
+        if len(_OUT_MAPS) >= 64:
+            _OUT_MAPS.pop(next(iter(_OUT_MAPS)))
+        tma = _OUT_MAPS[key] = TensorMap.from_pointer(out.data_ptr(), f16, (1, m, n), (1, block_t, 16), swizzle=0)
+    return tma
+
+
+_SLAB_MAPS: dict = {}
+
+
+def _placeholder_slab_map(device, block_t: int) -> object:
+    """A map of the output slab's box over a scratch tensor, for launches whose epilogue does not
+    use TMA (the kernel takes the parameter either way); one a device and block_t."""
+    import torch
+
+    from tessera.runtime.tensor_map import TensorMap
+
+    key = (device.index, block_t)
+    have = _SLAB_MAPS.get(key)
+    if have is None:
+        slab = torch.empty(block_t * 16, dtype=torch.float16, device=device)
+        have = _SLAB_MAPS[key] = (slab, TensorMap.from_pointer(slab.data_ptr(), f16, (1, block_t, 16), (1, block_t, 16),
+                                                                   swizzle=0))  # fmt: skip
+    return have[1]
 
 
 # One map per weight's words (a model's linears: Llama's 1.1B has 154); a map encodes only the

@@ -83,6 +83,9 @@ named_barrier_arrive = Builtin("named_barrier_arrive", "instruction")
 cluster_sync = Builtin("cluster_sync", "instruction")
 load_cluster = Builtin("load_cluster", "instruction")
 tma_load_multicast = Builtin("tma_load_multicast", "instruction")
+# Shared -> global by TMA (a bulk group each) and the wait before the source is written again.
+tma_store = Builtin("tma_store", "instruction")
+tma_store_wait = Builtin("tma_store_wait", "instruction")
 mbarrier_arrive_cluster = Builtin("mbarrier_arrive_cluster", "instruction")
 # Flags in global memory between blocks of one grid (release / acquire at GPU scope).
 signal_flag = Builtin("signal_flag", "instruction")

@@ -77,6 +77,14 @@ def _tma_load(dst: Any, tensor_map: Any, bar: Any, *coords: Any) -> tuple[tuple,
     return (dst, tensor_map, bar, *coords), {}
 
 
+def _tma_store(tensor_map: Any, src: Any, *coords: Any) -> tuple[tuple, dict]:
+    return (tensor_map, src, *coords), {}
+
+
+def _tma_store_wait(pending: int = 0) -> tuple[tuple, dict]:
+    return (), {"pending": pending}
+
+
 def _tma_load_multicast(dst: Any, tensor_map: Any, bar: Any, mask: Any, *coords: Any) -> tuple[tuple, dict]:
     return (dst, tensor_map, bar, mask, *coords), {}
 
@@ -131,7 +139,8 @@ SIGNATURES = {
     "fence_proxy_async": _no_operands, "mbarrier_init": _mbarrier_init, "fence_mbarrier_init": _no_operands,
     "mbarrier_arrive": _mbarrier_arrive, "mbarrier_arrive_expect_tx": _mbarrier_arrive_expect_tx,
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "tma_load_im2col": _tma_load,
-    "tma_load_multicast": _tma_load_multicast, "mbarrier_arrive_cluster": _mbarrier_arrive_cluster,
+    "tma_load_multicast": _tma_load_multicast, "tma_store": _tma_store, "tma_store_wait": _tma_store_wait,
+    "mbarrier_arrive_cluster": _mbarrier_arrive_cluster,
     "signal_flag": _flag, "wait_flag": _flag, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
     "dequant": _dequant, "named_barrier_sync": _named_barrier, "named_barrier_arrive": _named_barrier,
