@@ -157,6 +157,9 @@ def test_bad_arguments_are_refused_with_the_reason():
     assert not rs.problems(ts.int6, 128, False, ring) and "227 KiB" in rs.problems(ts.int8, 128, False, ring)[0]
     assert "227 KiB" in rs.problems(ts.int1, 128, False, rs.RegisterAConfig(256, 5, epilogue="tma"))[0]
     assert rs.RegisterAConfig(256, 4, epilogue="dma").problems() == ["epilogue must be 'stmatrix', 'scalar' or 'tma', got 'dma'"]
+    # N % 8 != 0: TMA cannot write out's rows, the launch (and tuning) runs the stmatrix epilogue
+    assert ring.for_output(12288) is ring and str(ring.for_output(12283)) == "rs_256x128_s3_wt"
+    assert rs.CONFIGS[1].for_output(33) is rs.CONFIGS[1]
     assert rs.scale_runs(128) == (8, 2) and rs.scale_runs(16) == (1, 16) and rs.scale_runs(4096) == (16, 1)
 
 
@@ -179,8 +182,8 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
             p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, t.is_integer and j in (1, 3) or None))
             bias = p.weight.zeros is not None
             cases += [(p, t, bias, c) for c in rs.CONFIGS + rs.CLUSTER_CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
-    with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:
-        list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3]).build(), cases))
+    with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:  # (the kernels the launches run: for_output)
+        list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3].for_output(a[0].weight.shape[0])).build(), cases))
     bad = []
     for p, t, bias, config in cases:
         n, k = p.weight.shape

@@ -128,6 +128,12 @@ class RegisterAConfig:
             return tiles
         return whole
 
+    def for_output(self, n: int) -> RegisterAConfig:
+        """The config a launch with N = n runs: the TMA epilogue writes rows of out that start
+        16-byte aligned, so with N % 8 != 0 the stmatrix one takes its place (the launch logs it;
+        a caller that builds kernels ahead, as tuning does, builds this one)."""
+        return dataclasses.replace(self, epilogue="stmatrix") if self.epilogue == "tma" and n % 8 else self
+
     def workspace(self, blocks: int) -> tuple[int, int]:
         """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: one
         partial tile a block (its first share, when that is not a tile's first), one flag a
@@ -538,7 +544,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     if config.epilogue == "tma" and tma_c is None:
         _log.info("register-A GEMM: TMA cannot write out [%d, %d] (rows not 16-byte aligned: N %% 8 or the base); "
                   "the stmatrix epilogue instead", m, n)  # fmt: skip
-        config = dataclasses.replace(config, epilogue="stmatrix")
+        config = dataclasses.replace(config, epilogue="stmatrix")  # (config.for_output(n) where N is the cause)
     if tma_c is None:
         tma_c = _placeholder_slab_map(x.device, config.block_t)  # (the kernel never writes through it)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)

@@ -239,7 +239,9 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
     from tessera.kernels.matmul import check_result, graph_bench
     from tessera.tune.tuner import tune
 
-    candidates = prefill_candidates(wtype, group, has_bias, span, register_a)
+    # (the register-A configs as a launch with this N runs them: see RegisterAConfig.for_output)
+    candidates = list(dict.fromkeys(c.for_output(n) if is_register_a(c) else c
+                                    for c in prefill_candidates(wtype, group, has_bias, span, register_a)))  # fmt: skip
     if len(candidates) == 1:
         return candidates[0]
     gpu = torch.cuda.get_device_name()
