@@ -405,18 +405,15 @@ def _host_helper(chunk: str) -> str:
         element = "half" if m.group(3) == "f16" else "__nv_bfloat16"
         return (f"static inline void {m.group(1)}(float* d, const void* a, const void* b) "
                 f"{{ ts_host_wgmma{m.group(4) or ''}<{m.group(2)}, {element}>(d, a, b); }}")  # fmt: skip
-    multicast = re.match(r"__device__ __forceinline__ void (ts_tma_load_multicast_(\d)d)\(", chunk)
-    if multicast:
-        rank = int(multicast.group(2))
-        coords = ", ".join(f"int32_t c{i}" for i in range(rank))
-        return (f"static inline void {multicast.group(1)}(void* d, const CUtensorMap* m, void* b, uint32_t mask, {coords}) "
-                f"{{ int32_t c[] = {{{', '.join(f'c{i}' for i in range(rank))}}}; ts_host_tma_multicast(d, m, b, mask, c); }}")  # fmt: skip
-    store = re.match(r"__device__ __forceinline__ void (ts_tma_store_(\d)d)\(", chunk)
-    if store:
-        rank = int(store.group(2))
-        coords = ", ".join(f"int32_t c{i}" for i in range(rank))
-        return (f"static inline void {store.group(1)}(const CUtensorMap* m, const void* s, {coords}) "
-                f"{{ int32_t c[] = {{{', '.join(f'c{i}' for i in range(rank))}}}; ts_host_tma_store(m, s, c); }}")  # fmt: skip
+    # TMA helpers with a rank in their name: the host's, with the coordinates gathered innermost first
+    for name, params, call in (("ts_tma_load_multicast", "void* d, const CUtensorMap* m, void* b, uint32_t mask",
+                                "ts_host_tma_multicast(d, m, b, mask, c)"),
+                               ("ts_tma_store", "const CUtensorMap* m, const void* s", "ts_host_tma_store(m, s, c)")):  # fmt: skip
+        tma = re.match(rf"__device__ __forceinline__ void ({name}_(\d)d)\(", chunk)
+        if tma:
+            rank = int(tma.group(2))
+            coords, values = ", ".join(f"int32_t c{i}" for i in range(rank)), ", ".join(f"c{i}" for i in range(rank))
+            return f"static inline void {tma.group(1)}({params}, {coords}) {{ int32_t c[] = {{{values}}}; {call}; }}"
     if not chunk.startswith("__device__ __forceinline__ void ts_dequant_"):
         raise NotImplementedError(f"the host model does not run {chunk.split('(', 1)[0].split()[-1]}")
     return chunk.replace("__device__ __forceinline__", "static inline")

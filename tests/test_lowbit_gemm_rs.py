@@ -186,17 +186,25 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
         list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3].for_output(a[0].weight.shape[0])).build(), cases))
     bad = []
     for p, t, bias, config in cases:
-        n, k = p.weight.shape
         w = torch.from_numpy(p.weight.dequantize()).cuda().double()
         for m in (1, 65, 300):
-            x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-            y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-            rs.lowbit_gemm_rs(x, p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, config)
-            ref = x.double() @ w.T
-            err = float((y.double() - ref).norm() / ref.norm())
+            err = gpu_error(p, w, m, config)
             if not err < 2e-3:
                 bad.append((t.name, p.weight.group_size, bias, str(config), m, err))
     assert not bad, bad
+
+
+def gpu_error(p, w, m: int, config: rs.RegisterAConfig) -> float:
+    """Relative error of one launch on fresh activations [m, K] against float64 on the dequantised weights w."""
+    import torch
+
+    n, k = p.weight.shape
+    x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+    y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    rs.lowbit_gemm_rs(x, p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, p.weight.dtype, p.kernel_group,
+                      p.weight.zeros is not None, config)  # fmt: skip
+    ref = x.double() @ w.T
+    return float((y.double() - ref).norm() / ref.norm())
 
 
 @pytest.mark.cuda
@@ -220,11 +228,7 @@ def test_cuda_register_a_kernel_persistent_tiles_and_tma_epilogue(rng):
             if rs.problems(t, p.kernel_group, bias, config):
                 continue
             for _ in range(3):
-                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
-                y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-                rs.lowbit_gemm_rs(x, p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, config)
-                ref = x.double() @ w.T
-                err = float((y.double() - ref).norm() / ref.norm())
+                err = gpu_error(p, w, m, config)
                 if not err < 2e-3:
                     bad.append((name, m, n, k, str(config), err))
     assert not bad, bad

@@ -234,12 +234,16 @@ __device__ __forceinline__ void ts_tma_load_5d(void* dst, const CUtensorMap* map
 """
 
 
+def _tma_coordinates(rank: int, first: int) -> tuple[str, str, str]:
+    """A TMA helper's coordinate parameters c0.., their asm operands from %first on, and their inputs."""
+    return (", ".join(f"int32_t c{i}" for i in range(rank)), ", ".join(f"%{first + i}" for i in range(rank)),
+            ", ".join(f'"r"(c{i})' for i in range(rank)))  # fmt: skip
+
+
 def tma_multicast_helper(rank: int) -> str:
     """ts_tma_load_multicast_{rank}d(dst, map, bar, mask, c0..): one TMA box written to the blocks
     of the cluster in the 16-bit `mask`, coordinates innermost first."""
-    coords = ", ".join(f"int32_t c{i}" for i in range(rank))
-    regs = ", ".join(f"%{4 + i}" for i in range(rank))
-    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    coords, regs, ins = _tma_coordinates(rank, 4)
     return (f"__device__ __forceinline__ void ts_tma_load_multicast_{rank}d(void* dst, const CUtensorMap* map, void* bar, "
             f"uint32_t mask, {coords}) {{\n"
             f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes'
@@ -250,9 +254,7 @@ def tma_multicast_helper(rank: int) -> str:
 def tma_store_helper(rank: int) -> str:
     """ts_tma_store_{rank}d(map, src, c0..): one box from shared memory to the map's tensor
     (coordinates innermost first), committed as a bulk group of its own."""
-    coords = ", ".join(f"int32_t c{i}" for i in range(rank))
-    regs = ", ".join(f"%{2 + i}" for i in range(rank))
-    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    coords, regs, ins = _tma_coordinates(rank, 2)
     return (f"__device__ __forceinline__ void ts_tma_store_{rank}d(const CUtensorMap* map, const void* src, {coords}) {{\n"
             f'  asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{regs}}}], [%1];\\n"\n'
             f'               "cp.async.bulk.commit_group;\\n"\n'
