@@ -4,7 +4,8 @@ K = 1024 .. 4096 for the kernel and cuBLAS on the fp16 weights side by side; a l
 each gives its fixed cost (prologue, pipeline fill, epilogue: per round, divide by 12) and its
 cost per 1024 k.  A measurement-only variant with the epilogue's stores removed (the module's
 source with the epilogue's condition made false at run time: its results are wrong, it is only
-timed) says how much of the fixed cost the epilogue is.  Last, each kernel back to back for 3 s
+timed) says how much of the fixed cost the epilogue is, and the same config with the other
+epilogue (TMA or stmatrix) what the TMA epilogue saves.  Last, each kernel back to back for 3 s
 while nvidia-smi samples the SM clock and power.
 
 Found at 6f464d5 (bench/results/2026-11-28-h200-lowbit-tma-epilogue.md), with the stmatrix
@@ -19,6 +20,7 @@ once, were the whole gap.  The TMA epilogue (RegisterAConfig(epilogue="tma")) ca
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import statistics
@@ -106,6 +108,10 @@ def main() -> None:
             calls[f"tessera K={k}"] = run
             calls[f"cublas K={k}"] = functools.partial(torch.matmul, x, w.T)
             if k == KS[-1]:
+                other = dataclasses.replace(config, epilogue="stmatrix" if config.epilogue == "tma" else "tma")
+                if not rs.problems(t, 128, bias, other):
+                    calls[f"{other}"] = functools.partial(rs.lowbit_gemm_rs, x, p.words_for(FRAGMENT_SPAN), p.scales,
+                                                          p.biases, torch.empty_like(y), t, 128, bias, other)  # fmt: skip
                 calls["no epilogue"] = functools.partial(bare.lowbit_gemm_rs, x, p.words_for(FRAGMENT_SPAN), p.scales, p.biases,
                                                          torch.empty_like(y), t, 128, bias, config)  # fmt: skip
         times = timer.side_by_side(calls)
