@@ -99,6 +99,20 @@ def test_broadcasting_rule():
         broadcast_shapes((BoundDim(1, n),), (4,))
 
 
+def test_nonneg_is_sound_where_min_and_max_meet_floor_division():
+    """The counterexample the property test below found: c % b and max(2, c) % b are not
+    ordered (c=1, b=2: 1 and 0; c=1, b=3: 1 and 2), so max keeps both.  (nonneg shifted names
+    to n + 1 through a substitution that simplified max(2, c + 1) to c + 1 as if names were
+    >= 2, and held both differences nonnegative.)  Facts about min and max still hold."""
+    s1, s2 = parse_dim("-b*(c//b) + c"), parse_dim("-b*(max(2, c)//b) + max(2, c)")
+    assert not nonneg(s1 - s2) and not nonneg(s2 - s1)
+    assert sym_max(s1, s2) == sym_max(s2, s1) == parse_dim("max(c - b*(c//b), max(2, c) - b*(max(2, c)//b))")
+    for true in ("max(2, c) - c", "max(2, c) - 2", "c - min(c, b)", "c*max(b, 2) - 2*c"):
+        assert nonneg(parse_dim(true)), true
+    for false in ("min(c, b) - c", "max(2, c) - 3", "2 - max(2, c)"):
+        assert not nonneg(parse_dim(false)), false
+
+
 def test_min_and_max_drop_every_dominated_argument_whatever_the_order():
     a = Sym.var("a")  # names are sizes (>= 1)
     assert sym_min(sym_min(2, a), 0) == 0 == sym_min(0, sym_min(2, a))

@@ -367,8 +367,42 @@ def nonneg(d: Dim) -> bool:
     non-negative coefficients over non-negative atoms."""
     if isinstance(d, int):
         return d >= 0
-    shifted = substitute(d, {n: Sym.var(n) + 1 for n in free_names(d)})
-    return _nonneg0(shifted)
+    return _nonneg0(_shift_names(d)) or any(nonneg(lower) for lower in _minmax_lower_bounds(d))
+
+
+def _minmax_lower_bounds(d: Sym) -> list[Dim]:
+    """Sizes at most d: a max that enters d only through terms c * max(..) * F with c > 0 and
+    F >= 0 (a min: c < 0) replaced by each of its arguments, as max(2, c) - c >= c - c."""
+    out = []
+    atoms = {a for mono, _ in d.terms for a, _ in mono if isinstance(a, MinMax)}
+    for m in sorted(atoms, key=lambda a: a.key):
+        sign = 1 if m.kind == "max" else -1
+        if all(c * sign > 0 and dict(mono)[m] == 1 and all(a == m or nonneg(_atom(a)) for a, _ in mono)
+               for mono, c in d.terms if any(a == m for a, _ in mono)):  # fmt: skip
+            out += [_map_atoms(d, lambda a, x=x, m=m: x if a == m else _atom(a)) for x in m.args]
+    return out
+
+
+def _shift_names(d: Dim) -> Dim:
+    """d with every name n written as n + 1, its floor divisions and min/max kept as they stand.
+    (substitute would simplify them again assuming names >= 1, that is the old names >= 2:
+    max(2, c) became c + 1, and nonneg held both for c % b - max(2, c) % b and its negation.)"""
+    if isinstance(d, int):
+        return d
+
+    def atom(a: Atom) -> Dim:
+        if isinstance(a, Name):
+            return Sym.var(a.name) + 1
+        if isinstance(a, FloorDiv):
+            num, den = _shift_names(a.num), _shift_names(a.den)
+            return num // den if isinstance(num, int) and isinstance(den, int) else _atom(FloorDiv(num, den))
+        assert isinstance(a, MinMax)
+        args = [_shift_names(x) for x in a.args]
+        constants = [x for x in args if isinstance(x, int)]
+        args = [x for x in args if not isinstance(x, int)] + ([(max if a.kind == "max" else min)(constants)] if constants else [])
+        return args[0] if len(args) == 1 else _atom(MinMax(a.kind, tuple(sorted(args, key=dim_key))))
+
+    return _map_atoms(d, atom)
 
 
 def _nonneg0(d: Dim) -> bool:
