@@ -38,6 +38,7 @@ from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B, TmaConfig, 
 from tessera.kernels.lowbit_decode import scale_slots
 from tessera.kernels.lowbit_decode_config import group_ok
 from tessera.kernels.lowbit_dequant import CHUNK_HALVES
+from tessera.runtime.lru import LRUCache
 
 SPAN = 2  # the words' k order this kernel reads (tessera.ir.lowbit.SPANS)
 DEQUANT_WARPS = 4
@@ -301,7 +302,7 @@ def make_lowbit_gemm(wtype: DataType, group_size: int, has_bias: bool, config: P
     return gemm
 
 
-_MAPS: dict[tuple[int, int, int, int], object] = {}  # x's tensor maps by (address, M, K, rows), the newest 64
+_MAPS: LRUCache[object] = LRUCache(64)  # x's tensor maps by (address, M, K, rows)
 
 
 def x_tensor_map(x, out, rows: int, kernel: str) -> object:
@@ -322,9 +323,8 @@ def x_tensor_map(x, out, rows: int, kernel: str) -> object:
     key = (x.data_ptr(), m, k, rows)
     tma = _MAPS.get(key)
     if tma is None:
-        if len(_MAPS) >= 64:
-            _MAPS.pop(next(iter(_MAPS)))
-        tma = _MAPS[key] = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, rows, BLOCK_K))
+        tma = TensorMap.from_pointer(x.data_ptr(), f16, (1, m, k), (1, rows, BLOCK_K))
+        _MAPS.put(key, tma)
     return tma
 
 

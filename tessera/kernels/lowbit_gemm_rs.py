@@ -46,6 +46,7 @@ from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels import gemm_tma
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B
 from tessera.kernels.lowbit_gemm import load_unit, slots_after, tile_origins, word_loads, x_tensor_map
+from tessera.runtime.lru import LRUCache
 from tessera.transforms.plan_shared_memory import ALIGN as SHARED_ALIGN
 
 _log = logging.getLogger("tessera")
@@ -203,6 +204,20 @@ def release_stage(empty, stage, cluster):
             ts.mbarrier_arrive_cluster(empty[stage], r)
     else:
         ts.mbarrier_arrive(empty[stage])
+
+
+@ts.inline
+def stage_tokens(Cs, h, acc, warp, lane, first, tokens):
+    """A consumer warp's accumulators acc[first ..] for `tokens` tokens into its rows of Cs
+    [warp, token, row] by stmatrix .trans: register 4i + e is token 8i + 2 t4 + e % 2, row g + 8
+    (e // 2), so per token block and row half an 8 x 8 [rows, tokens] matrix in mma's fragment
+    layout, written as [tokens, rows]."""
+    for p in ts.unroll(tokens // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
+        for q in ts.unroll(4):
+            h[q, 0] = acc[first + 4 * (2 * p + q // 2) + 2 * (q % 2)]
+            h[q, 1] = acc[first + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
+        # lane 8q + r: row r (token) of matrix q
+        ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0], num=4, trans=True)
 
 
 @ts.inline
@@ -482,30 +497,16 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                     if lane == 0:  # the previous tile's store has read the slab
                         ts.tma_store_wait(0)
                     ts.syncwarp()
-                    for p in ts.unroll(BT // 16):  # token blocks 2p, 2p + 1 x row halves (as below)
-                        for q in ts.unroll(4):
-                            h[q, 0] = acc[4 * (2 * p + q // 2) + 2 * (q % 2)]
-                            h[q, 1] = acc[4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
-                        ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0], num=4,
-                                    trans=True)  # fmt: skip
+                    stage_tokens(Cs, h, acc, warp, lane, 0, BT)
                     ts.fence_proxy_async()  # the slab's writes, visible to the TMA unit
                     ts.syncwarp()
                     if lane == 0:
                         ts.tma_store(tma_c, Cs[warp, 0, 0], 0, m0, n0 + 16 * warp)
-                elif u0 == 0:  # the tile's whole sum is here
-                    # epilogue: register 4i + e of the accumulator is token 8i + 2 t4 + e % 2, row g + 8 (e // 2):
-                    # per token block i and row half, the 8 x 8 matrix [rows, tokens] in mma's fragment
-                    # layout, which stmatrix .trans writes as Cs's [tokens, rows]
+                elif u0 == 0:  # the tile's whole sum is here: through Cs a chunk of tokens at a time
                     for c0 in ts.unroll(BT // CHUNK):
                         ts.syncwarp()  # the previous chunk's reads of Cs are done
                         if STMATRIX:
-                            for p in ts.unroll(CHUNK // 16):  # token blocks 2p, 2p + 1 x row halves: 4 matrices
-                                for q in ts.unroll(4):
-                                    h[q, 0] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2)]
-                                    h[q, 1] = acc[c0 * (CHUNK // 2) + 4 * (2 * p + q // 2) + 2 * (q % 2) + 1]
-                                # lane 8q + r: row r (token) of matrix q
-                                ts.stmatrix(Cs[warp, 16 * p + 8 * (lane // 16) + lane % 8, 8 * ((lane // 8) % 2)], h[0, 0],
-                                            num=4, trans=True)  # fmt: skip
+                            stage_tokens(Cs, h, acc, warp, lane, c0 * (CHUNK // 2), CHUNK)
                         else:
                             for r in ts.unroll(CHUNK // 2):
                                 Cs[warp, 8 * (r // 4) + 2 * t4 + r % 2, g + 8 * ((r // 2) % 2)] = acc[c0 * (CHUNK // 2) + r]
@@ -611,7 +612,7 @@ def word_shape(words: int, k: int, bits: int) -> tuple[int, int, int, int]:
     return words // per_unit, k_units, bits, 128
 
 
-_OUT_MAPS: dict = {}
+_OUT_MAPS: LRUCache[object] = LRUCache(64)
 
 
 def output_map(out, block_t: int) -> object | None:
@@ -626,9 +627,8 @@ def output_map(out, block_t: int) -> object | None:
     key = (out.data_ptr(), m, n, block_t)
     tma = _OUT_MAPS.get(key)
     if tma is None:
-        if len(_OUT_MAPS) >= 64:
-            _OUT_MAPS.pop(next(iter(_OUT_MAPS)))
-        tma = _OUT_MAPS[key] = TensorMap.from_pointer(out.data_ptr(), f16, (1, m, n), (1, block_t, 16), swizzle=0)
+        tma = TensorMap.from_pointer(out.data_ptr(), f16, (1, m, n), (1, block_t, 16), swizzle=0)
+        _OUT_MAPS.put(key, tma)
     return tma
 
 
@@ -653,8 +653,8 @@ def _placeholder_slab_map(device, block_t: int) -> object:
 
 # One map per weight's words (a model's linears: Llama's 1.1B has 154); a map encodes only the
 # address and shape, so an address reused by another weight of that shape finds a valid map.
-_WORD_MAPS: dict = {}
 WORD_MAP_CACHE = 1024
+_WORD_MAPS: LRUCache[object] = LRUCache(WORD_MAP_CACHE)
 
 
 def word_map(words, k: int, bits: int) -> object:
@@ -666,7 +666,6 @@ def word_map(words, k: int, bits: int) -> object:
     key = (words.data_ptr(), shape)
     tma = _WORD_MAPS.get(key)
     if tma is None:
-        if len(_WORD_MAPS) >= WORD_MAP_CACHE:
-            _WORD_MAPS.pop(next(iter(_WORD_MAPS)))
-        tma = _WORD_MAPS[key] = TensorMap.from_pointer(words.data_ptr(), u32, shape, (ROWS // 16, 1, bits, 128), swizzle=0)
+        tma = TensorMap.from_pointer(words.data_ptr(), u32, shape, (ROWS // 16, 1, bits, 128), swizzle=0)
+        _WORD_MAPS.put(key, tma)
     return tma
