@@ -152,10 +152,13 @@ def test_bad_arguments_are_refused_with_the_reason():
     four_buffers = rs.RegisterAConfig(256, 5, in_flight=3)  # two more fragment buffers: spills from 2 bits
     assert rs.problems(ts.uint2, 16, True, four_buffers) and not rs.problems(ts.int1, 16, True, four_buffers)
     assert str(four_buffers) == "rs_256x128_s5_f3" and str(rs.CONFIGS[0]) == "rs_256x128_s4_et"
-    # the TMA epilogue's 64 KiB slab: 3 stages beside the int6 word ring, not the int8 one; 4 with global words
-    ring = rs.RegisterAConfig(256, 3, words="tma", epilogue="tma")
-    assert not rs.problems(ts.int6, 128, False, ring) and "227 KiB" in rs.problems(ts.int8, 128, False, ring)[0]
-    assert "227 KiB" in rs.problems(ts.int1, 128, False, rs.RegisterAConfig(256, 5, epilogue="tma"))[0]
+    # the TMA epilogue's 64 KiB slab (barriers packed): 3 stages beside the int8 word ring, 4 beside
+    # the int4 one, not the int5 one; 5 with global words, not 6
+    ring, ring4 = rs.RegisterAConfig(256, 3, words="tma", epilogue="tma"), rs.RegisterAConfig(256, 4, words="tma", epilogue="tma")
+    assert not rs.problems(ts.int8, 128, False, ring) and not rs.problems(ts.int4, 128, False, ring4)
+    assert "227 KiB" in rs.problems(ts.int5, 128, False, ring4)[0]
+    assert not rs.RegisterAConfig(256, 5, epilogue="tma").problems()
+    assert "227 KiB" in rs.problems(ts.int1, 128, False, rs.RegisterAConfig(256, 6, epilogue="tma"))[0]
     assert rs.RegisterAConfig(256, 4, epilogue="dma").problems() == ["epilogue must be 'stmatrix', 'scalar' or 'tma', got 'dma'"]
     # N % 8 != 0: TMA cannot write out's rows, the launch (and tuning) runs the stmatrix epilogue
     assert ring.for_output(12288) is ring and str(ring.for_output(12283)) == "rs_256x128_s3_wt"

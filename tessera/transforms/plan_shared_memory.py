@@ -1,8 +1,11 @@
 """Place a CUDA kernel's shared tensors in one dynamic shared-memory pool when they need more
 than the 48 KiB that static `__shared__` arrays may use.
 
-Offsets are assigned in declaration order, each aligned to 1024 bytes (wgmma's swizzled
-8-row groups must start at 1024-byte addresses), and the pool size is recorded in `LaunchConfig.shared_pool`; the CUDA code generator
+Offsets are assigned in declaration order (`pool_layout`): swizzled tensors and any of 1 KiB or
+more at 1024-byte boundaries (wgmma's swizzled 8-row groups must start at 1024-byte addresses),
+smaller ones at 128-byte boundaries (what a TMA box needs; mbarriers need 8), so that a
+kernel's handful of 32-byte barrier arrays do not take a KiB each.  The pool size is
+recorded in `LaunchConfig.shared_pool`; the CUDA code generator
 carves the tensors from `extern __shared__` memory at the same offsets (via
 `shared_buffer_offsets`) and the runtime adds the pool to the launch's dynamic size.
 """
@@ -21,6 +24,18 @@ from tessera.ir.types import SHARED
 
 STATIC_LIMIT = 48 * 1024
 ALIGN = 1024
+SMALL_ALIGN = 128  # unswizzled tensors under ALIGN bytes
+
+
+def pool_layout(tensors: list[tuple[int, bool]]) -> tuple[list[int], int]:
+    """Byte offsets of tensors given as (bytes, swizzled) in declaration order, and the pool's size."""
+    offsets, total = [], 0
+    for nbytes, swizzled in tensors:
+        align = ALIGN if swizzled or nbytes >= ALIGN else SMALL_ALIGN
+        total = -(-total // align) * align
+        offsets.append(total)
+        total += nbytes
+    return offsets, -(-total // SMALL_ALIGN) * SMALL_ALIGN
 
 
 class _SharedBuffers(IRVisitor):
@@ -36,8 +51,7 @@ def shared_buffer_offsets(func: Function) -> tuple[dict[E.Var, int], int]:
     """Byte offset of each shared tensor in declaration order, and the total size."""
     finder = _SharedBuffers()
     finder.visit(func.body)
-    offsets: dict[E.Var, int] = {}
-    total = 0
+    tensors = []
     for var in finder.found:
         t = var.type
         size = 1
@@ -46,9 +60,9 @@ def shared_buffer_offsets(func: Function) -> tuple[dict[E.Var, int], int]:
                 size *= int(evaluate(d, {}))
             except Exception:  # noqa: BLE001  (a variable: not a compile-time size)
                 raise UnsupportedError(f"shared tensor '{var.name}' needs a compile-time shape, got {t}") from None
-        offsets[var] = total
-        total += -(-size * t.dtype.nbytes // ALIGN) * ALIGN
-    return offsets, total
+        tensors.append((size * t.dtype.nbytes, t.swizzle is not None))
+    offsets, total = pool_layout(tensors)
+    return dict(zip(finder.found, offsets)), total
 
 
 def plan_shared_memory(func: Function) -> Function:
