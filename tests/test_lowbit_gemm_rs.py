@@ -70,7 +70,8 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     from cuda_on_host import run_on_host
 
     specs = [("int4", 128, False, 130), ("uint3", 32, True, 77), ("e4m3", None, False, 5), ("int3", 32, False, 257),
-             ("e2m1", 64, False, 300), ("uint6", None, True, 64), ("int8", 16, False, 1)]  # fmt: skip
+             ("e2m1", 64, False, 300), ("int8", 16, False, 1), ("uint2", 64, True, 33), ("uint6", None, True, 64),
+             ("int7", 128, False, 200)]  # (one a config: CONFIGS, then CLUSTER_CONFIGS)  # fmt: skip
     cases, refs = [], []
     for i, (name, group, bias, m) in enumerate(specs):
         t = ts.dtype(name)
