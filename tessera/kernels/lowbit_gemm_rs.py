@@ -161,8 +161,9 @@ CONFIGS = (RegisterAConfig(256, 4, epilogue="tma"), RegisterAConfig(128, 6), Reg
            RegisterAConfig(256, 3, words="tma", epilogue="tma"),
            RegisterAConfig(256, 3, in_flight=3, words="tma", epilogue="tma"),
            # with the barriers packed (plan_shared_memory.pool_layout): a fifth stage with global
-           # words, a fourth beside the word ring up to 4 bits (and the ring at all for int8, above).
-           # NOT YET TIMED on the H200: branch next/packed-shared, see its commit message
+           # words, a fourth beside the word ring up to 4 bits (and the ring at all for int8, above);
+           # on the H200 int8 s3_et_wt 575 us against s4_et 582, int4 s4_et_wt 555 against s5_et 557
+           # and s4_et 562 (bench/results/2026-11-28-h200-lowbit-rs-32a63e3.md)
            RegisterAConfig(256, 5, epilogue="tma"), RegisterAConfig(256, 4, words="tma", epilogue="tma"))  # fmt: skip
 # Correct on the H200 and, since the remote arrivals release at CTA scope (at cluster scope they
 # compiled to MEMBAR.ALL.GPU, which waited for the consumers' prefetch loads: 1.7x slower), level
