@@ -9,6 +9,7 @@ case against float64 on the dequantised weights, two calls with fresh activation
     python3 bench/lowbit_rs.py                   # GPU: check, time, print; JSONL + table under $OUT if set
     python3 bench/lowbit_rs.py --dry-run         # no GPU: build every kernel with nvcc only
     python3 bench/lowbit_rs.py --types int4,int1
+    python3 bench/lowbit_rs.py --table results.jsonl   # no GPU: the markdown table of an earlier run
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="no GPU: build the kernels with nvcc only")
     ap.add_argument("--types", default="int4,int3,int8,e4m3", help="weight types timed at M=4096")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 4, help="parallel nvcc builds")
+    ap.add_argument("--table", metavar="JSONL", help="print the markdown table of an earlier run's rows and stop")
     args = ap.parse_args()
+    if args.table:
+        print(variants_table([json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]))
+        return
     types = args.types.split(",")
     build(types, args.workers)
     if not args.dry_run:
@@ -137,8 +142,27 @@ def run(types: list[str]) -> None:
     out = os.environ.get("OUT")
     if out:
         Path(out, "lowbit-rs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        Path(out, "lowbit-rs.md").write_text(variants_table(rows))
     if bad:
         sys.exit(1)
+
+
+def variants_table(rows: list[dict]) -> str:
+    """Markdown: every variant's time (us) per weight type, cuBLAS first, then the best register-A
+    config against cuBLAS (ratio > 1: tessera faster)."""
+    types = [r["case"].split("w=")[1].split(",")[0] for r in rows]
+    variants = list(dict.fromkeys(v for r in rows for v in r["variants_us"]))
+    head = rows[0] if rows else {}
+    out = [f"# lowbit-rs: {head.get('gpu', '?')}, {head.get('date', '?')}, commit {head.get('commit', '?')[:12]}", "",
+           f"M={M0}, N={N0}, K={K0}, group {GROUP}, fp16 activations (zero points for the unsigned types); L2 flushed "
+           "by a 1 GB read before each call, CUDA events, median of 50, variants in interleaved rounds; us.", "",
+           "| variant | " + " | ".join(types) + " |", "|---|" + "---:|" * len(types),
+           "| cuBLAS fp16 | " + " | ".join(f"{r['peers_us']['cublas']:.1f}" for r in rows) + " |"]  # fmt: skip
+    for v in variants:
+        out.append(f"| {v} | " + " | ".join(f"{r['variants_us'].get(v, float('nan')):.1f}" for r in rows) + " |")
+    best = [f"**{r['vs_cublas']:.3f}x** {r['config']}" for r in rows]
+    out.append("| **best register-A vs cuBLAS** | " + " | ".join(best) + " |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
