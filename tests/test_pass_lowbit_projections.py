@@ -133,12 +133,12 @@ def test_prefill_rows_plan_a_dequantised_temporary_and_the_fp16_gemm():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("prefill", ["dequant", "fused"])
+@pytest.mark.parametrize("prefill", ["dequant", "fused", "register"])
 def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng, monkeypatch, prefill):
     """The same block in float16 on the GPU: three decode-kernel launches (beyond DECODE_MAX_M
-    rows: dequantise into the arena, then the fp16 GEMM, or the fused prefill kernel), the
-    epilogue fused, checked over fresh inputs (the replayed CUDA graph included) against the
-    float32 reference."""
+    rows: dequantise into the arena, then the fp16 GEMM, or the fused prefill kernel, or the
+    register-A kernel on the words the lowbit_fragment_words pass added), the epilogue fused,
+    checked over fresh inputs (the replayed CUDA graph included) against the float32 reference."""
     monkeypatch.setenv("TESSERA_LOWBIT_PREFILL", prefill)
     for lead in ((1, 1), (3, 5), (2, 70)) if prefill == "dequant" else ((2, 70), (1, 300)):
         ref_graph = _block(np.random.default_rng(3), lead)
@@ -151,6 +151,9 @@ def test_cuda_compiles_the_rewritten_block_on_the_decode_kernel(rng, monkeypatch
             for got, ref in zip(outs, ref_graph.run(x)):
                 got = np.asarray(got.cpu() if hasattr(got, "cpu") else got, np.float32)
                 np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+        if prefill == "register":  # (not a silent fall back to the two passes)
+            names = [name for step in compiled.report().kernels for name in step.kernels]
+            assert sum("_rs_" in name for name in names) == 3, names
 
 
 def test_small_float_weights_with_zero_points_are_refused(rng):

@@ -6,8 +6,11 @@ biases] (tessera.graph.opdefs.lowbit); the epilogue's `acc` is the float32 produ
 DECODE_MAX_M rows run on the decode kernel (tiles of 16 rows in grid.y), its config tuned per
 shape when tuning is on.  More rows (`_plan_prefill`) run either the fused prefill kernel
 (tessera.kernels.lowbit_gemm: the dequantisation in the TMA GEMM's mainloop, one launch) or
-dequantise into a temporary and run the fp16 GEMM template; tuning picks (tessera.quant.tune,
-checked against the two passes), the two passes are the default without it.
+dequantise into a temporary and run the fp16 GEMM template, or, where the operator carries its
+codes in mma's k order too (a fifth input: tessera.graph.passes.lowbit_fragment_words), the
+register-A kernel (tessera.kernels.lowbit_gemm_rs: dequantised straight into wgmma's A
+registers); tuning picks (tessera.quant.tune, checked against the two passes), the two passes
+are the default without it.
 
 On the CPU (`plan_lowbit_linear_cpu`, float32 x) the row kernel of tessera.kernels.lowbit_cpu
 runs it: the graph's constant words are re-laid once at plan time into the CPU row layout
@@ -57,10 +60,12 @@ def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...
 
 def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
                        biases: tuple[int, int], epilogue: Epilogue | None = None, tune: bool = False,
-                       prefill: Any = None) -> AnchorPlan:  # fmt: skip
+                       prefill: Any = None, fragment: bool = False) -> AnchorPlan:  # fmt: skip
     """The decode kernel for x [..., K] with the epilogue in its stores; `tune` (on a GPU) times
     the candidate configs for this shape (tessera.quant.tune), else DecodeConfig.default.  Past
-    DECODE_MAX_M rows the prefill path (`_plan_prefill`; `prefill` picks it, else tuning)."""
+    DECODE_MAX_M rows the prefill path (`_plan_prefill`; `prefill` picks it, else tuning).
+    `fragment`: the call passes a fifth input, the codes in FRAGMENT_SPAN (as many words), which
+    the register-A prefill kernel reads; the other kernels take it and leave it alone."""
     from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
 
     t = dtypes.dtype(attrs["wtype"])
@@ -73,7 +78,7 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     if not group_ok(group):
         raise UnsupportedError(f"group size {gs} is not one the low-bit kernel takes")
     if m > DECODE_MAX_M:
-        return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune, prefill)
+        return _plan_prefill(x_shape, attrs, words, scales, biases, group, epilogue, tune, prefill, fragment)
     # the k order the graph's words were packed in (tessera.quant.torch_quantize; 16 in older graphs)
     span = attrs.get("span", 16)
     config = DecodeConfig.default(t.nbits, m, n, k, _sms())
@@ -96,13 +101,14 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
     f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_{t.name}_{config}")
     slots = [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), *((EXTRA, i) for i in range(len(ep.extras)))]
-    return AnchorPlan(f.name, [Launch(f, slots)], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
-                      config=config)  # fmt: skip
+    inputs = 5 if fragment else 4
+    return AnchorPlan(f.name, [Launch(f, slots)], out_shape, ep.output.dtype, inputs, len(ep.extras),
+                      aligned_inputs=[0, 1], config=config)  # fmt: skip
 
 
 def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
                   biases: tuple[int, int], group: int, epilogue: Epilogue | None, tune: bool,
-                  prefill: Any = None) -> AnchorPlan:  # fmt: skip
+                  prefill: Any = None, fragment: bool = False) -> AnchorPlan:  # fmt: skip
     """More than DECODE_MAX_M rows: `prefill` (else tessera.quant.tune.prefill_choice: tuned on a
     GPU when tuning; $TESSERA_LOWBIT_PREFILL can force either) is a config of the fused kernel
     (tessera.kernels.lowbit_gemm: the dequantisation in the GEMM's mainloop, the epilogue in its
@@ -110,10 +116,11 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     does) or DEQUANT_THEN_GEMM: the words dequantised to fp16 W [N, K] in a temporary (the graph
     compiler's arena: alive during the step, shared with other steps' buffers, so the model
     holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in its
-    stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor)."""
+    stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor); with `fragment`,
+    the register-A kernel is a candidate too (`_plan_register_a`)."""
     from tessera.kernels.lowbit_dequant import make_dequant_units
     from tessera.ops.anchors.gemm import GemmProblem, Operand, plan_gemm
-    from tessera.quant.tune import DEQUANT_THEN_GEMM
+    from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias, span = attrs["n"], attrs["k"], bool(attrs["has_bias"]), attrs.get("span", 16)
@@ -123,10 +130,16 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
         from tessera.quant.tune import prefill_choice
 
         prefill = prefill_choice(t, group, has_bias, span, math.prod(lead), n, k, words, scales, biases,
-                                 tune and _on_gpu())  # fmt: skip
+                                 tune and _on_gpu(), register_a=fragment)  # fmt: skip
+    if is_register_a(prefill):
+        if not fragment:
+            raise UnsupportedError(f"the register-A prefill kernel ({prefill}) reads the codes in mma's k order: "
+                                   "give lowbit_linear its fifth input (tessera.graph.passes.lowbit_fragment_words)")
+        return _plan_register_a(x_shape, attrs, words, scales, biases, group, epilogue, prefill)
+    inputs = 5 if fragment else 4
     if prefill != DEQUANT_THEN_GEMM:
-        return _plan_fused(x_shape, attrs, words, scales, biases, group, epilogue, prefill)
-    plan = AnchorPlan(f"lowbit_prefill_{t.name}", [], out_shape, dtypes.float16, 4, 0, aligned_inputs=[0, 1])
+        return _plan_fused(x_shape, attrs, words, scales, biases, group, epilogue, prefill, inputs)
+    plan = AnchorPlan(f"lowbit_prefill_{t.name}", [], out_shape, dtypes.float16, inputs, 0, aligned_inputs=[0, 1])
     w16 = plan.temporary((n, k), dtypes.float16)
     f = make_dequant_units(t, group, has_bias, span).ir
     f = specialize(f, {"Wq": (words,), "S": scales, "B": biases, "Out": (n, k)})
@@ -135,11 +148,12 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     b = Operand(w16, (n, k), lambda bi, r, c: (r, c), plain=True)
     problem = GemmProblem(dtypes.float16, "nk", 1, math.prod(lead), n, k, a, b, lambda z, r, c: (*unravel(r, lead), c),
                           k % 8 == 0, row_major_out=True)  # fmt: skip
-    return plan_gemm("lowbit_prefill", problem, out_shape, 4, epilogue, None, -1, tune, plan=plan)
+    return plan_gemm("lowbit_prefill", problem, out_shape, inputs, epilogue, None, -1, tune, plan=plan)
 
 
 def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
-                biases: tuple[int, int], group: int, epilogue: Epilogue | None, config: Any) -> AnchorPlan:  # fmt: skip
+                biases: tuple[int, int], group: int, epilogue: Epilogue | None, config: Any,
+                inputs: int = 4) -> AnchorPlan:  # fmt: skip
     """The fused prefill kernel with x read through a tensor map as [1, M, K] and the epilogue
     in its staged (16-byte row segment) stores."""
     from tessera.kernels.gemm_tma import BLOCK_K
@@ -155,11 +169,50 @@ def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, sca
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
     f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),
                f"lowbit_prefill_{t.name}_{config}")  # fmt: skip
-    plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, 4, len(ep.extras), aligned_inputs=[0, 1],
+    plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, inputs, len(ep.extras), aligned_inputs=[0, 1],
                       aligned_output=True, config=config)  # fmt: skip
     tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_m, BLOCK_K)))
     plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 1), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), tma_a,
                                     *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
+    return plan
+
+
+def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
+                     biases: tuple[int, int], group: int, epilogue: Epilogue | None, config: Any) -> AnchorPlan:  # fmt: skip
+    """The register-A kernel (tessera.kernels.lowbit_gemm_rs) reading the fifth input (the codes in
+    FRAGMENT_SPAN) and x through tensor maps, the epilogue in its 16-byte row-segment stores.
+
+    A TMA-epilogue config runs with the stmatrix epilogue: the TMA unit's stores have no place for
+    the graph's epilogue (on the H200 the TMA epilogue was 3-4% faster at M=4096).  Stream-K
+    configs run without it: the plan keeps no partial sums between launches."""
+    from tessera.kernels import lowbit_gemm_rs as rs
+    from tessera.kernels.gemm_tma import BLOCK_K
+
+    t = dtypes.dtype(attrs["wtype"])
+    n, k, has_bias = attrs["n"], attrs["k"], bool(attrs["has_bias"])
+    m, out_shape, rows_of = _rows(x_shape, n, k)
+    config = dataclasses.replace(config, epilogue="stmatrix" if config.epilogue == "tma" else config.epilogue,
+                                 stream_k=False)  # fmt: skip
+    bad = rs.problems(t, group, has_bias, config)
+    if bad:
+        raise UnsupportedError(f"lowbit_linear prefill {t.name} g{group}: the register-A kernel {config}: {'; '.join(bad)}")
+    f = rs.make_lowbit_gemm_rs(t, group, has_bias, config).ir
+    f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n), "P": (1,), "F": (1,)},
+                   {"ctas": config.grid(m, n, _sms()), "whole": config.tiles(m, n)})  # fmt: skip
+    f = retype_operand(f, "A", x_shape)
+    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
+    f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),
+               f"lowbit_prefill_{t.name}_{config}")  # fmt: skip
+    plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, 5, len(ep.extras), aligned_inputs=[0, 4],
+                      aligned_output=True, config=config)  # fmt: skip
+    tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_t // config.cluster, BLOCK_K)))
+    tma_w = plan.tensor_map(MapSpec((INPUT, 4), dtypes.uint32, rs.word_shape(words, k, t.nbits),
+                                    (rs.ROWS // 16, 1, t.nbits, 128), swizzle=0))  # fmt: skip
+    slab = plan.workspace((config.block_t * 16,), dtypes.float16)  # the output map the stmatrix epilogue never uses
+    tma_c = plan.tensor_map(MapSpec(slab, dtypes.float16, (1, config.block_t, 16), (1, config.block_t, 16), swizzle=0))
+    partials, flags = plan.workspace((1,), dtypes.float32), plan.workspace((1,), dtypes.uint32)  # (no stream-K)
+    plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 4), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), tma_a, tma_w, tma_c,
+                                    partials, flags, *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
     return plan
 
 
@@ -206,9 +259,10 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
 
 def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], words: np.ndarray,
                            scales: tuple[int, int], biases: tuple[int, int],
-                           epilogue: Epilogue | None = None) -> AnchorPlan:  # fmt: skip
+                           epilogue: Epilogue | None = None, inputs: int = 4) -> AnchorPlan:  # fmt: skip
     """lowbit_linear on the CPU: float32 x [M, K], the epilogue fused into the stores; `words`
-    is the operator's constant data (re-laid here, once), its input slot is never read."""
+    is the operator's constant data (re-laid here, once), its input slot is never read, nor is
+    a fifth (`inputs` 5: the fragment-order words a CUDA compile of the same graph added)."""
     from tessera.kernels.lowbit_cpu import make_linear_rows
     from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
 
@@ -226,7 +280,7 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], word
                        "U": (threads, nr * kp), "Wf": (threads, nr * kp)})  # fmt: skip
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32)
     f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
-    plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, 4, len(ep.extras), target="cpu",
+    plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, inputs, len(ep.extras), target="cpu",
                       constants=[rows])  # fmt: skip
     slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
              plan.workspace((threads, nr * kp), dtypes.uint32), plan.workspace((threads, nr * kp), dtypes.float32),

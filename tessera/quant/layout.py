@@ -80,6 +80,12 @@ def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16)
     return u.transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]
 
 
+def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_span: int) -> np.ndarray:
+    """The words of `pack_units(..., span)` holding the same codes in the k order `new_span`
+    (as many words: a unit's size does not depend on its order)."""
+    return pack_units(layout_codes(unpack_units(words, t, n, k, span), t), t, new_span)
+
+
 def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
     """uint32 words [N, ceil(K / 256) * 8 * bits] of the [N, K] layout codes `u` in the CPU row
     layout (tessera.kernels.lowbit_cpu.row_planes): per row, blocks of 256 k, each plane p of a

@@ -177,7 +177,7 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
         from tessera.quant.anchor import plan_lowbit_linear_cpu
 
         return plan_lowbit_linear_cpu(in_shapes[0], op.attrs, op.inputs[1].data, in_shapes[2], in_shapes[3],
-                                      epilogue).load()  # fmt: skip
+                                      epilogue, len(op.inputs)).load()  # fmt: skip
 
     if op.kind == "max_pool2d":
         from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d
@@ -273,7 +273,7 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
         from tessera.quant.anchor import prepare_lowbit_linear
 
         kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue,
-                                       tune=tune)  # fmt: skip
+                                       tune=tune, fragment=len(op.inputs) == 5)  # fmt: skip
     else:
         raise UnsupportedError(f"no kernel template for {op.kind}")
 

@@ -76,6 +76,7 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     from tessera.graph.lowering import NOT_LOWERED, lowering_error
     from tessera.graph.passes import optimize as run_passes
     from tessera.graph.passes.channels_last import to_channels_last
+    from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
 
     if target == "cuda":
         _require_gpu()
@@ -85,8 +86,9 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     start = time.perf_counter()
     if optimize:
         run_passes(graph)
-    if target == "cuda":  # a layout decision, not an optional rewrite: the GPU's GEMMs want NHWC
-        to_channels_last(graph)
+    if target == "cuda":  # layout decisions, not optional rewrites: the GPU's GEMMs want NHWC, and
+        to_channels_last(graph)  # the register-A low-bit prefill kernel its codes in mma's k order
+        add_fragment_words(graph, opts.tune)
     timings["optimize"] = time.perf_counter() - start
     # Before lowering: it changes the index_copy kernels.  Copies back only where a CUDA graph
     # holds them (the CPU's replay runs C kernels alone, and the caller's copy costs the same).

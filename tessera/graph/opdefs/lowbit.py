@@ -8,7 +8,10 @@ scales float16 [N, G] and biases float16 [N, G] (or [1, 1] when `has_bias` is Fa
 terms of the `dequant` instruction: W[n, k] = (u - bias[n, g]) * scale[n, g], g = k //
 group_size, u the layout code (offset binary for signed ints; for the small floats u stands
 for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias, span (16
-when absent, as in graphs saved before it existed).
+when absent, as in graphs saved before it existed).  An optional fifth input holds the same
+codes packed in mma's own k order (tessera.ir.lowbit.FRAGMENT_SPAN), as many words: the
+register-A prefill kernel reads those (tessera.graph.passes.lowbit_fragment_words adds them for
+Hopper GPUs); the decode kernels and the reference read `words`.
 It is an anchor (tessera.quant.anchor, the epilogue fused into its stores): on the GPU the
 decode kernel for float16 x, on the CPU the row kernel (tessera.kernels.lowbit_cpu) for float32
 x; other dtypes on a target run on the reference (the torch front end casts to the target's).
@@ -26,7 +29,7 @@ ACTIVATION_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 
 def _infer(xs, a):
-    x, words, scales, biases = xs
+    x, words, scales, biases = xs[:4]
     if x.ndim < 1:
         raise ShapeError(f"lowbit_linear takes x [..., K], got a scalar {x.shape}")
     if isinstance(x.shape[-1], int) and x.shape[-1] != a["k"]:
@@ -36,6 +39,9 @@ def _infer(xs, a):
         raise ShapeError(f"lowbit_linear takes {names} activations, got {x.dtype}")
     if words.dtype != dtypes.uint32 or scales.dtype != dtypes.float16 or biases.dtype != dtypes.float16:
         raise ShapeError("lowbit_linear takes uint32 words and float16 scales and biases")
+    if len(xs) == 5 and (xs[4].dtype != dtypes.uint32 or tuple(xs[4].shape) != tuple(words.shape)):
+        raise ShapeError(f"lowbit_linear: the fragment-order words must be uint32 {list(words.shape)} like the words, "
+                         f"got {xs[4].dtype} {list(xs[4].shape)}")  # fmt: skip
     if a["has_bias"] and dtypes.dtype(a["wtype"]).is_float:  # (as tessera.quant.QuantizedWeight)
         raise ShapeError(f"lowbit_linear: {a['wtype']} weights take no zero points; set has_bias=False")
     return [((*x.shape[:-1], a["n"]), x.dtype)]
@@ -59,12 +65,12 @@ def dequantized_weight(words: np.ndarray, scales: np.ndarray, biases: np.ndarray
 
 
 def _reference(xs, a):
-    x, words, scales, biases = xs
+    x, words, scales, biases = xs[:4]
     w = dequantized_weight(words, scales, biases, a)
     return [(x.astype(np.float64) @ w.T).astype(x.dtype)]
 
 
-register("lowbit_linear", infer=_infer, reference=_reference, category="anchor", num_inputs=4,
+register("lowbit_linear", infer=_infer, reference=_reference, category="anchor", num_inputs=(4, 5),
          attrs={"wtype": REQUIRED, "n": REQUIRED, "k": REQUIRED, "group_size": REQUIRED, "has_bias": REQUIRED,
                 "span": 16},
          doc="x @ W^T with low-bit W in the tensor-core layout (tessera.quant); see the module docstring")  # fmt: skip

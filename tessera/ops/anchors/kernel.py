@@ -34,18 +34,20 @@ Slot = tuple[int, int]
 class MapSpec:
     """A TMA tensor map over one operand: where the operand comes from, the row-major shape the
     kernel reads it as, its dtype and the box of one copy; with a `window`, an im2col map whose
-    box is (pixels, channels) (an implicit-GEMM convolution's input)."""
+    box is (pixels, channels) (an implicit-GEMM convolution's input); `swizzle` the shared-memory
+    swizzle in bytes of a tiled map (0: boxes land as they are)."""
 
     operand: Slot
     dtype: DataType
     shape: tuple[int, ...]
     box: tuple[int, ...]
     window: Im2colWindow | None = None
+    swizzle: int = 128
 
     def encode(self, ptr: int) -> TensorMap:
         """The map over the operand at device address `ptr`."""
         if self.window is None:
-            return TensorMap.from_pointer(ptr, self.dtype, self.shape, self.box)
+            return TensorMap.from_pointer(ptr, self.dtype, self.shape, self.box, self.swizzle)
         return TensorMap.im2col_from_pointer(ptr, self.dtype, self.shape, self.window, *self.box)
 
 
