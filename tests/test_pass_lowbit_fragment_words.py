@@ -108,18 +108,20 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
     """plan_lowbit_linear past DECODE_MAX_M with a register-A config and the fifth input: x [2,
     150, K] through its tensor map, the words of the fifth input (with the word ring through
     theirs), residual + silu fused into the stores (the TMA-epilogue config runs the stmatrix
-    one), N not a multiple of 8; the identity epilogue with zero points; two calls each."""
+    one), N not a multiple of 8; without an epilogue, the TMA unit's stores where N % 8 == 0
+    (zero points, the word ring) and the stmatrix ones where not; two calls each."""
     from cuda_on_host import HostTensorMap, run_on_host
 
     from tessera import ops
     from tessera.ir import dtypes
     from tessera.ops.anchors.epilogue import Epilogue
-    from tessera.ops.anchors.kernel import INPUT, WORKSPACE
+    from tessera.ops.anchors.kernel import INPUT, OUTPUT, WORKSPACE
     from tessera.quant.anchor import plan_lowbit_linear
 
     cases, refs = [], []
-    for name, group, bias, n, k, config, fused in (("int4", 64, False, 100, 520, rs.CONFIGS[0], True),
-                                                   ("uint3", 32, True, 40, 264, rs.CONFIGS[3], False)):  # fmt: skip
+    for name, group, bias, n, k, config, fused, out in (("int4", 64, False, 100, 520, rs.CONFIGS[0], True, "stmatrix"),
+                                                        ("uint3", 32, True, 40, 264, rs.CONFIGS[3], False, "tma"),
+                                                        ("e2m1", 128, False, 100, 264, rs.CONFIGS[0], False, "stmatrix")):  # fmt: skip
         t = ts.dtype(name)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
         lead, shape = (2, 150), (2, 150, n)
@@ -131,10 +133,10 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
                                   config, fragment=True)  # fmt: skip
         run = plan.config
         assert len(plan.launches) == 1 and not plan.temporaries and plan.num_inputs == 5
-        assert run.epilogue == "stmatrix" and run.words == config.words and run.block_t == config.block_t
+        assert run.epilogue == out and run.words == config.words and run.block_t == config.block_t
         launch = plan.launches[0]
         assert launch.slots[1] == (INPUT, 4) and plan.tensor_maps[1].operand == (INPUT, 4)
-        assert plan.tensor_maps[2].operand[0] == WORKSPACE
+        assert plan.tensor_maps[2].operand == ((OUTPUT, 0) if out == "tma" else (WORKSPACE, 0))
         params = [p.name for p in launch.func.params]
         assert params[:10] == ["A", "Wq", "S", "Z", "C", "tma_a", "tma_w", "tma_c", "P", "F"]
         m = 300
@@ -145,8 +147,9 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
             values = {"A": x, "Wq": c["words"], "S": c["scales"], "Z": c["biases"], "C": np.full(shape, np.nan, np.float16),
                       "tma_a": HostTensorMap("A", (1, m, k), (1, run.block_t, 64)),
                       "tma_w": HostTensorMap("Wq", wshape, (rs.ROWS // 16, 1, *wshape[2:]), swizzle=0),
-                      # (the plan's map of a workspace slab, never written: any block_t x 16 halves do here)
-                      "tma_c": HostTensorMap("C", (1, run.block_t, 16), (1, run.block_t, 16), swizzle=0),
+                      # (with the stmatrix epilogue the plan's map of a workspace slab, never written)
+                      "tma_c": HostTensorMap("C", (1, m, n) if out == "tma" else (1, run.block_t, 16),
+                                             (1, run.block_t, 16), swizzle=0),
                       "P": np.zeros(1, np.float32), "F": np.zeros(1, np.uint32)}  # fmt: skip
             if fused:
                 values[params[10]] = r

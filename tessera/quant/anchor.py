@@ -182,8 +182,9 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     """The register-A kernel (tessera.kernels.lowbit_gemm_rs) reading the fifth input (the codes in
     FRAGMENT_SPAN) and x through tensor maps, the epilogue in its 16-byte row-segment stores.
 
-    A TMA-epilogue config runs with the stmatrix epilogue: the TMA unit's stores have no place for
-    the graph's epilogue (on the H200 the TMA epilogue was 3-4% faster at M=4096).  Stream-K
+    With an epilogue, a TMA-epilogue config runs the stmatrix epilogue: the TMA unit's stores have
+    no place for the graph's epilogue (on the H200 the TMA epilogue was 3-4% faster at M=4096);
+    without one it keeps it where TMA can write the output (RegisterAConfig.for_output).  Stream-K
     configs run without it: the plan keeps no partial sums between launches."""
     from tessera.kernels import lowbit_gemm_rs as rs
     from tessera.kernels.gemm_tma import BLOCK_K
@@ -191,8 +192,9 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias = attrs["n"], attrs["k"], bool(attrs["has_bias"])
     m, out_shape, rows_of = _rows(x_shape, n, k)
-    config = dataclasses.replace(config, epilogue="stmatrix" if config.epilogue == "tma" else config.epilogue,
-                                 stream_k=False)  # fmt: skip
+    tma_out = epilogue is None and config.for_output(n).epilogue == "tma"
+    config = dataclasses.replace(config, epilogue="tma" if tma_out else "stmatrix" if config.epilogue == "tma" else
+                                 config.epilogue, stream_k=False)  # fmt: skip
     bad = rs.problems(t, group, has_bias, config)
     if bad:
         raise UnsupportedError(f"lowbit_linear prefill {t.name} g{group}: the register-A kernel {config}: {'; '.join(bad)}")
@@ -208,8 +210,9 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_t // config.cluster, BLOCK_K)))
     tma_w = plan.tensor_map(MapSpec((INPUT, 4), dtypes.uint32, rs.word_shape(words, k, t.nbits),
                                     (rs.ROWS // 16, 1, t.nbits, 128), swizzle=0))  # fmt: skip
-    slab = plan.workspace((config.block_t * 16,), dtypes.float16)  # the output map the stmatrix epilogue never uses
-    tma_c = plan.tensor_map(MapSpec(slab, dtypes.float16, (1, config.block_t, 16), (1, config.block_t, 16), swizzle=0))
+    slab = (OUTPUT, 0) if tma_out else plan.workspace((config.block_t * 16,), dtypes.float16)  # (else never written)
+    tma_c = plan.tensor_map(MapSpec(slab, dtypes.float16, (1, m, n) if tma_out else (1, config.block_t, 16),
+                                    (1, config.block_t, 16), swizzle=0))  # fmt: skip
     partials, flags = plan.workspace((1,), dtypes.float32), plan.workspace((1,), dtypes.uint32)  # (no stream-K)
     plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 4), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), tma_a, tma_w, tma_c,
                                     partials, flags, *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
