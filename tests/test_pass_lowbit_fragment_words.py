@@ -2,7 +2,7 @@
 
 The pass appends to lowbit_linear the codes in mma's k order (tessera.ir.lowbit.FRAGMENT_SPAN),
 only where the register-A kernel may run: an SM90 GPU, float16 x, rows past DECODE_MAX_M, and
-$TESSERA_LOWBIT_PREFILL 'register' or tuning.  The plan (tessera.quant.anchor._plan_register_a)
+$TESSERA_LOWBIT_PREFILL 'register' (tuning too, once the GPU tier has run it).  The plan (tessera.quant.anchor._plan_register_a)
 then reads those words and fuses the graph's epilogue into the kernel's stores: run here on
 the host model (tests/cuda_on_host.py) at odd sizes.  GPU tier: tests/test_pass_lowbit_projections.py
 compiles a block with TESSERA_LOWBIT_PREFILL=register."""
@@ -70,9 +70,14 @@ def test_the_pass_adds_words_only_where_the_register_a_kernel_may_run(rng, hoppe
     assert add_fragment_words(_graph(rng, 300, dtype="float32"), tune=False) == 0  # (the CPU's row kernel takes float32)
     g = _graph(rng, 300)
     assert add_fragment_words(g, tune=False) == 1 and add_fragment_words(g, tune=False) == 0  # once
-    for mode, tune, want in (("auto", False, 0), ("auto", True, 1), ("", True, 1), ("dequant", True, 0), ("fused", True, 0)):
-        hopper.setenv("TESSERA_LOWBIT_PREFILL", mode)
-        assert add_fragment_words(_graph(rng, 300), tune) == want, (mode, tune)
+    import tessera.graph.passes.lowbit_fragment_words as pass_module
+
+    for opt_in in (False, True):  # (opt-in until the GPU tier has run the plan: AUTO_TUNES_IT)
+        hopper.setattr(pass_module, "AUTO_TUNES_IT", opt_in)
+        for mode, tune, want in (("auto", False, 0), ("auto", True, int(opt_in)), ("", True, int(opt_in)),
+                                 ("dequant", True, 0), ("fused", True, 0), ("register", False, 1)):  # fmt: skip
+            hopper.setenv("TESSERA_LOWBIT_PREFILL", mode)
+            assert add_fragment_words(_graph(rng, 300), tune) == want, (mode, tune, opt_in)
     hopper.setattr(cuda, "device_properties", lambda: type("P", (), {"capability": (8, 9)})())
     assert add_fragment_words(_graph(rng, 300), tune=True) == 0  # not Hopper
 

@@ -13,7 +13,9 @@ chosen:
 - a Hopper GPU (SM90, the kernel's only target);
 - float16 activations;
 - rows that may exceed DECODE_MAX_M (a static M at or below it only decodes);
-- $TESSERA_LOWBIT_PREFILL 'register', or 'auto' with tuning (without it, the two passes run).
+- $TESSERA_LOWBIT_PREFILL 'register'.  Opt-in for now: the CPU tier runs the plan on the host
+  model, but no GPU has run it yet (issue 12's note); once the GPU tier has, 'auto' with tuning
+  should add the words too and let tuning choose (`AUTO_TUNES_IT`).
 
 The price is a second copy of the low-bit words on the GPU: bits/16 of the fp16 weights' memory,
 as the eager layer keeps it (tessera.quant.linear.PreparedWeight.words_for).
@@ -51,6 +53,9 @@ def fragment_words_of(op: Operator) -> Tensor:
     return Tensor.constant(packed.reshape(words.data.shape), name=f"{words.name}_fragment", copy=False)
 
 
+AUTO_TUNES_IT = False  # whether 'auto' with tuning adds the words (see the module docstring)
+
+
 def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
     """Append the fragment-order words to every lowbit_linear the register-A kernel may run
     (see the module docstring), when the current GPU is an SM90 one; returns how many."""
@@ -58,7 +63,7 @@ def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
     from tessera.runtime.cuda import device_properties
 
     mode = prefill_mode()
-    if mode not in ("register", "auto") or (mode == "auto" and not tune):
+    if mode != "register" and not (mode == "auto" and tune and AUTO_TUNES_IT):
         return 0
     if device_properties().capability != (9, 0):
         return 0
