@@ -192,9 +192,10 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias = attrs["n"], attrs["k"], bool(attrs["has_bias"])
     m, out_shape, rows_of = _rows(x_shape, n, k)
-    tma_out = epilogue is None and config.for_output(n).epilogue == "tma"
-    config = dataclasses.replace(config, epilogue="tma" if tma_out else "stmatrix" if config.epilogue == "tma" else
-                                 config.epilogue, stream_k=False)  # fmt: skip
+    if config.epilogue == "tma" and (epilogue is not None or config.for_output(n).epilogue != "tma"):
+        config = dataclasses.replace(config, epilogue="stmatrix")
+    config = dataclasses.replace(config, stream_k=False)
+    tma_out = config.epilogue == "tma"
     bad = rs.problems(t, group, has_bias, config)
     if bad:
         raise UnsupportedError(f"lowbit_linear prefill {t.name} g{group}: the register-A kernel {config}: {'; '.join(bad)}")
