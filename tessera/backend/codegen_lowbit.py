@@ -138,13 +138,23 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
         offsets = {(0, 0): "o0", (1, 0): "o1"}
     else:
         subtract = False
-    for reg in range(first, last):
-        row = reg % 2
-        lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')};")
-        value = "*reinterpret_cast<half2*>(&r)"
-        if subtract:
-            value = f"__hsub2({value}, {offsets[(row, lowbit.int_displacement(t, reg))]})"
-        lines.append(f"    d[{reg - first}] = {f'__hmul2({value}, s{row})' if scaled else value}; }}")
+    hardware = t.name in lowbit.HARDWARE_FLOATS  # sm_89+: a PRMT and a cvt per register, not shifts and masks
+    for converted in (True, False) if hardware else (False,):
+        if hardware:
+            lines.append("#if __CUDA_ARCH__ >= 890" if converted else "#else")
+        for reg in range(first, last):
+            row = reg % 2
+            value = "*reinterpret_cast<half2*>(&r)"
+            if converted:  # the value itself, then * 2**-float_shift (exact): the same half as the shifts give
+                lines.append(f"  {{ uint32_t r = ts_cvt_{t.name}x2(ts_prmt(w[{reg // 2}], 0u, {0x20 + 0x11 * (reg % 2):#x}u));")
+                value = f"__hmul2({value}, __float2half2_rn({2.0 ** -lowbit.float_shift(t)!r}f))"
+            else:
+                lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')};")
+            if subtract:
+                value = f"__hsub2({value}, {offsets[(row, lowbit.int_displacement(t, reg))]})"
+            lines.append(f"    d[{reg - first}] = {f'__hmul2({value}, s{row})' if scaled else value}; }}")
+    if hardware:
+        lines.append("#endif")
     lines.append("}")
     return "\n".join(lines)
 
