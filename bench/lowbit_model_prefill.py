@@ -1,8 +1,9 @@
 """The 1.1B Llama's prefill (one prompt of 512 tokens) through torch.compile with int4 weights
 (`tessera.quantize`, group 128, lm_head fp16) against tessera and eager on the fp16 model
 (issue 12), the int4 model compiled three ways: `auto` (tuning picks per shape), `dequant`
-(lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM) and `fused`
-(tessera.kernels.lowbit_gemm), by $TESSERA_LOWBIT_PREFILL.  A development measurement: CUDA
+(lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM), `register`
+(the register-A kernel on the fragment words) and `fused` (tessera.kernels.lowbit_gemm), by
+$TESSERA_LOWBIT_PREFILL; $PREFILL_MODES (comma-separated) picks a subset.  A development measurement: CUDA
 events around each forward, median of 20 after 3 warm-up calls, no L2 flush (a model's
 weights stream through L2 anyway), each compiled int4 model checked against eager on the same
 int4 model with fresh tokens.
@@ -41,7 +42,7 @@ def main() -> None:
     res = {"eager fp16": median_ms(lambda: model(ids).logits)}
     quantized = ts.quantize(model, weight="int4", group_size=128, skip=("lm_head",))
     runs = [("tessera fp16", model, "auto")] + [(f"tessera int4 {mode}", quantized, mode)
-                                                for mode in ("auto", "dequant", "fused")]  # fmt: skip
+                                                for mode in os.environ.get("PREFILL_MODES", "auto,dequant,register,fused").split(",")]  # fmt: skip
     for name, m, mode in runs:
         os.environ["TESSERA_LOWBIT_PREFILL"] = mode  # (read when the graph's kernels are planned)
         torch._dynamo.reset()
