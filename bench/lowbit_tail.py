@@ -61,7 +61,7 @@ def check(rng: np.random.Generator, sms: int) -> list:
                 rs.lowbit_gemm_rs(x, p.words_for(FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, c)
                 ref = x.double() @ w.T
                 err = float((y.double() - ref).norm() / ref.norm())
-                _, flags = rs.stream_k_workspace(x, c, c.grid(m, n, sms))
+                _, flags = rs.stream_k_workspace(x, c, c.grid(m, n, sms, k))
                 set_flags = int(flags.view(torch.int32).ne(0).sum())
                 print(f"check {name} {m}x{n}x{k} {c}: rel_err {err:.1e}, flags left set {set_flags}", flush=True)
                 if not (err < 2e-3 and set_flags == 0):

@@ -98,7 +98,11 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
     sk, plain = STREAM_K[0], rs.CONFIGS[0]
     assert sk.whole_tiles(4096, 12288, 4096, 132) == 1452 and plain.whole_tiles(4096, 12288, 4096, 132) == 1536
     assert sk.whole_tiles(4096, 12672, 4096, 132) == 1584  # whole rounds: nothing to share
-    assert sk.whole_tiles(200, 1000, 4096, 132) == 8  # fewer tiles than blocks: one round
+    # fewer tiles than SMs (a short prompt): every tile cut, a block per SM up to one per 256-k block
+    assert sk.whole_tiles(200, 1000, 4096, 132) == 0 and sk.grid(200, 1000, 132, 4096) == 128
+    assert sk.grid(200, 1000, 132) == 8 and plain.grid(200, 1000, 132, 4096) == 8  # (without k, or stream_k: whole)
+    assert sk.whole_tiles(200, 300, 4096, 4) == 0 and sk.grid(200, 300, 4, 4096) == 4
+    assert sk.whole_tiles(1, 300, 256, 132) == 3 and sk.grid(1, 300, 132, 256) == 3  # (one 256-k block: nothing to cut)
     assert sk.whole_tiles(300, 637, 256, 4) == 10  # 2 tiles left, 1 unit each: fewer units than blocks
     assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 8 * 32 * 128, 32)
     assert str(sk) == "rs_256x128_s4_et_sk"
@@ -109,14 +113,16 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
 def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """The last round's tiles cut among the host's 4 "SMs": a tile in 4 shares (one 256-k block
     each, after a whole tile each), tiles in 2 and 3 shares with a block whose share holds a
-    whole tile between two cut ones, and one token; two calls with fresh activations; the flags
-    at rest after."""
+    whole tile between two cut ones, and one token; fewer tiles than "SMs" (every tile cut: 2
+    tiles in 2 shares each, and 3 tiles of 2 blocks in 4 shares, one crossing a tile's end);
+    two calls with fresh activations; the flags at rest after."""
     from cuda_on_host import run_on_host
 
     specs = [("int4", 128, False, 200, 633, 984), ("uint3", 32, True, 300, 637, 520), ("e4m3", 64, False, 70, 883, 500),
-             ("int8", 128, False, 1, 633, 984)]  # (one token)
+             ("int8", 128, False, 1, 633, 984), ("int4", 128, False, 70, 200, 1000),
+             ("uint2", 32, True, 5, 300, 500)]  # (one token; then fewer tiles than blocks)  # fmt: skip
     cases, refs = [], []
-    for (name, group, bias, m, n, k), config in zip(specs, (*STREAM_K, STREAM_K[0])):
+    for (name, group, bias, m, n, k), config in zip(specs, (*STREAM_K, STREAM_K[0], STREAM_K[0], STREAM_K[2])):
         t = ts.dtype(name)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
         kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)

@@ -114,16 +114,23 @@ class RegisterAConfig:
         blocks take together (one per block, the last group's partly past N)."""
         return -(-m // self.block_t) * -(-n // (ROWS * self.cluster))
 
-    def grid(self, m: int, n: int, sms: int) -> int:
-        """Thread blocks to launch: persistent, one per SM, at most one per tile (whole clusters)."""
-        return min(self.tiles(m, n), sms // self.cluster) * self.cluster
+    def grid(self, m: int, n: int, sms: int, k: int | None = None) -> int:
+        """Thread blocks to launch: persistent, one per SM, at most one per tile (whole clusters);
+        with stream_k, k given and fewer tiles than SMs (short prompts: one partial round), one
+        per SM up to one per 256-k block, every tile's k shared out among them (`whole_tiles` 0)."""
+        tiles, k_units = self.tiles(m, n), -(-(k or 0) // 256)
+        if self.stream_k and tiles < sms and k_units > 1:
+            return min(sms, tiles * k_units)
+        return min(tiles, sms // self.cluster) * self.cluster
 
     def whole_tiles(self, m: int, n: int, k: int, sms: int) -> int:
         """Tiles the persistent schedule gives out whole (the kernel's `whole`): all of them, or
         with stream_k the full rounds only, when a partial round is left and its 256-k blocks
         give every block at least one (the rest are shared out by 256-k blocks: the H200 took as
         long for 1456 tiles as for 1584, 12 rounds of 132 blocks, bench/results/...-streamk.md)."""
-        tiles, blocks = self.tiles(m, n), self.grid(m, n, sms)
+        tiles, blocks = self.tiles(m, n), self.grid(m, n, sms, k)
+        if blocks > tiles:  # short prompts: every tile cut (see grid)
+            return 0
         whole = tiles // blocks * blocks
         if not self.stream_k or whole in (0, tiles) or (tiles - whole) * -(-k // 256) < blocks:
             return tiles
@@ -554,13 +561,13 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     if tma_c is None:
         tma_c = _placeholder_slab_map(x.device, config.block_t)  # (the kernel never writes through it)
     sms = multiprocessor_count()
-    grid, whole = config.grid(m, n, sms), config.whole_tiles(m, n, k, sms)
+    grid, whole = config.grid(m, n, sms, k), config.whole_tiles(m, n, k, sms)
     partials, flags = stream_k_workspace(x, config, grid) if whole < config.tiles(m, n) else (None, None)
     if partials is None:  # nothing shared: the plain kernel (the stream-K one's wait after the k loop alone
         # moved int7 by -2 to -3% on the H200, bench/results/...-tma-epilogue.md)
-        whole = config.tiles(m, n)
-        partials, flags = _placeholders(x.device)
         config = dataclasses.replace(config, stream_k=False)
+        grid, whole = config.grid(m, n, sms), config.tiles(m, n)
+        partials, flags = _placeholders(x.device)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, tma_c, grid, whole, partials, flags)
 
