@@ -3,7 +3,7 @@
 (issue 12), the int4 model compiled three ways: `auto` (tuning picks per shape), `dequant`
 (lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM), `register`
 (the register-A kernel on the fragment words) and `fused` (tessera.kernels.lowbit_gemm), by
-$TESSERA_LOWBIT_PREFILL; $PREFILL_MODES (comma-separated) picks a subset.  A development measurement: CUDA
+$TESSERA_LOWBIT_PREFILL; $PREFILL_MODES (comma-separated, `fp16` the fp16 model) picks a subset.  A development measurement: CUDA
 events around each forward, median of 20 after 3 warm-up calls, no L2 flush (a model's
 weights stream through L2 anyway), each compiled int4 model checked against eager on the same
 int4 model with fresh tokens.
@@ -41,8 +41,9 @@ def main() -> None:
     ids = torch.randint(0, vocab, (1, 512), device="cuda")
     res = {"eager fp16": median_ms(lambda: model(ids).logits)}
     quantized = ts.quantize(model, weight="int4", group_size=128, skip=("lm_head",))
-    runs = [("tessera fp16", model, "auto")] + [(f"tessera int4 {mode}", quantized, mode)
-                                                for mode in os.environ.get("PREFILL_MODES", "auto,dequant,register,fused").split(",")]  # fmt: skip
+    modes = os.environ.get("PREFILL_MODES", "fp16,auto,dequant,register,fused").split(",")
+    runs = [("tessera fp16", model, "auto")] if "fp16" in modes else []
+    runs += [(f"tessera int4 {mode}", quantized, mode) for mode in modes if mode != "fp16"]
     for name, m, mode in runs:
         os.environ["TESSERA_LOWBIT_PREFILL"] = mode  # (read when the graph's kernels are planned)
         torch._dynamo.reset()
