@@ -10,6 +10,7 @@ and the user is told why on the "tessera" logger.  A missing or broken compiler,
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
@@ -63,7 +64,12 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
     from tessera.graph.compiler.options import parse_options
 
-    given = {"cuda_graph": cuda_graph, "progress": progress, "arrays": arrays, **({} if tune is None else {"tune": tune})}
+    given = {
+        "cuda_graph": cuda_graph,
+        "progress": progress,
+        "arrays": arrays,
+        **({} if tune is None else {"tune": tune}),
+    }
     opts = parse_options(given, where="compile_graph")
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
@@ -153,7 +159,9 @@ def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch
             try:
                 lowered.append((members, lower_group(members[0], symbols, nodes=nodes), nodes))
             except (TesseraError, NotImplementedError, ValueError, TypeError) as exc:
-                log.warning("tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc)
+                log.warning(
+                    "tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc
+                )
             progress_bar.update()
         timings["lower"] = time.perf_counter() - start
         result: dict[int, Any] = {}
@@ -189,14 +197,18 @@ def _build_lowered(lowered: list[tuple[list[Group], Any, list]], target: str, ar
             except (CompilerNotFoundError, BrokenCompilerError):
                 raise
             except TesseraError as inner:
-                log.warning("tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner)
+                log.warning(
+                    "tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner
+                )
                 compiled.append(None)
         return compiled
 
 
 def _single(op: Any) -> Group:
     # Every output of a fallback operator is materialised: it may feed the next fallback.
-    return Group("reference", [op], list(dict.fromkeys(op.inputs)), list(op.outputs), reason="its fused group did not build")
+    return Group(
+        "reference", [op], list(dict.fromkeys(op.inputs)), list(op.outputs), reason="its fused group did not build"
+    )
 
 
 # CUDA anchor kernels by (group structure, input shapes, tuning, arch), most recent last: the
@@ -226,6 +238,16 @@ def _keep_anchor(key: tuple | None, kernel: Any) -> None:
             _SHARED_ANCHORS.popitem(last=False)
 
 
+def planning_settings() -> tuple[str, ...]:
+    """The environment settings the anchors' planners read ($TESSERA_LOWBIT_PREFILL,
+    $TESSERA_IMPLICIT_CONV): part of the shared anchors' key, so that a recompile under another
+    setting plans anew rather than reusing the kernels planned under the first."""
+    from tessera.ops.anchors.conv import IMPLICIT_CONV_ENV
+    from tessera.quant.tune import PREFILL_ENV
+
+    return tuple(os.environ.get(name, "") for name in (PREFILL_ENV, IMPLICIT_CONV_ENV))
+
+
 def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[str, Any]) -> Any:
     """prepare(group, shapes) -> kernel(arrays, outputs) for an AnchorStep; the kernel carries
     `.artifacts` (its built cubins) and `.tuning` (the tuning records that chose its schedule),
@@ -234,7 +256,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
     def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
         key = None
         if target == "cuda":  # CPU templates pack constant weights into the kernel: not shared
-            key = (group_signature(group), tuple(shapes[t] for t in group.inputs), tune, arch)
+            key = (group_signature(group), tuple(shapes[t] for t in group.inputs), tune, arch, planning_settings())
             shared = _shared_anchor(key)
             if shared is not None:
                 return shared

@@ -50,6 +50,8 @@ from tessera.ops.anchors.gemm import (
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
 from tessera.ops.anchors.rewrite import i32, rename, specialize, unravel
 
+IMPLICIT_CONV_ENV = "TESSERA_IMPLICIT_CONV"  # 0: convolutions through im2col, not the implicit GEMM
+
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
     vals = (v, v) if isinstance(v, int) else tuple(v)
@@ -121,7 +123,9 @@ def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dil
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
-        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel")
+        raise ArgumentError(
+            f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel"
+        )
     return dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
 
 
@@ -168,7 +172,7 @@ def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: Da
     o, kh, kw, _ = w_shape
     window = ConvWindow(c, (kh, kw), (geo["oh"], geo["ow"]), (geo["sh"], geo["sw"]), (geo["pt"], geo["pl"]),
                         (geo["dh"], geo["dw"]))  # fmt: skip
-    if window.problems() or conv_window(window, x_shape).problems(2) or os.environ.get("TESSERA_IMPLICIT_CONV", "1") == "0":
+    if window.problems() or conv_window(window, x_shape).problems(2) or os.environ.get(IMPLICIT_CONV_ENV, "1") == "0":
         return None
     pixels = (n, geo["oh"], geo["ow"])
     a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)  # (TMA reads it)
