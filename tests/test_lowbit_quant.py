@@ -432,15 +432,20 @@ def test_cuda_prefill_path_and_compiled_module(rng):
 # ---- the graph operator ------------------------------------------------------------------
 @pytest.mark.parametrize("t", ["int1", "int5", "uint7", "e3m2", "e5m2"])
 def test_layout_unpack_inverts_pack(rng, t):
-    from tessera.quant.layout import layout_codes, pack_units, unpack_units
+    """unpack_units inverts pack_units in every k order, and repack_units between two orders
+    gives what packing in the second one gives."""
+    from tessera.ir.lowbit import ORDERS
+    from tessera.quant.layout import layout_codes, pack_units, repack_units, unpack_units
 
     dt = ts.dtype(t)
-    for n, k in ((1, 1), (17, 300), (16, 256)):
+    for n, k in ((1, 1), (17, 300), (16, 256), (40, 520)):
         codes = rng.integers(0, 1 << dt.nbits, size=(n, k))
-        for span in (16, 2):
+        for span in ORDERS:
             words = pack_units(codes, dt, span)
             assert words.size * 4 == -(-n // 16) * 16 * -(-k // 256) * 256 * dt.nbits // 8
             assert np.array_equal(unpack_units(words, dt, n, k, span), layout_codes(codes, dt))
+            for new_span in ORDERS:
+                assert np.array_equal(repack_units(words, dt, n, k, span, new_span), pack_units(codes, dt, new_span))
     codes = rng.integers(0, 1 << dt.nbits, size=(16, 256))
     assert not np.array_equal(pack_units(codes, dt, 2), pack_units(codes, dt, 16))
 

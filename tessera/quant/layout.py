@@ -34,6 +34,21 @@ def _positions(span: int) -> tuple[np.ndarray, np.ndarray]:
     return rows, ks
 
 
+@functools.cache
+def _flat_positions(span: int) -> np.ndarray:
+    """[32 lanes, 128 values] -> row * 256 + k in the unit's 16 x 256 tile."""
+    rows, ks = _positions(span)
+    return rows * lowbit.UNIT_K + ks
+
+
+@functools.cache
+def _plane_shifts(p: int) -> np.ndarray:
+    """[4p words, 32 / p values] each value's bit offset in its word of a p-bit plane
+    (tessera.ir.lowbit.value_bit_locations: value v sits in the plane's word v // (32 / p))."""
+    v = np.arange(lowbit.UNIT_VALUES)
+    return (16 * (v % 2) + (v // 2) % (16 // p) * p).astype(np.uint32).reshape(4 * p, 32 // p)
+
+
 def padded_shape(n: int, k: int) -> tuple[int, int]:
     return -(-n // lowbit.UNIT_ROWS) * lowbit.UNIT_ROWS, -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
 
@@ -47,15 +62,10 @@ def pack_units(codes: np.ndarray, t: DataType, span: int = 16) -> np.ndarray:
     u = np.zeros((npad, kpad), np.uint32)
     u[:n, :k] = layout_codes(codes, t)
     nt, kt = npad // 16, kpad // 256
-    rows, ks = _positions(span)
-    tiles = u.reshape(nt, 16, kt, 256).transpose(0, 2, 1, 3)[:, :, rows, ks]  # [nt, kt, 32, 128]
-    words = np.zeros((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
-    for v in range(lowbit.UNIT_VALUES):
-        for word, bit, low, width in lowbit.value_bit_locations(t.nbits, v):
-            field = (tiles[:, :, :, v] >> low) & ((1 << width) - 1)
-            words[:, :, :, word] |= field << bit
-    # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
-    return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
+    tiles = np.take(
+        u.reshape(nt, 16, kt, 256).transpose(0, 2, 1, 3).reshape(nt, kt, -1), _flat_positions(span), axis=-1
+    )
+    return _unit_words(tiles, t)  # (tiles: [nt, kt, 32 lanes, 128 values])
 
 
 def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles: int, lane: int) -> np.ndarray:
@@ -65,25 +75,53 @@ def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles:
     return w[n_tile, k_tile, :, lane, :].reshape(-1)
 
 
+def _unit_values(words: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray:
+    """[nt, kt, 32 lanes, 128 values] the layout codes each lane holds of each unit."""
+    w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
+    values = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
+    for p, first, low in lowbit.plane_layout(t.nbits):
+        field = (w[:, :, :, first : first + 4 * p, None] >> _plane_shifts(p)) & np.uint32((1 << p) - 1)
+        values |= field.reshape(values.shape) << np.uint32(low)
+    return values
+
+
+def _unit_words(values: np.ndarray, t: DataType) -> np.ndarray:
+    """The words of units of lane values [nt, kt, 32, 128] (`_unit_values`' inverse), flat."""
+    nt, kt = values.shape[:2]
+    words = np.empty((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
+    for p, first, low in lowbit.plane_layout(t.nbits):  # each plane's 4p words: 32 / p values a word, in value order
+        field = ((values >> np.uint32(low)) & np.uint32((1 << p) - 1)).reshape(nt, kt, 32, 4 * p, 32 // p)
+        words[:, :, :, first : first + 4 * p] = np.bitwise_or.reduce(field << _plane_shifts(p), axis=-1)
+    # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
+    return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
+
+
 def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16) -> np.ndarray:
     """The [n, k] layout codes (`layout_codes`) that `pack_units(..., span)` stored in `words`."""
     npad, kpad = padded_shape(n, k)
     nt, kt = npad // 16, kpad // 256
-    w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
-    tiles = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
-    for v in range(lowbit.UNIT_VALUES):
-        for word, bit, low, width in lowbit.value_bit_locations(t.nbits, v):
-            tiles[:, :, :, v] |= ((w[:, :, :, word] >> bit) & ((1 << width) - 1)) << low
-    rows, ks = _positions(span)
-    u = np.zeros((nt, kt, 16, 256), np.uint32)
-    u[:, :, rows, ks] = tiles
-    return u.transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]
+    u = np.empty((nt, kt, 16 * 256), np.uint32)
+    u[:, :, _flat_positions(span)] = _unit_values(words, t, nt, kt)  # (every position of the unit exactly once)
+    return u.reshape(nt, kt, 16, 256).transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]
+
+
+@functools.cache
+def _reorder(span: int, new_span: int) -> np.ndarray:
+    """[32 * 128] for each lane value of the order `new_span`, the lane value of the order `span` at the same (row, k)."""
+    at = np.empty(16 * 256, np.int64)
+    at[_flat_positions(span).reshape(-1)] = np.arange(32 * lowbit.UNIT_VALUES)
+    return at[_flat_positions(new_span).reshape(-1)]
 
 
 def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_span: int) -> np.ndarray:
     """The words of `pack_units(..., span)` holding the same codes in the k order `new_span`
-    (as many words: a unit's size does not depend on its order)."""
-    return pack_units(layout_codes(unpack_units(words, t, n, k, span), t), t, new_span)
+    (as many words: a unit's size does not depend on its order).  Each unit's values move
+    between lanes in place, without the [N, K] matrix between (a graph compile re-lays every
+    low-bit weight: tessera.graph.passes.lowbit_fragment_words)."""
+    npad, kpad = padded_shape(n, k)
+    nt, kt = npad // 16, kpad // 256
+    values = _unit_values(words, t, nt, kt).reshape(nt, kt, -1)
+    return _unit_words(np.take(values, _reorder(span, new_span), axis=-1).reshape(nt, kt, 32, -1), t)
 
 
 def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
