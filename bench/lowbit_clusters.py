@@ -1,4 +1,4 @@
-"""Why the register-A kernel's 2-block cluster configs (tessera.kernels.lowbit_gemm_rs.CLUSTER_CONFIGS,
+"""Why the register-A kernel's 2-block cluster configs (tessera.kernels.lowbit_gemm_rs_config.CLUSTER_CONFIGS,
 X multicast across a pair of blocks) ran 1.7x slower than the same kernel without a cluster
 (bench/results/2026-11-28-h200-lowbit-rs-74d247c.jsonl).  Not a second wave: all 66 clusters are
 resident; the remote arrivals' cluster-scope release was a MEMBAR.ALL.GPU, and with CTA scope the
@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import tessera as ts  # noqa: E402
 from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
 from tessera.kernels import lowbit_gemm_rs as rs  # noqa: E402
+from tessera.kernels import lowbit_gemm_rs_config as rs_config  # noqa: E402
 from tessera.kernels.lowbit_gemm import x_tensor_map  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
@@ -75,7 +76,7 @@ def main() -> None:
         y = torch.empty(M0, N0, dtype=torch.float16, device="cuda")
         ref = x[:256].double() @ w.double().T
         calls = {}
-        for config in rs.CLUSTER_CONFIGS:
+        for config in rs_config.CLUSTER_CONFIGS:
             kernel = rs.make_lowbit_gemm_rs(t, GROUP, bias, config)
             tma_a = x_tensor_map(x, y, config.block_t // config.cluster, "low-bit register-A GEMM")
             tma_w = rs.word_map(words, K0, t.nbits)

@@ -31,11 +31,12 @@ import numpy as np  # noqa: E402
 import tessera as ts  # noqa: E402
 from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
 from tessera.kernels import lowbit_gemm, lowbit_gemm_rs  # noqa: E402
+from tessera.kernels import lowbit_gemm_rs_config as rs_config  # noqa: E402
 from tessera.quant.layout import padded_shape  # noqa: E402
 
 M0, N0, K0, GROUP = 4096, 12288, 4096, 128
 # every config (the scalar-store epilogue lost to stmatrix by 0.3-1.3% at 38590c8: not timed)
-TIMED = lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS
+TIMED = rs_config.CONFIGS + rs_config.CLUSTER_CONFIGS
 ODD = (("uint4", 32, True, 300, 520, 1000), ("int2", None, False, 65, 136, 264), ("e2m1", 64, False, 200, 200, 512),
        ("int8", 128, False, 1, 24, 256))  # fmt: skip
 

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import tessera as ts  # noqa: E402
 from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
 from tessera.kernels import lowbit_gemm_rs  # noqa: E402
+from tessera.kernels import lowbit_gemm_rs_config as rs_config  # noqa: E402
 
 GROUP = 128
 # N x K: 1.1B Llama q/o, k/v, gate/up, down; Llama-3-8B q/o, k/v, gate/up, down
@@ -51,7 +52,7 @@ def main() -> None:
     os.environ["TESSERA_LOWBIT_PREFILL"] = "dequant"  # "two passes": prefill_matmul without tuning
     t = ts.dtype(args.type)
     bias = t.kind == "uint"
-    configs = [c for c in lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.STREAM_K_CONFIGS
+    configs = [c for c in rs_config.CONFIGS + rs_config.STREAM_K_CONFIGS
                if not lowbit_gemm_rs.problems(t, GROUP, bias, c)]  # fmt: skip
     rng = np.random.default_rng(0)
     timer, env, rows = Timer(), environment(), []

@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import tessera as ts  # noqa: E402
 from tessera.ir.lowbit import FRAGMENT_SPAN  # noqa: E402
 from tessera.kernels import lowbit_gemm_rs as rs  # noqa: E402
+from tessera.kernels import lowbit_gemm_rs_config as rs_config  # noqa: E402
 
 M0, K0, GROUP = 4096, 4096, 128
 TIMED = (rs.CONFIGS[3], rs.CONFIGS[4])  # the word-ring configs, the tuner's usual picks
@@ -51,7 +52,7 @@ def check(rng: np.random.Generator, sms: int) -> list:
         p = weights(rng, name, n, k)
         t, bias = p.weight.dtype, p.weight.zeros is not None
         w = torch.from_numpy(p.weight.dequantize()).cuda().double()
-        for c in rs.STREAM_K_CONFIGS:
+        for c in rs_config.STREAM_K_CONFIGS:
             if rs.problems(t, p.kernel_group, bias, c):
                 continue
             assert c.whole_tiles(m, n, k, sms) < c.tiles(m, n), (name, m, n, k, str(c))

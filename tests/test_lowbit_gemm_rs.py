@@ -23,6 +23,7 @@ import tessera as ts
 from tessera.errors import UnsupportedError
 from tessera.ir import lowbit
 from tessera.kernels import lowbit_gemm_rs as rs
+from tessera.kernels import lowbit_gemm_rs_config as rs_config
 from tessera.quant import WEIGHT_TYPES
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -77,7 +78,7 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
         t = ts.dtype(name)
         n, k = SIZES[i % len(SIZES)] if i % 2 else (203, 520)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
-        configs = rs.CONFIGS + rs.CLUSTER_CONFIGS
+        configs = rs.CONFIGS + rs_config.CLUSTER_CONFIGS
         config = configs[i % len(configs)]
         kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
         for _ in range(2):  # fresh activations each call
@@ -90,7 +91,7 @@ def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
 
 
 # the host test's own second config (global words) beside the module's opt-in ones
-STREAM_K = (rs.STREAM_K_CONFIGS[0], rs.RegisterAConfig(256, 5, in_flight=3, stream_k=True), rs.STREAM_K_CONFIGS[2])
+STREAM_K = (rs_config.STREAM_K_CONFIGS[0], rs.RegisterAConfig(256, 5, in_flight=3, stream_k=True), rs_config.STREAM_K_CONFIGS[2])
 
 
 def test_stream_k_schedule_gives_out_the_last_rounds_units():
@@ -191,7 +192,7 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
             # zero points on the signed integers at 32 and per channel; the unsigned always have them
             p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, t.is_integer and j in (1, 3) or None))
             bias = p.weight.zeros is not None
-            cases += [(p, t, bias, c) for c in rs.CONFIGS + rs.CLUSTER_CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
+            cases += [(p, t, bias, c) for c in rs.CONFIGS + rs_config.CLUSTER_CONFIGS if not rs.problems(t, p.kernel_group, bias, c)]
     with ThreadPoolExecutor(min(32, os.cpu_count() or 4)) as ex:  # (the kernels the launches run: for_output)
         list(ex.map(lambda a: rs.make_lowbit_gemm_rs(a[1], a[0].kernel_group, a[2], a[3].for_output(a[0].weight.shape[0])).build(), cases))
     bad = []
@@ -234,7 +235,7 @@ def test_cuda_register_a_kernel_persistent_tiles_and_tma_epilogue(rng):
         p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, 128))
         bias = p.weight.zeros is not None
         w = torch.from_numpy(p.weight.dequantize()).cuda().double()
-        for config in rs.CONFIGS + rs.STREAM_K_CONFIGS:
+        for config in rs.CONFIGS + rs_config.STREAM_K_CONFIGS:
             if rs.problems(t, p.kernel_group, bias, config):
                 continue
             for _ in range(3):

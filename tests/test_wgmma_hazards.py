@@ -36,12 +36,13 @@ def test_the_scan_finds_an_accumulator_read_before_the_wait():
 
 def _kernels() -> list[tuple[str, object]]:
     from tessera.kernels import gemm_tma, lowbit_gemm, lowbit_gemm_rs
+    from tessera.kernels import lowbit_gemm_rs_config as rs_config
     from tessera.kernels.attention import FlashConfig, make_flash_attention
 
     out = []
     for name, group, bias in (("int4", 128, False), ("int8", 128, False), ("e4m3", 128, False), ("e2m1", 64, False),
                               ("uint4", 32, True), ("int2", 512, False), ("int3", 16, True)):  # fmt: skip
-        for config in lowbit_gemm_rs.CONFIGS + lowbit_gemm_rs.CLUSTER_CONFIGS + lowbit_gemm_rs.STREAM_K_CONFIGS:
+        for config in rs_config.CONFIGS + rs_config.CLUSTER_CONFIGS + rs_config.STREAM_K_CONFIGS:
             if not lowbit_gemm_rs.problems(ts.dtype(name), group, bias, config):
                 out.append((f"rs {name} g{group}{' z' if bias else ''} {config}",
                             lowbit_gemm_rs.make_lowbit_gemm_rs(ts.dtype(name), group, bias, config)))  # fmt: skip

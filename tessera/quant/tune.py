@@ -155,7 +155,7 @@ def prefill_mode() -> str:
 
 def is_register_a(choice: Any) -> bool:
     """Whether a prefill choice is a config of the register-A kernel (tessera.kernels.lowbit_gemm_rs)."""
-    from tessera.kernels.lowbit_gemm_rs import RegisterAConfig
+    from tessera.kernels.lowbit_gemm_rs_config import RegisterAConfig
 
     return isinstance(choice, RegisterAConfig)
 
@@ -194,7 +194,7 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     tiles (tessera.kernels.lowbit_gemm) when the words are in its k order (span 2), and the
     register-A kernel's configs (tessera.kernels.lowbit_gemm_rs) when `register_a`: the caller
     holds (or makes) the words in FRAGMENT_SPAN too, as PreparedWeight.words_for does."""
-    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
+    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs_config
     from tessera.runtime.cuda import device_properties
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
@@ -203,7 +203,7 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     if span == lowbit_gemm.SPAN:
         out += lowbit_gemm.buildable_configs(wtype, group, has_bias)
     if register_a:
-        out += [c for c in lowbit_gemm_rs.CONFIGS if not lowbit_gemm_rs.problems(wtype, group, has_bias, c)]
+        out += [c for c in lowbit_gemm_rs_config.CONFIGS if not lowbit_gemm_rs_config.problems(wtype, group, has_bias, c)]
     return out
 
 
