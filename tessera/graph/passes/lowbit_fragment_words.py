@@ -13,9 +13,13 @@ chosen:
 - a Hopper GPU (SM90, the kernel's only target);
 - float16 activations;
 - rows that may exceed DECODE_MAX_M (a static M at or below it only decodes);
-- $TESSERA_LOWBIT_PREFILL 'register'.  Opt-in for now: the CPU tier runs the plan on the host
-  model, but no GPU has run it yet (issue 12's note); once the GPU tier has, 'auto' with tuning
-  should add the words too and let tuning choose (`AUTO_TUNES_IT`).
+- $TESSERA_LOWBIT_PREFILL 'register'.  Opt-in for now.  The GPU tier has run the plan: the
+  compiled block's test passed on the H200.  'auto' with tuning adds the words too once
+  `AUTO_TUNES_IT` is set, so that tuning may choose the kernel.  Set it only after a wall-clock
+  measurement of the 1.1B Llama's prefill shows 'auto' at least as fast as 'dequant'
+  (bench/lowbit_model_prefill.py).  So far there is only a profiler sum (5479 against 5640 us
+  a forward, bench/results/2026-11-28-h200-lowbit-model-prefill-register.md), and the words
+  cost compile time.
 
 The price is a second copy of the low-bit words on the GPU: bits/16 of the fp16 weights' memory,
 as the eager layer keeps it (tessera.quant.linear.PreparedWeight.words_for).
