@@ -105,9 +105,7 @@ def test_memory_plan_reuses_buffers(rng, cache_dir, monkeypatch):
     xv = _f32(rng, 64, 64)
     np.testing.assert_allclose(compiled(xv)[0], g.run(xv)[0], rtol=1e-4, atol=1e-5)
     plan = next(iter(compiled._plans.values()))
-    intermediates = sum(
-        int(np.prod(plan.shapes[t])) * 4 for s in compiled.steps for t in s.outputs if t not in g.outputs
-    )
+    intermediates = sum(int(np.prod(plan.shapes[t])) * 4 for s in compiled.steps for t in s.outputs if t not in g.outputs)
     assert 0 < plan.arena_bytes < intermediates
 
 
@@ -115,9 +113,7 @@ def test_fallback_to_reference_is_logged_and_correct(rng, cache_dir, monkeypatch
     import tessera.graph.lowering as lowering
 
     original = lowering.lowering_error
-    monkeypatch.setattr(
-        lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "gelu" else original(op)
-    )
+    monkeypatch.setattr(lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "gelu" else original(op))
     g = _mlp(rng)
     xv = _f32(rng, 3, 17)
     expected = g.run(xv)[0]
@@ -133,9 +129,7 @@ def test_reference_step_of_an_op_reading_one_tensor_twice(rng, cache_dir, monkey
     import tessera.graph.lowering as lowering
 
     original = lowering.lowering_error
-    monkeypatch.setattr(
-        lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "concat" else original(op)
-    )
+    monkeypatch.setattr(lowering, "lowering_error", lambda op: "pretend unsupported" if op.kind == "concat" else original(op))
     b = GraphBuilder("twice")
     x, y = b.input("x", [3, 2], "float32"), b.input("y", [3, 5], "float32")
     b.output(b.op("concat", x, y, x, axis=1))
@@ -175,8 +169,8 @@ def test_save_and_load_in_a_fresh_process(rng, cache_dir, tmp_path):
         original = build._run
         build._run = lambda *a, **k: (calls.append(a), original(*a, **k))[1]
         compiled = load_compiled({str(path)!r})
-        out = compiled(np.load({str(tmp_path / "x.npy")!r}))[0]
-        np.testing.assert_allclose(out, np.load({str(tmp_path / "expected.npy")!r}), rtol=1e-6)
+        out = compiled(np.load({str(tmp_path / 'x.npy')!r}))[0]
+        np.testing.assert_allclose(out, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)
         assert calls == [], "loading must not recompile"
         print("ok")
     """)
@@ -260,9 +254,7 @@ def test_cuda_anchor_templates_are_planned_anew_under_other_planning_settings(mo
 
     monkeypatch.setattr(build, "_SHARED_ANCHORS", OrderedDict())
     monkeypatch.setattr(build, "group_signature", lambda group: "lowbit_linear")
-    monkeypatch.setattr(
-        build, "prepare_anchor", lambda group, shapes, tune, target: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL"))
-    )
+    monkeypatch.setattr(build, "prepare_anchor", lambda group, shapes, tune, target: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL")))
     prepare = build._anchor_preparer("cuda", "sm_90", True, {})
     group = SimpleNamespace(inputs=[], anchor=None)
     for mode in ("register", "auto", "register"):

@@ -64,12 +64,7 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
     from tessera.graph.compiler.options import parse_options
 
-    given = {
-        "cuda_graph": cuda_graph,
-        "progress": progress,
-        "arrays": arrays,
-        **({} if tune is None else {"tune": tune}),
-    }
+    given = {"cuda_graph": cuda_graph, "progress": progress, "arrays": arrays, **({} if tune is None else {"tune": tune})}
     opts = parse_options(given, where="compile_graph")
     if target not in ("cpu", "cuda"):
         raise ArgumentError(f"target must be 'cpu' or 'cuda', got {target!r}")
@@ -159,9 +154,7 @@ def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch
             try:
                 lowered.append((members, lower_group(members[0], symbols, nodes=nodes), nodes))
             except (TesseraError, NotImplementedError, ValueError, TypeError) as exc:
-                log.warning(
-                    "tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc
-                )
+                log.warning("tessera: could not lower %s: %s; its operators run in their numpy references", members[0], exc)
             progress_bar.update()
         timings["lower"] = time.perf_counter() - start
         result: dict[int, Any] = {}
@@ -197,18 +190,14 @@ def _build_lowered(lowered: list[tuple[list[Group], Any, list]], target: str, ar
             except (CompilerNotFoundError, BrokenCompilerError):
                 raise
             except TesseraError as inner:
-                log.warning(
-                    "tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner
-                )
+                log.warning("tessera: %s failed to build: %s; its operators run in their numpy references", members[0], inner)
                 compiled.append(None)
         return compiled
 
 
 def _single(op: Any) -> Group:
     # Every output of a fallback operator is materialised: it may feed the next fallback.
-    return Group(
-        "reference", [op], list(dict.fromkeys(op.inputs)), list(op.outputs), reason="its fused group did not build"
-    )
+    return Group("reference", [op], list(dict.fromkeys(op.inputs)), list(op.outputs), reason="its fused group did not build")
 
 
 # CUDA anchor kernels by (group structure, input shapes, tuning, arch), most recent last: the

@@ -123,9 +123,7 @@ def _geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dil
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
-        raise ArgumentError(
-            f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel"
-        )
+        raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel")
     return dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
 
 
