@@ -39,9 +39,12 @@ class RegisterAConfig:
     words: str = "global"  # how the weight words reach the consumers: "global" loads or a "tma" ring in shared memory
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
     # the last, partial round's tiles shared out among all blocks by 256-k blocks (the H200 takes
-    # as long for 1456 tiles as for 1584: 12 rounds of 132).  Not a tuning candidate until
-    # measured: the forms timed on the H200 were correct but slower, each for a reason ptxas or
-    # the SASS showed; this one, without those, is not timed yet (bench/results/...-streamk.md)
+    # as long for 1456 tiles as for 1584: 12 rounds of 132), and with fewer tiles than SMs (short
+    # prompts) every tile (`grid`).  Not a tuning candidate: the forms timed at M=4096 were correct
+    # but slower, each for a reason ptxas or the SASS showed (bench/results/...-streamk.md); at
+    # short prompts cutting every tile gains only where K is long (M=128, 2048 x 5632: 41.8 -> 27.6
+    # us), as a tile's first share adds the other shares' partial sums one after another, ~1.7 us
+    # each (bench/results/2026-11-28-h200-lowbit-model-prefill-register.md)
     stream_k: bool = False
 
     def smem_bytes(self, bits: int = 8) -> int:
