@@ -41,12 +41,11 @@ log = logging.getLogger("tessera")
 
 
 def _sms() -> int:
-    try:
-        import torch
+    """The GPU's SM count from the driver (tessera.runtime.cuda.device_properties: the planning
+    defaults without a GPU)."""
+    from tessera.runtime.cuda import device_properties
 
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    except Exception:  # noqa: BLE001  (planning without a GPU: the H200's count)
-        return 132
+    return device_properties().sms
 
 
 def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...], Callable[..., tuple]]:
