@@ -42,11 +42,14 @@ def _flat_positions(span: int) -> np.ndarray:
 
 
 @functools.cache
-def _plane_shifts(p: int) -> np.ndarray:
-    """[4p words, 32 / p values] each value's bit offset in its word of a p-bit plane
-    (tessera.ir.lowbit.value_bit_locations: value v sits in the plane's word v // (32 / p))."""
-    v = np.arange(lowbit.UNIT_VALUES)
-    return (16 * (v % 2) + (v // 2) % (16 // p) * p).astype(np.uint32).reshape(4 * p, 32 // p)
+def _plane_shifts(bits: int, plane: int) -> np.ndarray:
+    """[4p words, 32 / p values] each value's bit offset in its word of plane `plane` (p bits
+    wide), from tessera.ir.lowbit.value_bit_locations, whose plane word for value v is
+    v // (32 / p): the plane's values fill its words in value order."""
+    p, first, _ = lowbit.plane_layout(bits)[plane]
+    places = [lowbit.value_bit_locations(bits, v)[plane] for v in range(lowbit.UNIT_VALUES)]
+    assert all(word == first + v // (32 // p) for v, (word, *_) in enumerate(places)), (bits, plane)
+    return np.array([bit for _, bit, _, _ in places], np.uint32).reshape(4 * p, 32 // p)
 
 
 def padded_shape(n: int, k: int) -> tuple[int, int]:
@@ -79,8 +82,8 @@ def _unit_values(words: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray
     """[nt, kt, 32 lanes, 128 values] the layout codes each lane holds of each unit."""
     w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
     values = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
-    for p, first, low in lowbit.plane_layout(t.nbits):
-        field = (w[:, :, :, first : first + 4 * p, None] >> _plane_shifts(p)) & np.uint32((1 << p) - 1)
+    for plane, (p, first, low) in enumerate(lowbit.plane_layout(t.nbits)):
+        field = (w[:, :, :, first : first + 4 * p, None] >> _plane_shifts(t.nbits, plane)) & np.uint32((1 << p) - 1)
         values |= field.reshape(values.shape) << np.uint32(low)
     return values
 
@@ -89,9 +92,9 @@ def _unit_words(values: np.ndarray, t: DataType) -> np.ndarray:
     """The words of units of lane values [nt, kt, 32, 128] (`_unit_values`' inverse), flat."""
     nt, kt = values.shape[:2]
     words = np.empty((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
-    for p, first, low in lowbit.plane_layout(t.nbits):  # each plane's 4p words: 32 / p values a word, in value order
+    for plane, (p, first, low) in enumerate(lowbit.plane_layout(t.nbits)):  # each plane's 4p words, in value order
         field = ((values >> np.uint32(low)) & np.uint32((1 << p) - 1)).reshape(nt, kt, 32, 4 * p, 32 // p)
-        words[:, :, :, first : first + 4 * p] = np.bitwise_or.reduce(field << _plane_shifts(p), axis=-1)
+        words[:, :, :, first : first + 4 * p] = np.bitwise_or.reduce(field << _plane_shifts(t.nbits, plane), axis=-1)
     # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
     return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
 
