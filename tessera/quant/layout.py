@@ -110,7 +110,8 @@ def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16)
 
 @functools.cache
 def _reorder(span: int, new_span: int) -> np.ndarray:
-    """[32 * 128] for each lane value of the order `new_span`, the lane value of the order `span` at the same (row, k)."""
+    """[32 * 128] for each lane value of the order `new_span`, the lane value of the order
+    `span` at the same (row, k)."""
     at = np.empty(16 * 256, np.int64)
     at[_flat_positions(span).reshape(-1)] = np.arange(32 * lowbit.UNIT_VALUES)
     return at[_flat_positions(new_span).reshape(-1)]
