@@ -1,13 +1,12 @@
 """The 1.1B Llama's prefill (one prompt of 512 tokens) through torch.compile with int4 weights
 (`tessera.quantize`, group 128, lm_head fp16) against tessera and eager on the fp16 model
-(issue 12), the int4 model compiled three ways: `auto` (tuning picks per shape), `dequant`
+(issue 12), the int4 model compiled four ways: `auto` (tuning picks per shape), `dequant`
 (lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM), `register`
 (the register-A kernel on the fragment words) and `fused` (tessera.kernels.lowbit_gemm), by
 $TESSERA_LOWBIT_PREFILL; $PREFILL_MODES (comma-separated, `fp16` the fp16 model) picks a
 subset.  A development measurement: CUDA events around each forward, median of 20 after 3
-warm-up calls, no L2 flush (a model's
-weights stream through L2 anyway), each compiled int4 model checked against eager on the same
-int4 model with fresh tokens.
+warm-up calls, no L2 flush (a model's weights stream through L2 anyway), each compiled int4
+model checked against eager on the same int4 model with fresh tokens.
 
     python3 bench/lowbit_model_prefill.py            # on the GPU
 """
