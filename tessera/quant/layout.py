@@ -25,20 +25,14 @@ def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
 
 
 @functools.cache
-def _positions(span: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.empty((32, lowbit.UNIT_VALUES), np.int64)
-    ks = np.empty_like(rows)
+def _flat_positions(span: int) -> np.ndarray:
+    """[32 lanes, 128 values] -> row * 256 + k in the unit's 16 x 256 tile (lowbit.lane_value_position)."""
+    out = np.empty((32, lowbit.UNIT_VALUES), np.int64)
     for lane in range(32):
         for v in range(lowbit.UNIT_VALUES):
-            rows[lane, v], ks[lane, v] = lowbit.lane_value_position(lane, v, span)
-    return rows, ks
-
-
-@functools.cache
-def _flat_positions(span: int) -> np.ndarray:
-    """[32 lanes, 128 values] -> row * 256 + k in the unit's 16 x 256 tile."""
-    rows, ks = _positions(span)
-    return rows * lowbit.UNIT_K + ks
+            row, k = lowbit.lane_value_position(lane, v, span)
+            out[lane, v] = row * lowbit.UNIT_K + k
+    return out
 
 
 @functools.cache

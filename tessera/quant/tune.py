@@ -194,7 +194,8 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     tiles (tessera.kernels.lowbit_gemm) when the words are in its k order (span 2), and the
     register-A kernel's configs (tessera.kernels.lowbit_gemm_rs) when `register_a`: the caller
     holds (or makes) the words in FRAGMENT_SPAN too, as PreparedWeight.words_for does."""
-    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs_config
+    from tessera.kernels import lowbit_gemm
+    from tessera.kernels.lowbit_gemm_rs_config import CONFIGS, problems
     from tessera.runtime.cuda import device_properties
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
@@ -203,7 +204,7 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     if span == lowbit_gemm.SPAN:
         out += lowbit_gemm.buildable_configs(wtype, group, has_bias)
     if register_a:
-        out += [c for c in lowbit_gemm_rs_config.CONFIGS if not lowbit_gemm_rs_config.problems(wtype, group, has_bias, c)]
+        out += [c for c in CONFIGS if not problems(wtype, group, has_bias, c)]
     return out
 
 
