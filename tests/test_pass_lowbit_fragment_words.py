@@ -72,7 +72,7 @@ def test_the_pass_adds_words_only_where_the_register_a_kernel_may_run(rng, hoppe
     assert add_fragment_words(g, tune=False) == 1 and add_fragment_words(g, tune=False) == 0  # once
     import tessera.graph.passes.lowbit_fragment_words as pass_module
 
-    for opt_in in (False, True):  # (opt-in until the GPU tier has run the plan: AUTO_TUNES_IT)
+    for opt_in in (False, True):  # (AUTO_TUNES_IT: whether tuning under 'auto' may pick the kernel)
         hopper.setattr(pass_module, "AUTO_TUNES_IT", opt_in)
         for mode, tune, want in (("auto", False, 0), ("auto", True, int(opt_in)), ("", True, int(opt_in)),
                                  ("dequant", True, 0), ("fused", True, 0), ("register", False, 1)):  # fmt: skip

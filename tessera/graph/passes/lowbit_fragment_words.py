@@ -13,13 +13,11 @@ chosen:
 - a Hopper GPU (SM90, the kernel's only target);
 - float16 activations;
 - rows that may exceed DECODE_MAX_M (a static M at or below it only decodes);
-- $TESSERA_LOWBIT_PREFILL 'register'.  Opt-in for now.  The GPU tier has run the plan: the
-  compiled block's test passed on the H200.  'auto' with tuning adds the words too once
-  `AUTO_TUNES_IT` is set, so that tuning may choose the kernel.  Set it only after a wall-clock
-  measurement of the 1.1B Llama's prefill shows 'auto' at least as fast as 'dequant'
-  (bench/lowbit_model_prefill.py).  So far there is only a profiler sum (5479 against 5640 us
-  a forward, bench/results/2026-11-28-h200-lowbit-model-prefill-register.md), and the words
-  cost compile time.
+- $TESSERA_LOWBIT_PREFILL 'register', or 'auto' (the default) with tuning on, so that tuning
+  may choose the kernel per shape (`AUTO_TUNES_IT`).  Measured on the H200 before it was set:
+  the 1.1B Llama's 512-token prefill ran 3.527 ms with 'auto' against 3.717 with 'dequant' (the
+  two passes), at the same compile time (29.8 against 29.5 s) and error
+  (bench/results/2026-11-28-h200-lowbit-model-prefill-auto.md).
 
 The price is a second copy of the low-bit words on the GPU: bits/16 of the fp16 weights' memory,
 as the eager layer keeps it (tessera.quant.linear.PreparedWeight.words_for).
@@ -57,7 +55,7 @@ def fragment_words_of(op: Operator) -> Tensor:
     return Tensor.constant(packed.reshape(words.data.shape), name=f"{words.name}_fragment", copy=False)
 
 
-AUTO_TUNES_IT = False  # whether 'auto' with tuning adds the words (see the module docstring)
+AUTO_TUNES_IT = True  # whether 'auto' with tuning adds the words (see the module docstring)
 
 
 def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
