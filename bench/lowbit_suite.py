@@ -99,8 +99,9 @@ def prebuild_prefill(todo: list[tuple[int, int, int, str, int | None]]) -> None:
 
 
 def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tuple[int, int] = (1, 1),
-                 ms: tuple[int, ...] | None = None) -> list[dict]:  # fmt: skip
-    """Rows for every case (with `ms`, those of these M only; with shard (i, n): the i-th of n
+                 ms: tuple[int, ...] | None = None, types: tuple[str, ...] | None = None) -> list[dict]:  # fmt: skip
+    """Rows for every case (with `ms`, those of these M only; with `types`, those of these weight
+    types only; with shard (i, n): the i-th of n
     contiguous parts of them, for runs that must fit a time limit); with TESSERA_BENCH_BUDGET_S
     set, the cases started within that many seconds (a partial run says so in its printout)."""
     import os
@@ -113,7 +114,7 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tupl
     weights: dict[tuple[int, int], torch.Tensor] = {}
     prepared: dict[tuple, tuple] = {}
     humming = HummingPeer()
-    todo = [c for c in cases(quick) if ms is None or c[0] in ms]
+    todo = [c for c in cases(quick) if (ms is None or c[0] in ms) and (types is None or c[3] in types)]
     part, parts = shard
     if not 1 <= part <= parts:
         raise ValueError(f"shard {part}/{parts}: the part must be between 1 and {parts}")

@@ -103,6 +103,7 @@ def main() -> None:
                     help="gemm: the first six shapes only; lowbit: fewer M; attention: a few shapes")
     ap.add_argument("--shard", default="1/1", help="lowbit: run the I-th of N contiguous parts of the cases (I/N)")
     ap.add_argument("--ms", default="", help="lowbit: only the cases of these M (comma-separated), e.g. 4096")
+    ap.add_argument("--types", default="", help="lowbit: only the cases of these weight types (comma-separated), e.g. int5,int7")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--repeats", type=int, default=50)
     args, rest = ap.parse_known_args()  # the models and cpu suites have options of their own
@@ -147,8 +148,15 @@ def main() -> None:
             ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
         except ValueError:
             ap.error(f"--ms takes comma-separated row counts, got {args.ms!r}")
-        rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts), ms=ms)
-        name = args.suite + (f"-m{'-'.join(map(str, ms))}" if ms else "") + ("" if parts == 1 else f"-part{part}of{parts}")
+        from tessera.quant import WEIGHT_TYPES
+
+        types = tuple(args.types.split(",")) if args.types else None
+        unknown = sorted(set(types or ()) - {t.name for t in WEIGHT_TYPES})
+        if unknown:
+            ap.error(f"--types: unknown weight types {unknown}; known: {', '.join(t.name for t in WEIGHT_TYPES)}")
+        rows = lowbit_suite(timer, copy_gbs, quick=args.quick, shard=(part, parts), ms=ms, types=types)
+        name = args.suite + (f"-m{'-'.join(map(str, ms))}" if ms else "") + (f"-{'-'.join(types)}" if types else "")
+        name += "" if parts == 1 else f"-part{part}of{parts}"
         write_results(name, rows, outdirs, ["floor_us", "target_us", "vs_floor", "vs_cublas", "config"])
         return
     if args.suite == "attention":

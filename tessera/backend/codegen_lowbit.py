@@ -103,7 +103,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
     scaled = attrs.get("has_scale", True)
     if attrs.get("raw"):  # the bits alone (lowbit.raw_magic): the kernel subtracts and scales
         if t.name in lowbit.HARDWARE_FLOATS:  # one byte per half (an 8-bit plane): gather, convert
-            (p, _, _), = lowbit.plane_layout(t.nbits)
+            assert t.nbits == 8, t  # register r: bytes 2 (r % 2), + 1 of word r // 2
             lines.append("#if __CUDA_ARCH__ >= 890")
             for reg in range(first, last):
                 lines.append(f"  {{ uint32_t r = ts_cvt_{t.name}x2(ts_prmt(w[{reg // 2}], 0u, {0x20 + 0x11 * (reg % 2):#x}u)); "
@@ -114,7 +114,6 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
                 lines.append(f"  {{ uint32_t r = {register_expr(t, reg, 'w')}; "
                              f"d[{reg - first}] = __hmul2(*reinterpret_cast<half2*>(&r), __float2half2_rn({unit!r}f)); }}")
             lines.append("#endif")
-            assert p == 8
         else:
             for reg in range(first, last):
                 lines.append(f"  {{ uint32_t r = {cuda_register_expr(t, reg, 'w')}; d[{reg - first}] = *reinterpret_cast<half2*>(&r); }}")

@@ -2,12 +2,13 @@
 
 One *unit* is what one lane of a warp holds of a 16 x 256 weight tile: 128 values of `bits`
 bits in 4 * bits 32-bit words (so `bits` 16-byte loads), ordered as the lane's half2 registers
-of sixteen m16n8k16 A fragments (value v is half v % 2 of register v // 2).  Any width is
-split into planes of 8, 4, 2 and 1 bits (7 = 4 + 2 + 1, the high code bits in the widest
-plane), each packed densely in its own words: in a plane of p bits a word holds 16 / p
-registers, register j of the word in bits [j*p, j*p + p) (low half) and [16 + j*p, ...)
-(high half).  A register is then rebuilt with one shift and mask per plane and bit group,
-OR-ed into the exponent of an fp16 (Marlin's trick, for any width):
+of sixteen m16n8k16 A fragments (value v is half v % 2 of register v // 2).  Each 64-k stage
+(four steps, 16 registers) reads its own `bits` words (stage_words), which die with it.  A word's
+two 16-bit halves hold the two values of a register at the same places: f = 16 // bits whole
+fields at bits 0, bits, 2 bits, ... and, for the widths that do not divide 16 (3, 5, 6, 7), 16 %
+bits leftover top bits; the leftover bits of a stage's words, in order, hold its last
+16 - f * bits registers (stage_plan).  A register is then rebuilt with one shift and mask per
+field piece, OR-ed into the exponent of an fp16 (Marlin's trick, for any width):
 
 * integers: the code u (offset binary for the signed types: q + 2**(bits-1)) lands in the low
   mantissa bits of 1024.0, so the half is 1024 + u exactly;
@@ -30,24 +31,105 @@ INT_MAGIC = 0x64006400  # two fp16 1024.0
 
 
 def planes(bits: int) -> tuple[int, ...]:
-    """The plane widths of a `bits`-bit code, widest (highest code bits) first."""
+    """The plane widths of a `bits`-bit code, widest (highest code bits) first: the CPU row layout's
+    split (tessera.kernels.lowbit_cpu.row_planes; the unit layout keeps whole fields instead)."""
+    _check_bits(bits)
+    return tuple(p for p in (8, 4, 2, 1) if bits & p)
+
+
+def _check_bits(bits: int) -> None:
     if not 1 <= bits <= 8:
         raise ValueError(f"low-bit codes are 1 to 8 bits wide, got {bits}")
-    return tuple(p for p in (8, 4, 2, 1) if bits & p)
 
 
 def unit_words(bits: int) -> int:
     return 4 * bits
 
 
-def plane_layout(bits: int) -> list[tuple[int, int, int]]:
-    """(width p, first word, lowest code bit) of each plane."""
-    out, word, low = [], 0, bits
-    for p in planes(bits):
-        low -= p
-        out.append((p, word, low))
-        word += UNIT_VALUES // 2 // (16 // p)
-    return out
+def stage_words(bits: int, stage: int) -> tuple[int, ...]:
+    """The `bits` unit words 64-k stage `stage` (registers 16 stage .. 16 stage + 15) reads: its
+    q = bits // 4 16-byte chunks [4q stage, 4q stage + 4q) and its r = bits % 4 words of the tail
+    [16q + r stage, ...), so that a stage loads whole vectors and its words die with it."""
+    _check_bits(bits)
+    q, r = divmod(bits, 4)
+    return (*range(4 * q * stage, 4 * q * (stage + 1)), *range(16 * q + r * stage, 16 * q + r * (stage + 1)))
+
+
+Piece = tuple[int, int, int, int]  # (word, bit in the 16-bit half, lowest code bit, width)
+
+
+def register_pieces(bits: int, reg: int) -> tuple[Piece, ...]:
+    """The pieces of register `reg` (0..63) of a unit: both halves (values 2 reg, 2 reg + 1)
+    at the same bits of the low and high half of each word."""
+    stage, local = divmod(reg, 16)
+    words = stage_words(bits, stage)
+    return tuple((words[w], pos, low, width) for w, pos, low, width in stage_plan(bits)[0][local])
+
+
+@functools.cache
+def stage_plan(bits: int) -> tuple[tuple[tuple[Piece, ...], ...], tuple[int, ...]]:
+    """(pieces of each of a stage's 16 registers, in the stage's own word numbering; the integer
+    displacement d of each A-fragment place reg % 4).  Widths that divide 16 put register r in
+    field r % f of word r // f.  The others give whole fields to the first f * bits registers and
+    build the last ones from the words' leftover top bits, and choose the fields and the d's
+    together: fewest LOP3 (one per piece) plus SHF (one per distinct word and shift)."""
+    _check_bits(bits)
+    fields = 16 // bits
+    if fields * bits == 16:
+        return tuple(((r // fields, (r % fields) * bits, 0, bits),) for r in range(16)), _dividing_displacements(bits)
+    best: tuple[int, tuple[tuple[Piece, ...], ...], tuple[int, ...]] | None = None
+    for ds in itertools.product(range(11 - bits), repeat=4):
+        plan = _assign_fields(bits, ds)
+        cost = _instructions(plan, ds)
+        if best is None or cost < best[0]:
+            best = (cost, plan, ds)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _dividing_displacements(bits: int) -> tuple[int, ...]:
+    """d per reg % 4 for widths dividing 16 (see int_displacement)."""
+    if bits <= 2:
+        return tuple(bits * c for c in range(4))
+    return tuple((c * bits) % 8 if bits == 4 else 0 for c in range(4))
+
+
+def _assign_fields(bits: int, ds: tuple[int, ...]) -> tuple[tuple[Piece, ...], ...]:
+    """A stage's pieces under displacements `ds`: registers class by class (reg % 4) take the free
+    whole field that costs the fewest new instructions; the leftover top bits of the words, in
+    order, make the last registers."""
+    fields, top = divmod(16, bits)
+    n_whole = fields * bits
+    free = [(w, i * bits) for w in range(bits) for i in range(fields)]
+    shifts: set[tuple[int, int]] = set()
+    plan: dict[int, tuple[Piece, ...]] = {}
+    for r in sorted(range(n_whole), key=lambda r: (r % 4, r)):
+        d = ds[r % 4]
+        w, pos = min(free, key=lambda f, d=d: (f[1] != d and (f[0], d - f[1]) not in shifts, abs(d - f[1]), f))
+        free.remove((w, pos))
+        if pos != d:
+            shifts.add((w, d - pos))
+        plan[r] = ((w, pos, 0, bits),)
+    leftover = [(w, 16 - top, top) for w in range(bits)]  # (word, first bit, bits left)
+    for r in range(n_whole, 16):
+        pieces, low = [], 0
+        while low < bits:
+            w, pos, left = leftover[0]
+            width = min(left, bits - low)
+            pieces.append((w, pos, low, width))
+            low += width
+            leftover[0] = (w, pos + width, left - width)
+            if left == width:
+                leftover.pop(0)
+        plan[r] = tuple(pieces)
+    assert not free and not leftover
+    return tuple(plan[r] for r in range(16))
+
+
+def _instructions(plan: tuple[tuple[Piece, ...], ...], ds: tuple[int, ...]) -> int:
+    """LOP3 (one a piece) + SHF (one a distinct (word, shift)) to build a stage's integer registers."""
+    shifts = {(w, low + ds[r % 4] - pos) for r, pieces in enumerate(plan) for w, pos, low, _ in pieces}
+    return sum(len(p) for p in plan) + sum(1 for _, shift in shifts if shift)
 
 
 def float_shift(t: DataType) -> int:
@@ -58,42 +140,14 @@ def float_shift(t: DataType) -> int:
 def int_displacement(t: DataType, reg: int) -> int:
     """d such that CUDA places an integer code u at fp16 mantissa bits [d, d + bits) of
     register `reg`, OR-ed into int_magic(d) = 2**(10 - d): the half is then int_magic(d) + u
-    exactly.  Single-plane widths (1, 2, 4, 8) keep each field where it lies in its word when it
-    fits below bit 10 and otherwise move it with one shift shared by the word's fields, so that d
-    depends only on the register's place in the A fragment (reg % 4): every mma step then has
-    the same magics (a kernel subtracting them in the tensor core needs one constant fragment).
-    1 and 2 bits: d = bits * (reg % 4), shifts by multiples of 4 * bits; 4 bits: the fields at 0
-    and 4 stay, those at 8 and 12 move down by 8; 8 bits: d = 0.  Widths of several planes take
-    the d per reg % 4 that needs the fewest distinct shifts over the unit (the C lowering of the
-    non-raw dequant takes d = 0: the value does not depend on d)."""
-    bits = t.nbits
-    if t.is_float:
-        return 0
-    if len(planes(bits)) > 1:
-        return _plane_displacements(t)[reg % 4]
-    if bits <= 2:
-        return bits * (reg % 4)
-    pos = (reg % (16 // bits)) * bits
-    return pos % 8 if bits == 4 else 0
-
-
-@functools.cache
-def _plane_displacements(t: DataType) -> tuple[int, ...]:
-    """d for each of the 4 A-fragment places of a several-plane integer width: the choice that
-    leaves the fewest distinct (word, shift) pairs over a unit's 64 registers (one SHF each)."""
-    best: tuple[int, tuple[int, ...]] | None = None
-    shifted: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for ds in itertools.product(range(11 - t.nbits), repeat=4):
-        pairs: set[tuple[int, int]] = set()
-        for reg in range(64):
-            key = (reg, ds[reg % 4])
-            if key not in shifted:
-                shifted[key] = [(w, sh) for w, sh, _ in register_terms(t, reg, key[1]) if sh]
-            pairs.update(shifted[key])
-        if best is None or len(pairs) < best[0]:
-            best = (len(pairs), ds)
-    assert best is not None
-    return best[1]
+    exactly.  d depends only on the register's place in the A fragment (reg % 4), so every mma
+    step has the same magics (a kernel subtracting them in the tensor core needs one constant
+    fragment).  Widths dividing 16 keep each field where it lies in its word when it fits below
+    bit 10 and otherwise move it with one shift shared by the word's fields: 1 and 2 bits: d =
+    bits * (reg % 4), shifts by multiples of 4 * bits; 4 bits: the fields at 0 and 4 stay, those
+    at 8 and 12 move down by 8; 8 bits: d = 0.  The other widths take stage_plan's d (the C
+    lowering of the non-raw dequant takes d = 0: the value does not depend on d)."""
+    return 0 if t.is_float else stage_plan(t.nbits)[1][reg % 4]
 
 
 def int_magic(d: int) -> int:
@@ -131,11 +185,9 @@ def register_terms(t: DataType, reg: int, displacement: int = 0) -> list[tuple[i
     (0..63) of the unit."""
     bits = t.nbits
     terms = []
-    for p, first, low in plane_layout(bits):
-        per_word = 16 // p
-        word, pos = first + reg // per_word, (reg % per_word) * p  # field of code bits [low, low + p)
+    for word, pos, low, width in register_pieces(bits, reg):  # code bits [low, low + width) at bit pos
         groups: dict[int, list[int]] = {}
-        for j in range(low, low + p):  # code bit j -> fp16 bit dest(j)
+        for j in range(low, low + width):  # code bit j -> fp16 bit dest(j)
             if t.is_float:
                 dest = 15 if j == bits - 1 else 10 - t.mantissa_bits + j
             else:
@@ -150,14 +202,10 @@ def register_terms(t: DataType, reg: int, displacement: int = 0) -> list[tuple[i
 
 
 def value_bit_locations(bits: int, value: int) -> list[tuple[int, int, int, int]]:
-    """(word, bit, code bit, width) of each plane's field of lane value `value` (0..127): the
-    packer's view of the same layout."""
+    """(word, bit, code bit, width) of each piece of lane value `value` (0..127): the packer's
+    view of the same layout."""
     reg, half = divmod(value, 2)
-    out = []
-    for p, first, low in plane_layout(bits):
-        per_word = 16 // p
-        out.append((first + reg // per_word, 16 * half + (reg % per_word) * p, low, p))
-    return out
+    return [(word, 16 * half + pos, low, width) for word, pos, low, width in register_pieces(bits, reg)]
 
 
 SPANS = (16, 2)  # the k orders the decode kernel reads (see lane_value_position)

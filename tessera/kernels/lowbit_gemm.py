@@ -123,12 +123,21 @@ def buildable_configs(wtype: DataType, group_size: int, has_bias: bool) -> list[
 def word_loads(bits: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[tuple[int, int], ...], ...]]:
     """(all, per_stage) loads of a lane's unit words, (first word, bytes) each: `all` the
     `bits` 16-byte chunks of 256 k; per_stage[b] the words 64-k stage b (steps 4b..4b + 3)
-    reads of each plane of width p (tessera.ir.lowbit.plane_layout), [first + b p,
-    first + (b + 1) p), as 16-, 8- or 4-byte loads.  After stage b they are dead: the kernels
-    reload them for the next 256 k there, so the loads' latency hides behind the later stages."""
-    stages = tuple(sum((tuple((first + b * p + 4 * c, 16) for c in range(p // 4)) if p >= 4 else ((first + b * p, 4 * p),)
-                        for p, first, _ in lowbit.plane_layout(bits)), ()) for b in range(4))  # fmt: skip
-    return tuple((4 * j, 16) for j in range(bits)), stages
+    reads (tessera.ir.lowbit.stage_words) as aligned 16-, 8- or 4-byte loads.  After stage b
+    they are dead: the kernels reload them for the next 256 k there, so the loads' latency hides
+    behind the later stages."""
+    return tuple((4 * j, 16) for j in range(bits)), tuple(_vectors(lowbit.stage_words(bits, b)) for b in range(4))
+
+
+def _vectors(words: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Ascending word indices as loads no wider than their alignment (16-byte chunks of 4 words)."""
+    out, i = [], 0
+    while i < len(words):
+        w = words[i]
+        n = next(n for n in (4, 2, 1) if w % n == 0 and words[i : i + n] == tuple(range(w, w + n)))
+        out.append((w, 4 * n))
+        i += n
+    return tuple(out)
 
 
 def slots_after(steps_per_slot: int, slots: int) -> tuple[tuple[int, ...], ...]:

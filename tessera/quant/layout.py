@@ -36,14 +36,30 @@ def _flat_positions(span: int) -> np.ndarray:
 
 
 @functools.cache
-def _plane_shifts(bits: int, plane: int) -> np.ndarray:
-    """[4p words, 32 / p values] each value's bit offset in its word of plane `plane` (p bits
-    wide), from tessera.ir.lowbit.value_bit_locations, whose plane word for value v is
-    v // (32 / p): the plane's values fill its words in value order."""
-    p, first, _ = lowbit.plane_layout(bits)[plane]
-    places = [lowbit.value_bit_locations(bits, v)[plane] for v in range(lowbit.UNIT_VALUES)]
-    assert all(word == first + v // (32 // p) for v, (word, *_) in enumerate(places)), (bits, plane)
-    return np.array([bit for _, bit, _, _ in places], np.uint32).reshape(4 * p, 32 // p)
+def _value_pieces(bits: int) -> np.ndarray:
+    """[pieces, 4, 128]: per piece index j, each lane value's (word, bit, code bit, width) from
+    tessera.ir.lowbit.value_bit_locations (width 0 where a value has fewer pieces)."""
+    places = [lowbit.value_bit_locations(bits, v) for v in range(lowbit.UNIT_VALUES)]
+    out = np.zeros((max(map(len, places)), 4, lowbit.UNIT_VALUES), np.int64)
+    for v, pieces in enumerate(places):
+        for j, piece in enumerate(pieces):
+            out[j, :, v] = piece
+    return out
+
+
+@functools.cache
+def _word_pieces(bits: int) -> np.ndarray:
+    """[slots, 4, 4 bits words]: per slot index i, each word's (value, bit, code bit, width): the
+    same pieces grouped by word (width 0 where a word has fewer)."""
+    by_word: list[list[tuple[int, int, int, int]]] = [[] for _ in range(lowbit.unit_words(bits))]
+    for v in range(lowbit.UNIT_VALUES):
+        for word, bit, low, width in lowbit.value_bit_locations(bits, v):
+            by_word[word].append((v, bit, low, width))
+    out = np.zeros((max(map(len, by_word)), 4, len(by_word)), np.int64)
+    for w, pieces in enumerate(by_word):
+        for i, piece in enumerate(pieces):
+            out[i, :, w] = piece
+    return out
 
 
 def padded_shape(n: int, k: int) -> tuple[int, int]:
@@ -76,19 +92,17 @@ def _unit_values(words: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray
     """[nt, kt, 32 lanes, 128 values] the layout codes each lane holds of each unit."""
     w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
     values = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
-    for plane, (p, first, low) in enumerate(lowbit.plane_layout(t.nbits)):
-        field = (w[:, :, :, first : first + 4 * p, None] >> _plane_shifts(t.nbits, plane)) & np.uint32((1 << p) - 1)
-        values |= field.reshape(values.shape) << np.uint32(low)
+    for word, bit, low, width in _value_pieces(t.nbits).astype(np.uint32):
+        values |= ((w[..., word] >> bit) & ((np.uint32(1) << width) - np.uint32(1))) << low
     return values
 
 
 def _unit_words(values: np.ndarray, t: DataType) -> np.ndarray:
     """The words of units of lane values [nt, kt, 32, 128] (`_unit_values`' inverse), flat."""
     nt, kt = values.shape[:2]
-    words = np.empty((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
-    for plane, (p, first, low) in enumerate(lowbit.plane_layout(t.nbits)):  # each plane's 4p words, in value order
-        field = ((values >> np.uint32(low)) & np.uint32((1 << p) - 1)).reshape(nt, kt, 32, 4 * p, 32 // p)
-        words[:, :, :, first : first + 4 * p] = np.bitwise_or.reduce(field << _plane_shifts(t.nbits, plane), axis=-1)
+    words = np.zeros((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
+    for value, bit, low, width in _word_pieces(t.nbits).astype(np.uint32):
+        words |= ((values[..., value] >> low) & ((np.uint32(1) << width) - np.uint32(1))) << bit
     # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
     return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
 
