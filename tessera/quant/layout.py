@@ -75,10 +75,8 @@ def pack_units(codes: np.ndarray, t: DataType, span: int = 16) -> np.ndarray:
     u = np.zeros((npad, kpad), np.uint32)
     u[:n, :k] = layout_codes(codes, t)
     nt, kt = npad // 16, kpad // 256
-    tiles = np.take(
-        u.reshape(nt, 16, kt, 256).transpose(0, 2, 1, 3).reshape(nt, kt, -1), _flat_positions(span), axis=-1
-    )
-    return _unit_words(tiles, t)  # (tiles: [nt, kt, 32 lanes, 128 values])
+    by_position = u.reshape(nt, 16, kt, 256).transpose(1, 3, 0, 2).reshape(16 * 256, nt * kt)  # [row * 256 + k, unit]
+    return _unit_words(by_position[_lane_positions(span)], t, nt, kt)
 
 
 def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles: int, lane: int) -> np.ndarray:
@@ -88,41 +86,49 @@ def lane_unit(words: np.ndarray, t: DataType, n_tile: int, k_tile: int, k_tiles:
     return w[n_tile, k_tile, :, lane, :].reshape(-1)
 
 
-def _unit_values(words: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray:
-    """[nt, kt, 32 lanes, 128 values] the layout codes each lane holds of each unit."""
-    w = np.asarray(words, np.uint32).reshape(nt, kt, t.nbits, 32, 4).transpose(0, 1, 3, 2, 4).reshape(nt, kt, 32, -1)
-    values = np.zeros((nt, kt, 32, lowbit.UNIT_VALUES), np.uint32)
-    for word, bit, low, width in _value_pieces(t.nbits).astype(np.uint32):
-        values |= ((w[..., word] >> bit) & ((np.uint32(1) << width) - np.uint32(1))) << low
-    return values
+def _unit_values(words: np.ndarray, t: DataType, units: int) -> np.ndarray:
+    """[128 values * 32 lanes, units] the layout codes each lane holds of each unit (units last:
+    every piece of the layout then moves whole rows)."""
+    w = np.asarray(words, np.uint32).reshape(units, t.nbits, 32, 4).transpose(1, 3, 2, 0).reshape(-1, 32, units)
+    values = np.zeros((lowbit.UNIT_VALUES, 32, units), np.uint32)
+    for word, bit, low, width in _value_pieces(t.nbits).astype(np.uint32)[..., None, None]:
+        values |= ((w[word[:, 0, 0]] >> bit) & ((np.uint32(1) << width) - np.uint32(1))) << low
+    return values.reshape(-1, units)
 
 
-def _unit_words(values: np.ndarray, t: DataType) -> np.ndarray:
-    """The words of units of lane values [nt, kt, 32, 128] (`_unit_values`' inverse), flat."""
-    nt, kt = values.shape[:2]
-    words = np.zeros((nt, kt, 32, lowbit.unit_words(t.nbits)), np.uint32)
-    for value, bit, low, width in _word_pieces(t.nbits).astype(np.uint32):
-        words |= ((values[..., value] >> low) & ((np.uint32(1) << width) - np.uint32(1))) << bit
-    # [nt, kt, 32, bits, 4] -> [nt, kt, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
-    return np.ascontiguousarray(words.reshape(nt, kt, 32, t.nbits, 4).transpose(0, 1, 3, 2, 4)).reshape(-1)
+def _unit_words(values: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray:
+    """The words (flat, [nt][kt][bits][32 lanes][4]) of the lane values [128 * 32, nt * kt]
+    (`_unit_values`' inverse)."""
+    v = values.reshape(lowbit.UNIT_VALUES, 32, nt * kt)
+    words = np.zeros((lowbit.unit_words(t.nbits), 32, nt * kt), np.uint32)
+    for value, bit, low, width in _word_pieces(t.nbits).astype(np.uint32)[..., None, None]:
+        words |= ((v[value[:, 0, 0]] >> low) & ((np.uint32(1) << width) - np.uint32(1))) << bit
+    # [bits, 4, 32, units] -> [units, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
+    return np.ascontiguousarray(words.reshape(t.nbits, 4, 32, nt * kt).transpose(3, 0, 2, 1)).reshape(-1)
+
+
+@functools.cache
+def _lane_positions(span: int) -> np.ndarray:
+    """[128 * 32]: row * 256 + k of lane value (value, lane) (the rows of `_unit_values`)."""
+    return np.ascontiguousarray(_flat_positions(span).T).reshape(-1)
 
 
 def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16) -> np.ndarray:
     """The [n, k] layout codes (`layout_codes`) that `pack_units(..., span)` stored in `words`."""
     npad, kpad = padded_shape(n, k)
     nt, kt = npad // 16, kpad // 256
-    u = np.empty((nt, kt, 16 * 256), np.uint32)
-    u[:, :, _flat_positions(span)] = _unit_values(words, t, nt, kt)  # (every position of the unit exactly once)
-    return u.reshape(nt, kt, 16, 256).transpose(0, 2, 1, 3).reshape(npad, kpad)[:n, :k]
+    u = np.empty((16 * 256, nt * kt), np.uint32)
+    u[_lane_positions(span)] = _unit_values(words, t, nt * kt)  # (every position of the unit exactly once)
+    return u.reshape(16, 256, nt, kt).transpose(2, 0, 3, 1).reshape(npad, kpad)[:n, :k]
 
 
 @functools.cache
 def _reorder(span: int, new_span: int) -> np.ndarray:
-    """[32 * 128] for each lane value of the order `new_span`, the lane value of the order
-    `span` at the same (row, k)."""
+    """[128 * 32] for each lane value (value, lane) of the order `new_span`, the row of the
+    order `span` at the same (row, k)."""
     at = np.empty(16 * 256, np.int64)
-    at[_flat_positions(span).reshape(-1)] = np.arange(32 * lowbit.UNIT_VALUES)
-    return at[_flat_positions(new_span).reshape(-1)]
+    at[_lane_positions(span)] = np.arange(32 * lowbit.UNIT_VALUES)
+    return at[_lane_positions(new_span)]
 
 
 def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_span: int) -> np.ndarray:
@@ -132,8 +138,7 @@ def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_
     low-bit weight: tessera.graph.passes.lowbit_fragment_words)."""
     npad, kpad = padded_shape(n, k)
     nt, kt = npad // 16, kpad // 256
-    values = _unit_values(words, t, nt, kt).reshape(nt, kt, -1)
-    return _unit_words(np.take(values, _reorder(span, new_span), axis=-1).reshape(nt, kt, 32, -1), t)
+    return _unit_words(_unit_values(words, t, nt * kt)[_reorder(span, new_span)], t, nt, kt)
 
 
 def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
