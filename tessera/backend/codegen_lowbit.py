@@ -102,7 +102,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
     ]  # fmt: skip
     scaled = attrs.get("has_scale", True)
     if attrs.get("raw"):  # the bits alone (lowbit.raw_magic): the kernel subtracts and scales
-        if t.name in lowbit.HARDWARE_FLOATS:  # one byte per half (an 8-bit plane): gather, convert
+        if t.name in lowbit.HARDWARE_FLOATS:  # one byte per half (8-bit fields): gather, convert
             assert t.nbits == 8, t  # register r: bytes 2 (r % 2), + 1 of word r // 2
             lines.append("#if __CUDA_ARCH__ >= 890")
             for reg in range(first, last):
