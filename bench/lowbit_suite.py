@@ -6,7 +6,11 @@ new type, group and shape costs it ~16 s of JIT) in the same run.
 Rows: case `M=..,N=..,K=..,w=<type>,g=<group|ch>,fp16`, tessera_us, floor_us (bytes the kernel
 must move: packed weights + scales (+ zero points) + activations + output, over the copy
 bandwidth measured in this run), peers_us, rel_err against float64 on the dequantised weights.
-Each case times every system in interleaved rounds (harness.Timer.side_by_side).
+Each case times every system in interleaved rounds (harness.Timer.side_by_side).  Past
+DECODE_MAX_M rows, peer `cublas_dequantised` is cuBLAS on the dequantised weights rounded to
+fp16: at this power-limited card's compute-bound shapes the clock follows the data the tensor
+cores multiply, so it tells the kernel's own efficiency (the same values) apart from the
+weights' (issue 12's bar is `cublas`, on the original fp16 weights).
 Tilus is not run: its wheel has no quantized matmul (lowbit_peers.py)."""
 
 from __future__ import annotations
@@ -139,6 +143,8 @@ def lowbit_suite(timer: Timer, copy_gbs: float, quick: bool = False, shard: tupl
         ref = x.double() @ wdq.double().T
         err = rel_err(y, ref)
         calls = {"tessera": functools.partial(cuda_matmul, x, p), "cublas": functools.partial(torch.matmul, x, wf.T)}
+        if m > DECODE_MAX_M:
+            calls["cublas_dequantised"] = functools.partial(torch.matmul, x, wdq.half().T)
         if tname == "int4" and g in (32, 64, 128, 256):
             tg = _tinygemm(x, wf, g)
             if tg is not None:
