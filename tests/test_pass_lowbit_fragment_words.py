@@ -2,7 +2,7 @@
 
 The pass appends to lowbit_linear the codes in mma's k order (tessera.ir.lowbit.FRAGMENT_SPAN),
 only where the register-A kernel may run: an SM90 GPU, float16 x, rows past DECODE_MAX_M, and
-$TESSERA_LOWBIT_PREFILL 'register' (tuning too, once the GPU tier has run it).  The plan (tessera.quant.anchor._plan_register_a)
+$TESSERA_LOWBIT_PREFILL 'register', or 'auto' with tuning on.  The plan (tessera.quant.anchor._plan_register_a)
 then reads those words and fuses the graph's epilogue into the kernel's stores: run here on
 the host model (tests/cuda_on_host.py) at odd sizes.  GPU tier: tests/test_pass_lowbit_projections.py
 compiles a block with TESSERA_LOWBIT_PREFILL=register."""

@@ -150,6 +150,15 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     return plan_gemm("lowbit_prefill", problem, out_shape, inputs, epilogue, None, -1, tune, plan=plan)
 
 
+def _with_epilogue(f: Any, x_shape: tuple[int, ...], out_shape: tuple[int, ...], rows_of: Any,
+                   epilogue: Epilogue | None, name: str) -> tuple[Any, Epilogue]:  # fmt: skip
+    """A prefill kernel's IR with A retyped to x's shape and the graph's epilogue (else the fp16
+    identity) fused into its row-major stores of C, and that epilogue."""
+    f = retype_operand(f, "A", x_shape)
+    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
+    return rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True), name), ep
+
+
 def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, scales: tuple[int, int],
                 biases: tuple[int, int], group: int, epilogue: Epilogue | None, config: Any,
                 inputs: int = 4) -> AnchorPlan:  # fmt: skip
@@ -164,10 +173,7 @@ def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, sca
     f = make_lowbit_gemm(t, group, bool(attrs["has_bias"]), config).ir
     f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n)},
                    {"ctas": config.grid(m, n, 1, _sms())})  # fmt: skip
-    f = retype_operand(f, "A", x_shape)
-    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
-    f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),
-               f"lowbit_prefill_{t.name}_{config}")  # fmt: skip
+    f, ep = _with_epilogue(f, x_shape, out_shape, rows_of, epilogue, f"lowbit_prefill_{t.name}_{config}")
     plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, inputs, len(ep.extras), aligned_inputs=[0, 1],
                       aligned_output=True, config=config)  # fmt: skip
     tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_m, BLOCK_K)))
@@ -201,10 +207,7 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     f = rs.make_lowbit_gemm_rs(t, group, has_bias, config).ir
     f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n), "P": (1,), "F": (1,)},
                    {"ctas": config.grid(m, n, _sms()), "whole": config.tiles(m, n)})  # fmt: skip
-    f = retype_operand(f, "A", x_shape)
-    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32, dtypes.float16)
-    f = rename(fuse_epilogue(f, "C", lambda z, r, c: rows_of(r, c), ep, row_major=True),
-               f"lowbit_prefill_{t.name}_{config}")  # fmt: skip
+    f, ep = _with_epilogue(f, x_shape, out_shape, rows_of, epilogue, f"lowbit_prefill_{t.name}_{config}")
     plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, 5, len(ep.extras), aligned_inputs=[0, 4],
                       aligned_output=True, config=config)  # fmt: skip
     tma_a = plan.tensor_map(MapSpec((INPUT, 0), dtypes.float16, (1, m, k), (1, config.block_t // config.cluster, BLOCK_K)))
