@@ -103,7 +103,7 @@ def cuda_helper(attrs: dict[str, Any]) -> str:
     scaled = attrs.get("has_scale", True)
     if attrs.get("raw"):  # the bits alone (lowbit.raw_magic): the kernel subtracts and scales
         if t.name in lowbit.HARDWARE_FLOATS:  # one byte per half (8-bit fields): gather, convert
-            assert t.nbits == 8, t  # register r: bytes 2 (r % 2), + 1 of word r // 2
+            assert t.nbits == 8, t  # register r: byte r % 2 of each 16-bit half of word r // 2
             lines.append("#if __CUDA_ARCH__ >= 890")
             for reg in range(first, last):
                 lines.append(f"  {{ uint32_t r = ts_cvt_{t.name}x2(ts_prmt(w[{reg // 2}], 0u, {0x20 + 0x11 * (reg % 2):#x}u)); "
