@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU low-bit ker
 # (weight type, group size (None: per output channel), zero points)
 CASES = [("int1", 32, False), ("int3", 128, True), ("int3", None, False), ("int4", 32, False), ("int4", None, True),
          ("int8", 128, False), ("uint2", 32, True), ("uint6", None, True), ("e2m1", 32, None), ("e4m3", None, None),
-         ("e3m2", 128, None), ("e5m2", 64, None)]  # fmt: skip
+         ("e3m2", 128, None), ("e5m2", 64, None),
+         # planes decoded straight to float32 (make_linear_rows' RUNS): three of them, one bit the narrowest
+         ("int7", 64, False), ("uint5", 32, True), ("e2m3", None, None)]  # fmt: skip
 
 
 def _operands(rng, weight, group, zp, n, k):

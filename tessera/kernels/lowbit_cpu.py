@@ -77,7 +77,17 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     W0, MASK0 = 8 * p0, (1 << p0) - 1
     FIRST = tuple((i * W0, i * p0) for i in range(32 // p0))  # (k offset, shift) of each field
     REST = tuple((i * 8 * p, 8 * p, base, i * p, (1 << p) - 1, low) for p, base, low in rest for i in range(32 // p))
-    FUSED = not rest and group % W0 == 0
+    # A run of RUN k (8 times the narrowest plane) lies in one field of one run of words in every
+    # plane: (k offset, then each plane's first word in the block and shift), padded to 3 planes.
+    # Decoded straight to float32 where a run never crosses a group, but for 3 bits (planes of 2
+    # and 1), whose U pass measured faster: one thread, N = K = 4096, M = 1, against the U pass
+    # int5 3.8 / 8.6 ms, int6 3.2 / 8.6, int7 7.1 / 21, e2m3 6.7 / 10.4, int3 5.7 / 3.9
+    # (bench/results/2026-11-28-cpu-lowbit-rows.md).
+    NP, RUN = len(planes), 8 * min(p for p, _, _ in planes)
+    (M1, L1), (M2, L2) = [((1 << p) - 1, low) for p, _, low in planes[1:]] + [(0, 0)] * (3 - NP)
+    RUNS = tuple((k0, *(v for p, base, _ in planes for v in (base + k0 % (8 * p), k0 // (8 * p) * p)),
+                  *((0, 0) * (3 - NP))) for k0 in range(0, ROW_BLOCK, RUN))  # fmt: skip
+    FUSED = group % RUN == 0 and BITS != 3
     # small floats: sign, exponent e and mantissa from the code, value (hidden bit | mantissa) *
     # 2**(max(e, 1) - bias - mbits) (e = 0: subnormal), the constant power folded into the scale
     # with the layout's 2**-float_shift (NaN and inf codes, which quantisation never makes, read finite)
@@ -101,14 +111,26 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
             for tile in range(w * per, min(tiles, w * per + per)):
                 for c in cols:
                     n = min(tile * NR + c, N - 1)
-                    if FUSED:  # one plane, each field's run of k in one group: decode straight to float32
+                    if FUSED:  # each run of k in one group: decode straight to float32
+                        last = -1  # the group whose scale (and bias) s (and b) hold: converted once a group
+                        s = 0.0
+                        b = 0.0
                         for kb in range(kp // 256):
-                            for ko, sh in FIRST:
-                                g = min((kb * 256 + ko) // GS, G - 1)  # (fields past K are never read)
-                                s = ts.cast(S[n, g], f32) * FSCALE
+                            src = kb * 8 * BITS
+                            for ko, w0, s0, w1, s1, w2, s2 in RUNS:
+                                g = min((kb * 256 + ko) // GS, G - 1)  # (runs past K are never read)
+                                if g != last:
+                                    s = ts.cast(S[n, g], f32) * FSCALE
+                                    if has_bias:
+                                        b = ts.cast(B[n, g], f32)
+                                    last = g
                                 if IS_FLOAT:
-                                    for j in range(W0):
-                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
+                                    for j in range(RUN):
+                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
+                                        if NP > 1:
+                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
+                                        if NP > 2:
+                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
                                         mag = u & FMAG
                                         e = mag >> FM
                                         mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
@@ -116,14 +138,21 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                                         v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
                                         Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
                                 elif has_bias:
-                                    b = ts.cast(B[n, g], f32)
-                                    for j in range(W0):
-                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
-                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - b) * s
+                                    for j in range(RUN):
+                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
+                                        if NP > 1:
+                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
+                                        if NP > 2:
+                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - b) * s
                                 else:
-                                    for j in range(W0):
-                                        u = (Wr[n, kb * 8 * BITS + j] >> sh) & MASK0
-                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(u, f32) - offset) * s
+                                    for j in range(RUN):
+                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
+                                        if NP > 1:
+                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
+                                        if NP > 2:
+                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
+                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - offset) * s
                     else:
                         for kb in range(kp // 256):
                             src = kb * 8 * BITS
