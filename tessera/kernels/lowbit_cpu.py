@@ -114,7 +114,7 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                     if FUSED:  # each run of k in one group: decode straight to float32
                         last = -1  # the group whose scale (and bias) s (and b) hold: converted once a group
                         s = 0.0
-                        b = 0.0
+                        b = offset  # (the integers without a bias subtract the signed types' offset)
                         for kb in range(kp // 256):
                             src = kb * 8 * BITS
                             for ko, w0, s0, w1, s1, w2, s2 in RUNS:
@@ -124,35 +124,21 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                                     if has_bias:
                                         b = ts.cast(B[n, g], f32)
                                     last = g
-                                if IS_FLOAT:
-                                    for j in range(RUN):
-                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
-                                        if NP > 1:
-                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
-                                        if NP > 2:
-                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
+                                for j in range(RUN):
+                                    u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
+                                    if NP > 1:
+                                        u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
+                                    if NP > 2:
+                                        u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
+                                    if IS_FLOAT:
                                         mag = u & FMAG
                                         e = mag >> FM
                                         mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
                                         p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
                                         v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
                                         Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
-                                elif has_bias:
-                                    for j in range(RUN):
-                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
-                                        if NP > 1:
-                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
-                                        if NP > 2:
-                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
+                                    else:
                                         Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - b) * s
-                                else:
-                                    for j in range(RUN):
-                                        u = ((Wr[n, src + w0 + j] >> s0) & MASK0) << low0
-                                        if NP > 1:
-                                            u = u | (((Wr[n, src + w1 + j] >> s1) & M1) << L1)
-                                        if NP > 2:
-                                            u = u | (((Wr[n, src + w2 + j] >> s2) & M2) << L2)
-                                        Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - offset) * s
                     else:
                         for kb in range(kp // 256):
                             src = kb * 8 * BITS
