@@ -67,9 +67,10 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     L(u) is u for the integers and decode(u) * 2**-float_shift for the small floats (the scales
     carry the power, as in the tensor-core layout), computed from the code's fields (no table
     gather); without `has_bias` the integers subtract the signed types' offset.  Workers take tiles of `nr` rows of W: each row is
-    decoded into the worker's buffers (U: codes, plane by plane, a contiguous loop of 8p words
-    per field; Wf: float32 weights, group by group), then `mr` x `nr` float32 vector sums run
-    over K (vload/vfma, the tail masked).  U and Wf are [threads, nr * KB * 256] workspaces."""
+    decoded into the worker's float32 buffer Wf, a run of k that lies in one field of every plane
+    at a time (RUNS; 3 bits and runs crossing a group go through the code buffer U, plane by
+    plane, then group by group), then `mr` x `nr` float32 vector sums run over K (vload/vfma,
+    the tail masked).  U and Wf are [threads, nr * KB * 256] workspaces."""
     BITS, GS, NR, MR, LANES, IS_FLOAT = wtype.nbits, group, nr, mr, lanes, wtype.is_float
     offset = float(lowbit.code_offset(wtype))
     planes = row_planes(BITS)
