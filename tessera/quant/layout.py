@@ -25,17 +25,17 @@ def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
 
 
 @functools.cache
-def _flat_positions(span: int) -> np.ndarray:
-    """[32 lanes, 128 values] -> row * 256 + k in the unit's 16 x 256 tile (lowbit.lane_value_position)."""
-    out = np.empty((32, lowbit.UNIT_VALUES), np.int64)
+def _lane_positions(span: int) -> np.ndarray:
+    """[128 * 32]: row * 256 + k in the unit's 16 x 256 tile of lane value (value, lane)
+    (lowbit.lane_value_position), in the row order of `_unit_values`."""
+    out = np.empty((lowbit.UNIT_VALUES, 32), np.int64)
     for lane in range(32):
         for v in range(lowbit.UNIT_VALUES):
             row, k = lowbit.lane_value_position(lane, v, span)
-            out[lane, v] = row * lowbit.UNIT_K + k
-    return out
+            out[v, lane] = row * lowbit.UNIT_K + k
+    return out.reshape(-1)
 
 
-@functools.cache
 def _value_pieces(bits: int) -> np.ndarray:
     """[pieces, 4, 128]: per piece index j, each lane value's (word, bit, code bit, width) from
     tessera.ir.lowbit.value_bit_locations (width 0 where a value has fewer pieces)."""
@@ -105,12 +105,6 @@ def _unit_words(values: np.ndarray, t: DataType, nt: int, kt: int) -> np.ndarray
         words |= ((v[value[:, 0, 0]] >> low) & ((np.uint32(1) << width) - np.uint32(1))) << bit
     # [bits, 4, 32, units] -> [units, bits, 32, 4]: load j of a warp is 512 contiguous bytes.
     return np.ascontiguousarray(words.reshape(t.nbits, 4, 32, nt * kt).transpose(3, 0, 2, 1)).reshape(-1)
-
-
-@functools.cache
-def _lane_positions(span: int) -> np.ndarray:
-    """[128 * 32]: row * 256 + k of lane value (value, lane) (the rows of `_unit_values`)."""
-    return np.ascontiguousarray(_flat_positions(span).T).reshape(-1)
 
 
 def unpack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int = 16) -> np.ndarray:
