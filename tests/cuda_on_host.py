@@ -27,6 +27,7 @@ are modelled by what they promise, not by how the hardware does it:
   all their threads and `load_cluster` reads another block's arena at the same offset;
 * cp.async copies at once (zero fill when not taken), so its commits and waits do nothing;
 * fences do nothing (host memory is coherent under the barriers' lock);
+* `reduce_add` and `ticket` add under the same lock;
 * flags (`signal_flag` / `wait_flag`) are words under the same lock; a wait for a flag that no
   block run before it set fails after 20 s (blocks run last first, so a block may wait on
   higher-numbered ones, which the GPU runs at the same time in a persistent grid).
@@ -292,6 +293,17 @@ static inline void ts_wait_flag(const void* flag, uint32_t value) {
   std::unique_lock<std::mutex> lock(ts_mb_lock);
   if (!ts_mb_cv.wait_for(lock, std::chrono::seconds(20), [&] { return *static_cast<const uint32_t*>(flag) == value; }))
     ts_host_fail("wait_flag: no block that ran before this one (the host model runs the last block first) set the flag");
+}
+// Sums between blocks (reduce_add, ticket): under the same lock, in the order the blocks run.
+template <int N> static inline void ts_reduce_add(float* dst, const float* src) {
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  for (int i = 0; i < N / 4; ++i) dst[i] += src[i];
+}
+static inline void ts_ticket(void* counter, uint32_t add, void* old) {
+  std::lock_guard<std::mutex> lock(ts_mb_lock);
+  uint32_t* c = static_cast<uint32_t*>(counter);
+  *static_cast<uint32_t*>(old) = *c;
+  *c += add;
 }
 // Multicast: the box lands in each block of the mask and completes its bytes on that block's barrier,
 // which may not have announced them yet (another block's producer can be ahead): the transaction

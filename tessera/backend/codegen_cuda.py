@@ -176,6 +176,20 @@ __device__ __forceinline__ void ts_wait_flag(const void* flag, uint32_t value) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
   } while (seen != value);
 }
+// Sums between blocks: float32 adds done at the L2 (relaxed, GPU scope), and a counter whose old
+// value the adding thread gets back (acq_rel: it publishes what a barrier ordered before it, and
+// sees what earlier tickets published).
+template <int N> __device__ __forceinline__ void ts_reduce_add(float* dst, const float* src) {
+  if constexpr (N == 16)
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "l"(dst), "f"(src[0]), "f"(src[1]), "f"(src[2]), "f"(src[3]) : "memory");
+  else if constexpr (N == 8)
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(dst), "f"(src[0]), "f"(src[1]) : "memory");
+  else
+    asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(dst), "f"(src[0]) : "memory");
+}
+__device__ __forceinline__ void ts_ticket(void* counter, uint32_t add, void* old) {
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;\n" : "=r"(*static_cast<uint32_t*>(old)) : "l"(counter), "r"(add) : "memory");
+}
 // Every thread of every block of the cluster meets here; memory written before (global and
 // shared) is visible to the cluster's threads after it.
 __device__ __forceinline__ void ts_cluster_sync() {
@@ -421,6 +435,10 @@ class CudaCodegen(CLikeCodegen):
             self.emit(f"ts_mbarrier_arrive_cluster({ops[0]}, {ops[1]});")
         elif s.name in ("signal_flag", "wait_flag"):
             self.emit(f"ts_{s.name}({ops[0]}, {ops[1]});")
+        elif s.name == "reduce_add":
+            self.emit(f"ts_reduce_add<{a['bytes']}>({ops[0]}, {ops[1]});")
+        elif s.name == "ticket":
+            self.emit(f"ts_ticket({ops[0]}, {ops[1]}, {ops[2]});")
         elif s.name == "tma_load_im2col":
             rank = s.operands[1].type.rank
             coords, offsets = ops[3 : 3 + rank], ops[3 + rank :]

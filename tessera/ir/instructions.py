@@ -199,6 +199,27 @@ def _check_flag(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_reduce_add(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    dst, src = ops
+    if attrs["bytes"] not in (4, 8, 16):
+        return f"reduce_add adds 4, 8 or 16 bytes (1, 2 or 4 float32), not {attrs['bytes']!r}"
+    if not isinstance(dst, Address) or dst.scope != GLOBAL or not isinstance(src, Address) or src.scope != REGISTER:
+        return "reduce_add adds registers into global memory: ts.reduce_add(P[i], acc[e], bytes=16)"
+    if dst.type.dtype != dtypes.float32 or src.type.dtype != dtypes.float32:
+        return f"reduce_add adds float32 to float32, got {src.type.dtype} -> {dst.type.dtype}"
+    return None
+
+
+def _check_ticket(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
+    counter, _add, old = ops
+    problem = _check_flag((counter,), attrs)
+    if problem:
+        return "a ticket counter is an element of a global uint32 or int32 tensor"
+    if not isinstance(old, Address) or old.scope != REGISTER or old.type.dtype != counter.type.dtype:
+        return f"ticket writes the counter's old value into a {counter.type.dtype} register element"
+    return None
+
+
 def _check_mbarrier(ops: tuple[Expr, ...], attrs: dict[str, Any]) -> str | None:
     if not _is_barrier(ops[0]):
         return _BARRIER
@@ -397,6 +418,14 @@ INSTRUCTIONS: dict[str, InstructionSpec] = {
                         "signal_flag); a barrier after it passes what the signal published to the group.  In a wgmma "
                         "kernel, after a wgmma_wait(0) of the accumulators read later: a spin ptxas must put its "
                         "own wait into serialises every wgmma (C7518)"),
+        InstructionSpec("reduce_add", ("addr", "addr"), ("bytes",), True, _check_reduce_add,
+                        "red.global.add.f32 (.v2, .v4 by `bytes`): adds consecutive float32 registers into global "
+                        "memory at the L2, relaxed at GPU scope; concurrent adds from many blocks are exact in any "
+                        "order only up to float32 rounding (the sum's order varies from run to run)"),
+        InstructionSpec("ticket", ("addr", "int", "addr"), (), True, _check_ticket,
+                        "atom.add.acq_rel.gpu: adds `add` to a global counter and writes its old value into a "
+                        "register (release of the writes a barrier ordered before it, acquire of those released "
+                        "by earlier tickets): the thread that sees the counter complete owns what the others made"),
         InstructionSpec("tma_load_im2col", ("addr", "tmap", "addr", "int*"), (), True, _check_tma_load_im2col,
                         "cp.async.bulk.tensor im2col mode: the map's `pixels` consecutive sliding-window positions "
                         "from coordinates (n, [d, h,] w, c) shifted by the window offsets ([d, h,] w), "

@@ -175,6 +175,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
         Ws = ts.shared_tensor(u32, W_SHAPE)
         wfull = ts.shared_tensor(u64, [WORD_SLOTS])
         wempty = ts.shared_tensor(u64, [WORD_SLOTS])
+        Tk = ts.shared_tensor(u32, [8 if SKC else 1])  # stream_k: each consumer warp's ticket, for its lanes
         tid = ts.thread_idx.x
         wg = tid // 128
         # full: the producer's expect_tx; empty: each consumer warpgroup once its wgmmas read the stage
@@ -269,7 +270,10 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
             m0 = 0
             n0 = 0
             next_n0 = 0  # the next 256 k's words and scales: this tile's, or the next tile's first
-            sums_end = 0  # stream_k: the blocks whose shares' partial sums a tile's first share adds
+            seen = ts.register_tensor(u32, [1])  # stream_k: a ticket's count before this share's
+            zero = ts.register_tensor(f32, [4])
+            for e in ts.unroll(4):
+                zero[e] = 0.0
             for i in range(n_items):
                 work_item(i, cluster, clusters, n_whole, whole, first, end, k_units, t, u0, u1)
                 tile_origins(t, clusters, tiles_m, per_z, group_tiles, GROUP, BT, ROWS * CL, m0, n0, next_n0)
@@ -333,31 +337,34 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                 # the accumulators above it, and on the H200 those configs lost part of the last step
                 # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
                 if SKC:  # (none pending: the last step's wait(0) ran.  Without this one ptxas put its own wait
-                    # in the flag spin's divergent path below and serialised every wgmma, C7518: the H200 ran
-                    # 7% slower even with no shares to sum, bench/results/...-streamk.md.  Without stream_k,
-                    # ptxas injects a wait(0) at the 256-k loop's back edge instead (C7517): a full drain of
-                    # the wgmmas every 16 steps, which this one removes too; not yet timed on its own)
+                    # in a divergent path below and serialised every wgmma, C7518: the H200 ran 7% slower
+                    # even with no shares to sum, bench/results/...-streamk.md.  Without stream_k, ptxas
+                    # injects a wait(0) at the 256-k loop's back edge instead (C7517): a full drain of the
+                    # wgmmas every 16 steps, which this one removes too; it cost nothing measurable there)
                     ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
+                whole_sum = 1  # this warp holds its slab's whole sum: it writes C
                 if SKC:
-                    if u0 > 0:  # a later share of a tile: its partial sums for the block with the tile's first
-                        for e in ts.unroll(BT // 2):
-                            P[((cluster * 8 + warp) * (BT // 2) + e) * 32 + lane] = acc[e]
-                        ts.syncwarp()  # (the warp's writes are ordered before lane 0's release)
+                    if u1 - u0 < k_units:  # a share of a cut tile: added into the tile's sums at the L2 at once
+                        # (no share waits for another); the share whose ticket completes the tile's k_units
+                        # reads the whole sum back, leaves the sums and the ticket at zero and writes C
+                        cut = (t - whole) * 8 + warp
+                        for e in ts.unroll(BT // 8):
+                            ts.reduce_add(P[(cut * (BT // 8) + e) * 128 + lane * 4], acc[4 * e], bytes=16)
+                        ts.syncwarp()  # (the lanes' adds are ordered before lane 0's release)
                         if lane == 0:
-                            ts.signal_flag(F[cluster * 8 + warp], 1)
-                    elif u1 < k_units:  # the first: the later ones are the next blocks' first, up to the one with its last 256 k
-                        sums_end = ((t - whole + 1) * k_units * clusters - 1) // sk_units + 1
-                        for j in range(cluster + 1, sums_end):
-                            if lane == 0:
-                                ts.wait_flag(F[j * 8 + warp], 1)
-                            ts.syncwarp()
-                            for e in ts.unroll(BT // 2):
-                                acc[e] += P[((j * 8 + warp) * (BT // 2) + e) * 32 + lane]
-                            if lane == 0:  # consumed: at rest for the next launch
-                                ts.signal_flag(F[j * 8 + warp], 0)
-                if u0 == 0 and TMA_OUT:  # the tile's whole sum is here: the warp's slab by TMA
+                            ts.ticket(F[cut], u1 - u0, seen[0])
+                            Tk[warp] = seen[0]
+                        ts.syncwarp()  # (and lane 0's acquire before the lanes' reads)
+                        whole_sum = ts.select(ts.cast(Tk[warp], ts.int32) + (u1 - u0) == k_units, 1, 0)
+                        if whole_sum == 1:
+                            for e in ts.unroll(BT // 8):
+                                ts.copy_vector(acc[4 * e], P[(cut * (BT // 8) + e) * 128 + lane * 4], 16)
+                                ts.copy_vector(P[(cut * (BT // 8) + e) * 128 + lane * 4], zero[0], 16)
+                            if lane == 0:  # at rest for the next launch
+                                F[cut] = 0
+                if whole_sum == 1 and TMA_OUT:  # the tile's whole sum is here: the warp's slab by TMA
                     if lane == 0:  # the previous tile's store has read the slab
                         ts.tma_store_wait(0)
                     ts.syncwarp()
@@ -366,7 +373,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                     ts.syncwarp()
                     if lane == 0:
                         ts.tma_store(tma_c, Cs[warp, 0, 0], 0, m0, n0 + 16 * warp)
-                elif u0 == 0:  # the tile's whole sum is here: through Cs a chunk of tokens at a time
+                elif whole_sum == 1:  # the tile's whole sum is here: through Cs a chunk of tokens at a time
                     for c0 in ts.unroll(BT // CHUNK):
                         ts.syncwarp()  # the previous chunk's reads of Cs are done
                         if STMATRIX:
@@ -414,37 +421,40 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
         tma_c = _placeholder_slab_map(x.device, config.block_t)  # (the kernel never writes through it)
     sms = multiprocessor_count()
     grid, whole = config.grid(m, n, sms, k), config.whole_tiles(m, n, k, sms)
-    partials, flags = stream_k_workspace(x, config, grid) if whole < config.tiles(m, n) else (None, None)
+    cut = config.tiles(m, n) - whole
+    partials, tickets = stream_k_workspace(x, config, cut) if cut else (None, None)
     if partials is None:  # nothing shared: the plain kernel (the stream-K one's wait after the k loop alone
         # moved int7 by -2 to -3% on the H200, bench/results/...-tma-epilogue.md)
         config = dataclasses.replace(config, stream_k=False)
         grid, whole = config.grid(m, n, sms), config.tiles(m, n)
-        partials, flags = _placeholders(x.device)
+        partials, tickets = _placeholders(x.device)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
-    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, tma_c, grid, whole, partials, flags)
+    kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, tma_c, grid, whole, partials, tickets)
 
 
-# stream_k's partial sums and flags, per device and stream (two grids sharing flags at once would
-# mix their partial sums); the flags are zero at rest: each launch leaves them as it found them.
+# stream_k's sums and tickets, per device and stream (two grids adding into one tile at once
+# would mix their sums); zero at rest: each launch leaves them as it found them.
 _WORKSPACES: dict = {}
 
 
-def stream_k_workspace(x, config: RegisterAConfig, blocks: int):
-    """(partials float32, flags uint32) for a stream_k launch of `blocks` on x's device and the
-    current stream, or (None, None) while that stream captures a CUDA graph and has none yet
-    (zeroing new flags is not a captured operation's to do): the launch then gives out whole
-    tiles only, the same result a little slower (logged)."""
+def stream_k_workspace(x, config: RegisterAConfig, cut_tiles: int):
+    """(sums float32, tickets uint32), zeroed, for a stream_k launch that cuts `cut_tiles` tiles,
+    on x's device and the current stream; or (None, None) while that stream captures a CUDA graph
+    and has none large enough yet (zeroing new memory is not a captured operation's to do): the
+    launch then gives out whole tiles only, the same result a little slower (logged)."""
     import torch
 
     stream = torch.cuda.current_stream(x.device)
     key = (x.device.index, stream.cuda_stream)
-    floats, words = config.workspace(blocks)
+    floats, words = config.workspace(cut_tiles)
     have = _WORKSPACES.get(key)
     if have is None or have[0].numel() < floats or have[1].numel() < words:
         if torch.cuda.is_current_stream_capturing():
             _log.info("register-A GEMM: no stream-K workspace for a stream that captures a CUDA graph; whole tiles only")
             return None, None
-        have = _WORKSPACES[key] = (torch.empty(floats, dtype=torch.float32, device=x.device),
+        if have is not None:  # the larger one replaces it (a size a shape needs once is likely needed again)
+            floats, words = max(floats, have[0].numel()), max(words, have[1].numel())
+        have = _WORKSPACES[key] = (torch.zeros(floats, dtype=torch.float32, device=x.device),
                                    torch.zeros(words, dtype=torch.int32, device=x.device).view(torch.uint32))  # fmt: skip
     return have
 

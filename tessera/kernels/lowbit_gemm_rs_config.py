@@ -40,11 +40,11 @@ class RegisterAConfig:
     cluster: int = 1  # 2: pairs of blocks on adjacent weight tiles share each X stage, each loading half of it for both
     # the last, partial round's tiles shared out among all blocks by 256-k blocks (the H200 takes
     # as long for 1456 tiles as for 1584: 12 rounds of 132), and with fewer tiles than SMs (short
-    # prompts) every tile (`grid`).  Not a tuning candidate: the forms timed at M=4096 were correct
-    # but slower, each for a reason ptxas or the SASS showed (bench/results/...-streamk.md); at
-    # short prompts cutting every tile gains only where K is long (M=128, 2048 x 5632: 41.8 -> 27.6
-    # us), as a tile's first share adds the other shares' partial sums one after another, ~1.7 us
-    # each (bench/results/2026-11-28-h200-lowbit-model-prefill-register.md)
+    # prompts) every tile (`grid`).  The shares add their sums into a zeroed float32 tile at the
+    # L2 (reduce_add) and take a ticket; the share that completes the tile writes C.  The earlier
+    # form, where a tile's first share waited for the others' sums and added them one after
+    # another (~1.7 us each at 512 tokens), gained only where K was long
+    # (bench/results/2026-11-28-h200-lowbit-model-prefill-register.md, ...-streamk.md)
     stream_k: bool = False
 
     def smem_bytes(self, bits: int = 8) -> int:
@@ -52,7 +52,7 @@ class RegisterAConfig:
         words = WORD_SLOTS * ROWS * 32 * bits if self.words == "tma" else 16  # ROWS / 16 units x bits x 512 bytes a slot
         staging = 8 * self.block_t * 16 * 2 if self.epilogue == "tma" else STAGING[0] * STAGING[1] * STAGING[2] * 2
         sizes = (self.stages * self.block_t * BLOCK_K * 2, 8 * self.stages, 8 * self.stages, staging, words,
-                 8 * WORD_SLOTS, 8 * WORD_SLOTS)  # (declaration order)  # fmt: skip
+                 8 * WORD_SLOTS, 8 * WORD_SLOTS, 32 if self.stream_k else 4)  # (declaration order)  # fmt: skip
         return pool_layout([(size, i == 0) for i, size in enumerate(sizes)])[1]
 
     def problems(self) -> list[str]:
@@ -108,11 +108,11 @@ class RegisterAConfig:
         a caller that builds kernels ahead, as tuning does, builds this one)."""
         return dataclasses.replace(self, epilogue="stmatrix") if self.epilogue == "tma" and n % 8 else self
 
-    def workspace(self, blocks: int) -> tuple[int, int]:
-        """float32 partial sums and uint32 flags stream_k needs for a grid of `blocks`: one
-        partial tile a block (its first share, when that is not a tile's first), one flag a
-        consumer warp."""
-        return blocks * 8 * 32 * self.block_t // 2, blocks * 8
+    def workspace(self, cut_tiles: int) -> tuple[int, int]:
+        """float32 sums and uint32 tickets stream_k needs for `cut_tiles` tiles shared between
+        blocks (tiles(m, n) - whole_tiles(...)): a tile's sums, a ticket per consumer warp.  Both
+        are zero at rest: the share that completes a tile zeroes them again."""
+        return cut_tiles * 8 * 16 * self.block_t, cut_tiles * 8
 
     def __str__(self) -> str:
         flags = (f"_g{self.group_m}" if self.group_m != GROUP_M else "", f"_f{self.in_flight}" if self.in_flight != 1 else "",

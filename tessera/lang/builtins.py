@@ -90,6 +90,9 @@ mbarrier_arrive_cluster = Builtin("mbarrier_arrive_cluster", "instruction")
 # Flags in global memory between blocks of one grid (release / acquire at GPU scope).
 signal_flag = Builtin("signal_flag", "instruction")
 wait_flag = Builtin("wait_flag", "instruction")
+# Sums between blocks: float32 adds at the L2, and a counter whose old value says who came last.
+reduce_add = Builtin("reduce_add", "instruction")
+ticket = Builtin("ticket", "instruction")
 # Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
 dequant = Builtin("dequant", "instruction")
 

@@ -97,6 +97,14 @@ def _flag(flag: Any, value: Any) -> tuple[tuple, dict]:
     return (flag, value), {}
 
 
+def _reduce_add(dst: Any, src: Any, bytes: int = 16) -> tuple[tuple, dict]:
+    return (dst, src), {"bytes": bytes}
+
+
+def _ticket(counter: Any, add: Any, old: Any) -> tuple[tuple, dict]:
+    return (counter, add, old), {}
+
+
 def _load_cluster(dst: Any, src: Any, rank: Any, bytes: int = 16) -> tuple[tuple, dict]:
     return (dst, src, rank), {"bytes": bytes}
 
@@ -141,7 +149,7 @@ SIGNATURES = {
     "mbarrier_wait": _mbarrier_wait, "tma_load": _tma_load, "tma_load_im2col": _tma_load,
     "tma_load_multicast": _tma_load_multicast, "tma_store": _tma_store, "tma_store_wait": _tma_store_wait,
     "mbarrier_arrive_cluster": _mbarrier_arrive_cluster,
-    "signal_flag": _flag, "wait_flag": _flag, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
+    "signal_flag": _flag, "wait_flag": _flag, "reduce_add": _reduce_add, "ticket": _ticket, "setmaxnreg": _setmaxnreg, "syncwarp": _no_operands,
     "cluster_sync": _no_operands, "load_cluster": _load_cluster, "vstore": _vstore, "prefetch": _prefetch,
     "dequant": _dequant, "named_barrier_sync": _named_barrier, "named_barrier_arrive": _named_barrier,
 }  # fmt: skip
