@@ -32,6 +32,9 @@ from tessera.kernels import lowbit_gemm_rs_config as rs_config  # noqa: E402
 GROUP = 128
 # N x K: 1.1B Llama q/o, k/v, gate/up, down; Llama-3-8B q/o, k/v, gate/up, down
 SHAPES = "2048x2048,256x2048,5632x2048,2048x5632,4096x4096,1024x4096,14336x4096,4096x14336"
+# short-prompt candidates under study: deeper rings, four fragment buffers, 64-token tiles
+EXPLORE = (rs_config.RegisterAConfig(128, 10, stream_k=True), rs_config.RegisterAConfig(128, 6, in_flight=3, stream_k=True),
+           rs_config.RegisterAConfig(64, 12, stream_k=True), rs_config.RegisterAConfig(128, 6, in_flight=3))  # fmt: skip
 
 
 def main() -> None:
@@ -40,6 +43,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES, help="NxK weight shapes")
     ap.add_argument("--type", default="int4")
     ap.add_argument("--no-tune", action="store_true", help="skip what tuning picks")
+    ap.add_argument("--explore", action="store_true", help="also configs that are not tuning candidates (EXPLORE)")
     args = ap.parse_args()
 
     import torch
@@ -52,7 +56,7 @@ def main() -> None:
     os.environ["TESSERA_LOWBIT_PREFILL"] = "dequant"  # "two passes": prefill_matmul without tuning
     t = ts.dtype(args.type)
     bias = t.kind == "uint"
-    configs = [c for c in rs_config.CONFIGS + rs_config.STREAM_K_CONFIGS
+    configs = [c for c in rs_config.CONFIGS + rs_config.STREAM_K_CONFIGS + (EXPLORE if args.explore else ())
                if not lowbit_gemm_rs.problems(t, GROUP, bias, c)]  # fmt: skip
     rng = np.random.default_rng(0)
     timer, env, rows = Timer(), environment(), []

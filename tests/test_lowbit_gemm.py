@@ -280,7 +280,7 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     with float64 on the quantized weight's dequantisation."""
     torch = pytest.importorskip("torch")
     from tessera.quant.anchor import plan_lowbit_linear
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates, tuned_prefill
+    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates, stream_k_candidates, tuned_prefill
 
     t, n, k, group = ts.dtype("uint4"), 520, 1000, 128
     c = random_case(rng, t, n, k, group, True, 2)
@@ -298,8 +298,9 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
             assert float((a.float() - b.float()).abs().max() / a.float().abs().max()) < 2e-3, str(config)
     choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes)
     assert choice in prefill_candidates(t, group, True, 2)
-    choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes, register_a=True)
-    assert choice in prefill_candidates(t, group, True, 2, register_a=True)
+    choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes, register_a=True)  # (5 tiles: the stream-K ones too)
+    assert choice in prefill_candidates(t, group, True, 2, register_a=True) + stream_k_candidates(t, group, True, 150, n, k)
+    assert len(stream_k_candidates(t, group, True, 150, n, k)) == 3 and not stream_k_candidates(t, group, True, 8192, 16384, 128)
 
     from tessera.quant.linear import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight

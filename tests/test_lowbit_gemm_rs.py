@@ -246,6 +246,49 @@ def test_cuda_register_a_kernel_persistent_tiles_and_tma_epilogue(rng):
 
 
 @pytest.mark.cuda
+def test_cuda_stream_k_short_prompts_launcher_and_plan_leave_their_sums_at_rest(rng):
+    """Fewer tiles than SMs (every tile cut into shares whose sums meet at the L2): each stream-K
+    config through the launcher and through a loaded plan (its zeroed workspaces, the graph
+    compiler's path), odd M and N, three calls with fresh activations; after them the sums and
+    tickets are zero again (the next launch starts from them)."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.quant.linear import PREPARED_SPAN, prepare
+    from tessera.quant.quantize import quantize_weight
+    from tessera.runtime.cuda import multiprocessor_count
+
+    sms, bad = multiprocessor_count(), []
+    for name, m, n, k in (("int4", 128, 2048, 2048), ("uint5", 77, 1000, 5640), ("e2m3", 300, 264, 4096)):
+        t = ts.dtype(name)
+        p = prepare(quantize_weight(rng.normal(size=(n, k)) * 0.05, t, 128))
+        bias = p.weight.zeros is not None
+        w = torch.from_numpy(p.weight.dequantize()).cuda().double()
+        words = p.words_for(lowbit.FRAGMENT_SPAN)
+        attrs = {"wtype": name, "n": n, "k": k, "group_size": 128, "has_bias": bias, "span": PREPARED_SPAN}
+        for config in rs_config.STREAM_K_CONFIGS:
+            if rs.problems(t, p.kernel_group, bias, config) or config.whole_tiles(m, n, k, sms) == config.tiles(m, n):
+                continue
+            plan = plan_lowbit_linear((m, k), attrs, p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape), None,
+                                      False, config, fragment=True)  # fmt: skip
+            anchor = plan.load()
+            for _ in range(3):
+                err = gpu_error(p, w, m, config)
+                x = torch.randn(m, k, dtype=torch.float16, device="cuda")
+                y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+                anchor([x, p.words, p.scales, p.biases, words], y, [])
+                ref = x.double() @ w.T
+                plan_err = float((y.double() - ref).norm() / ref.norm())
+                if not (err < 2e-3 and plan_err < 2e-3):
+                    bad.append((name, m, n, k, str(config), err, plan_err))
+            cut = config.tiles(m, n) - config.whole_tiles(m, n, k, sms)
+            sums, tickets = rs.stream_k_workspace(x, config, cut)
+            at_rest = [torch.from_dlpack(a).count_nonzero().item() for a in anchor.workspaces if np.prod(a.shape) > 1]
+            if sums.count_nonzero().item() or tickets.view(torch.int32).count_nonzero().item() or any(at_rest):
+                bad.append((name, str(config), "sums or tickets left set"))
+    assert not bad, bad
+
+
+@pytest.mark.cuda
 def test_cuda_tma_epilogue_falls_back_where_tma_cannot_write(caplog):
     """N % 8 != 0 (rows not 16-byte aligned): the launch logs and runs the stmatrix epilogue."""
     torch = pytest.importorskip("torch")

@@ -22,6 +22,7 @@ from tessera.graph import GraphBuilder
 from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
 from tessera.ir import lowbit
 from tessera.kernels import lowbit_gemm_rs as rs
+from tessera.kernels import lowbit_gemm_rs_config as rs_config
 from tessera.quant.layout import unpack_units
 from tessera.quant.quantize import quantize_weight
 from tessera.quant.torch_quantize import QuantizedLinear
@@ -108,13 +109,18 @@ def test_a_register_a_prefill_needs_the_fragment_words():
         plan_lowbit_linear((300, 512), attrs, 96 * 512 // 8, (96, 4), (1, 1), None, False, rs.CONFIGS[0])
 
 
+STREAM_K = rs_config.STREAM_K_CONFIGS[2]  # 128 tokens a tile: 300 rows of N=100 are 3 tiles, each cut in 5 shares
+
+
 @needs_nvcc
 def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
     """plan_lowbit_linear past DECODE_MAX_M with a register-A config and the fifth input: x [2,
     150, K] through its tensor map, the words of the fifth input (with the word ring through
     theirs), residual + silu fused into the stores (the TMA-epilogue config runs the stmatrix
     one), N not a multiple of 8; without an epilogue, the TMA unit's stores where N % 8 == 0
-    (zero points, the word ring) and the stmatrix ones where not; two calls each."""
+    (zero points, the word ring) and the stmatrix ones where not; a stream-K config whose every
+    tile is cut into shares (the epilogue applied once, by the share that completes the tile);
+    two calls each."""
     from cuda_on_host import HostTensorMap, run_on_host
 
     from tessera import ops
@@ -126,7 +132,8 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
     cases, refs = [], []
     for name, group, bias, n, k, config, fused, out in (("int4", 64, False, 100, 520, rs.CONFIGS[0], True, "stmatrix"),
                                                         ("uint3", 32, True, 40, 264, rs.CONFIGS[3], False, "tma"),
-                                                        ("e2m1", 128, False, 100, 264, rs.CONFIGS[0], False, "stmatrix")):  # fmt: skip
+                                                        ("e2m1", 128, False, 100, 264, rs.CONFIGS[0], False, "stmatrix"),
+                                                        ("int5", 128, False, 100, 1032, STREAM_K, True, "stmatrix")):  # fmt: skip
         t = ts.dtype(name)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
         lead, shape = (2, 150), (2, 150, n)
@@ -142,6 +149,7 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
         launch = plan.launches[0]
         assert launch.slots[1] == (INPUT, 4) and plan.tensor_maps[1].operand == (INPUT, 4)
         assert plan.tensor_maps[2].operand == ((OUTPUT, 0) if out == "tma" else (WORKSPACE, 0))
+        assert {launch.slots[8][1], launch.slots[9][1]} <= plan.zeroed and run.stream_k == (config is STREAM_K)
         params = [p.name for p in launch.func.params]
         assert params[:10] == ["A", "Wq", "S", "Z", "C", "tma_a", "tma_w", "tma_c", "P", "F"]
         m = 300
@@ -155,7 +163,9 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
                       # (with the stmatrix epilogue the plan's map of a workspace slab, never written)
                       "tma_c": HostTensorMap("C", (1, m, n) if out == "tma" else (1, run.block_t, 16),
                                              (1, run.block_t, 16), swizzle=0),
-                      "P": np.zeros(1, np.float32), "F": np.zeros(1, np.uint32)}  # fmt: skip
+                      # (stream-K: the plan's zeroed sums and tickets, sized for its cut tiles)
+                      "P": np.zeros(plan.workspaces[launch.slots[8][1]][0], np.float32),
+                      "F": np.zeros(plan.workspaces[launch.slots[9][1]][0], np.uint32)}  # fmt: skip
             if fused:
                 values[params[10]] = r
             cases.append((_Source(plan.source), values, "C", launch.func.launch.grid[0].value, 384))

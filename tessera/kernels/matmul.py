@@ -109,10 +109,13 @@ def graph_bench(run: Any, calls: int) -> float:
     different picks).  Replayed from a graph, the calls run back to back, with programmatic
     launch where tessera uses it, as they do inside a compiled model's graph."""
     torch = _torch()
-    run(0)
+    stream = _capture_stream(torch)
+    stream.wait_stream(torch.cuda.current_stream())  # (the operands were made there)
+    with torch.cuda.stream(stream):  # (on the capture stream: what a kernel keeps per stream is made now)
+        run(0)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for i in range(calls):
             run(i)
     graph.replay()
@@ -125,6 +128,18 @@ def graph_bench(run: Any, calls: int) -> float:
     torch.cuda.synchronize()
     del graph
     return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3 / calls
+
+
+_CAPTURE_STREAMS: dict = {}
+
+
+def _capture_stream(torch: Any) -> Any:
+    """One stream per device for graph_bench's captures: a warm-up call on it first makes what a
+    kernel keeps per stream (the register-A GEMM's stream-K sums), which a capture cannot."""
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
 
 
 @functools.cache

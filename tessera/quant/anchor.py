@@ -190,7 +190,8 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     With an epilogue, a TMA-epilogue config runs the stmatrix epilogue: the TMA unit's stores have
     no place for the graph's epilogue (on the H200 the TMA epilogue was 3-4% faster at M=4096);
     without one it keeps it where TMA can write the output (RegisterAConfig.for_output).  Stream-K
-    configs run without it: the plan keeps no partial sums between launches."""
+    configs keep their sums and tickets in zeroed workspaces of the plan (each launch leaves them
+    at zero; the plan's kernel runs on one stream at a time, as every AnchorKernel)."""
     from tessera.kernels import lowbit_gemm_rs as rs
     from tessera.kernels.gemm_tma import BLOCK_K
 
@@ -199,14 +200,18 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     m, out_shape, rows_of = _rows(x_shape, n, k)
     if config.epilogue == "tma" and (epilogue is not None or config.for_output(n).epilogue != "tma"):
         config = dataclasses.replace(config, epilogue="stmatrix")
-    config = dataclasses.replace(config, stream_k=False)
+    sms = _sms()
+    cut = config.tiles(m, n) - config.whole_tiles(m, n, k, sms) if config.stream_k else 0
+    if not cut:  # nothing shared at this shape: the plain kernel (see lowbit_gemm_rs.lowbit_gemm_rs)
+        config = dataclasses.replace(config, stream_k=False)
     tma_out = config.epilogue == "tma"
     bad = rs.problems(t, group, has_bias, config)
     if bad:
         raise UnsupportedError(f"lowbit_linear prefill {t.name} g{group}: the register-A kernel {config}: {'; '.join(bad)}")
+    sums, tickets = config.workspace(cut) if cut else (1, 1)
     f = rs.make_lowbit_gemm_rs(t, group, has_bias, config).ir
-    f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n), "P": (1,), "F": (1,)},
-                   {"ctas": config.grid(m, n, _sms()), "whole": config.tiles(m, n)})  # fmt: skip
+    f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n), "P": (sums,), "F": (tickets,)},
+                   {"ctas": config.grid(m, n, sms, k), "whole": config.whole_tiles(m, n, k, sms)})  # fmt: skip
     f, ep = _with_epilogue(f, x_shape, out_shape, rows_of, epilogue, f"lowbit_prefill_{t.name}_{config}")
     plan = AnchorPlan(f.name, [], out_shape, ep.output.dtype, 5, len(ep.extras), aligned_inputs=[0, 4],
                       aligned_output=True, config=config)  # fmt: skip
@@ -216,9 +221,9 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     slab = (OUTPUT, 0) if tma_out else plan.workspace((config.block_t * 16,), dtypes.float16)  # (else never written)
     tma_c = plan.tensor_map(MapSpec(slab, dtypes.float16, (1, m, n) if tma_out else (1, config.block_t, 16),
                                     (1, config.block_t, 16), swizzle=0))  # fmt: skip
-    partials, flags = plan.workspace((1,), dtypes.float32), plan.workspace((1,), dtypes.uint32)  # (no stream-K)
+    sums_slot, tickets_slot = plan.workspace((sums,), dtypes.float32, zeroed=True), plan.workspace((tickets,), dtypes.uint32, zeroed=True)
     plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 4), (INPUT, 2), (INPUT, 3), (OUTPUT, 0), tma_a, tma_w, tma_c,
-                                    partials, flags, *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
+                                    sums_slot, tickets_slot, *((EXTRA, i) for i in range(len(ep.extras)))]))  # fmt: skip
     return plan
 
 

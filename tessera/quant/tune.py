@@ -208,6 +208,17 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     return out
 
 
+def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: int, k: int) -> list[Any]:
+    """The register-A kernel's stream-K configs that share tiles between blocks at this shape
+    (fewer tiles than SMs, or a partial last round): the others would run as the plain ones."""
+    from tessera.kernels.lowbit_gemm_rs_config import STREAM_K_CONFIGS, problems
+    from tessera.runtime.cuda import multiprocessor_count
+
+    sms = multiprocessor_count()
+    return [c for c in STREAM_K_CONFIGS
+            if not problems(wtype, group, has_bias, c) and c.whole_tiles(m, n, k, sms) < c.tiles(m, n)]  # fmt: skip
+
+
 def host_codes_words(wtype: DataType, n: int, k: int, spans: tuple[int, ...]) -> list[Any]:
     """Random codes (finite ones for the floats) packed in each k order of `spans`: uint32
     words on the GPU holding the same weights, for checking kernels that read different orders."""
@@ -240,9 +251,12 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
     from tessera.kernels.matmul import check_result, graph_bench
     from tessera.tune.tuner import tune
 
-    # (the register-A configs as a launch with this N runs them: see RegisterAConfig.for_output)
-    candidates = list(dict.fromkeys(c.for_output(n) if is_register_a(c) else c
-                                    for c in prefill_candidates(wtype, group, has_bias, span, register_a)))  # fmt: skip
+    # (the register-A configs as a launch with this N runs them: see RegisterAConfig.for_output;
+    # with them the stream-K ones that cut tiles at this shape)
+    candidates = prefill_candidates(wtype, group, has_bias, span, register_a)
+    if any(map(is_register_a, candidates)):
+        candidates += stream_k_candidates(wtype, group, has_bias, m, n, k)
+    candidates = list(dict.fromkeys(c.for_output(n) if is_register_a(c) else c for c in candidates))
     if len(candidates) == 1:
         return candidates[0]
     gpu = torch.cuda.get_device_name()

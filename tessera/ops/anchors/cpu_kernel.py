@@ -37,7 +37,10 @@ class CpuAnchorKernel(PreparedAnchor):
         from tessera.backend.codegen_c_like import symbol_name
         from tessera.runtime.cpu import CpuKernel
 
-        super().__init__(plan, [aligned_empty(shape, dt.name) for shape, dt in plan.workspaces], library)
+        workspaces = [aligned_empty(shape, dt.name) for shape, dt in plan.workspaces]
+        for i in plan.zeroed:
+            workspaces[i].fill(0)
+        super().__init__(plan, workspaces, library)
         # What a saved graph ships: the library, and the kernels the plan ran (packing a constant
         # weight), which a graph loaded without a compiler runs again.
         self.artifacts = [str(library), *plan.helpers]

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tessera.errors import ArgumentError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
@@ -77,6 +79,7 @@ class AnchorPlan:
     num_inputs: int
     num_extras: int
     workspaces: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)
+    zeroed: set[int] = field(default_factory=set)  # workspaces zeroed at load (a kernel leaves them at zero)
     aligned_inputs: list[int] = field(default_factory=list)  # read with 16-byte vector copies
     aligned_output: bool = False  # written with 16-byte vector copies
     tensor_maps: list[MapSpec] = field(default_factory=list)
@@ -91,8 +94,12 @@ class AnchorPlan:
         self.tensor_maps.append(spec)
         return (TENSOR_MAP, len(self.tensor_maps) - 1)
 
-    def workspace(self, shape: Sequence[int], dtype: DataType) -> Slot:
+    def workspace(self, shape: Sequence[int], dtype: DataType, zeroed: bool = False) -> Slot:
+        """A buffer the kernel owns for its life; `zeroed`: zero at load, for kernels that keep it
+        zero at rest (sums and tickets between blocks, as the register-A GEMM's stream-K)."""
         self.workspaces.append((tuple(int(s) for s in shape), dtype))
+        if zeroed:
+            self.zeroed.add(len(self.workspaces) - 1)
         return (WORKSPACE, len(self.workspaces) - 1)
 
     def temporary(self, shape: Sequence[int], dtype: DataType) -> Slot:
@@ -141,7 +148,8 @@ class AnchorPlan:
                    for launch, low in zip(self.launches, self.lowered)]  # fmt: skip
         # Workspaces are tessera device arrays, whatever arrays the kernel is called on: torch
         # is not needed, and their memory lives as long as the kernel.
-        ws = [DeviceArray(shape, dt) for shape, dt in self.workspaces]
+        ws = [DeviceArray.from_numpy(np.zeros(shape, dt.name)) if i in self.zeroed else DeviceArray(shape, dt)
+              for i, (shape, dt) in enumerate(self.workspaces)]  # fmt: skip
         return AnchorKernel(self, kernels, ws, path)
 
 
