@@ -300,7 +300,8 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     assert choice in prefill_candidates(t, group, True, 2)
     choice = tuned_prefill(t, group, True, 2, 150, n, k, *sizes, register_a=True)  # (5 tiles: the stream-K ones too)
     assert choice in prefill_candidates(t, group, True, 2, register_a=True) + stream_k_candidates(t, group, True, 150, n, k)
-    assert len(stream_k_candidates(t, group, True, 150, n, k)) == 3 and not stream_k_candidates(t, group, True, 8192, 16384, 128)
+    assert len(stream_k_candidates(t, group, True, 150, n, k)) == 3  # (not for a partial last round, nor with nothing to cut)
+    assert not stream_k_candidates(t, group, True, 4096, 12288, 4096) and not stream_k_candidates(t, group, True, 8192, 16384, 128)
 
     from tessera.quant.linear import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight

@@ -209,14 +209,17 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
 
 
 def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: int, k: int) -> list[Any]:
-    """The register-A kernel's stream-K configs that share tiles between blocks at this shape
-    (fewer tiles than SMs, or a partial last round): the others would run as the plain ones."""
+    """The register-A kernel's stream-K configs that cut every tile at this shape (fewer tiles
+    than SMs: a short prompt).  Not where only a partial last round is shared: on the H200 at
+    M=4096, N=12288 the shares' float32 adds at the L2 cost ~20 us (plain stores in their place,
+    results wrong, ran 552 against 573 us) of the ~16 a balanced last round saves, where at
+    M=128 they cost ~0.7 of 14.5 us (bench/results/2026-11-29-h200-lowbit-stream-k.md)."""
     from tessera.kernels.lowbit_gemm_rs_config import STREAM_K_CONFIGS, problems
     from tessera.runtime.cuda import multiprocessor_count
 
     sms = multiprocessor_count()
     return [c for c in STREAM_K_CONFIGS
-            if not problems(wtype, group, has_bias, c) and c.whole_tiles(m, n, k, sms) < c.tiles(m, n)]  # fmt: skip
+            if not problems(wtype, group, has_bias, c) and c.whole_tiles(m, n, k, sms) == 0 < c.tiles(m, n)]  # fmt: skip
 
 
 def host_codes_words(wtype: DataType, n: int, k: int, spans: tuple[int, ...]) -> list[Any]:
