@@ -1,10 +1,10 @@
-"""The 1.1B Llama's prefill (one prompt of 512 tokens) through torch.compile with int4 weights
+"""The 1.1B Llama's prefill (one prompt, 512 tokens unless $PROMPT says) through torch.compile with int4 weights
 (`tessera.quantize`, group 128, lm_head fp16) against tessera and eager on the fp16 model
 (issue 12), the int4 model compiled four ways: `auto` (tuning picks per shape), `dequant`
 (lowbit_linear beyond 64 rows dequantises into the arena, then runs the fp16 GEMM), `register`
 (the register-A kernel on the fragment words) and `fused` (tessera.kernels.lowbit_gemm), by
 $TESSERA_LOWBIT_PREFILL; $PREFILL_MODES (comma-separated, `fp16` the fp16 model) picks a
-subset.  A development measurement: CUDA events around each forward, median of 20 after 3
+subset; $PROMPT the prompt's tokens (512).  A development measurement: CUDA events around each forward, median of 20 after 3
 warm-up calls, no L2 flush (a model's weights stream through L2 anyway), each compiled int4
 model checked against eager on the same int4 model with fresh tokens.
 
@@ -38,12 +38,13 @@ def main() -> None:
     torch.set_grad_enabled(False)
     model = llama(False).eval().cuda().half()
     vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, 512), device="cuda")
+    tokens = int(os.environ.get("PROMPT", "512"))
+    ids = torch.randint(0, vocab, (1, tokens), device="cuda")
     res = {"eager fp16": median_ms(lambda: model(ids).logits)}
     print(f"eager fp16: {res['eager fp16']:.3f} ms", flush=True)
     quantized = ts.quantize(model, weight="int4", group_size=128, skip=("lm_head",))
     os.environ["TESSERA_LOWBIT_PREFILL"] = "dequant"  # the eager reference once, without tuning its prefill
-    fresh = torch.randint(0, vocab, (1, 512), device="cuda")
+    fresh = torch.randint(0, vocab, (1, tokens), device="cuda")
     ref = quantized(fresh).logits.float()
     modes = os.environ.get("PREFILL_MODES", "fp16,auto,dequant,register,fused").split(",")
     runs = [("tessera fp16", model, "auto")] if "fp16" in modes else []
