@@ -143,8 +143,9 @@ CONFIGS = (RegisterAConfig(256, 4, epilogue="tma"), RegisterAConfig(128, 6), Reg
 # with the same configs without a cluster (2026-11-28, bench/results/...-lowbit-rs-streamk.md):
 # X's multicast saves nothing measurable, so they are not tuning candidates; bench/lowbit_rs.py times them.
 CLUSTER_CONFIGS = (RegisterAConfig(256, 4, words="tma", cluster=2), RegisterAConfig(256, 5, in_flight=3, cluster=2))
-# The word-ring configs and the 128-token one with stream_k (see the field): opt-in, checked and
-# timed by bench/lowbit_tail.py, not tuning candidates until they win there.
+# The default, a word-ring config and the 128-token one with stream_k (see the field): tuning
+# candidates where every tile is cut (tessera.quant.tune.stream_k_candidates), where they won up
+# to 2x at 128 tokens; bench/lowbit_tail.py and bench/lowbit_rs_shapes.py time them.
 STREAM_K_CONFIGS = (RegisterAConfig(256, 4, epilogue="tma", stream_k=True),
                     RegisterAConfig(256, 3, words="tma", epilogue="tma", stream_k=True), RegisterAConfig(128, 6, stream_k=True))  # fmt: skip
 
