@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU low-bit ker
 CASES = [("int1", 32, False), ("int3", 128, True), ("int3", None, False), ("int4", 32, False), ("int4", None, True),
          ("int8", 128, False), ("uint2", 32, True), ("uint6", None, True), ("e2m1", 32, None), ("e4m3", None, None),
          ("e3m2", 128, None), ("e5m2", 64, None),
-         # planes decoded straight to float32 (make_linear_rows' RUNS): three of them, one bit the narrowest
-         ("int7", 64, False), ("uint5", 32, True), ("e2m3", None, None)]  # fmt: skip
+         # whole fields and the leftover codes' pieces (row_segments), segments cut at group starts
+         ("int7", 64, False), ("uint5", 32, True), ("e2m3", None, None), ("int6", 32, False)]  # fmt: skip
 
 
 def _operands(rng, weight, group, zp, n, k):
@@ -86,19 +86,31 @@ def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
 
 
 def test_row_layout_holds_every_code(rng):
-    for t in ("int1", "int3", "uint5", "int7", "e5m2"):
+    """Every width: the segments own each bit of a block's 8 * bits words once and name each of
+    its 256 codes' bits once; whole fields for 7/8 of the codes where 32 % bits leaves a rest;
+    the packer's words decode back (K padded with code 0)."""
+    from tessera.kernels.lowbit_cpu import row_segments
+
+    for bits in range(1, 9):
+        owned, named = np.zeros((8 * bits, 32), int), np.zeros((256, bits), int)
+        for k0, length, pieces in row_segments(bits):
+            for word, shift, width, low in pieces:
+                owned[word : word + length, shift : shift + width] += 1
+                named[k0 : k0 + length, low : low + width] += 1
+        assert (owned == 1).all() and (named == 1).all(), bits
+        whole = sum(length for _, length, pieces in row_segments(bits) if len(pieces) == 1)
+        assert whole == 8 * bits * (32 // bits), bits
+    for t in ("int1", "int3", "uint5", "int6", "int7", "e5m2"):
         dt = dtypes.dtype(t)
         u = rng.integers(0, 1 << dt.nbits, size=(3, 300)).astype(np.uint32)
         words = pack_rows(u, dt)
         assert words.shape == (3, 2 * 8 * dt.nbits)
-        from tessera.kernels.lowbit_cpu import row_planes
-
-        back = np.zeros((3, 512), np.uint32)
+        back = np.zeros((3, 2, 256), np.uint32)
         blocks = words.reshape(3, 2, -1)
-        for p, base, low in row_planes(dt.nbits):
-            for i in range(32 // p):
-                field = (blocks[:, :, base : base + 8 * p] >> (i * p)) & ((1 << p) - 1)
-                back.reshape(3, 2, 256)[:, :, i * 8 * p : (i + 1) * 8 * p] |= field << low
+        for k0, length, pieces in row_segments(dt.nbits):
+            for word, shift, width, low in pieces:
+                back[:, :, k0 : k0 + length] |= ((blocks[:, :, word : word + length] >> shift) & ((1 << width) - 1)) << low
+        back = back.reshape(3, 512)
         assert np.array_equal(back[:, :300], u) and not back[:, 300:].any()
 
 

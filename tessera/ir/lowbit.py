@@ -30,13 +30,6 @@ UNIT_ROWS, UNIT_K = 16, 256  # the warp's weight tile of one unit
 INT_MAGIC = 0x64006400  # two fp16 1024.0
 
 
-def planes(bits: int) -> tuple[int, ...]:
-    """The plane widths of a `bits`-bit code, widest (highest code bits) first: the CPU row layout's
-    split (tessera.kernels.lowbit_cpu.row_planes; the unit layout keeps whole fields instead)."""
-    _check_bits(bits)
-    return tuple(p for p in (8, 4, 2, 1) if bits & p)
-
-
 def _check_bits(bits: int) -> None:
     if not 1 <= bits <= 8:
         raise ValueError(f"low-bit codes are 1 to 8 bits wide, got {bits}")

@@ -287,14 +287,13 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], word
     rows = cpu_row_words(words, attrs)
     kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
     f = make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir
-    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n),
-                       "U": (threads, nr * kp), "Wf": (threads, nr * kp)})  # fmt: skip
+    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n), "Wf": (threads, nr * kp)})
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32)
     f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
     plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, inputs, len(ep.extras), target="cpu",
                       constants=[rows])  # fmt: skip
     slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
-             plan.workspace((threads, nr * kp), dtypes.uint32), plan.workspace((threads, nr * kp), dtypes.float32),
+             plan.workspace((threads, nr * kp), dtypes.float32),
              *((EXTRA, i) for i in range(len(ep.extras)))]  # fmt: skip
     plan.launches.append(Launch(f, slots))
     plan.config = (mr, nr, lanes, threads)

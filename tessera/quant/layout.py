@@ -137,10 +137,10 @@ def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_
 
 def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
     """uint32 words [N, ceil(K / 256) * 8 * bits] of the [N, K] layout codes `u` in the CPU row
-    layout (tessera.kernels.lowbit_cpu.row_planes): per row, blocks of 256 k, each plane p of a
-    block 8p words whose field i (bits [i*p, i*p + p)) of word j holds k = i*8p + j; K is padded
-    with code 0."""
-    from tessera.kernels.lowbit_cpu import row_planes
+    layout (tessera.kernels.lowbit_cpu.row_segments): per row, blocks of 256 k, whole fields of
+    runs of k in runs of words, the codes left over in the words' top bits; K is padded with
+    code 0."""
+    from tessera.kernels.lowbit_cpu import row_segments
 
     u = np.asarray(u, np.uint32)
     n, k = u.shape
@@ -148,8 +148,8 @@ def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
     padded = np.zeros((n, kb, lowbit.UNIT_K), np.uint32)
     padded.reshape(n, -1)[:, :k] = u
     out = np.zeros((n, kb, 8 * t.nbits), np.uint32)
-    for p, base, low in row_planes(t.nbits):
-        field = (padded >> low) & ((1 << p) - 1)  # [n, kb, 256]: k = i*8p + j
-        for i in range(32 // p):
-            out[:, :, base : base + 8 * p] |= field[:, :, i * 8 * p : (i + 1) * 8 * p] << np.uint32(i * p)
+    for k0, length, pieces in row_segments(t.nbits):
+        for word, shift, width, low in pieces:
+            field = (padded[:, :, k0 : k0 + length] >> np.uint32(low)) & np.uint32((1 << width) - 1)
+            out[:, :, word : word + length] |= field << np.uint32(shift)
     return out.reshape(n, -1)
