@@ -110,6 +110,26 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
     assert rs.RegisterAConfig(256, 4, cluster=2, stream_k=True).problems() == ["stream_k shares tiles between single blocks, not clusters"]
 
 
+def test_stream_k_is_tuned_only_where_every_tile_is_cut_and_never_deterministic():
+    """Tuning tries the stream-K configs at short prompts only (not for a partial last round,
+    whose L2 adds cost what sharing saves; not with one 256-k block, where nothing is cut), the
+    ones that fit the weights, and none under torch's deterministic algorithms."""
+    torch = pytest.importorskip("torch")
+    from tessera.quant.tune import stream_k_candidates
+
+    every = [str(c) for c in rs_config.STREAM_K_CONFIGS]
+    assert [str(c) for c in stream_k_candidates(ts.int4, 128, False, 128, 2048, 2048, sms=132)] == every
+    assert not stream_k_candidates(ts.int4, 128, False, 4096, 12288, 4096, sms=132)
+    assert not stream_k_candidates(ts.int4, 128, False, 128, 2048, 256, sms=132)
+    assert [str(c) for c in stream_k_candidates(ts.int6, 16, True, 128, 2048, 2048, sms=132)] == ["rs_128x128_s6_sk"]
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not stream_k_candidates(ts.int4, 128, False, 128, 2048, 2048, sms=132)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
 @needs_nvcc
 def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """The last round's tiles cut among the host's 4 "SMs": a tile in 4 shares (one 256-k block

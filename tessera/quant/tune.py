@@ -208,18 +208,35 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     return out
 
 
-def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: int, k: int) -> list[Any]:
+def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: int, k: int,
+                        sms: int | None = None) -> list[Any]:  # fmt: skip
     """The register-A kernel's stream-K configs that cut every tile at this shape (fewer tiles
-    than SMs: a short prompt).  Not where only a partial last round is shared: on the H200 at
-    M=4096, N=12288 the shares' float32 adds at the L2 cost ~20 us (plain stores in their place,
-    results wrong, ran 552 against 573 us) of the ~16 a balanced last round saves, where at
-    M=128 they cost ~0.7 of 14.5 us (bench/results/2026-11-29-h200-lowbit-stream-k.md)."""
+    than `sms`, the GPU's SMs by default: a short prompt).  Not where only a partial last round
+    is shared: on the H200 at M=4096, N=12288 the shares' float32 adds at the L2 cost ~20 us
+    (plain stores in their place, results wrong, ran 552 against 573 us) of the ~16 a balanced
+    last round saves, where at M=128 they cost ~0.7 of 14.5 us
+    (bench/results/2026-11-29-h200-lowbit-stream-k.md).  None while torch's deterministic
+    algorithms are on: the shares' adds meet in a different order from run to run, which can
+    move a result by float32 rounding (a last fp16 bit)."""
     from tessera.kernels.lowbit_gemm_rs_config import STREAM_K_CONFIGS, problems
-    from tessera.runtime.cuda import multiprocessor_count
 
-    sms = multiprocessor_count()
+    if _deterministic():
+        return []
+    if sms is None:
+        from tessera.runtime.cuda import multiprocessor_count
+
+        sms = multiprocessor_count()
     return [c for c in STREAM_K_CONFIGS
             if not problems(wtype, group, has_bias, c) and c.whole_tiles(m, n, k, sms) == 0 < c.tiles(m, n)]  # fmt: skip
+
+
+def _deterministic() -> bool:
+    """Whether torch's deterministic algorithms are on (torch.use_deterministic_algorithms)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.are_deterministic_algorithms_enabled()
 
 
 def host_codes_words(wtype: DataType, n: int, k: int, spans: tuple[int, ...]) -> list[Any]:
@@ -264,7 +281,7 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
         return candidates[0]
     gpu = torch.cuda.get_device_name()
     key = (f"lowbit_prefill|{wtype.name}|g{group}|{'z' if has_bias else 'nz'}|span{span}{'+ra' if register_a else ''}"
-           f"|m{m}|n{n}|k{k}|{gpu}")  # fmt: skip
+           f"|m{m}|n{n}|k{k}|{gpu}{'|det' if _deterministic() else ''}")  # fmt: skip
     wq, sc, bz, x, y = random_operands(wtype, span, m, n, k, words, scales, biases)
     if any(map(is_register_a, candidates)):  # the same weights in both orders: one reference checks all
         wq, wq_fragment = host_codes_words(wtype, n, k, (span, FRAGMENT_SPAN))
