@@ -105,7 +105,7 @@ def test_stream_k_schedule_gives_out_the_last_rounds_units():
     assert sk.whole_tiles(200, 300, 4096, 4) == 0 and sk.grid(200, 300, 4, 4096) == 4
     assert sk.whole_tiles(1, 300, 256, 132) == 3 and sk.grid(1, 300, 132, 256) == 3  # (one 256-k block: nothing to cut)
     assert sk.whole_tiles(300, 637, 256, 4) == 10  # 2 tiles left, 1 unit each: fewer units than blocks
-    assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 8 * 32 * 128, 32)
+    assert sk.whole_tiles(300, 637, 520, 4) == 8 and sk.workspace(4) == (4 * 128 * 256, 4 * 8)  # (4 cut tiles: sums, tickets)
     assert str(sk) == "rs_256x128_s4_et_sk"
     assert rs.RegisterAConfig(256, 4, cluster=2, stream_k=True).problems() == ["stream_k shares tiles between single blocks, not clusters"]
 
