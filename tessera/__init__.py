@@ -31,6 +31,7 @@ from tessera.jit import Kernel, kernel
 from tessera.lang.builtins import (
     abs_,
     attrs,
+    bitcast,
     block_dim,
     block_idx,
     block_reduce,
@@ -122,7 +123,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError", "CompilationError", "CompilerNotFoundError", "DeviceError", "DivisionByZeroError", "KernelSyntaxError",
     "TesseraError", "UnsupportedError", "DataType", "dtype", "TaskMapping", "repeat", "spatial", "Kernel", "kernel", "Inline", "inline",
-    "abs_", "attrs", "block_dim", "block_reduce", "shfl_down", "shfl_idx", "shfl_xor", "warp_reduce", "block_idx", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "fast_exp2", "floor",
+    "abs_", "attrs", "block_dim", "block_reduce", "shfl_down", "shfl_idx", "shfl_xor", "warp_reduce", "block_idx", "bitcast", "cast", "ceil", "ceil_div", "cos", "erf", "exp", "exp2", "fast_exp2", "floor",
     "fma", "fmax", "grid", "grid_dim", "log", "log2", "max_", "min_", "parallel", "pow_", "ptr", "register_tensor",
     "rsqrt", "select", "shared_tensor", "sin", "sqrt", "syncthreads", "tanh", "thread_idx", "unroll",
     "Swizzle", "fragments", "copy_vector", "copy_async", "copy_async_commit", "copy_async_wait", "ldmatrix", "stmatrix", "mma",

@@ -556,6 +556,29 @@ def test_tessera_intrinsics_and_casts_parse():
     assert "pow" not in names  # x ** 2 becomes x * x
 
 
+def test_bitcast_reads_the_same_bits_and_refuses_other_widths(rng):
+    """ts.bitcast: float32 -> uint32 and back as numpy's view (negative zero, a float32
+    subnormal, NaN's bits kept); a width mismatch is refused at the kernel's line."""
+
+    @ts.kernel(target="cpu", name="bits_round_trip")
+    def k(x: f32["n"], u: ts.uint32["n"], y: f32["n"]):
+        for i in range(x.shape[0]):
+            u[i] = ts.bitcast(x[i], ts.uint32)
+            y[i] = ts.bitcast((u[i] & 0x807FFFFF) | 0x3F800000, f32)  # the mantissa and sign, exponent 0
+
+    x = np.concatenate([rng.standard_normal(29), [-0.0, 1e-40, np.nan]]).astype(np.float32)
+    u, y = np.zeros(x.size, np.uint32), np.zeros(x.size, np.float32)
+    k(x, u, y)
+    assert np.array_equal(u, x.view(np.uint32))
+    assert np.array_equal(y.view(np.uint32), (x.view(np.uint32) & 0x807FFFFF) | 0x3F800000)
+    with pytest.raises(ts.KernelSyntaxError, match="widths must match"):
+
+        @ts.kernel
+        def bad(a: f32["n"], b: i64["n"]):
+            for i in range(a.shape[0]):
+                b[i] = ts.bitcast(a[i], i64)
+
+
 def test_docstring_and_pass_are_ignored():
     @ts.kernel
     def k(a: f32["n"]):

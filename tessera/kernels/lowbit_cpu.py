@@ -112,13 +112,16 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     BITS, GS, NR, MR, LANES, IS_FLOAT = wtype.nbits, group, nr, mr, lanes, wtype.is_float
     offset = float(lowbit.code_offset(wtype))
     SEGS = decode_segments(BITS, group)
-    # small floats: sign, exponent e and mantissa from the code, value (hidden bit | mantissa) *
-    # 2**(max(e, 1) - bias - mbits) (e = 0: subnormal), the constant power folded into the scale
-    # with the layout's 2**-float_shift (NaN and inf codes, which quantisation never makes, read finite)
+    # small floats: the code's exponent and mantissa shifted into a float32's, its exponent bias
+    # replaced by float32's (FBITS), read as float32 (ts.bitcast): the value itself where the
+    # exponent field e > 0; where e = 0 (subnormal: 2**(1 - bias) * m / 2**mbits) that read is
+    # 2**-bias * (1 + m / 2**mbits), so 2 v - 2**(1 - bias) (both exact); the sign last, the
+    # layout's 2**-float_shift in the scale (NaN and inf codes, never made by quantisation, read finite)
     FM = wtype.mantissa_bits if IS_FLOAT else 0
-    FMM, FHID, FSIGN = (1 << FM) - 1, 1 << FM, 1 << (BITS - 1)
-    FMAG = FSIGN - 1
-    FSCALE = 2.0 ** -((1 << (wtype.exponent_bits - 1)) - 1 + FM + lowbit.float_shift(wtype)) if IS_FLOAT else 1.0
+    FBIAS = (1 << (wtype.exponent_bits - 1)) - 1 if IS_FLOAT else 0
+    FMM, FSIGN, FBITS = (1 << FM) - 1, 1 << (BITS - 1), (127 - FBIAS) << 23
+    FMAG, FSUB = FSIGN - 1, 2.0 ** (1 - FBIAS)
+    FSCALE = 2.0 ** -lowbit.float_shift(wtype) if IS_FLOAT else 1.0
     rows, cols = tuple(range(mr)), tuple(range(nr))
     from tessera.ir.vector import vector_type
 
@@ -152,10 +155,8 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                                 u = u | (((Wr[n, src + w2 + j] >> s2) & m2) << l2)
                                 if IS_FLOAT:
                                     mag = u & FMAG
-                                    e = mag >> FM
-                                    mf = ts.select(e == 0, mag & FMM, (mag & FMM) | FHID)
-                                    p2 = ts.cast(1, u32) << max(e, ts.cast(1, u32))
-                                    v = ts.cast(mf, f32) * ts.cast(p2, f32) * s
+                                    v = ts.bitcast((mag << (23 - FM)) + FBITS, f32)
+                                    v = ts.select(mag <= FMM, v * 2.0 - FSUB, v) * s
                                     Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
                                 else:
                                     Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - b) * s

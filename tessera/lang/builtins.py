@@ -47,6 +47,7 @@ grid = Builtin("grid", "loop")
 
 # Expressions.
 cast = Builtin("cast", "cast")
+bitcast = Builtin("bitcast", "bitcast")  # the same bits read as another dtype of the same width
 ceil_div = Builtin("ceil_div", "ceil_div")
 select = Builtin("select", "select")
 

@@ -149,6 +149,15 @@ class ExpressionParser:
             raise ParseError(f"the constant {x.value!r} does not fit in {dtype}; compute the intended value in Python")
         return E.Cast(x, dtype)
 
+    def bitcast(self, value: Any, dtype: DataType) -> E.Expr:
+        """x's bits read as `dtype` (no conversion: float32 <-> uint32, say); the widths must match."""
+        x = self.to_ir(value)
+        _check_not_storage(dtype, "bitcast()")
+        if x.dtype.nbits != dtype.nbits or x.dtype.is_bool or dtype.is_bool:
+            raise ParseError(f"bitcast reads the bits of {x.dtype} ({x.dtype.nbits} bits) as {dtype} "
+                             f"({dtype.nbits} bits): the widths must match (cast() converts values)")  # fmt: skip
+        return E.Call("bitcast", (x,), dtype)
+
     def as_condition(self, value: E.Expr) -> E.Expr:
         if value.dtype.is_bool:
             return value
@@ -348,6 +357,10 @@ class ExpressionParser:
             if len(args) != 2 or not isinstance(args[1], DataType):
                 raise ParseError("cast(x, dtype) takes a value and a dtype")
             return self.cast(args[0], args[1])
+        if kind == "bitcast":
+            if len(args) != 2 or not isinstance(args[1], DataType):
+                raise ParseError("bitcast(x, dtype) takes a value and a dtype")
+            return self.bitcast(args[0], args[1])
         if kind == "ceil_div":
             if len(args) != 2:
                 raise ParseError("ceil_div(a, b) takes two arguments")
