@@ -115,8 +115,8 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     # small floats: the code's exponent and mantissa shifted into a float32's, its exponent bias
     # replaced by float32's (FBITS), read as float32 (ts.bitcast): the value itself where the
     # exponent field e > 0; where e = 0 (subnormal: 2**(1 - bias) * m / 2**mbits) that read is
-    # 2**-bias * (1 + m / 2**mbits), so 2 v - 2**(1 - bias) (both exact); the sign last, the
-    # layout's 2**-float_shift in the scale (NaN and inf codes, never made by quantisation, read finite)
+    # 2**-bias * (1 + m / 2**mbits), so 2v - 2**(1 - bias) (exact); the sign last, the layout's
+    # 2**-float_shift in the scale (NaN and inf codes, never made by quantisation, read finite)
     FM = wtype.mantissa_bits if IS_FLOAT else 0
     FBIAS = (1 << (wtype.exponent_bits - 1)) - 1 if IS_FLOAT else 0
     FMM, FSIGN, FBITS = (1 << FM) - 1, 1 << (BITS - 1), (127 - FBIAS) << 23
@@ -156,7 +156,10 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                                 if IS_FLOAT:
                                     mag = u & FMAG
                                     v = ts.bitcast((mag << (23 - FM)) + FBITS, f32)
-                                    v = ts.select(mag <= FMM, v * 2.0 - FSUB, v) * s
+                                    # e = 0: 2v - 2**(1 - bias), by k = 1.0 from the borrow of mag - 2**mbits (a
+                                    # select with float math in an arm kept gcc from vectorising the loop)
+                                    k = ts.cast((mag - (FMM + 1)) >> 31, f32)
+                                    v = (v + k * (v - FSUB)) * s
                                     Wf[w, c * kp + kb * 256 + ko + j] = ts.select((u & FSIGN) != 0, -v, v)
                                 else:
                                     Wf[w, c * kp + kb * 256 + ko + j] = (ts.cast(ts.cast(u, i32), f32) - b) * s
