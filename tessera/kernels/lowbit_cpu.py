@@ -60,7 +60,7 @@ def row_segments(bits: int) -> tuple[tuple[int, int, tuple[Piece, ...]], ...]:
     last 8r codes, split into pieces of powers of two no wider than r (7 bits: 4 + 2 + 1 in
     slots of 4; 5: 2 + 2 + 1, 6: 2 + 2 + 2, 3: 2 + 1 in slots of 2), the widest the highest
     bits; a piece of width q takes 8q words, each slot r // q pieces, piece i of word j being
-    leftover code i * 8q + j.  So 7/8 (3 bits: 15/16) of a block's codes are one field each,
+    leftover code i * 8q + j.  So 15/16 of a block's codes (7 bits: 7/8) are one field each,
     where the plane split (7 = 4 + 2 + 1 everywhere) joined three."""
     f, rest = 32 // bits, 32 % bits
     segments = [(i * 8 * bits, 8 * bits, ((0, i * bits, bits, 0),)) for i in range(f)]
