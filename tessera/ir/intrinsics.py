@@ -60,9 +60,9 @@ INTRINSICS |= {
     "shfl_down": Intrinsic("shfl_down", 2, "first"),
     "shfl_idx": Intrinsic("shfl_idx", 2, "first"),
 }
-# Two more calls are made only by tessera.ops, with an explicit result type, and are not
-# kernel builtins: ipow(a, n) (exact integer power, see backend SHARED_HELPERS) and
-# bitcast(x) (x's bits as the call's type, of the same width).
+# Two more calls carry an explicit result type and are not in this table: ipow(a, n) (exact
+# integer power, made only by tessera.ops; see backend SHARED_HELPERS) and bitcast(x) (x's bits
+# as the call's type, of the same width: tessera.ops and the kernel builtin ts.bitcast).
 GPU_ONLY = frozenset({"shfl_xor", "shfl_down", "shfl_idx", "fast_exp2"})
 
 
