@@ -55,14 +55,14 @@ def check(rng: np.random.Generator, sms: int) -> list:
         for c in rs_config.STREAM_K_CONFIGS:
             if rs.problems(t, p.kernel_group, bias, c):
                 continue
-            assert c.whole_tiles(m, n, k, sms) < c.tiles(m, n), (name, m, n, k, str(c))
+            assert c.cut_tiles(m, n, k, sms), (name, m, n, k, str(c))
             for _ in range(2):
                 x = torch.randn(m, k, dtype=torch.float16, device="cuda")
                 y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
                 rs.lowbit_gemm_rs(x, p.words_for(FRAGMENT_SPAN), p.scales, p.biases, y, t, p.kernel_group, bias, c)
                 ref = x.double() @ w.T
                 err = float((y.double() - ref).norm() / ref.norm())
-                sums, tickets = rs.stream_k_workspace(x, c, c.tiles(m, n) - c.whole_tiles(m, n, k, sms))
+                sums, tickets = rs.stream_k_workspace(x, c, c.cut_tiles(m, n, k, sms))
                 set_flags = int(tickets.view(torch.int32).ne(0).sum()) + int(sums.ne(0).sum())
                 print(f"check {name} {m}x{n}x{k} {c}: rel_err {err:.1e}, tickets and sums left set {set_flags}", flush=True)
                 if not (err < 2e-3 and set_flags == 0):

@@ -50,7 +50,7 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
 
     m, k = x.shape
     n = c["shape"][0]
-    floats, flags = config.workspace(max(1, config.tiles(m, n) - config.whole_tiles(m, n, k, 4)))
+    floats, flags = config.workspace(max(1, config.cut_tiles(m, n, k, 4)))
     return {"whole": config.whole_tiles(m, n, k, 4), "P": np.zeros(floats, np.float32), "F": np.zeros(flags, np.uint32),
             "PW": floats, "FW": flags,
             "A": x.reshape(1, m, k), "Wq": c["words"], "S": c["scales"], "Z": c["biases"],
@@ -147,7 +147,7 @@ def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
         t = ts.dtype(name)
         c = random_case(rng, t, n, k, group, bias, lowbit.FRAGMENT_SPAN)
         kernel = rs.make_lowbit_gemm_rs(t, kernel_group(group, k), bias, config)
-        assert config.whole_tiles(m, n, k, 4) < config.tiles(m, n), (name, config)
+        assert config.cut_tiles(m, n, k, 4), (name, config)
         for out in ("C", "C", "F", "P"):
             x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
             values = host_values(c, x, config)
@@ -286,7 +286,7 @@ def test_cuda_stream_k_short_prompts_launcher_and_plan_leave_their_sums_at_rest(
         words = p.words_for(lowbit.FRAGMENT_SPAN)
         attrs = {"wtype": name, "n": n, "k": k, "group_size": 128, "has_bias": bias, "span": PREPARED_SPAN}
         for config in rs_config.STREAM_K_CONFIGS:
-            if rs.problems(t, p.kernel_group, bias, config) or config.whole_tiles(m, n, k, sms) == config.tiles(m, n):
+            if rs.problems(t, p.kernel_group, bias, config) or not config.cut_tiles(m, n, k, sms):
                 continue
             plan = plan_lowbit_linear((m, k), attrs, p.words.numel(), tuple(p.scales.shape), tuple(p.biases.shape), None,
                                       False, config, fragment=True)  # fmt: skip
@@ -300,8 +300,7 @@ def test_cuda_stream_k_short_prompts_launcher_and_plan_leave_their_sums_at_rest(
                 plan_err = float((y.double() - ref).norm() / ref.norm())
                 if not (err < 2e-3 and plan_err < 2e-3):
                     bad.append((name, m, n, k, str(config), err, plan_err))
-            cut = config.tiles(m, n) - config.whole_tiles(m, n, k, sms)
-            sums, tickets = rs.stream_k_workspace(x, config, cut)
+            sums, tickets = rs.stream_k_workspace(x, config, config.cut_tiles(m, n, k, sms))
             at_rest = [torch.from_dlpack(anchor.workspaces[i]).count_nonzero().item() for i in plan.zeroed]
             if sums.count_nonzero().item() or tickets.view(torch.int32).count_nonzero().item() or any(at_rest):
                 bad.append((name, str(config), "sums or tickets left set"))

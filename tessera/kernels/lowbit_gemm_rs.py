@@ -421,7 +421,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
         tma_c = _placeholder_slab_map(x.device, config.block_t)  # (the kernel never writes through it)
     sms = multiprocessor_count()
     grid, whole = config.grid(m, n, sms, k), config.whole_tiles(m, n, k, sms)
-    cut = config.tiles(m, n) - whole
+    cut = config.tiles(m, n) - whole  # (config.cut_tiles, whole_tiles computed once on this per-call path)
     partials, tickets = stream_k_workspace(x, config, cut) if cut else (None, None)
     if partials is None:  # nothing shared: the plain kernel (the stream-K one's wait after the k loop alone
         # moved int7 by -2 to -3% on the H200, bench/results/...-tma-epilogue.md)

@@ -102,6 +102,11 @@ class RegisterAConfig:
             return tiles
         return whole
 
+    def cut_tiles(self, m: int, n: int, k: int, sms: int) -> int:
+        """Tiles whose k the schedule shares between blocks (0 without stream_k, or where every
+        tile is given out whole): what `workspace` is sized for."""
+        return self.tiles(m, n) - self.whole_tiles(m, n, k, sms)
+
     def for_output(self, n: int) -> RegisterAConfig:
         """The config a launch with N = n runs: the TMA epilogue writes rows of out that start
         16-byte aligned, so with N % 8 != 0 the stmatrix one takes its place (the launch logs it;
@@ -110,7 +115,7 @@ class RegisterAConfig:
 
     def workspace(self, cut_tiles: int) -> tuple[int, int]:
         """float32 sums and uint32 tickets stream_k needs for `cut_tiles` tiles shared between
-        blocks (tiles(m, n) - whole_tiles(...)): a tile's sums, a ticket per consumer warp.  Both
+        blocks (`cut_tiles`): a tile's sums, a ticket per consumer warp.  Both
         are zero at rest: the share that completes a tile zeroes them again."""
         return cut_tiles * 8 * 16 * self.block_t, cut_tiles * 8
 

@@ -201,7 +201,7 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     if config.epilogue == "tma" and (epilogue is not None or config.for_output(n).epilogue != "tma"):
         config = dataclasses.replace(config, epilogue="stmatrix")
     sms = _sms()
-    cut = config.tiles(m, n) - config.whole_tiles(m, n, k, sms) if config.stream_k else 0
+    cut = config.cut_tiles(m, n, k, sms)
     if not cut:  # nothing shared at this shape: the plain kernel (see lowbit_gemm_rs.lowbit_gemm_rs)
         config = dataclasses.replace(config, stream_k=False)
     tma_out = config.epilogue == "tma"

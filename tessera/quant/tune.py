@@ -227,7 +227,7 @@ def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: 
 
         sms = multiprocessor_count()
     return [c for c in STREAM_K_CONFIGS
-            if not problems(wtype, group, has_bias, c) and c.whole_tiles(m, n, k, sms) == 0 < c.tiles(m, n)]  # fmt: skip
+            if not problems(wtype, group, has_bias, c) and c.cut_tiles(m, n, k, sms) == c.tiles(m, n) > 0]  # fmt: skip
 
 
 def _deterministic() -> bool:
