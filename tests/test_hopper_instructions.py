@@ -589,6 +589,54 @@ def test_flags_are_checked_and_lowered():
             ts.wait_flag(X[0], 1)
 
 
+def test_reduce_add_and_ticket_are_checked_and_lowered():
+    """ts.reduce_add lowers to red.global.add.v4/v2/f32 and ts.ticket to atom.add.acq_rel.gpu;
+    misuse is refused at the kernel's line with what to write instead."""
+
+    @ts.kernel(target="cuda")
+    def k(P: f32["N"], F: u32["B"]):
+        ts.attrs.grid = 1
+        ts.attrs.block = 32
+        acc = ts.register_tensor(f32, [4])
+        seen = ts.register_tensor(u32, [1])
+        for e in ts.unroll(4):
+            acc[e] = 1.0
+        ts.reduce_add(P[ts.thread_idx.x * 4], acc[0], bytes=16)
+        ts.reduce_add(P[ts.thread_idx.x * 4], acc[0], bytes=8)
+        ts.reduce_add(P[ts.thread_idx.x * 4], acc[0], bytes=4)
+        ts.ticket(F[0], 1, seen[0])
+
+    src = k.source
+    assert "red.global.add.v4.f32" in src and "red.global.add.v2.f32" in src and "atom.add.acq_rel.gpu" in src
+    with pytest.raises(KernelSyntaxError, match="adds registers into global memory"):
+
+        @ts.kernel(target="cuda")
+        def k1(P: f32["N"]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            Ps = ts.shared_tensor(f32, [128])
+            acc = ts.register_tensor(f32, [4])
+            ts.reduce_add(Ps[0], acc[0], bytes=16)
+
+    with pytest.raises(KernelSyntaxError, match="4, 8 or 16 bytes"):
+
+        @ts.kernel(target="cuda")
+        def k2(P: f32["N"]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            acc = ts.register_tensor(f32, [4])
+            ts.reduce_add(P[0], acc[0], bytes=12)
+
+    with pytest.raises(KernelSyntaxError, match="old value into a uint32 register"):
+
+        @ts.kernel(target="cuda")
+        def k3(F: u32["B"]):
+            ts.attrs.grid = 1
+            ts.attrs.block = 32
+            seen = ts.register_tensor(f32, [1])
+            ts.ticket(F[0], 1, seen[0])
+
+
 @pytest.mark.cuda
 def test_flags_pass_sums_between_blocks_on_the_gpu():
     torch = pytest.importorskip("torch")
