@@ -16,8 +16,8 @@ m64k16 A fragment of k [16s, 16s + 16): no weight tile is ever written to shared
   steps: dequantise the step's fragment into one of in_flight + 1 register buffers (the others
   are read by the wgmmas in flight), fence, `wgmma m64n{block_t}k16` with A from registers,
   commit, then wait until in_flight groups are in flight, which frees the next step's buffer
-  and, at the stage's step in_flight - 1, the stage before (none left at the tile's last
-  step: see the epilogue).  A unit's words and scales for the next 256 k are reloaded
+  and, at the stage's step in_flight - 1, the stage before (the item's last wgmmas are waited
+  for after its k loop).  A unit's words and scales for the next 256 k are reloaded
   stage by stage as they die (tessera.kernels.lowbit_gemm.word_loads): from global memory, or
   the words from the shared ring (`words="tma"`; each warp releases a slot after its last read);
 * epilogue: each warp's [16 rows, block_t tokens] accumulator goes through shared memory in
@@ -318,10 +318,7 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                             ts.wgmma_fence()  # the fragment's registers were just written
                             ts.wgmma(acc[0], a[j % BUFFERS, 0], Xs[stage, 0, j * 16], n=BT)
                             ts.wgmma_commit()
-                            if b == 3 and j == 3 and ku == u1 - 1:  # the item's last step: none left (see below)
-                                ts.wgmma_wait(0, acc[0])
-                            else:  # step j - FLIGHT is done: its buffer, the next step's, is free
-                                ts.wgmma_wait(FLIGHT)
+                            ts.wgmma_wait(FLIGHT)  # step j - FLIGHT is done: its buffer, the next step's, is free
                             if j == FLIGHT - 1 and tid % 128 == 0:  # ... and with it the stage before this one
                                 if b > 0:
                                     release_stage(empty, last, CL)
@@ -332,16 +329,13 @@ def make_lowbit_gemm_rs(wtype: DataType, group_size: int, has_bias: bool, config
                         if stage == STAGES:
                             stage = 0
                             phase ^= 1
-                # Every wgmma of the tile finished at its last step's wait(0), inside the loop: with that
-                # wait here instead, after the loop, ptxas (CUDA 13.0) hoisted the epilogue's reads of
-                # the accumulators above it, and on the H200 those configs lost part of the last step
-                # (rel_err ~2e-2; tests/test_wgmma_hazards.py scans the SASS for it).
-                if SKC:  # (none pending: the last step's wait(0) ran.  Without this one ptxas put its own wait
-                    # in a divergent path below and serialised every wgmma, C7518: the H200 ran 7% slower
-                    # even with no shares to sum, bench/results/...-streamk.md.  Without stream_k, ptxas
-                    # injects a wait(0) at the 256-k loop's back edge instead (C7517): a full drain of the
-                    # wgmmas every 16 steps, which this one removes too; it cost nothing measurable there)
-                    ts.wgmma_wait(0, acc[0])
+                # The item's last wgmmas, waited for once after the loop, the accumulators fenced so that
+                # no read of them moves above the wait (ptxas (CUDA 13.0) hoisted the epilogue's F2FP
+                # conversions above an unfenced one: the H200 lost part of the last step, rel_err ~2e-2;
+                # tests/test_wgmma_hazards.py scans the SASS for it).  The earlier form, a fenced wait(0)
+                # at the last step inside the loop, made ptxas drain the wgmmas at every 256-k back edge
+                # (C7517): 0.5-1.7% slower at M=4096 with in_flight 1 (bench/results/...-wait-after-loop.md).
+                ts.wgmma_wait(0, acc[0])
                 if tid % 128 == 0:
                     release_stage(empty, last, CL)
                 whole_sum = 1  # this warp holds its slab's whole sum: it writes C
