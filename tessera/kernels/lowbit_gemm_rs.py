@@ -417,8 +417,7 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     grid, whole = config.grid(m, n, sms, k), config.whole_tiles(m, n, k, sms)
     cut = config.tiles(m, n) - whole  # (config.cut_tiles, whole_tiles computed once on this per-call path)
     partials, tickets = stream_k_workspace(x, config, cut) if cut else (None, None)
-    if partials is None:  # nothing shared: the plain kernel (the stream-K one's wait after the k loop alone
-        # moved int7 by -2 to -3% on the H200, bench/results/...-tma-epilogue.md)
+    if partials is None:  # nothing shared: the kernel without stream-K's schedule and sums
         config = dataclasses.replace(config, stream_k=False)
         grid, whole = config.grid(m, n, sms), config.tiles(m, n)
         partials, tickets = _placeholders(x.device)
