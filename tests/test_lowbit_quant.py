@@ -555,3 +555,30 @@ def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
             assert float((got - ref).norm() / ref.norm()) < 5e-3
         assert tb.stats["eager_nodes"] == before["eager_nodes"], "a node ran in torch (a graph break)"
         assert tb.stats["reference_ops"] == before["reference_ops"], "lowbit_linear ran on its numpy reference"
+
+
+def test_quantized_linear_calls_the_custom_op_only_where_it_is_traced(monkeypatch):
+    """Eager forward runs the layer's matmul itself (the op's dispatch cost ~50 us a call); with
+    a gradient asked for, under torch.compile or on a fake tensor it is the custom op, and every
+    path gives the same result."""
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tessera.quant import torch_quantize
+
+    q = ts.quantize(torch.nn.Sequential(torch.nn.Linear(37, 19)), weight="int4", group_size=16)[0]
+    calls = []
+    real = torch_quantize.lowbit_linear
+    monkeypatch.setattr(torch_quantize, "lowbit_linear", lambda x, h: calls.append(x.shape) or real(x, h))
+    x = torch.randn(3, 5, 37)
+    eager = q(x)
+    assert calls == [] and eager.shape == (3, 5, 19)
+    with torch.no_grad():
+        assert torch.equal(q(x.requires_grad_()), eager) and calls == []
+    assert torch.equal(q(x).detach(), eager) and calls == [(15, 37)]  # requires grad: the op
+    plain = x.detach()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:  # (the layer's bias is a real tensor)
+        assert q(mode.from_tensor(plain)).shape == (3, 5, 19) and len(calls) == 2
+    torch._dynamo.reset()
+    compiled = torch.compile(q, backend="eager")
+    assert torch.allclose(compiled(plain), eager, rtol=1e-5, atol=1e-6) and len(calls) == 3

@@ -23,6 +23,7 @@ from tessera.kernels.attention import (
     make_flash_attention,
     tensor_map_box,
 )
+from tessera.runtime.cuda import torch_stream
 
 MAX_SPLITS = 64
 
@@ -246,7 +247,7 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
     fast = _FAST.get(_fast_key(torch, q, k, v, causal, scale, mask, config, splits)) if out is None else None
     if fast is not None:  # a signature seen before with contiguous operands: straight to the launch
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        fast(q, k, v, mask, out, _stream(torch, q))
+        fast(q, k, v, mask, out, torch_stream(q))
         return out
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or not t.is_cuda:
@@ -304,7 +305,7 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
     elif not (isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
               and out.device == q.device and out.is_contiguous()):  # fmt: skip
         raise ArgumentError(f"flash_attention: out must be a contiguous {q.dtype} tensor of shape {list(q.shape)} on q's device")
-    plan(q, k, v, mask, out, _stream(torch, q))
+    plan(q, k, v, mask, out, torch_stream(q))
     return out
 
 
@@ -316,14 +317,6 @@ def _fast_key(torch: Any, q: Any, k: Any, v: Any, causal: Any, scale: Any, mask:
         return None
     sig = tuple((t.shape, t.dtype, t.device) for t in ts)
     return (sig, causal, scale, config, splits)
-
-
-def _stream(torch: Any, t: Any) -> int:
-    """torch's current stream on t's device, as a raw handle."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return int(raw(t.get_device()))
-    return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
 _FAST: dict[Any, FlashPlan] = {}

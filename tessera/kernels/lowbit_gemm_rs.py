@@ -418,8 +418,9 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     cut = config.tiles(m, n) - whole  # (config.cut_tiles, whole_tiles computed once on this per-call path)
     partials, tickets = stream_k_workspace(x, config, cut) if cut else (None, None)
     if partials is None:  # nothing shared: the kernel without stream-K's schedule and sums
-        config = dataclasses.replace(config, stream_k=False)
-        grid, whole = config.grid(m, n, sms), config.tiles(m, n)
+        if config.stream_k:  # (replace builds a config a call, ~5 us of host time: only where it changes one)
+            config = dataclasses.replace(config, stream_k=False)
+            grid, whole = config.grid(m, n, sms), config.tiles(m, n)
         partials, tickets = _placeholders(x.device)
     kernel = make_lowbit_gemm_rs(wtype, group_size, has_bias, config)
     kernel(x.view(1, m, k), words, scales, biases, out.view(1, m, n), tma_a, tma_w, tma_c, grid, whole, partials, tickets)

@@ -24,7 +24,7 @@ from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
 # these names are re-exported for the callers that tune or inspect it.
 from tessera.kernels.gemm_space import device, schedule_space, tma_space  # noqa: E402,F401
 from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
-from tessera.runtime.cuda import ensure_current
+from tessera.runtime.cuda import ensure_current, torch_stream
 from tessera.tune import tune
 
 
@@ -249,7 +249,7 @@ class _CallPlan:
         self.device = c3.device
         in_kernel = getattr(cfg, "cluster", False)  # split-k added up inside the kernel
         self.work_numel = batch * cfg.split_k * m * n if cfg.split_k > 1 and not in_kernel else 0
-        work = self._work(torch, _stream(torch, c3)).view(batch * cfg.split_k, m, n) if self.work_numel else c3
+        work = self._work(torch, torch_stream(c3)).view(batch * cfg.split_k, m, n) if self.work_numel else c3
         kernel = make_kernel(dtype, cfg, layout, vector).compile()
         self.tma = isinstance(cfg, TmaConfig)
         if self.tma:
@@ -289,7 +289,7 @@ class _CallPlan:
     def __call__(self, a: Any, b: Any) -> Any:
         torch = _torch()
         c = torch.empty(self.out_shape, dtype=a.dtype, device=a.device)
-        stream = _stream(torch, c)
+        stream = torch_stream(c)
         ensure_current()
         ap, bp, cp = a.data_ptr(), b.data_ptr(), c.data_ptr()
         out = self._work(torch, stream).data_ptr() if self.work_numel else cp
@@ -300,14 +300,6 @@ class _CallPlan:
         if self.reduce is not None:
             self.reduce((out, cp), (), stream)
         return c
-
-
-def _stream(torch: Any, t: Any) -> int:
-    """torch's current stream on t's device, as a raw handle (the cheap way when torch has one)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return int(raw(t.get_device()))
-    return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
 _PLANS: dict[tuple, _CallPlan] = {}

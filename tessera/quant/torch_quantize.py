@@ -1,8 +1,9 @@
 """`tessera.quantize(model, weight="int4", group_size=128, ...)`: low-bit weights for torch modules.
 
 Every `nn.Linear` (but those `skip` names) becomes a `QuantizedLinear` holding a
-`QuantizedWeight` (round-to-nearest, tessera.quant.quantize).  Its forward calls the custom op
-`tessera::lowbit_linear`, which runs tessera's low-bit kernels: on CUDA the decode kernel
+`QuantizedWeight` (round-to-nearest, tessera.quant.quantize).  Its forward is the custom op
+`tessera::lowbit_linear` wherever it is traced (eagerly it runs the op's body directly), which
+runs tessera's low-bit kernels: on CUDA the decode kernel
 (M <= 64 rows) or dequantise + tensor-core GEMM (prefill), on the CPU the tessera CPU kernel.
 `torch.compile(quantized, backend="tessera")` turns the op into the graph operator lowbit_linear
 (tessera.graph.opdefs.lowbit): the decode kernel on the GPU (float16), the CPU row kernel
@@ -40,6 +41,13 @@ def lowbit_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
 def _(x: torch.Tensor, handle: int) -> torch.Tensor:
     layer = _REGISTRY[handle]
     return x.new_empty((x.shape[0], layer.out_features))
+
+
+def _runs_eagerly(x: torch.Tensor) -> bool:
+    """Whether forward may call the layer's matmul itself instead of the custom op: a plain
+    tensor (no fake or traced one), nothing compiling, and no gradient asked for."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (
+        x.requires_grad and torch.is_grad_enabled())
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -96,7 +104,12 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = lowbit_linear(x.reshape(-1, x.shape[-1]), self.handle).reshape(*lead, self.out_features)
+        x2 = x.reshape(-1, x.shape[-1])
+        if _runs_eagerly(x2):  # the op's dispatch alone took ~50 us of host time a call on the H200 machine
+            y = self.matmul(x2)
+        else:  # what torch.compile, export and FX trace (and autograd sees: the op has no backward)
+            y = lowbit_linear(x2, self.handle)
+        y = y.reshape(*lead, self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
     def extra_repr(self) -> str:
