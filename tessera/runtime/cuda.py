@@ -354,7 +354,6 @@ def torch_stream(t: Any) -> int:
     return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
-
 # Launch plans kept per kernel (distinct argument signatures); least recently used go first.
 PLAN_CACHE_SIZE = 256
 PDL_ENV = "TESSERA_PDL"
