@@ -53,6 +53,7 @@ from tessera.kernels.lowbit_gemm_rs_config import (
     problems,
     scale_runs,
 )
+from tessera.runtime.cuda import torch_stream
 from tessera.runtime.lru import LRUCache
 
 _log = logging.getLogger("tessera")
@@ -438,8 +439,7 @@ def stream_k_workspace(x, config: RegisterAConfig, cut_tiles: int):
     launch then gives out whole tiles only, the same result a little slower (logged)."""
     import torch
 
-    stream = torch.cuda.current_stream(x.device)
-    key = (x.device.index, stream.cuda_stream)
+    key = (x.device.index, torch_stream(x))
     floats, words = config.workspace(cut_tiles)
     have = _WORKSPACES.get(key)
     if have is None or have[0].numel() < floats or have[1].numel() < words:

@@ -115,8 +115,8 @@ class RegisterAConfig:
 
     def workspace(self, cut_tiles: int) -> tuple[int, int]:
         """float32 sums and uint32 tickets stream_k needs for `cut_tiles` tiles shared between
-        blocks (`cut_tiles`): a tile's sums, a ticket per consumer warp.  Both
-        are zero at rest: the share that completes a tile zeroes them again."""
+        blocks: a tile's sums, a ticket per consumer warp.  Both are zero at rest: the share
+        that completes a tile zeroes them again."""
         return cut_tiles * 8 * 16 * self.block_t, cut_tiles * 8
 
     def __str__(self) -> str:
