@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tessera.errors import KernelSyntaxError
+from tessera.lang import pysource
 
 
 class Inline:
@@ -42,7 +43,7 @@ class Inline:
             self.filename = inspect.getsourcefile(fn) or "<unknown>"
         except (OSError, TypeError) as exc:
             raise KernelSyntaxError(f"cannot read the source of {fn!r}: {exc}", self.name) from None
-        fdef = ast.parse(textwrap.dedent("".join(self.source_lines))).body[0]
+        fdef = pysource.parse(textwrap.dedent("".join(self.source_lines))).body[0]
         if not isinstance(fdef, ast.FunctionDef):
             raise KernelSyntaxError("an inline function must be a plain `def` function", self.name, self.filename)
         self.body = fdef.body

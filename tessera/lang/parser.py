@@ -24,6 +24,7 @@ from tessera.ir.func import TARGETS, Function, LaunchConfig
 from tessera.ir.mapping import TaskMapping, repeat
 from tessera.ir.types import GLOBAL, PointerType, TensorMapType, TensorType, VectorType
 from tessera.lang import builtins as B
+from tessera.lang import pysource
 from tessera.lang.expressions import BINARY_OPERATORS, ExpressionParser, ParseError, is_py_scalar
 
 
@@ -42,7 +43,7 @@ class KernelParser(ExpressionParser):
         except (OSError, TypeError) as exc:
             raise KernelSyntaxError(f"cannot read the source of {pyfunc!r}: {exc}", self.name) from None
         self.source_lines = lines
-        self.tree = ast.parse(textwrap.dedent("".join(lines)))
+        self.tree = pysource.parse(textwrap.dedent("".join(lines)))
         self.indent = len(lines[0]) - len(lines[0].lstrip())
         # Globals, then the defining frame's locals (names used only in annotations are not
         # closure cells under `from __future__ import annotations`), then the closure.
@@ -102,7 +103,7 @@ class KernelParser(ExpressionParser):
                 raise ParseError(f"parameter '{arg.arg}' needs a type annotation, e.g. `{arg.arg}: f32['n']` or `: int32`")
             ann = self.eval_python(arg.annotation)
             if isinstance(ann, str):  # `from __future__ import annotations`
-                ann = self.eval_python(ast.parse(ann, mode="eval").body)
+                ann = self.eval_python(pysource.parse(ann, mode="eval").body)
             if not isinstance(ann, (DataType, TensorType, PointerType, TensorMapType)):
                 raise ParseError(f"parameter '{arg.arg}' has annotation {ann!r}; expected a dtype, a tensor type or ptr()")
             if isinstance(ann, TensorMapType) and self.target != "cuda":
@@ -169,7 +170,7 @@ class KernelParser(ExpressionParser):
         for scope in self.scopes:
             env.update({k: v for k, v in scope.items() if not isinstance(v, E.Expr)})
         try:
-            return eval(compile(ast.Expression(node), self.filename, "eval"), env)
+            return eval(pysource.compile_expression(node, self.filename), env)
         except Exception as exc:  # noqa: BLE001  (user code: report whatever went wrong)
             raise ParseError(f"cannot evaluate `{ast.unparse(node)}` at compile time: {exc}") from None
 
