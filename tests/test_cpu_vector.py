@@ -99,16 +99,102 @@ def test_vector_misuse_is_a_clear_error():
 
     assert "vectors do not convert" in _parse_error(to_scalar)
 
-    def ints(x: ts.int32[16], out: ts.int32[16]):
+    def shorts(x: ts.int16[16], out: ts.int16[16]):
         ts.vstore(out[0], ts.vload(x[0], 16))
 
-    assert "not supported" in _parse_error(ints)
+    assert "not supported" in _parse_error(shorts)
 
     def on_gpu(x: f32[16], out: f32[16]):
         ts.attrs.grid, ts.attrs.block = 1, 32
         out[0] = ts.vsum(ts.vload(x[0], 16))
 
     assert "only available in CPU kernels" in _parse_error(on_gpu, "cuda")
+
+
+def _word_ops(lanes: int):
+    u32, i32 = ts.uint32, ts.int32
+
+    @ts.kernel(target="cpu", name=f"word_ops{lanes}")
+    def word_ops(w: u32["N"], table: f32[lanes], shift: ts.int32, fields: f32["N"], mixed: u32["N"],
+                 signed: i32["N"], looked: f32["N"]):  # fmt: skip
+        tab = ts.vload(table[0], lanes)
+        for i in range(0, N, lanes):
+            r = min(lanes, N - i)
+            v = ts.vload(w[i], lanes, r)  # masked: lanes past N read as 0
+            field = ts.vand(ts.vshr(v, 4), ts.vbroadcast(0x3F, lanes, u32))  # bits 4..9: 0..63
+            ts.vstore(fields[i], ts.vfloat(ts.vbitcast(field, i32)), r)
+            mix = ts.vxor(ts.vor(ts.vshl(v, shift), ts.vshr(v, shift)), ts.vbroadcast(0x80000001, lanes, u32))
+            ts.vstore(mixed[i], ts.vsub(ts.vadd(mix, v), ts.vbroadcast(7, lanes, u32)), r)
+            ts.vstore(signed[i], ts.vshr(ts.vbitcast(v, i32), 3), r)  # arithmetic on int32
+            f = ts.vlookup(tab, v)  # the low bits pick the entry
+            flipped = ts.vxor(ts.vbitcast(f, u32), ts.vand(ts.vshl(v, 27), ts.vbroadcast(0x80000000, lanes, u32)))
+            ts.vstore(looked[i], ts.vbitcast(flipped, f32), r)
+
+    return word_ops
+
+
+@pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.parametrize("n", [1, 8, 13, 40])
+def test_integer_vectors_match_numpy(lanes, n):
+    """uint32 / int32 lanes: masked loads and stores, shifts by constants and by a runtime amount
+    (logical on uint32, arithmetic on int32), bit operations, wrapping add / sub, conversion to
+    float32, bit casts and table lookups, against numpy; several calls with fresh words."""
+    k = _word_ops(lanes)
+    rng = np.random.default_rng(n + lanes)
+    for shift in (0, 5, 31):
+        w = rng.integers(0, 2**32, n, dtype=np.uint32)
+        table = rng.standard_normal(lanes).astype(np.float32)
+        outs = [np.full(n + 1, 3, dt) for dt in (np.float32, np.uint32, np.int32, np.float32)]  # a guard at the end
+        k(w, table, shift, *[o[:n] for o in outs])
+        fields, mixed, signed, looked = outs
+        np.testing.assert_array_equal(fields[:n], ((w >> 4) & 0x3F).astype(np.float32))
+        ref = ((w << np.uint32(shift)) | (w >> np.uint32(shift))) ^ np.uint32(0x80000001)
+        np.testing.assert_array_equal(mixed[:n], ref + w - np.uint32(7))
+        np.testing.assert_array_equal(signed[:n], w.view(np.int32) >> 3)
+        sign = np.where((w >> 4) & 1, -1.0, 1.0).astype(np.float32)
+        np.testing.assert_array_equal(looked[:n], table[w & (lanes - 1)] * sign)
+        assert all(o[n] == 3 for o in outs)
+
+
+def test_integer_vector_misuse_is_a_clear_error():
+    lanes = LANES[0]
+
+    def float_of_uint(w: ts.uint32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vfloat(ts.vload(w[0], lanes)))
+
+    assert "vbitcast a uint32 vector to int32" in _parse_error(float_of_uint)
+
+    def and_of_floats(x: f32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vand(ts.vload(x[0], lanes), ts.vload(x[0], lanes)))
+
+    assert "int32 or uint32 vectors" in _parse_error(and_of_floats)
+
+    def fma_of_ints(w: ts.int32[16], out: ts.int32[16]):
+        v = ts.vload(w[0], lanes)
+        ts.vstore(out[0], ts.vfma(v, v, v))
+
+    assert "float32 vectors" in _parse_error(fma_of_ints)
+
+    def far_shift(w: ts.uint32[16], out: ts.uint32[16]):
+        ts.vstore(out[0], ts.vshl(ts.vload(w[0], lanes), 32))
+
+    assert "0..31" in _parse_error(far_shift)
+
+    def float_index(x: f32[16], out: f32[16]):
+        v = ts.vload(x[0], lanes)
+        ts.vstore(out[0], ts.vlookup(v, v))
+
+    assert "integer index vector" in _parse_error(float_index)
+
+    def fraction(w: ts.uint32[16], out: ts.uint32[16]):
+        ts.vstore(out[0], ts.vbroadcast(1.5, lanes, ts.uint32))
+
+    assert "not a uint32" in _parse_error(fraction)
+
+    def mixed_store(w: ts.uint32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vload(w[0], lanes))
+
+    assert "element type" in _parse_error(mixed_store)
 
 
 def test_isa_cap(monkeypatch):

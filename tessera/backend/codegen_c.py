@@ -14,6 +14,7 @@ from tessera.backend.c_math import C_MATH_HELPERS, VECTOR_MATH
 from tessera.backend.codegen_c_like import STATUS, CLikeCodegen, shared_helpers, symbol_name
 from tessera.backend.isa import cpu_isa, supports_lanes
 from tessera.errors import UnsupportedError
+from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
@@ -106,12 +107,14 @@ static inline float ts_hmax8(__m256 v) {
 #endif
 """
 
-# Vector intrinsics by lane count (float32): AVX-512 for 16 lanes, AVX2 + FMA for 8.
+# Vector intrinsics by lane count: AVX-512 for 16 lanes, AVX2 + FMA for 8; float32 lanes in
+# "type", int32 / uint32 lanes in "itype" (the whole register is "si").
 _V = {
-    16: {"type": "__m512", "p": "_mm512_", "mask": "(__mmask16)((1u << ({n})) - 1u)"},
-    8: {"type": "__m256", "p": "_mm256_", "mask": "ts_mask8({n})"},
+    16: {"type": "__m512", "itype": "__m512i", "si": "si512", "p": "_mm512_", "mask": "(__mmask16)((1u << ({n})) - 1u)"},
+    8: {"type": "__m256", "itype": "__m256i", "si": "si256", "p": "_mm256_", "mask": "ts_mask8({n})"},
 }
 _V_BINARY = {"vadd": "add_ps", "vsub": "sub_ps", "vmul": "mul_ps", "vmax": "max_ps", "vmin": "min_ps"}
+_V_INT_BINARY = {"vadd": "add_epi32", "vsub": "sub_epi32", "vand": "and_{si}", "vor": "or_{si}", "vxor": "xor_{si}"}
 
 
 class CCodegen(CLikeCodegen):
@@ -128,7 +131,8 @@ class CCodegen(CLikeCodegen):
         if not supports_lanes(t.lanes):
             raise UnsupportedError(f"{t} vectors need {'AVX-512' if t.lanes == 16 else 'AVX2'}, but the C kernels here "
                                    f"are built for {cpu_isa()} (tessera.backend.isa.vector_lanes() gives the width to use)")  # fmt: skip
-        return _V[t.lanes]
+        v = _V[t.lanes]
+        return v if t.dtype == dtypes.float32 else {**v, "type": v["itype"]}
 
     def scalar_type(self, t) -> str:
         if isinstance(t, VectorType):
@@ -156,6 +160,8 @@ class CCodegen(CLikeCodegen):
         vt = e.type if isinstance(e.type, VectorType) else e.args[0].type
         v, p = self.vector(vt), self.vector(vt)["p"]
         args = e.args
+        if e.func in ("vfloat", "vbitcast", "vlookup", "vshl", "vshr") or vt.dtype != dtypes.float32:
+            return self.integer_vector_call(e, v)
         if e.func == "vload":
             addr = self.expr(args[0])
             if len(args) == 1:
@@ -175,6 +181,36 @@ class CCodegen(CLikeCodegen):
             return f"_mm512_reduce_max_ps({a[0]})" if vt.lanes == 16 else f"ts_hmax8({a[0]})"
         raise UnsupportedError(f"{e.func}() is not available on the CPU")
 
+    def integer_vector_call(self, e: E.Call, v: dict[str, str]) -> str:
+        """The vector intrinsics of int32 / uint32 lanes, and those converting to and from them."""
+        p, si, wide = v["p"], v["si"], v["p"] == "_mm512_"
+        a = [self.expr(x) for x in e.args if not isinstance(x, E.Address)]
+        if e.func == "vload":
+            addr = self.expr(e.args[0])
+            if len(e.args) == 1:
+                return f"_mm512_loadu_si512((const void*)({addr}))" if wide else f"_mm256_loadu_si256((const __m256i*)({addr}))"
+            mask = v["mask"].format(n=a[0])
+            return f"_mm512_maskz_loadu_epi32({mask}, {addr})" if wide else f"_mm256_maskload_epi32((const int*)({addr}), {mask})"
+        if e.func == "vbroadcast":
+            return f"{p}set1_epi32((int32_t)({a[0]}))"
+        if e.func in _V_INT_BINARY:
+            return f"{p}{_V_INT_BINARY[e.func].format(si=si)}({a[0]}, {a[1]})"
+        if e.func in ("vshl", "vshr"):
+            op = "sll" if e.func == "vshl" else "srl" if e.args[0].type.dtype == dtypes.uint32 else "sra"
+            if isinstance(e.args[1], E.Const):
+                return f"{p}{op}i_epi32({a[0]}, {a[1]})"
+            return f"{p}{op}_epi32({a[0]}, _mm_cvtsi32_si128((int)({a[1]})))"
+        if e.func == "vfloat":
+            return f"{p}cvtepi32_ps({a[0]})"
+        if e.func == "vbitcast":
+            src, dst = e.args[0].type.dtype, e.type.dtype
+            if (src == dtypes.float32) == (dst == dtypes.float32):
+                return f"({a[0]})"
+            return f"{p}castps_{si}({a[0]})" if src == dtypes.float32 else f"{p}cast{si}_ps({a[0]})"
+        if e.func == "vlookup":
+            return f"_mm512_permutexvar_ps({a[1]}, {a[0]})" if wide else f"_mm256_permutevar8x32_ps({a[0]}, {a[1]})"
+        raise UnsupportedError(f"{e.func}() takes float32 vectors")
+
     def visit_Instruction(self, s: S.Instruction) -> None:
         if s.name == "prefetch":
             self.emit(f"__builtin_prefetch({self.expr(s.operands[0])}, {int(s.attrs['write'])}, {s.attrs['locality']});")
@@ -186,6 +222,16 @@ class CCodegen(CLikeCodegen):
         vt = value.type
         v = self.vector(vt)
         addr, val = self.expr(dst), self.expr(value)
+        if vt.dtype != dtypes.float32:
+            wide = vt.lanes == 16
+            if not count:
+                self.emit(f"_mm512_storeu_si512((void*)({addr}), {val});" if wide
+                          else f"_mm256_storeu_si256((__m256i*)({addr}), {val});")  # fmt: skip
+            else:
+                mask = v["mask"].format(n=self.expr(count[0]))
+                self.emit(f"_mm512_mask_storeu_epi32({addr}, {mask}, {val});" if wide
+                          else f"_mm256_maskstore_epi32((int*)({addr}), {mask}, {val});")  # fmt: skip
+            return
         if not count:
             self.emit(f"{v['p']}storeu_ps({addr}, {val});")
             return

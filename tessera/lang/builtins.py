@@ -97,7 +97,7 @@ ticket = Builtin("ticket", "instruction")
 # Low-bit weights (tessera.ir.lowbit): unpack packed uint32 words into fp16 mma fragments.
 dequant = Builtin("dequant", "instruction")
 
-# SIMD vectors (CPU kernels; tessera.ir.vector): values of type f32x16 / f32x8.
+# SIMD vectors (CPU kernels; tessera.ir.vector): values of type f32x16 / f32x8 (and int32 / uint32 lanes).
 vstore = Builtin("vstore", "instruction")
 prefetch = Builtin("prefetch", "instruction")
 vload = Builtin("vload", "vector")
@@ -106,6 +106,10 @@ vfma = Builtin("vfma", "vector")
 vadd, vsub, vmul = Builtin("vadd", "vector"), Builtin("vsub", "vector"), Builtin("vmul", "vector")
 vmax, vmin = Builtin("vmax", "vector"), Builtin("vmin", "vector")
 vsum, vreduce_max = Builtin("vsum", "vector"), Builtin("vreduce_max", "vector")
+# integer lanes (int32 / uint32): bit operations, conversion to float32 and table lookups
+vand, vor, vxor = Builtin("vand", "vector"), Builtin("vor", "vector"), Builtin("vxor", "vector")
+vshl, vshr = Builtin("vshl", "vector"), Builtin("vshr", "vector")
+vfloat, vbitcast, vlookup = Builtin("vfloat", "vector"), Builtin("vbitcast", "vector"), Builtin("vlookup", "vector")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))

@@ -50,7 +50,7 @@ class ParseError(Exception):
 def _vload_signature(src: Any, lanes: int, count: Any = None) -> None: ...
 
 
-def _vbroadcast_signature(value: Any, lanes: int) -> None: ...
+def _vbroadcast_signature(value: Any, lanes: int, dtype: Any = dtypes.float32) -> None: ...
 
 
 def is_py_scalar(v: Any) -> bool:
@@ -393,9 +393,24 @@ class ExpressionParser:
                                None if count is None else self.to_ir(count))  # fmt: skip
             if name == "vbroadcast":
                 bound = inspect.signature(_vbroadcast_signature).bind(*args, **kwargs).arguments
-                return V.vbroadcast(self.to_ir(bound["value"]), bound["lanes"])
+                dtype = bound.get("dtype", dtypes.float32)
+                if not isinstance(dtype, DataType):
+                    raise ParseError(f"vbroadcast()'s dtype must be a dtype such as ts.uint32, got {dtype!r}")
+                return V.vbroadcast(self.to_ir(bound["value"]), bound["lanes"], dtype)
             if kwargs:
                 raise ParseError(f"{name}() takes no keyword arguments")
+            if name in ("vshl", "vshr"):
+                if len(args) != 2:
+                    raise ParseError(f"{name}(vector, amount) takes 2 arguments, got {len(args)}")
+                return V.shift(name, self.to_ir(args[0]), self.to_ir(args[1]))
+            if name == "vbitcast":
+                if len(args) != 2 or not isinstance(args[1], DataType):
+                    raise ParseError("vbitcast(vector, dtype) takes a vector and a dtype such as ts.float32")
+                return V.bitcast(self.to_ir(args[0]), args[1])
+            if name == "vlookup":
+                if len(args) != 2:
+                    raise ParseError(f"vlookup(table, index) takes 2 arguments, got {len(args)}")
+                return V.lookup(self.to_ir(args[0]), self.to_ir(args[1]))
             return V.vector_call(name, [self.to_ir(a) for a in args])
         except TypeError as exc:  # a wrong signature, or an IR type error
             raise ParseError(f"{name}(): {exc}") from None

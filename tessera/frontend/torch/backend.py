@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from tessera.errors import TesseraError, UnsupportedError
@@ -54,14 +53,25 @@ from tessera.frontend.torch.convert import (
 )
 from tessera.frontend.torch.decompositions import decomposition_table
 from tessera.frontend.torch.keep_attention import keep_attention_whole
+from tessera.frontend.torch.segment import (
+    STORAGE_READERS,
+    Segment,
+    in_place_slots,
+    is_input_mutation,
+    leaves,
+    same_memory,
+    state_constant,
+    tensor_slots,
+    to_numpy,
+    with_traced_layout,
+)
 from tessera.graph import Executor, FlowGraph, Tensor
-from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
 from tessera.graph.compiler import compile_graph
 from tessera.graph.compiler.options import CompileOptions, parse_options
 from tessera.graph.passes import optimize
 from tessera.graph.symbolic import Sym, bind_shapes, contains_sym
 from tessera.ir.symbolic import evaluate_dim
-from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
+from tessera.ops.compiled import numpy_to_torch
 from tessera.progress import progress as show_progress
 
 log = logging.getLogger("tessera")
@@ -166,108 +176,6 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    a = torch_to_numpy(t)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)  # (ascontiguousarray makes 0-d arrays 1-d)
-
-
-def _state_constant(t: torch.Tensor, name: str) -> Tensor:
-    """Module state as a graph constant.  A CPU tensor's array views the module's memory, so the
-    constant copies it; a device tensor's is a fresh host copy already (no second copy of the
-    weights: a 1.1B Llama's are 2.2 GB)."""
-    return Tensor.constant(_to_numpy(t), name=name, copy=t.device.type == "cpu")
-
-
-def _leaves(value: Any) -> list:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _leaves(v)]
-    return [value]
-
-
-# Ops whose values depend on their input's memory layout, not only its elements: when tessera
-# computed that input, it is contiguous, so it is re-laid out as traced before torch runs them.
-_STORAGE_READERS = ("aten.as_strided.", "aten.as_strided_copy.", "aten.as_strided_scatter.")
-
-
-def _with_traced_layout(value: Any, meta: Any) -> Any:
-    """`value` with the strides and storage offset the traced graph gave it (`meta`)."""
-    if not isinstance(value, torch.Tensor) or not isinstance(meta, torch.Tensor):
-        return value
-    # Under dynamic shapes the traced strides are expressions: keep their order (from the example
-    # sizes) and lay the actual sizes out densely in it.
-    hint = [_concrete(st) for st in meta.stride()]
-    size, offset = tuple(value.shape), _concrete(meta.storage_offset())
-    stride = [0] * len(size)
-    step = 1
-    for i in sorted(range(len(size)), key=lambda i: (hint[i], i)):
-        stride[i] = step
-        step *= max(size[i], 1)
-    stride = tuple(stride) if any(isinstance(st, torch.SymInt) for st in meta.stride()) else tuple(hint)
-    if value.stride() == stride and value.storage_offset() == offset:
-        return value
-    extent = offset + 1 + sum((d - 1) * st for d, st in zip(size, stride) if d > 0)
-    laid = torch.empty(extent, dtype=value.dtype, device=value.device).as_strided(size, stride, offset)
-    return laid.copy_(value)
-
-
-def _concrete(v: Any) -> int:
-    """An int, or a SymInt's value in the example the graph was traced with."""
-    return int(v.node.hint) if isinstance(v, torch.SymInt) else int(v)
-
-
-def _is_input_mutation(n: torch.fx.Node) -> bool:
-    return n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
-
-
-def _tensor_slots(structure: Any) -> list[int]:
-    """The graph-output indices an output structure (see _Segment.output_structure) refers to."""
-    if isinstance(structure, tuple) and len(structure) == 2 and structure[0] in ("tensor", "const", "size"):
-        return [structure[1]] if structure[0] == "tensor" else []
-    if isinstance(structure, (tuple, list)):
-        return [j for s in structure for j in _tensor_slots(s)]
-    return []
-
-
-def _same_memory(a: Any, b: torch.Tensor) -> bool:
-    """Whether tensor `a` is `b`'s memory seen again (an update the compiled graph made in place
-    and returned as a view of the input)."""
-    return (isinstance(a, torch.Tensor) and a.device == b.device and a.data_ptr() == b.data_ptr()
-            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)  # fmt: skip
-
-
-def _in_place_slots(structure: list[Any], updates: dict[int, torch.fx.Node], cv: Converter,
-                    graph: FlowGraph) -> dict[int, int]:  # fmt: skip
-    """{graph output index: graph input index} of the updates (structure index -> placeholder)
-    whose new value is one graph output that nothing else returns."""
-    others = [j for k, s in enumerate(structure) if k not in updates for j in _tensor_slots(s)]
-    out = {}
-    for k, ph in updates.items():
-        slots = _tensor_slots(structure[k])
-        t = cv.env.get(ph)
-        if len(slots) == 1 and slots[0] not in others and isinstance(t, Tensor) and t in graph.inputs:
-            out[slots[0]] = graph.inputs.index(t)
-    return out
-
-
-class _Segment:
-    """A run of lowered nodes compiled into one FlowGraph."""
-
-    def __init__(self, nodes: list[torch.fx.Node]):
-        self.nodes = nodes
-        self.inputs: list[torch.fx.Node] = []
-        self.outputs: list[torch.fx.Node] = []
-        self.output_structure: list[Any] = []  # per output node: its value with tensors as leaf indices
-        self.graph: FlowGraph | None = None
-        self.executor: Executor | TesseraCompiledGraph | None = None
-        self.on_device = False  # a CUDA graph: torch tensors in and out
-        self.devices: list[torch.device] = []
-        self.size_outputs = False  # outputs include symbolic sizes (evaluated per call)
-        self.sym_inputs: dict[str, int] = {}  # symbol name -> index of a SymInt placeholder
-        # Graph outputs read only by input-mutation write-backs: the CUDA-graph replay may hand
-        # back its own buffers for them (copied into the inputs at once), not copies.
-        self.borrow: frozenset[int] = frozenset()
-
-
 class CompiledGraph:
     """The compiled ATen graph: the callable AOTAutograd's runtime wrapper calls with
     (module state..., user inputs...)."""
@@ -286,7 +194,7 @@ class CompiledGraph:
         index = {n: i for i, n in enumerate(self.placeholders)}
         # (input index, copy_ node): the graph's updates of its inputs.  The copy_ nodes lower
         # like aten.copy (the new value, cast and broadcast to the input); the call writes it.
-        self.mutations = [(index[n.args[0]], n) for n in gm.graph.nodes if _is_input_mutation(n)]
+        self.mutations = [(index[n.args[0]], n) for n in gm.graph.nodes if is_input_mutation(n)]
         self.static_inputs = frozenset(static_inputs)  # placeholder indices kept at one address by the caller
         mutated = {i for i, _ in self.mutations}
         self._state = {i: t for i, t in state.items() if i not in mutated}
@@ -330,7 +238,7 @@ class CompiledGraph:
             meta = meta_of(n)
             if isinstance(meta, torch.Tensor):
                 if i in self.static:
-                    cv.env[n] = _state_constant(values[i], n.name)
+                    cv.env[n] = state_constant(values[i], n.name)
                 elif only is None or n in only:
                     cv.env[n] = cv.add_input(n.name, meta)
             else:
@@ -366,7 +274,7 @@ class CompiledGraph:
                 continue
             meta = meta_of(n)
             if n.op == "get_attr":
-                cv.env[n] = _state_constant(getattr(gm, n.target), n.name)
+                cv.env[n] = state_constant(getattr(gm, n.target), n.name)
                 continue
             try:
                 cv.env[n] = cv.convert_node(n)
@@ -380,14 +288,14 @@ class CompiledGraph:
                 cv.env[n] = self._stand_in(cv, n, meta, reason)
         results = [self.output.args[0], *(v for _, v in self.mutations)]
         # symbolic sizes among the outputs are computed by running their FX nodes (segmented path)
-        sym_outputs = any(isinstance(cv.env.get(x), Sym) for x in _leaves(self.output.args[0]))
+        sym_outputs = any(isinstance(cv.env.get(x), Sym) for x in leaves(self.output.args[0]))
         if not unsupported and not sym_outputs:
-            seg = _Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
+            seg = Segment([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")])
             seg.inputs = [n for n in self.placeholders if isinstance(cv.env.get(n), Tensor) and not cv.env[n].is_constant]
             seg.outputs = [self.output, *(v for _, v in self.mutations)]
             self._finish(seg, cv, results, {1 + k: self.placeholders[i] for k, (i, _) in enumerate(self.mutations)})
-            user = set(_tensor_slots(seg.output_structure[0]))
-            seg.borrow = frozenset(j for s in seg.output_structure[1:] for j in _tensor_slots(s) if j not in user)
+            user = set(tensor_slots(seg.output_structure[0]))
+            seg.borrow = frozenset(j for s in seg.output_structure[1:] for j in tensor_slots(s) if j not in user)
             stats["segments"] += 1
             return [seg]
         steps = self._segments(unsupported, scalar, values)
@@ -415,34 +323,34 @@ class CompiledGraph:
         for n in calls:
             if n in unsupported:
                 if current:
-                    steps.append(_Segment(current))
+                    steps.append(Segment(current))
                     current = []
                 steps.append(n)
             elif n in scalar:
                 if n in needed:
                     if current and set(n.all_input_nodes) & set(current):  # it reads the open segment
-                        steps.append(_Segment(current))
+                        steps.append(Segment(current))
                         current = []
                     steps.append(n)
             else:
                 current.append(n)
         if current:
-            steps.append(_Segment(current))
+            steps.append(Segment(current))
         # Every value a segment defines and anything outside it reads is a segment output.
         outside_users: dict[torch.fx.Node, set] = {}
         for step in steps:
-            members = set(step.nodes) if isinstance(step, _Segment) else {step}
+            members = set(step.nodes) if isinstance(step, Segment) else {step}
             for n in members:
                 for u in n.users:
                     if u not in members:
                         outside_users.setdefault(n, set()).add(u)
         static_nodes = {self.placeholders[i] for i in self.static}
         for step in steps:
-            if not isinstance(step, _Segment):
+            if not isinstance(step, Segment):
                 continue
             members = set(step.nodes)
             step.outputs = [n for n in step.nodes if (outside_users.get(n) or n in mutation_sources)
-                            and any(isinstance(x, torch.Tensor) for x in _leaves(meta_of(n)))]  # fmt: skip
+                            and any(isinstance(x, torch.Tensor) for x in leaves(meta_of(n)))]  # fmt: skip
             ins: dict[torch.fx.Node, None] = {}
             for n in step.nodes:
                 for a in n.all_input_nodes:
@@ -459,21 +367,21 @@ class CompiledGraph:
                     cv.env[a] = self._stand_in(cv, a, meta_of(a), "")
             for n in gm.graph.nodes:
                 if n.op == "get_attr":
-                    cv.env[n] = _state_constant(getattr(gm, n.target), n.name)
+                    cv.env[n] = state_constant(getattr(gm, n.target), n.name)
                 elif n in scalar:
                     cv.env[n] = scalar_from_meta(meta_of(n))
             for n in step.nodes:
                 cv.env[n] = cv.convert_node(n)
             # Inputs in the order the graph lists them: placeholders first as seeded, then stand-ins.
             order = {t: i for i, t in enumerate(cv.inputs)}
-            step.inputs.sort(key=lambda a: min(order[t] for t in _leaves(cv.env[a]) if isinstance(t, Tensor)))
+            step.inputs.sort(key=lambda a: min(order[t] for t in leaves(cv.env[a]) if isinstance(t, Tensor)))
             updated = {v: self.placeholders[i] for i, v in self.mutations}
             self._finish(step, cv, list(step.outputs), {k: updated[n] for k, n in enumerate(step.outputs)
                                                         if n in updated and updated[n] in step.inputs})  # fmt: skip
             stats["segments"] += 1
         return steps
 
-    def _finish(self, seg: _Segment, cv: Converter, values: list[Any],
+    def _finish(self, seg: Segment, cv: Converter, values: list[Any],
                 updates: dict[int, torch.fx.Node] | None = None) -> None:  # fmt: skip
         """Build, optimize and prepare the segment's FlowGraph; record how outputs map back.
         `updates`: index in `values` -> the placeholder that value is written back into (an
@@ -497,7 +405,7 @@ class CompiledGraph:
         seg.output_structure = [index(v) for v in values]
         graph = cv.build(outs)
         optimize(graph)
-        sizes = [v for v in _leaves(seg.output_structure) if isinstance(v, Sym)]
+        sizes = [v for v in leaves(seg.output_structure) if isinstance(v, Sym)]
         unbound = {n for v in sizes for n in v.names} - set(graph.symbols()) - set(self._sym_placeholders())
         if unbound:
             raise UnsupportedError(f"graph outputs sizes over {sorted(unbound)}, which no input carries")
@@ -505,7 +413,7 @@ class CompiledGraph:
         bound = set(graph.symbols()) | set(self._sym_placeholders())
         for op in graph.operators:
             if contains_sym(list(op.attrs.values())):
-                names = {n for v in _leaves(list(op.attrs.values())) if isinstance(v, Sym) for n in v.names}
+                names = {n for v in leaves(list(op.attrs.values())) if isinstance(v, Sym) for n in v.names}
                 if names - bound:
                     reason = f"{op.kind} depends on sizes {sorted(names - bound)} that no input carries"
                     raise NodeError(cv.origin[op], reason) if op in cv.origin else UnsupportedError(reason)
@@ -518,7 +426,7 @@ class CompiledGraph:
             seg.executor = compile_graph(graph, target, optimize=False, cuda_graph=self.options.cuda_graph,
                                          tune=self.options.tune, progress=self.options.progress,
                                          arrays="torch" if target == "cuda" else "auto",
-                                         in_place=_in_place_slots(seg.output_structure, updates or {}, cv, graph),
+                                         in_place=in_place_slots(seg.output_structure, updates or {}, cv, graph),
                                          static_inputs=self._static_graph_inputs(cv, graph))  # fmt: skip
             seg.on_device = target == "cuda"
             summary = seg.executor.summary()
@@ -542,7 +450,7 @@ class CompiledGraph:
     @property
     def graphs(self) -> list[FlowGraph]:
         """The FlowGraphs of the lowered segments."""
-        return [s.graph for s in self.steps if isinstance(s, _Segment) and s.graph is not None]
+        return [s.graph for s in self.steps if isinstance(s, Segment) and s.graph is not None]
 
     # ---- reporting --------------------------------------------------------------------------
     def report(self) -> Any:
@@ -554,7 +462,7 @@ class CompiledGraph:
         report.outside = list(self.graph_breaks)
         if self.fallback_reason is not None:
             report.outside.append(("the whole graph", self.fallback_reason))
-        segments = [s for s in self.steps if isinstance(s, _Segment)]
+        segments = [s for s in self.steps if isinstance(s, Segment)]
         report.graphs = [s.executor.report() for s in segments if hasattr(s.executor, "report")]
         if self.options.executor == "reference":
             report.notes.append("executor='reference': the segments run in the numpy references, no kernels")
@@ -604,24 +512,24 @@ class CompiledGraph:
             return self.gm(*args)
         values: dict[torch.fx.Node, Any] = dict(zip(self.placeholders, args))
         for step in self.steps:
-            if isinstance(step, _Segment):
+            if isinstance(step, Segment):
                 self._run_segment(step, values, args)
             else:
                 values[step] = self._run_node(step, values)
         for i, n in self.mutations:
             # A copy_ that ran in torch, or an update computed in place, has written it already.
-            if values[n] is not args[i] and not _same_memory(values[n], args[i]):
+            if values[n] is not args[i] and not same_memory(values[n], args[i]):
                 args[i].copy_(values[n])  # on the input's device: no round trip through the host
         if self.output in values:  # the whole graph was one segment
             return values[self.output]
         return torch.fx.node.map_arg(self.output.args[0], lambda n: values[n])
 
-    def _run_segment(self, seg: _Segment, values: dict, args: tuple) -> None:
+    def _run_segment(self, seg: Segment, values: dict, args: tuple) -> None:
         arrays = []
         for n in seg.inputs:
-            for v in _leaves(values[n]):
+            for v in leaves(values[n]):
                 if isinstance(v, torch.Tensor):
-                    arrays.append(v if seg.on_device else _to_numpy(v))
+                    arrays.append(v if seg.on_device else to_numpy(v))
         symbols = {name: int(args[i]) for name, i in seg.sym_inputs.items()}
         results = seg.executor.execute(arrays, symbols, borrow=seg.borrow)
         if seg.size_outputs:
@@ -646,8 +554,8 @@ class CompiledGraph:
     def _run_node(self, n: torch.fx.Node, values: dict) -> Any:
         args = torch.fx.node.map_arg(n.args, lambda a: values[a])
         kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: values[a])
-        if n.op == "call_function" and str(n.target).startswith(_STORAGE_READERS) and isinstance(n.args[0], torch.fx.Node):
-            args = (_with_traced_layout(args[0], n.args[0].meta.get("val")), *args[1:])
+        if n.op == "call_function" and str(n.target).startswith(STORAGE_READERS) and isinstance(n.args[0], torch.fx.Node):
+            args = (with_traced_layout(args[0], n.args[0].meta.get("val")), *args[1:])
         if n.op == "call_function":
             return n.target(*args, **kwargs)
         raise TesseraError(f"cannot run node {n.op} {n.target}")
