@@ -85,6 +85,38 @@ def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
     assert not plans[0].constants[0].flags.writeable
 
 
+@pytest.mark.parametrize("weight,group,zp", [("int4", 128, False), ("uint3", 64, True), ("e2m1", 32, None),
+                                             ("e4m3", 128, None)])  # fmt: skip
+def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, weight, group, zp):
+    """Up to CPU_DECODE_ROWS rows of x the anchor runs make_linear_decode (no float32 copy of W),
+    beyond them the row kernel; both against the reference, split over 3 workers (N = 1031 rows
+    unevenly), K = 1100 ending in a part block, several calls with fresh inputs."""
+    from tessera.quant.anchor import CPU_DECODE_ROWS
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    consts, attrs, w = _operands(rng, weight, group, zp, 1031, 1100)
+    for m in (1, CPU_DECODE_ROWS, CPU_DECODE_ROWS + 1):
+        compiled = compile_graph(_lowbit_graph(consts, attrs, m), "cpu")
+        for _ in range(2):
+            x = rng.standard_normal((m, 1100)).astype(np.float32)
+            ref = x.astype(np.float64) @ w.T
+            np.testing.assert_allclose(compiled(x)[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        plans = [k.kernel.plan for step in compiled.steps if step.kind == "anchor" for k in step.prepared()]
+        assert len(plans) == 1 and plans[0].config[-1] == 3, plans
+        names = [launch.func.name for launch in plans[0].launches]
+        assert all(("_decode_" in name) == (m <= CPU_DECODE_ROWS) for name in names), names
+
+
+def test_e2m1_lookup_table_is_the_codecs_decode():
+    """The decode kernel's e2m1 lanes hold the codec's magnitudes; the wider floats have none."""
+    from tessera.kernels.lowbit_cpu import float_lanes_table
+    from tessera.quant.codecs import float_table
+
+    t = dtypes.dtype("e2m1")
+    assert float_lanes_table(t) == tuple(float_table(t)[:8])
+    assert all(float_lanes_table(dtypes.dtype(n)) is None for n in ("e2m3", "e3m2", "e4m3", "e5m2", "int4"))
+
+
 def test_row_layout_holds_every_code(rng):
     """Every width: the segments own each bit of a block's 8 * bits words once and name each of
     its 256 codes' bits once; whole fields for 7/8 of the codes where 32 % bits leaves a rest;

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 import tessera as ts
 from tessera import f16, f32, i32, u32
 from tessera.ir import lowbit
@@ -189,5 +191,114 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
                         for c in cols:
                             if m0 + r < M and tile * NR + c < N:
                                 Y[m0 + r, tile * NR + c] = ts.vsum(acc[r, c])
+
+    return linear
+
+
+FUSED_LANES = 8  # the decode-as-you-go kernel's vectors: every segment is a multiple of 8 codes (AVX2 and AVX-512)
+
+
+def float_lanes_table(wtype: DataType) -> tuple[float, ...] | None:
+    """The small float's magnitudes (codes without the sign) as float32, when they fit one
+    FUSED_LANES-entry lookup (e2m1: 8 magnitudes); None for the wider floats.  Computed with the
+    arithmetic decode of make_linear_rows (exponent and mantissa moved into a float32's, the
+    subnormals corrected), so both kernels read every code alike."""
+    if not wtype.is_float or 1 << (wtype.nbits - 1) > FUSED_LANES:
+        return None
+    fm, fbias = wtype.mantissa_bits, (1 << (wtype.exponent_bits - 1)) - 1
+    mag = np.arange(FUSED_LANES, dtype=np.uint32) % (1 << (wtype.nbits - 1))
+    v = ((mag << (23 - fm)) + ((127 - fbias) << 23)).astype(np.uint32).view(np.float32).astype(np.float64)
+    v = np.where(mag <= (1 << fm) - 1, 2 * v - 2.0 ** (1 - fbias), v)
+    return tuple(float(x) for x in v)
+
+
+@functools.cache
+def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int, mr: int) -> ts.Kernel:
+    """Y[m, n] = sum_k X[m, k] * W[n, k] for the few rows of a decode step (M <= mr), from the
+    row layout as make_linear_rows reads it, with no float32 copy of W: each run of 8 codes is
+    decoded in vector registers (uint32 words shifted and masked, the pieces OR-ed, converted) and
+    multiplied into every row's sum of its segment at once; a segment's sum meets its group's
+    scale once.  Per 8 codes the integers cost a shift, a mask, a conversion, a subtraction and
+    one multiply-add a row, where make_linear_rows stores the float32 code, reloads it and scales
+    it.  e2m1 reads its magnitude from a lookup of 8 lanes; the wider floats build the float32's
+    bits as make_linear_rows does.  Workers take contiguous runs of W's rows."""
+    from tessera.ir.vector import vector_type
+
+    BITS, GS, MR, L = wtype.nbits, group, mr, FUSED_LANES
+    SEGS = decode_segments(BITS, group)
+    if any((ko + j0) % L or (j1 - j0) % L for ko, j0, j1, *_ in SEGS):
+        raise ValueError(f"{wtype.name} at group {group}: the row layout's segments are not runs of {L} codes")
+    IS_FLOAT, LOOKUP = wtype.is_float, float_lanes_table(wtype) is not None
+    TABLE = tuple(enumerate(float_lanes_table(wtype) or (0.0,) * L))
+    offset = float(lowbit.code_offset(wtype))
+    FM = wtype.mantissa_bits if IS_FLOAT else 0
+    FBIAS = (1 << (wtype.exponent_bits - 1)) - 1 if IS_FLOAT else 0
+    FMAG, FBITS = (1 << (BITS - 1)) - 1, (127 - FBIAS) << 23
+    FSUB, FSCALE = 2.0 ** (1 - FBIAS), 2.0 ** -lowbit.float_shift(wtype) if IS_FLOAT else 1.0
+    rows = tuple(range(mr))
+    vt = vector_type(f32, L)
+    name = f"lowbit_decode_{wtype.name}_g{group}{'_b' if has_bias else ''}_m{mr}_t{threads}"
+
+    @ts.kernel(target="cpu", name=name)
+    def linear(X: f32["M", "K"], Wr: u32["N", "RW"], S: f16["N", "G"], B: f16["NB", "GB"], Y: f32["M", "N"]):
+        per = ts.ceil_div(N, threads)
+        full = K // 256  # blocks without codes past K; the last one's rows of X are read masked
+        for w in ts.parallel(threads):
+            acc = ts.register_tensor(vt, [MR])
+            part = ts.register_tensor(vt, [MR])
+            tab = ts.register_tensor(f32, [L])
+            for i, value in TABLE:
+                tab[i] = value
+            table = ts.vload(tab[0], L)  # (unused but by e2m1)
+            for n in range(w * per, min(N, w * per + per)):
+                for r in rows:
+                    acc[r] = ts.vbroadcast(0.0, L)
+                last = -1
+                s = 0.0
+                b = offset
+                for tail in (False, True):  # (two copies of the block: only the last block masks X)
+                    for kb in range(full if tail else 0, ts.ceil_div(K, 256) if tail else full):
+                        src = kb * 8 * BITS
+                        for ko, j0, j1, w0, s0, m0, l0, w1, s1, m1, l1, w2, s2, m2, l2 in SEGS:
+                            g = min((kb * 256 + ko + j0) // GS, G - 1)
+                            if g != last:
+                                s = ts.cast(S[n, g], f32) * FSCALE
+                                if has_bias:
+                                    b = ts.cast(B[n, g], f32)
+                                last = g
+                            for r in rows:
+                                part[r] = ts.vbroadcast(0.0, L)
+                            for j in range(j0, j1, L):
+                                u = ts.vbroadcast(0, L, u32)
+                                for wo, sh, m, low in ((w0, s0, m0, l0), (w1, s1, m1, l1), (w2, s2, m2, l2)):
+                                    if m:
+                                        piece = ts.vshr(ts.vload(Wr[n, src + wo + j], L), sh)
+                                        if sh + m.bit_length() < 32:
+                                            piece = ts.vand(piece, ts.vbroadcast(m, L, u32))
+                                        u = ts.vor(u, ts.vshl(piece, low)) if low else ts.vor(u, piece)
+                                v = ts.vbroadcast(0.0, L)  # (assigned below: names of a branch stay in it)
+                                if LOOKUP:
+                                    v = ts.vlookup(table, u)
+                                elif IS_FLOAT:
+                                    mag = ts.vand(u, ts.vbroadcast(FMAG, L, u32))
+                                    v = ts.vbitcast(ts.vadd(ts.vshl(mag, 23 - FM), ts.vbroadcast(FBITS, L, u32)), f32)
+                                    sub = ts.vshr(ts.vsub(mag, ts.vbroadcast(1 << FM, L, u32)), 31)  # 1: e = 0
+                                    v = ts.vfma(ts.vfloat(ts.vbitcast(sub, ts.int32)), ts.vsub(v, ts.vbroadcast(FSUB, L)), v)
+                                if IS_FLOAT:
+                                    sign = ts.vand(ts.vshl(u, 32 - BITS), ts.vbroadcast(0x80000000, L, u32))
+                                    v = ts.vbitcast(ts.vxor(ts.vbitcast(v, u32), sign), f32)
+                                else:
+                                    v = ts.vsub(ts.vfloat(ts.vbitcast(u, ts.int32)), ts.vbroadcast(b, L))
+                                k = kb * 256 + ko + j
+                                for r in rows:
+                                    xv = (ts.vload(X[min(r, M - 1), k], L, max(0, min(L, K - k))) if tail
+                                          else ts.vload(X[min(r, M - 1), k], L))  # fmt: skip
+                                    part[r] = ts.vfma(xv, v, part[r])
+                            sv = ts.vbroadcast(s, L)
+                            for r in rows:
+                                acc[r] = ts.vfma(part[r], sv, acc[r])
+                for r in rows:
+                    if r < M:
+                        Y[r, n] = ts.vsum(acc[r])
 
     return linear

@@ -241,6 +241,7 @@ def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
 
 
 CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
+CPU_DECODE_ROWS = 4  # up to this many rows of x, the CPU decodes W in registers (make_linear_decode)
 
 
 # Re-laid words per graph constant: a symbolic row count makes a plan per new M, and each would
@@ -274,7 +275,7 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], word
     """lowbit_linear on the CPU: float32 x [M, K], the epilogue fused into the stores; `words`
     is the operator's constant data (re-laid here, once), its input slot is never read, nor is
     a fifth (`inputs` 5: the fragment-order words a CUDA compile of the same graph added)."""
-    from tessera.kernels.lowbit_cpu import make_linear_rows
+    from tessera.kernels.lowbit_cpu import make_linear_decode, make_linear_rows
     from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
 
     t = dtypes.dtype(attrs["wtype"])
@@ -283,18 +284,21 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], word
     lanes = lanes_or_refuse()
     # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
     threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
-    mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS
     rows = cpu_row_words(words, attrs)
-    kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
-    f = make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir
-    f = specialize(f, {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n), "Wf": (threads, nr * kp)})
     ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32)
-    f = rename(fuse_epilogue(f, "Y", rows_of, ep), f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}")
     plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, inputs, len(ep.extras), target="cpu",
                       constants=[rows])  # fmt: skip
-    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0),
-             plan.workspace((threads, nr * kp), dtypes.float32),
-             *((EXTRA, i) for i in range(len(ep.extras)))]  # fmt: skip
-    plan.launches.append(Launch(f, slots))
-    plan.config = (mr, nr, lanes, threads)
+    shapes = {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n)}
+    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0)]
+    if m <= CPU_DECODE_ROWS:  # a decode step: the codes decoded in registers, no float32 copy of W
+        f = specialize(make_linear_decode(t, gs, bool(attrs["has_bias"]), threads, m).ir, shapes)
+        name, plan.config = f"lowbit_linear_cpu_{t.name}_decode_m{m}_t{threads}", (m, 1, 8, threads)
+    else:
+        mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS
+        kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
+        f = specialize(make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir,
+                       {**shapes, "Wf": (threads, nr * kp)})  # fmt: skip
+        name, plan.config = f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}", (mr, nr, lanes, threads)
+        slots.append(plan.workspace((threads, nr * kp), dtypes.float32))
+    plan.launches.append(Launch(rename(fuse_epilogue(f, "Y", rows_of, ep), name), [*slots, *((EXTRA, i) for i in range(len(ep.extras)))]))
     return plan
