@@ -32,6 +32,10 @@ C_PRELUDE = r"""
 #endif
 
 static inline float ts_h2f(uint16_t h) {
+#ifdef __F16C__
+  /* one vcvtph2ps, except for inf and NaN, whose payload (signalling bit included) is kept as is */
+  if (__builtin_expect((h & 0x7c00u) != 0x7c00u, 1)) return _cvtsh_ss(h);
+#endif
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
   if (exp == 0) {
     if (man == 0) { bits = sign; }
