@@ -1,11 +1,11 @@
-"""The CPU low-bit anchor (tessera.quant.anchor.plan_lowbit_linear_cpu: the row kernel of
+"""The CPU low-bit anchor (tessera.quant.anchor_cpu.plan_lowbit_linear_cpu: the row kernel of
 tessera/kernels/lowbit_cpu.py) against torch float32 `x @ w.T` with the dequantised weight, at
 decode sizes: fastest of --repeats calls each, the two interleaved (a loaded machine slows both).
 
     python3 bench/lowbit_cpu.py                        # int4 g128, M = 1 and 16, N = K = 1024, 2048, 4096
     python3 bench/lowbit_cpu.py --types int4,int3,int8 --sizes 4096 --threads 1 --out rows.jsonl
 
-At the decode sizes (M <= tessera.quant.anchor.CPU_DECODE_ROWS) the anchor decodes in registers
+At the decode sizes (M <= tessera.quant.anchor_cpu.CPU_DECODE_ROWS) the anchor decodes in registers
 (make_linear_decode); the row kernel it replaces there (make_linear_rows) is timed beside it.
 """
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from tessera.graph.opdefs.lowbit import dequantized_weight
     from tessera.ops.anchors.cpu_gemm import cpu_threads
-    from tessera.quant import anchor
+    from tessera.quant import anchor_cpu as anchor
     from tessera.quant.quantize import quantize_weight
     from tessera.quant.torch_quantize import QuantizedLinear
 

@@ -91,7 +91,7 @@ def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, w
     """Up to CPU_DECODE_ROWS rows of x the anchor runs make_linear_decode (no float32 copy of W),
     beyond them the row kernel; both against the reference, split over 3 workers (N = 1031 rows
     unevenly), K = 1100 ending in a part block, several calls with fresh inputs."""
-    from tessera.quant.anchor import CPU_DECODE_ROWS
+    from tessera.quant.anchor_cpu import CPU_DECODE_ROWS
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     consts, attrs, w = _operands(rng, weight, group, zp, 1031, 1100)
@@ -105,6 +105,51 @@ def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, w
         assert len(plans) == 1 and plans[0].config[-1] == 3, plans
         names = [launch.func.name for launch in plans[0].launches]
         assert all(("_decode_" in name) == (m <= CPU_DECODE_ROWS) for name in names), names
+
+
+@pytest.mark.parametrize("weight,group,k,kernel", [
+    ("int5", 12, 300, None), ("int5", 384, 1000, None), ("int4", 100, 1000, None),  # groups straddling blocks
+    ("uint3", 1, 40, "rows"), ("int4", 4, 264, "rows"),  # divisors of 256 below 8 codes: the row kernel
+    ("int6", None, 70, "decode"), ("e2m3", 512, 700, "decode")])  # fmt: skip
+def test_group_sizes_the_row_layout_cannot_cut_run_on_the_reference(rng, caplog, weight, group, k, kernel):
+    """The row-layout kernels cut their segments once for all 256-k blocks: groups that neither
+    divide 256 nor are multiples of it start elsewhere in each block, so those layers run on the
+    reference (logged), never on wrong scales; the others at M = 1 on the kernel named."""
+    zp = None if weight.startswith("e") else weight.startswith("u")
+    consts, attrs, w = _operands(rng, weight, group, zp, 13, k)
+    compiled = compile_graph(_lowbit_graph(consts, attrs, 1), "cpu")
+    for _ in range(2):
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        ref = x.astype(np.float64) @ w.T
+        np.testing.assert_allclose(compiled(x)[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    steps = compiled.summary()["steps"]
+    if kernel is None:
+        assert steps == {"reference": 1} and "runs in its numpy reference" in caplog.text, steps
+    else:
+        assert steps == {"anchor": 1}, steps
+        plans = [kk.kernel.plan for step in compiled.steps if step.kind == "anchor" for kk in step.prepared()]
+        assert ("_decode_" in plans[0].launches[0].func.name) == (kernel == "decode")
+
+
+@pytest.mark.parametrize("weight,group", [("int4", 16), ("uint5", 64), ("e2m1", None), ("e4m3", 32), ("int3", 12)])
+def test_eager_quantized_linear_on_the_cpu_runs_the_simd_kernels(rng, caplog, weight, group):
+    """QuantizedLinear called outside torch.compile on CPU tensors: the anchor's kernels (decode
+    rows and more), the reference kernel only for group sizes they do not take (logged once);
+    several shapes and calls against the float64 product with the dequantised weight."""
+    from tessera.quant import torch_quantize
+
+    layer = torch.nn.Linear(300, 37, bias=True)
+    q = ts.quantize(torch.nn.Sequential(layer), weight=weight, group_size=group)[0]
+    w = torch.from_numpy(q.weight_q.dequantize()).double()
+    torch_quantize._REFERENCE_LOGGED.clear()  # (logged once a process)
+    for shape in ((1, 300), (3, 300), (2, 5, 300), (1, 1, 300)):
+        for _ in range(2):
+            x = torch.randn(*shape)
+            with torch.no_grad():
+                got = q(x)
+            ref = x.double() @ w.T + q.bias.double()
+            torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert ("scalar reference kernel" in caplog.text) == (group == 12), caplog.text
 
 
 def test_e2m1_lookup_table_is_the_codecs_decode():

@@ -82,11 +82,23 @@ def row_segments(bits: int) -> tuple[tuple[int, int, tuple[Piece, ...]], ...]:
     return tuple(segments)
 
 
+def kernel_group(group: int, k: int) -> int | None:
+    """The group size the row-layout kernels take for groups of `group` k over K = k: a divisor
+    of 256 or a multiple of it as it is, per channel (group >= k) as the multiple of 256 that
+    covers K (one group either way); None for the other sizes, whose groups start at a different
+    place in each 256-k block (the kernels cut their segments once for every block)."""
+    if group >= k:
+        return -(-k // ROW_BLOCK) * ROW_BLOCK
+    return group if group > 0 and (ROW_BLOCK % group == 0 or group % ROW_BLOCK == 0) else None
+
+
 def decode_segments(bits: int, group: int) -> tuple[tuple[int, ...], ...]:
     """row_segments cut where a group of k starts (a segment's codes share one scale), as the
     kernel walks them: (k0, first j, end j, then word, shift, mask, low of 3 pieces, unused
-    ones with mask 0), per 256-k block."""
-    cut = min(group, ROW_BLOCK)  # (groups divide 256 or are multiples of it: lowbit_decode.group_ok)
+    ones with mask 0), per 256-k block; `group` divides 256 or is a multiple of it (kernel_group)."""
+    if ROW_BLOCK % group and group % ROW_BLOCK:
+        raise ValueError(f"group {group}: the row layout's kernels take divisors of {ROW_BLOCK} or multiples of it")
+    cut = min(group, ROW_BLOCK)
     out = []
     for k0, length, pieces in row_segments(bits):
         flat = tuple(v for w, sh, q, low in pieces for v in (w, sh, (1 << q) - 1, low)) + (0, 0, 0, 0) * (3 - len(pieces))

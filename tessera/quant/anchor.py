@@ -12,10 +12,7 @@ register-A kernel (tessera.kernels.lowbit_gemm_rs: dequantised straight into wgm
 registers); tuning picks (tessera.quant.tune, checked against the two passes), the two passes
 are the default without it.
 
-On the CPU (`plan_lowbit_linear_cpu`, float32 x) the row kernel of tessera.kernels.lowbit_cpu
-runs it: the graph's constant words are re-laid once at plan time into the CPU row layout
-(the tensor-core layout scatters a row's k over 32 lanes; SIMD decoding wants consecutive k),
-the scales and biases are read as they are.
+On the CPU the kernels of tessera.kernels.lowbit_cpu run it (tessera.quant.anchor_cpu).
 """
 
 from __future__ import annotations
@@ -23,16 +20,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes, lowbit
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
-from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec
+from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec
 from tessera.ops.anchors.rewrite import remap_operand, rename, retype_operand, specialize, unravel
 from tessera.quant.layout import padded_shape
 from tessera.quant.linear import DECODE_MAX_M
@@ -48,7 +42,7 @@ def _sms() -> int:
     return device_properties().sms
 
 
-def _rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...], Callable[..., tuple]]:
+def matrix_rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...], Callable[..., tuple]]:
     """(M, the output shape [..., N], the kernel's (row, column) -> output index): the kernels
     read x [..., K] as the [M, K] matrix of its rows, M the product of the leading sizes."""
     if not x_shape or x_shape[-1] != k:
@@ -69,7 +63,7 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
-    m, out_shape, rows_of = _rows(x_shape, n, k)
+    m, out_shape, rows_of = matrix_rows(x_shape, n, k)
     if k % 8:
         raise UnsupportedError(f"the low-bit kernel needs K % 8 == 0, got {k}")
     kpad = padded_shape(n, k)[1]
@@ -169,7 +163,7 @@ def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, sca
 
     t = dtypes.dtype(attrs["wtype"])
     n, k = attrs["n"], attrs["k"]
-    m, out_shape, rows_of = _rows(x_shape, n, k)
+    m, out_shape, rows_of = matrix_rows(x_shape, n, k)
     f = make_lowbit_gemm(t, group, bool(attrs["has_bias"]), config).ir
     f = specialize(f, {"A": (1, m, k), "Wq": (words,), "S": scales, "Z": biases, "C": (1, m, n)},
                    {"ctas": config.grid(m, n, 1, _sms())})  # fmt: skip
@@ -197,7 +191,7 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias = attrs["n"], attrs["k"], bool(attrs["has_bias"])
-    m, out_shape, rows_of = _rows(x_shape, n, k)
+    m, out_shape, rows_of = matrix_rows(x_shape, n, k)
     if config.epilogue == "tma" and (epilogue is not None or config.for_output(n).epilogue != "tma"):
         config = dataclasses.replace(config, epilogue="stmatrix")
     sms = _sms()
@@ -238,67 +232,3 @@ def _on_gpu() -> bool:
 
 def prepare_lowbit_linear(*args: Any, **kwargs: Any) -> AnchorKernel:
     return plan_lowbit_linear(*args, **kwargs).load()
-
-
-CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
-CPU_DECODE_ROWS = 4  # up to this many rows of x, the CPU decodes W in registers (make_linear_decode)
-
-
-# Re-laid words per graph constant: a symbolic row count makes a plan per new M, and each would
-# otherwise unpack and repack every weight again (keyed by the words array's id while it lives).
-_ROW_WORDS: dict[tuple, np.ndarray] = {}
-
-
-def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    """The CPU row kernel's weights from the graph operator's words: the same codes in the row
-    layout (tessera.quant.layout.pack_rows), made once per words array (read-only, shared by
-    the plans of every M)."""
-    from tessera.quant.layout import pack_rows, unpack_units
-
-    t = dtypes.dtype(attrs["wtype"])
-    key = (id(words), words.shape, t.name, attrs["n"], attrs["k"], attrs.get("span", 16))
-    rows = _ROW_WORDS.get(key)
-    if rows is None:
-        rows = pack_rows(unpack_units(words, t, attrs["n"], attrs["k"], attrs.get("span", 16)), t)
-        rows.flags.writeable = False
-        try:
-            weakref.finalize(words, _ROW_WORDS.pop, key, None)  # (an id is reused once its array is gone)
-        except TypeError:  # not weak-referenceable: no cache
-            return rows
-        _ROW_WORDS[key] = rows
-    return rows
-
-
-def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], words: np.ndarray,
-                           scales: tuple[int, int], biases: tuple[int, int],
-                           epilogue: Epilogue | None = None, inputs: int = 4) -> AnchorPlan:  # fmt: skip
-    """lowbit_linear on the CPU: float32 x [M, K], the epilogue fused into the stores; `words`
-    is the operator's constant data (re-laid here, once), its input slot is never read, nor is
-    a fifth (`inputs` 5: the fragment-order words a CUDA compile of the same graph added)."""
-    from tessera.kernels.lowbit_cpu import make_linear_decode, make_linear_rows
-    from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
-
-    t = dtypes.dtype(attrs["wtype"])
-    n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
-    m, out_shape, rows_of = _rows(x_shape, n, k)
-    lanes = lanes_or_refuse()
-    # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
-    threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
-    rows = cpu_row_words(words, attrs)
-    ep = epilogue if epilogue is not None else identity_epilogue(out_shape, dtypes.float32)
-    plan = AnchorPlan("lowbit_linear", [], out_shape, ep.output.dtype, inputs, len(ep.extras), target="cpu",
-                      constants=[rows])  # fmt: skip
-    shapes = {"X": (m, k), "Wr": rows.shape, "S": scales, "B": biases, "Y": (m, n)}
-    slots = [(INPUT, 0), (CONSTANT, 0), (INPUT, 2), (INPUT, 3), (OUTPUT, 0)]
-    if m <= CPU_DECODE_ROWS:  # a decode step: the codes decoded in registers, no float32 copy of W
-        f = specialize(make_linear_decode(t, gs, bool(attrs["has_bias"]), threads, m).ir, shapes)
-        name, plan.config = f"lowbit_linear_cpu_{t.name}_decode_m{m}_t{threads}", (m, 1, 8, threads)
-    else:
-        mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS
-        kp = -(-k // lowbit.UNIT_K) * lowbit.UNIT_K
-        f = specialize(make_linear_rows(t, gs, bool(attrs["has_bias"]), lanes, threads, mr, nr).ir,
-                       {**shapes, "Wf": (threads, nr * kp)})  # fmt: skip
-        name, plan.config = f"lowbit_linear_cpu_{t.name}_{mr}x{nr}_t{threads}", (mr, nr, lanes, threads)
-        slots.append(plan.workspace((threads, nr * kp), dtypes.float32))
-    plan.launches.append(Launch(rename(fuse_epilogue(f, "Y", rows_of, ep), name), [*slots, *((EXTRA, i) for i in range(len(ep.extras)))]))
-    return plan

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -21,10 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError
 from tessera.quant import codecs
+from tessera.quant.anchor_cpu import cpu_kernels_take, cpu_linear
 from tessera.quant.linear import cpu_matmul, cuda_matmul, prepare
 from tessera.quant.quantize import QuantizedWeight, quantize_weight
+
+log = logging.getLogger("tessera")
 
 _REGISTRY: dict[int, QuantizedLinear] = {}  # the op's integer handle -> layer (weights are not tensors)
 _IDS = itertools.count(1)
@@ -99,7 +104,13 @@ class QuantizedLinear(torch.nn.Module):
                 p = self._prepared[key] = prepare(self.weight_q, key)
             y = cuda_matmul(x.to(torch.float16).contiguous(), p)
             return y.to(x.dtype)
-        y = cpu_matmul(x.detach().float().numpy(), self.weight_q)
+        x32 = x.detach().float().numpy()
+        consts, attrs = self.graph_operands()
+        if cpu_kernels_take(attrs):
+            y = cpu_linear(x32, consts, attrs)
+        else:
+            _log_reference_once(self.weight_q.group_size)
+            y = cpu_matmul(x32, self.weight_q)
         return torch.from_numpy(y).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +127,18 @@ class QuantizedLinear(torch.nn.Module):
         w = self.weight_q
         g = "per channel" if w.group_size >= self.in_features else f"group {w.group_size}"
         return f"{self.in_features} -> {self.out_features}, {w.dtype}, {g}, zeros={w.zeros is not None}"
+
+
+_REFERENCE_LOGGED = threading.Event()
+
+
+def _log_reference_once(group_size: int) -> None:
+    if not _REFERENCE_LOGGED.is_set():
+        _REFERENCE_LOGGED.set()
+        why = "this CPU has no AVX2" if vector_lanes() == 1 else f"its SIMD kernels do not take group size {group_size}"
+        log.warning("tessera: %s: QuantizedLinear runs the scalar reference kernel on the CPU (tessera.kernels."
+                    "lowbit_cpu.make_linear_cpu), many times slower; groups that divide 256 or are multiples of it "
+                    "run the SIMD kernels", why)  # fmt: skip
 
 
 def quantize(model: torch.nn.Module, weight: str = "int4", group_size: int | None = 128,

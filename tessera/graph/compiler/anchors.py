@@ -67,8 +67,10 @@ def _is_cpu_anchor(op: Operator) -> bool:
         return True
     if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
-    if op.kind == "lowbit_linear":  # the row kernel (tessera.kernels.lowbit_cpu), built per M like the GPU's
-        return _is_lowbit_anchor(op, dtypes.float32)
+    if op.kind == "lowbit_linear":  # the row-layout kernels (tessera.kernels.lowbit_cpu), built per M like the GPU's
+        from tessera.quant.anchor_cpu import cpu_kernels_take
+
+        return _is_lowbit_anchor(op, dtypes.float32) and cpu_kernels_take(op.attrs)
     if op.kind == "scaled_dot_product_attention":
         qkv, mask = op.inputs[:3], op.inputs[3:]
         static = all(isinstance(d, int) for t in op.inputs for d in t.shape)
@@ -174,7 +176,7 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
     from tessera.ops.anchors.conv import _pads, _pair
 
     if op.kind == "lowbit_linear":
-        from tessera.quant.anchor import plan_lowbit_linear_cpu
+        from tessera.quant.anchor_cpu import plan_lowbit_linear_cpu
 
         return plan_lowbit_linear_cpu(in_shapes[0], op.attrs, op.inputs[1].data, in_shapes[2], in_shapes[3],
                                       epilogue, len(op.inputs)).load()  # fmt: skip

@@ -110,7 +110,8 @@ LOWERINGS: dict[str, Lowering] = {
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
 NOT_LOWERED: dict[str, str] = {
     "lowbit_linear": "lowbit_linear runs on its anchors only (the CUDA decode kernel for float16 x, the CPU row "
-    "kernel for float32 x); other dtypes, or a CPU without AVX2, on its reference",
+    "kernels for float32 x); other dtypes, a CPU without AVX2, or on the CPU a group size that neither divides 256 "
+    "nor is a multiple of it, on its reference",
 }
 
 
