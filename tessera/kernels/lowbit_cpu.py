@@ -240,6 +240,9 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
     SEGS = decode_segments(BITS, group)
     if any((ko + j0) % L or (j1 - j0) % L for ko, j0, j1, *_ in SEGS):
         raise ValueError(f"{wtype.name} at group {group}: the row layout's segments are not runs of {L} codes")
+    cut = min(group, ROW_BLOCK)
+    RUNS = tuple((ka, tuple(sg for sg in SEGS if (sg[0] + sg[1]) // cut == ka // cut))
+                 for ka in sorted({(ko + j0) // cut * cut for ko, j0, *_ in SEGS}))  # fmt: skip
     IS_FLOAT, LOOKUP = wtype.is_float, float_lanes_table(wtype) is not None
     TABLE = tuple(enumerate(float_lanes_table(wtype) or (0.0,) * L))
     offset = float(lowbit.code_offset(wtype))
@@ -271,8 +274,8 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
                 for tail in (False, True):  # (two copies of the block: only the last block masks X)
                     for kb in range(full if tail else 0, ts.ceil_div(K, 256) if tail else full):
                         src = kb * 8 * BITS
-                        for ko, j0, j1, w0, s0, m0, l0, w1, s1, m1, l1, w2, s2, m2, l2 in SEGS:
-                            g = min((kb * 256 + ko + j0) // GS, G - 1)
+                        for ka, run in RUNS:  # segments of one group: one scale, one sum
+                            g = min((kb * 256 + ka) // GS, G - 1)
                             if g != last:
                                 s = ts.cast(S[n, g], f32) * FSCALE
                                 if has_bias:
@@ -280,32 +283,33 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
                                 last = g
                             for r in rows:
                                 part[r] = ts.vbroadcast(0.0, L)
-                            for j in range(j0, j1, L):
-                                u = ts.vbroadcast(0, L, u32)
-                                for wo, sh, m, low in ((w0, s0, m0, l0), (w1, s1, m1, l1), (w2, s2, m2, l2)):
-                                    if m:
-                                        piece = ts.vshr(ts.vload(Wr[n, src + wo + j], L), sh)
-                                        if sh + m.bit_length() < 32:
-                                            piece = ts.vand(piece, ts.vbroadcast(m, L, u32))
-                                        u = ts.vor(u, ts.vshl(piece, low)) if low else ts.vor(u, piece)
-                                v = ts.vbroadcast(0.0, L)  # (assigned below: names of a branch stay in it)
-                                if LOOKUP:
-                                    v = ts.vlookup(table, u)
-                                elif IS_FLOAT:
-                                    mag = ts.vand(u, ts.vbroadcast(FMAG, L, u32))
-                                    v = ts.vbitcast(ts.vadd(ts.vshl(mag, 23 - FM), ts.vbroadcast(FBITS, L, u32)), f32)
-                                    sub = ts.vshr(ts.vsub(mag, ts.vbroadcast(1 << FM, L, u32)), 31)  # 1: e = 0
-                                    v = ts.vfma(ts.vfloat(ts.vbitcast(sub, ts.int32)), ts.vsub(v, ts.vbroadcast(FSUB, L)), v)
-                                if IS_FLOAT:
-                                    sign = ts.vand(ts.vshl(u, 32 - BITS), ts.vbroadcast(0x80000000, L, u32))
-                                    v = ts.vbitcast(ts.vxor(ts.vbitcast(v, u32), sign), f32)
-                                else:
-                                    v = ts.vsub(ts.vfloat(ts.vbitcast(u, ts.int32)), ts.vbroadcast(b, L))
-                                k = kb * 256 + ko + j
-                                for r in rows:
-                                    xv = (ts.vload(X[min(r, M - 1), k], L, max(0, min(L, K - k))) if tail
-                                          else ts.vload(X[min(r, M - 1), k], L))  # fmt: skip
-                                    part[r] = ts.vfma(xv, v, part[r])
+                            for ko, j0, j1, w0, s0, m0, l0, w1, s1, m1, l1, w2, s2, m2, l2 in run:
+                                for j in range(j0, j1, L):
+                                    u = ts.vbroadcast(0, L, u32)
+                                    for wo, sh, m, low in ((w0, s0, m0, l0), (w1, s1, m1, l1), (w2, s2, m2, l2)):
+                                        if m:
+                                            piece = ts.vshr(ts.vload(Wr[n, src + wo + j], L), sh)
+                                            if sh + m.bit_length() < 32:
+                                                piece = ts.vand(piece, ts.vbroadcast(m, L, u32))
+                                            u = ts.vor(u, ts.vshl(piece, low)) if low else ts.vor(u, piece)
+                                    v = ts.vbroadcast(0.0, L)  # (assigned below: names of a branch stay in it)
+                                    if LOOKUP:
+                                        v = ts.vlookup(table, u)
+                                    elif IS_FLOAT:
+                                        mag = ts.vand(u, ts.vbroadcast(FMAG, L, u32))
+                                        v = ts.vbitcast(ts.vadd(ts.vshl(mag, 23 - FM), ts.vbroadcast(FBITS, L, u32)), f32)
+                                        sub = ts.vshr(ts.vsub(mag, ts.vbroadcast(1 << FM, L, u32)), 31)  # 1: e = 0
+                                        v = ts.vfma(ts.vfloat(ts.vbitcast(sub, ts.int32)), ts.vsub(v, ts.vbroadcast(FSUB, L)), v)
+                                    if IS_FLOAT:
+                                        sign = ts.vand(ts.vshl(u, 32 - BITS), ts.vbroadcast(0x80000000, L, u32))
+                                        v = ts.vbitcast(ts.vxor(ts.vbitcast(v, u32), sign), f32)
+                                    else:
+                                        v = ts.vsub(ts.vfloat(ts.vbitcast(u, ts.int32)), ts.vbroadcast(b, L))
+                                    k = kb * 256 + ko + j
+                                    for r in rows:
+                                        xv = (ts.vload(X[min(r, M - 1), k], L, max(0, min(L, K - k))) if tail
+                                              else ts.vload(X[min(r, M - 1), k], L))  # fmt: skip
+                                        part[r] = ts.vfma(xv, v, part[r])
                             sv = ts.vbroadcast(s, L)
                             for r in rows:
                                 acc[r] = ts.vfma(part[r], sv, acc[r])
