@@ -103,6 +103,7 @@ from tessera.lang.builtins import (
     vbitcast,
     vbroadcast,
     vfloat,
+    vfloat16,
     vfma,
     vload,
     vlookup,
@@ -140,7 +141,7 @@ __all__ = [
     "mbarrier_init", "fence_mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
     "tma_load", "tma_store", "tma_store_wait", "setmaxnreg", "syncwarp", "cluster_sync", "load_cluster", "tma_load_multicast", "mbarrier_arrive_cluster", "signal_flag", "wait_flag", "reduce_add", "ticket", "explain", "named_barrier_sync", "named_barrier_arrive",
     "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",
-    "vsum", "vreduce_max", "vand", "vor", "vxor", "vshl", "vshr", "vfloat", "vbitcast", "vlookup", "prefetch", "dequant",
+    "vsum", "vreduce_max", "vand", "vor", "vxor", "vshl", "vshr", "vfloat", "vfloat16", "vbitcast", "vlookup", "prefetch", "dequant",
 ]  # fmt: skip
 
 

@@ -156,6 +156,25 @@ def test_integer_vectors_match_numpy(lanes, n):
         assert all(o[n] == 3 for o in outs)
 
 
+@pytest.mark.parametrize("lanes", LANES)
+def test_vfloat16_reads_every_half_bit_pattern(lanes):
+    """vfloat16: each lane's low 16 bits as float16, exactly (subnormals, infinities, NaN),
+    whatever the high 16 bits hold."""
+    @ts.kernel(target="cpu", name=f"halves{lanes}")
+    def halves(w: ts.uint32["N"], out: f32["N"]):
+        for i in range(0, N, lanes):
+            ts.vstore(out[i], ts.vfloat16(ts.vload(w[i], lanes)))
+
+    bits = np.arange(2**16, dtype=np.uint32)
+    noise = np.random.default_rng(lanes).integers(0, 2**16, bits.size, dtype=np.uint32) << np.uint32(16)
+    out = np.empty(bits.size, np.float32)
+    halves(bits | noise, out)
+    ref = bits.astype(np.uint16).view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
 def test_integer_vector_misuse_is_a_clear_error():
     lanes = LANES[0]
 
@@ -190,6 +209,11 @@ def test_integer_vector_misuse_is_a_clear_error():
         ts.vstore(out[0], ts.vbroadcast(1.5, lanes, ts.uint32))
 
     assert "not a uint32" in _parse_error(fraction)
+
+    def half_of_floats(x: f32[16], out: f32[16]):
+        ts.vstore(out[0], ts.vfloat16(ts.vload(x[0], lanes)))
+
+    assert "float16 bits from int32 or uint32 lanes" in _parse_error(half_of_floats)
 
     def mixed_store(w: ts.uint32[16], out: f32[16]):
         ts.vstore(out[0], ts.vload(w[0], lanes))

@@ -152,6 +152,29 @@ def test_eager_quantized_linear_on_the_cpu_runs_the_simd_kernels(rng, caplog, we
     assert ("scalar reference kernel" in caplog.text) == (group == 12), caplog.text
 
 
+@pytest.mark.parametrize("weight,decades", [("e4m3", 5), ("e2m3", 3), ("e5m2", 12)])
+def test_subnormal_float_codes_decode_exactly_with_denormals_flushed(rng, weight, decades):
+    """The decode kernel converts the wider floats through float16 (vcvtph2ps): subnormal codes
+    keep their values when the thread flushes float32 denormals (torch.set_flush_denormal)."""
+    t = dtypes.dtype(weight)
+    # a wide range of magnitudes within each group: many codes land in the subnormal range
+    q = quantize_weight(rng.standard_normal((11, 264)) * 10.0 ** rng.uniform(-decades, 0, (11, 264)), weight, 32)
+    codes = q.codes.codes()
+    exponent = (codes >> t.mantissa_bits) & ((1 << t.exponent_bits) - 1)
+    assert ((exponent == 0) & (codes & ((1 << t.mantissa_bits) - 1) != 0)).sum() > 20
+    consts, attrs = QuantizedLinear(q).graph_operands()
+    w = dequantized_weight(*consts, attrs)
+    compiled = compile_graph(_lowbit_graph(consts, attrs, 1), "cpu")
+    x = rng.standard_normal((1, 264)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.T
+    assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
+    try:
+        got = compiled(x)[0]
+    finally:
+        torch.set_flush_denormal(False)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def test_e2m1_lookup_table_is_the_codecs_decode():
     """The decode kernel's e2m1 lanes hold the codec's magnitudes; the wider floats have none."""
     from tessera.kernels.lowbit_cpu import float_lanes_table

@@ -98,6 +98,12 @@ static inline float ts_bfloat16_of_bits(uint16_t u) { return ts_bf2f(u); }
 static inline __m256i ts_mask8(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+/* The float16 bits in the low half of each of 8 int32 lanes, as 8 float32 (vcvtph2ps). */
+static inline __m256 ts_half_lanes8(__m256i v) {
+  const __m256i low = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                       0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, low), 0x08)));
+}
 static inline float ts_hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -164,7 +170,7 @@ class CCodegen(CLikeCodegen):
         vt = e.type if isinstance(e.type, VectorType) else e.args[0].type
         v, p = self.vector(vt), self.vector(vt)["p"]
         args = e.args
-        if e.func in ("vfloat", "vbitcast", "vlookup", "vshl", "vshr") or vt.dtype != dtypes.float32:
+        if e.func in ("vfloat", "vfloat16", "vbitcast", "vlookup", "vshl", "vshr") or vt.dtype != dtypes.float32:
             return self.integer_vector_call(e, v)
         if e.func == "vload":
             addr = self.expr(args[0])
@@ -206,6 +212,8 @@ class CCodegen(CLikeCodegen):
             return f"{p}{op}_epi32({a[0]}, _mm_cvtsi32_si128((int)({a[1]})))"
         if e.func == "vfloat":
             return f"{p}cvtepi32_ps({a[0]})"
+        if e.func == "vfloat16":  # each lane's low 16 bits, packed, then vcvtph2ps
+            return f"_mm512_cvtph_ps(_mm512_cvtepi32_epi16({a[0]}))" if wide else f"ts_half_lanes8({a[0]})"
         if e.func == "vbitcast":
             src, dst = e.args[0].type.dtype, e.type.dtype
             if (src == dtypes.float32) == (dst == dtypes.float32):

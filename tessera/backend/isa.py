@@ -37,7 +37,7 @@ def _hardware_isa() -> str:
     flags = _cpu_flags()
     if {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags:
         return "avx512"
-    if {"avx2", "fma"} <= flags:
+    if {"avx2", "fma", "f16c"} <= flags:  # (F16C: every AVX2 CPU has it; vfloat16 needs it)
         return "avx2"
     return "scalar"
 

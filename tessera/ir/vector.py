@@ -19,6 +19,8 @@ Integer vectors (int32 / uint32 lanes: a low-bit weight's words, decoded in regi
     vshl(a, n), vshr(a, n)        shifts by a scalar n in 0..31 (vshr: logical on uint32,
                                   arithmetic on int32)
     vfloat(a)                     int32 lanes to float32 (rounded to nearest)
+    vfloat16(a)                   the float16 bit pattern in each lane's low 16 bits to float32
+                                  (exact, subnormals included; F16C's vcvtph2ps)
     vbitcast(a, dtype)            the same bits read as float32, int32 or uint32
     vlookup(table, idx)           table[idx & (lanes - 1)] per lane: a float32 vector of `lanes`
                                   entries indexed by the low bits of an integer vector
@@ -40,8 +42,8 @@ _FLOAT_ONLY = ("vmul", "vmax", "vmin", "vfma", "vsum", "vreduce_max")
 _BITWISE = ("vand", "vor", "vxor")
 _SHIFTS = ("vshl", "vshr")
 _REDUCE = ("vsum", "vreduce_max")
-VECTOR_CALLS = ("vload", "vbroadcast", "vfma", *_ELEMENTWISE, *_REDUCE, *_BITWISE, *_SHIFTS, "vfloat", "vbitcast",
-                "vlookup")
+VECTOR_CALLS = ("vload", "vbroadcast", "vfma", *_ELEMENTWISE, *_REDUCE, *_BITWISE, *_SHIFTS, "vfloat", "vfloat16",
+                "vbitcast", "vlookup")
 
 
 class VectorTypeError(E.IRTypeError):
@@ -102,10 +104,10 @@ def vbroadcast(value: E.Expr, lanes: int, dtype: dtypes.DataType = dtypes.float3
 
 
 def vector_call(name: str, args: list[E.Expr]) -> E.Call:
-    """One of vfma, vadd, vsub, vmul, vmax, vmin, vsum, vreduce_max, vand, vor, vxor, vfloat on
-    vector operands (the shifts, vbitcast and vlookup have functions of their own)."""
+    """One of vfma, vadd, vsub, vmul, vmax, vmin, vsum, vreduce_max, vand, vor, vxor, vfloat,
+    vfloat16 on vector operands (the shifts, vbitcast and vlookup have functions of their own)."""
     arity = (3 if name == "vfma" else 2 if name in _ELEMENTWISE or name in _BITWISE
-             else 1 if name in _REDUCE or name == "vfloat" else None)  # fmt: skip
+             else 1 if name in _REDUCE or name in ("vfloat", "vfloat16") else None)  # fmt: skip
     if arity is None:
         raise VectorTypeError(f"unknown vector intrinsic {name!r}; known: {list(VECTOR_CALLS)}")
     if len(args) != arity:
@@ -123,6 +125,10 @@ def vector_call(name: str, args: list[E.Expr]) -> E.Call:
         if dtype != dtypes.int32:
             raise VectorTypeError(f"vfloat() converts int32 lanes, got {types[0]} (vbitcast a uint32 vector to int32 "
                                   "when its values are below 2**31)")  # fmt: skip
+        return E.Call(name, tuple(args), VectorType(dtypes.float32, types[0].lanes))
+    if name == "vfloat16":
+        if dtype == dtypes.float32:
+            raise VectorTypeError(f"vfloat16() reads float16 bits from int32 or uint32 lanes, got {types[0]}")
         return E.Call(name, tuple(args), VectorType(dtypes.float32, types[0].lanes))
     rtype = dtype if name in _REDUCE else types[0]
     return E.Call(name, tuple(args), rtype)

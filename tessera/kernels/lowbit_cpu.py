@@ -232,8 +232,10 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
     multiplied into every row's sum of its segment at once; a segment's sum meets its group's
     scale once.  Per 8 codes the integers cost a shift, a mask, a conversion, a subtraction and
     one multiply-add a row, where make_linear_rows stores the float32 code, reloads it and scales
-    it.  e2m1 reads its magnitude from a lookup of 8 lanes; the wider floats build the float32's
-    bits as make_linear_rows does.  Workers take contiguous runs of W's rows."""
+    it.  e2m1 reads its magnitude from a lookup of 8 lanes; the wider floats move their fields
+    into float16 bits and convert those (vfloat16: exact, subnormal codes included, whatever the
+    denormal mode; about half the operations of make_linear_rows' float32 bit building).  Workers
+    take contiguous runs of W's rows."""
     from tessera.ir.vector import vector_type
 
     BITS, GS, MR, L = wtype.nbits, group, mr, FUSED_LANES
@@ -243,13 +245,15 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
     cut = min(group, ROW_BLOCK)
     RUNS = tuple((ka, tuple(sg for sg in SEGS if (sg[0] + sg[1]) // cut == ka // cut))
                  for ka in sorted({(ko + j0) // cut * cut for ko, j0, *_ in SEGS}))  # fmt: skip
-    IS_FLOAT, LOOKUP = wtype.is_float, float_lanes_table(wtype) is not None
+    LOOKUP = float_lanes_table(wtype) is not None
+    HALF = wtype.is_float and not LOOKUP
     TABLE = tuple(enumerate(float_lanes_table(wtype) or (0.0,) * L))
     offset = float(lowbit.code_offset(wtype))
-    FM = wtype.mantissa_bits if IS_FLOAT else 0
-    FBIAS = (1 << (wtype.exponent_bits - 1)) - 1 if IS_FLOAT else 0
-    FMAG, FBITS = (1 << (BITS - 1)) - 1, (127 - FBIAS) << 23
-    FSUB, FSCALE = 2.0 ** (1 - FBIAS), 2.0 ** -lowbit.float_shift(wtype) if IS_FLOAT else 1.0
+    # the wider floats as float16 (vfloat16): the code's exponent field is the half's (as on the
+    # GPU), so the half is the value * 2**-float_shift, which the layout's scales carry already
+    FM = wtype.mantissa_bits if wtype.is_float else 0
+    FMAG, HM, HS = (1 << (BITS - 1)) - 1, 10 - FM, 16 - BITS  # where the magnitude and the sign go
+    FSCALE = 2.0 ** -lowbit.float_shift(wtype) if LOOKUP else 1.0
     rows = tuple(range(mr))
     vt = vector_type(f32, L)
     name = f"lowbit_decode_{wtype.name}_g{group}{'_b' if has_bias else ''}_m{mr}_t{threads}"
@@ -285,26 +289,29 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
                                 part[r] = ts.vbroadcast(0.0, L)
                             for ko, j0, j1, w0, s0, m0, l0, w1, s1, m1, l1, w2, s2, m2, l2 in run:
                                 for j in range(j0, j1, L):
-                                    u = ts.vbroadcast(0, L, u32)
-                                    for wo, sh, m, low in ((w0, s0, m0, l0), (w1, s1, m1, l1), (w2, s2, m2, l2)):
-                                        if m:
-                                            piece = ts.vshr(ts.vload(Wr[n, src + wo + j], L), sh)
-                                            if sh + m.bit_length() < 32:
-                                                piece = ts.vand(piece, ts.vbroadcast(m, L, u32))
-                                            u = ts.vor(u, ts.vshl(piece, low)) if low else ts.vor(u, piece)
                                     v = ts.vbroadcast(0.0, L)  # (assigned below: names of a branch stay in it)
-                                    if LOOKUP:
-                                        v = ts.vlookup(table, u)
-                                    elif IS_FLOAT:
-                                        mag = ts.vand(u, ts.vbroadcast(FMAG, L, u32))
-                                        v = ts.vbitcast(ts.vadd(ts.vshl(mag, 23 - FM), ts.vbroadcast(FBITS, L, u32)), f32)
-                                        sub = ts.vshr(ts.vsub(mag, ts.vbroadcast(1 << FM, L, u32)), 31)  # 1: e = 0
-                                        v = ts.vfma(ts.vfloat(ts.vbitcast(sub, ts.int32)), ts.vsub(v, ts.vbroadcast(FSUB, L)), v)
-                                    if IS_FLOAT:
-                                        sign = ts.vand(ts.vshl(u, 32 - BITS), ts.vbroadcast(0x80000000, L, u32))
-                                        v = ts.vbitcast(ts.vxor(ts.vbitcast(v, u32), sign), f32)
+                                    if HALF and not m1:  # a whole field: its float16 bits straight from the word
+                                        word = ts.vload(Wr[n, src + w0 + j], L)
+                                        hm = ts.vshl(word, HM - s0) if HM >= s0 else ts.vshr(word, s0 - HM)
+                                        hs = ts.vshl(word, HS - s0) if HS >= s0 else ts.vshr(word, s0 - HS)
+                                        v = ts.vfloat16(ts.vor(ts.vand(hm, ts.vbroadcast(FMAG << HM, L, u32)),
+                                                               ts.vand(hs, ts.vbroadcast(0x8000, L, u32))))
                                     else:
-                                        v = ts.vsub(ts.vfloat(ts.vbitcast(u, ts.int32)), ts.vbroadcast(b, L))
+                                        u = ts.vbroadcast(0, L, u32)
+                                        for wo, sh, m, low in ((w0, s0, m0, l0), (w1, s1, m1, l1), (w2, s2, m2, l2)):
+                                            if m:
+                                                piece = ts.vshr(ts.vload(Wr[n, src + wo + j], L), sh)
+                                                if sh + m.bit_length() < 32:
+                                                    piece = ts.vand(piece, ts.vbroadcast(m, L, u32))
+                                                u = ts.vor(u, ts.vshl(piece, low)) if low else ts.vor(u, piece)
+                                        if LOOKUP:  # the magnitude from the table, the sign moved to float32's
+                                            sign = ts.vand(ts.vshl(u, 32 - BITS), ts.vbroadcast(0x80000000, L, u32))
+                                            v = ts.vbitcast(ts.vxor(ts.vbitcast(ts.vlookup(table, u), u32), sign), f32)
+                                        elif HALF:
+                                            v = ts.vfloat16(ts.vor(ts.vshl(ts.vand(u, ts.vbroadcast(FMAG, L, u32)), HM),
+                                                                   ts.vand(ts.vshl(u, HS), ts.vbroadcast(0x8000, L, u32))))
+                                        else:
+                                            v = ts.vsub(ts.vfloat(ts.vbitcast(u, ts.int32)), ts.vbroadcast(b, L))
                                     k = kb * 256 + ko + j
                                     for r in rows:
                                         xv = (ts.vload(X[min(r, M - 1), k], L, max(0, min(L, K - k))) if tail

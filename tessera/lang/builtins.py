@@ -110,6 +110,7 @@ vsum, vreduce_max = Builtin("vsum", "vector"), Builtin("vreduce_max", "vector")
 vand, vor, vxor = Builtin("vand", "vector"), Builtin("vor", "vector"), Builtin("vxor", "vector")
 vshl, vshr = Builtin("vshl", "vector"), Builtin("vshr", "vector")
 vfloat, vbitcast, vlookup = Builtin("vfloat", "vector"), Builtin("vbitcast", "vector"), Builtin("vlookup", "vector")
+vfloat16 = Builtin("vfloat16", "vector")
 
 _intrinsics = {name: Builtin(name, "intrinsic") for name in INTRINSICS}
 exp, exp2, log, log2 = (_intrinsics[n] for n in ("exp", "exp2", "log", "log2"))
