@@ -64,12 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(cpu_threads())
     rng = np.random.default_rng(0)
     print(f"threads {cpu_threads()}, group {args.group_size}; fastest of {args.repeats} calls, ms")
-    print("| type | N = K | M | tessera low-bit | row kernel | torch fp32 | speed-up |\n|---|---|---|---|---|---|---|")
+    print("| type | N = K | M | tessera low-bit | row kernel | QuantizedLinear eager | torch fp32 | speed-up |\n"
+          "|---|---|---|---|---|---|---|---|")  # fmt: skip
     for t in args.types.split(","):
         for size in map(int, args.sizes.split(",")):
             n = k = size
-            consts, attrs = QuantizedLinear(quantize_weight(rng.standard_normal((n, k)) * 0.02, t, args.group_size)
-                                            ).graph_operands()  # fmt: skip
+            layer = QuantizedLinear(quantize_weight(rng.standard_normal((n, k)) * 0.02, t, args.group_size))
+            consts, attrs = layer.graph_operands()
             w = torch.from_numpy(dequantized_weight(*consts, attrs).astype(np.float32))
             for m in map(int, args.ms.split(",")):
                 kernel = anchor.plan_lowbit_linear_cpu((m, k), attrs, consts[0], consts[1].shape, consts[2].shape).load()
@@ -81,19 +82,23 @@ def main(argv: list[str] | None = None) -> None:
                 if m <= anchor.CPU_DECODE_ROWS:
                     outs["rows"] = np.empty((m, n), np.float32)
                     fns["rows"] = functools.partial(rows_kernel(m, attrs, consts), operands, outs["rows"])
+                fns["eager"] = functools.partial(layer, xt)  # the torch module outside torch.compile
                 fns["torch"] = functools.partial(torch.matmul, xt, w.T)
-                best = _best(fns, args.repeats)
+                with torch.no_grad():
+                    best = _best(fns, args.repeats)
+                    outs["eager"] = layer(xt).numpy()
                 ref = (xt.double() @ w.T.double()).numpy()
                 errs = {name: float(np.abs(y - ref).max() / np.abs(ref).max()) for name, y in outs.items()}
                 for name, err in errs.items():
                     assert err < 1e-4, f"{t} {size} M={m} ({name}): relative error {err:.1e}"
                 rows = f"{best['rows']:.3f}" if "rows" in best else "-"
-                print(f"| {t} | {size} | {m} | {best['tessera']:.3f} | {rows} | {best['torch']:.3f} | "
-                      f"{best['torch'] / best['tessera']:.2f}x |")  # fmt: skip
+                print(f"| {t} | {size} | {m} | {best['tessera']:.3f} | {rows} | {best['eager']:.3f} | "
+                      f"{best['torch']:.3f} | {best['torch'] / best['tessera']:.2f}x |")  # fmt: skip
                 if args.out:
                     row = {"suite": "lowbit-cpu", "case": f"M={m},N={n},K={k},w={t},g={args.group_size},fp32",
                            "commit": os.environ.get("TESSERA_COMMIT", ""), "tessera_ms": round(best["tessera"], 4),
                            "peers_ms": {"torch_fp32": round(best["torch"], 4),
+                                        "quantized_linear_eager": round(best["eager"], 4),
                                         **({"tessera_row_kernel": round(best["rows"], 4)} if "rows" in best else {})},
                            "threads": cpu_threads(), "rel_err": errs["tessera"],
                            "method": f"bench/lowbit_cpu.py, fastest of {args.repeats} calls, peers interleaved"}  # fmt: skip
