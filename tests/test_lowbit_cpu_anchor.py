@@ -109,12 +109,13 @@ def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, w
 
 @pytest.mark.parametrize("weight,group,k,kernel", [
     ("int5", 12, 300, None), ("int5", 384, 1000, None), ("int4", 100, 1000, None),  # groups straddling blocks
-    ("uint3", 1, 40, "rows"), ("int4", 4, 264, "rows"),  # divisors of 256 below 8 codes: the row kernel
-    ("int6", None, 70, "decode"), ("e2m3", 512, 700, "decode")])  # fmt: skip
+    ("uint3", 1, 40, None), ("int4", 4, 264, None),  # groups under 8 codes
+    ("int6", None, 70, "decode"), ("e2m3", 512, 700, "decode"), ("uint2", 8, 300, "decode")])  # fmt: skip
 def test_group_sizes_the_row_layout_cannot_cut_run_on_the_reference(rng, caplog, weight, group, k, kernel):
     """The row-layout kernels cut their segments once for all 256-k blocks: groups that neither
     divide 256 nor are multiples of it start elsewhere in each block, so those layers run on the
-    reference (logged), never on wrong scales; the others at M = 1 on the kernel named."""
+    reference (logged), never on wrong scales, as do groups under 8 codes; the others at M = 1 on
+    the kernel named."""
     zp = None if weight.startswith("e") else weight.startswith("u")
     consts, attrs, w = _operands(rng, weight, group, zp, 13, k)
     compiled = compile_graph(_lowbit_graph(consts, attrs, 1), "cpu")

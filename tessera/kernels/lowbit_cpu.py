@@ -84,12 +84,14 @@ def row_segments(bits: int) -> tuple[tuple[int, int, tuple[Piece, ...]], ...]:
 
 def kernel_group(group: int, k: int) -> int | None:
     """The group size the row-layout kernels take for groups of `group` k over K = k: a divisor
-    of 256 or a multiple of it as it is, per channel (group >= k) as the multiple of 256 that
-    covers K (one group either way); None for the other sizes, whose groups start at a different
-    place in each 256-k block (the kernels cut their segments once for every block)."""
+    of 256 from 8 up or a multiple of 256 as it is, per channel (group >= k) as the multiple of 256
+    that covers K (one group either way); None for the other sizes: groups starting at a different
+    place in each 256-k block (the kernels cut their segments once for every block), and groups
+    under 8 codes (a segment per group: 256 a block would make a kernel gcc takes minutes over,
+    for weights that store more scale than code)."""
     if group >= k:
         return -(-k // ROW_BLOCK) * ROW_BLOCK
-    return group if group > 0 and (ROW_BLOCK % group == 0 or group % ROW_BLOCK == 0) else None
+    return group if group >= 8 and (ROW_BLOCK % group == 0 or group % ROW_BLOCK == 0) else None
 
 
 def decode_segments(bits: int, group: int) -> tuple[tuple[int, ...], ...]:

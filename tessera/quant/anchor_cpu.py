@@ -67,17 +67,17 @@ def cpu_kernels_take(attrs: dict[str, Any]) -> bool:
 def _cpu_kernel(m: int, n: int, k: int, attrs: dict[str, Any]) -> tuple[Any, str, tuple[int, ...], int]:
     """(kernel, name, config, workspace floats per worker or 0) for m rows of x: the one choice of
     kernel, workers and tile that the anchor and the eager path share."""
-    from tessera.kernels.lowbit_cpu import FUSED_LANES, kernel_group, make_linear_decode, make_linear_rows
+    from tessera.kernels.lowbit_cpu import kernel_group, make_linear_decode, make_linear_rows
     from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
 
     t, gs, has_bias = dtypes.dtype(attrs["wtype"]), kernel_group(attrs["group_size"], k), bool(attrs["has_bias"])
     if gs is None:
-        raise UnsupportedError(f"the CPU low-bit kernels take groups that divide 256 or are multiples of it (or one "
-                               f"per channel), not {attrs['group_size']} over K = {k}")  # fmt: skip
+        raise UnsupportedError(f"the CPU low-bit kernels take groups of 8 to 256 that divide 256, multiples of 256 or "
+                               f"one per channel, not {attrs['group_size']} over K = {k}")  # fmt: skip
     lanes = lanes_or_refuse()
     # decoding costs per weight whatever M is: count it as 4 rows of multiply-adds
     threads = cpu_threads() if max(m, 4) * n * k >= MIN_PARALLEL_MACS else 1
-    if m <= CPU_DECODE_ROWS and gs % FUSED_LANES == 0:  # a decode step: the codes decoded in registers
+    if m <= CPU_DECODE_ROWS:  # a decode step: the codes decoded in registers
         kernel = make_linear_decode(t, gs, has_bias, threads, m)
         return kernel, f"lowbit_linear_cpu_{t.name}_decode_m{m}_t{threads}", (m, 1, 8, threads), 0
     mr, nr = min(CPU_TILE_ROWS, m), CPU_TILE_ROWS

@@ -137,8 +137,8 @@ def _log_reference_once(group_size: int) -> None:
         _REFERENCE_LOGGED.set()
         why = "this CPU has no AVX2" if vector_lanes() == 1 else f"its SIMD kernels do not take group size {group_size}"
         log.warning("tessera: %s: QuantizedLinear runs the scalar reference kernel on the CPU (tessera.kernels."
-                    "lowbit_cpu.make_linear_cpu), many times slower; groups that divide 256 or are multiples of it "
-                    "run the SIMD kernels", why)  # fmt: skip
+                    "lowbit_cpu.make_linear_cpu), many times slower; groups of 8 to 256 that divide 256, multiples of "
+                    "256 and per-channel scales run the SIMD kernels", why)  # fmt: skip
 
 
 def quantize(model: torch.nn.Module, weight: str = "int4", group_size: int | None = 128,

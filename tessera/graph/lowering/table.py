@@ -110,8 +110,8 @@ LOWERINGS: dict[str, Lowering] = {
 # Registered kinds that are deliberately not lowered, with the reason the user sees.
 NOT_LOWERED: dict[str, str] = {
     "lowbit_linear": "lowbit_linear runs on its anchors only (the CUDA decode kernel for float16 x, the CPU row "
-    "kernels for float32 x); other dtypes, a CPU without AVX2, or on the CPU a group size that neither divides 256 "
-    "nor is a multiple of it, on its reference",
+    "kernels for float32 x); other dtypes, a CPU without AVX2, or on the CPU a group size other than 8 to 256 "
+    "dividing 256, a multiple of 256 or per channel, on its reference",
 }
 
 
