@@ -231,13 +231,13 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
     """Y[m, n] = sum_k X[m, k] * W[n, k] for the few rows of a decode step (M <= mr), from the
     row layout as make_linear_rows reads it, with no float32 copy of W: each run of 8 codes is
     decoded in vector registers (uint32 words shifted and masked, the pieces OR-ed, converted) and
-    multiplied into every row's sum of its segment at once; a segment's sum meets its group's
-    scale once.  Per 8 codes the integers cost a shift, a mask, a conversion, a subtraction and
-    one multiply-add a row, where make_linear_rows stores the float32 code, reloads it and scales
-    it.  e2m1 reads its magnitude from a lookup of 8 lanes; the wider floats move their fields
-    into float16 bits and convert those (vfloat16: exact, subnormal codes included, whatever the
-    denormal mode; about half the operations of make_linear_rows' float32 bit building).  Workers
-    take contiguous runs of W's rows."""
+    multiplied into every row's sum at once; the segments of one group share one sum, which meets
+    the group's scale once.  Per 8 codes the integers cost a shift, a mask, a conversion, a
+    subtraction and one multiply-add a row, where make_linear_rows stores the float32 code,
+    reloads it and scales it.  e2m1 reads its magnitude from a lookup of 8 lanes; the wider floats
+    move their fields into float16 bits and convert those (vfloat16: exact, subnormal codes
+    included, whatever the denormal mode).  Workers take contiguous runs of W's rows; `group` is a
+    kernel_group size."""
     from tessera.ir.vector import vector_type
 
     BITS, GS, MR, L = wtype.nbits, group, mr, FUSED_LANES
