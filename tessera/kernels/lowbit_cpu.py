@@ -5,7 +5,9 @@
   tessera.quant.codecs); the CPU path of the quantized-linear op and the reference for the GPU
   kernels;
 * `make_linear_rows(...)`: the same from the row layout (`row_segments`), decoded per tile of rows
-  into float32 and summed with SIMD vectors (the graph operator's CPU kernel).
+  into float32 and summed with SIMD vectors (the graph operator's CPU kernel beyond 4 rows of x);
+* `make_linear_decode(...)`: the same for a decode step (up to 4 rows of x), the codes decoded
+  in integer vector registers and multiplied in at once.
 
 (The CUDA prefill path dequantises the tensor-core words: tessera.kernels.lowbit_dequant.)
 """
