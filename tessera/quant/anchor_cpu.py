@@ -110,9 +110,11 @@ def plan_lowbit_linear_cpu(x_shape: tuple[int, ...], attrs: dict[str, Any], word
     return plan
 
 
-def cpu_linear(x: np.ndarray, consts: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
-    """x [M, K] float32 @ W^T -> [M, N] float32 for the lowbit_linear operator's constants (words,
-    scales, biases) and attributes, on the anchor's kernels."""
+def cpu_linear(x: np.ndarray, rows: np.ndarray, scales: np.ndarray, biases: np.ndarray,
+               attrs: dict[str, Any]) -> np.ndarray:  # fmt: skip
+    """x [M, K] float32 @ W^T -> [M, N] float32 on the anchor's kernels, from the codes in the row
+    layout (tessera.quant.layout.pack_rows), the lowbit_linear operator's scales and biases
+    (float16, a [1, 1] placeholder without biases) and its attributes."""
     n, k = attrs["n"], attrs["k"]
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != k:
@@ -121,5 +123,5 @@ def cpu_linear(x: np.ndarray, consts: list[np.ndarray], attrs: dict[str, Any]) -
     kernel, _, config, workspace = _cpu_kernel(m, n, k, attrs)
     y = np.empty((m, n), np.float32)
     extra = [np.empty((config[-1], workspace), np.float32)] if workspace else []
-    kernel(x, cpu_row_words(consts[0], attrs), consts[1], consts[2], y, *extra)
+    kernel(x, rows, scales, biases, y, *extra)
     return y

@@ -94,6 +94,27 @@ class QuantizedLinear(torch.nn.Module):
             self._prepared["graph"] = (consts, attrs)
         return self._prepared["graph"]
 
+    def _cpu_operands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]] | None:
+        """(row-layout words, scales, biases, attributes) for tessera.quant.anchor_cpu.cpu_linear,
+        made on first use; None where the SIMD kernels do not take the group size (or the CPU
+        has no AVX2)."""
+        if "cpu_rows" not in self._prepared:
+            from tessera.quant.layout import layout_codes, pack_rows
+            from tessera.quant.linear import kernel_scales_and_biases
+
+            w = self.weight_q
+            attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
+                     "group_size": w.group_size, "has_bias": w.zeros is not None}  # fmt: skip
+            operands = None
+            if cpu_kernels_take(attrs):
+                scales, biases = kernel_scales_and_biases(w)
+                attrs["has_bias"] = biases is not None
+                operands = (pack_rows(layout_codes(w.codes.codes(), w.dtype), w.dtype), np.ascontiguousarray(scales),
+                            np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16),
+                            attrs)  # fmt: skip
+            self._prepared["cpu_rows"] = operands
+        return self._prepared["cpu_rows"]
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ArgumentError(f"QuantizedLinear takes [M, {self.in_features}] inputs, got {list(x.shape)}")
@@ -105,9 +126,9 @@ class QuantizedLinear(torch.nn.Module):
             y = cuda_matmul(x.to(torch.float16).contiguous(), p)
             return y.to(x.dtype)
         x32 = x.detach().float().numpy()
-        consts, attrs = self.graph_operands()
-        if cpu_kernels_take(attrs):
-            y = cpu_linear(x32, consts, attrs)
+        rows = self._cpu_operands()
+        if rows is not None:
+            y = cpu_linear(x32, *rows)
         else:
             _log_reference_once(self.weight_q.group_size)
             y = cpu_matmul(x32, self.weight_q)
