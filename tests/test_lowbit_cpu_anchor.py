@@ -143,13 +143,14 @@ def test_eager_quantized_linear_on_the_cpu_runs_the_simd_kernels(rng, caplog, we
     q = ts.quantize(torch.nn.Sequential(layer), weight=weight, group_size=group)[0]
     w = torch.from_numpy(q.weight_q.dequantize()).double()
     torch_quantize._REFERENCE_LOGGED.clear()  # (logged once a process)
-    for shape in ((1, 300), (3, 300), (2, 5, 300), (1, 1, 300)):
+    for shape in ((1, 300), (3, 300), (2, 5, 300), (1, 1, 300), (0, 300)):
         for _ in range(2):
             x = torch.randn(*shape)
             with torch.no_grad():
                 got = q(x)
             ref = x.double() @ w.T + q.bias.double()
-            torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+            assert got.shape == (*shape[:-1], 37)
+            torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()) if ref.numel() else 0.0)
     assert ("scalar reference kernel" in caplog.text) == (group == 12), caplog.text
 
 

@@ -120,8 +120,10 @@ def cpu_linear(x: np.ndarray, rows: np.ndarray, scales: np.ndarray, biases: np.n
     if x.ndim != 2 or x.shape[1] != k:
         raise ArgumentError(f"x must be float32 [M, {k}], got {list(x.shape)}")
     m = x.shape[0]
-    kernel, _, config, workspace = _cpu_kernel(m, n, k, attrs)
     y = np.empty((m, n), np.float32)
+    if m == 0:  # (the kernels read row min(r, M - 1) of x)
+        return y
+    kernel, _, config, workspace = _cpu_kernel(m, n, k, attrs)
     extra = [np.empty((config[-1], workspace), np.float32)] if workspace else []
     kernel(x, rows, scales, biases, y, *extra)
     return y

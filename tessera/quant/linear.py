@@ -110,6 +110,8 @@ def cpu_matmul(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
         raise ArgumentError(f"x must be [M, {k}], got {list(x.shape)}")
     zeros = w.zeros if w.zeros is not None else np.zeros((1, 1), np.int32)
     y = np.empty((x.shape[0], n), np.float32)
+    if not x.shape[0]:  # an empty batch (the kernel refuses empty arguments)
+        return y
     make_linear_cpu(w.dtype, w.zeros is not None)(x, w.codes, w.scales, np.ascontiguousarray(zeros, np.int32), y,
                                                   w.group_size)  # fmt: skip
     return y
