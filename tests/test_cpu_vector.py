@@ -175,6 +175,32 @@ def test_vfloat16_reads_every_half_bit_pattern(lanes):
     np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
 
 
+def test_avx512_integer_vectors_compile_with_gcc(monkeypatch, tmp_path):
+    """The 16-lane C of the integer vectors (AVX-512: masked epi32 loads and stores, vpermps,
+    vpmovdw + vcvtph2ps) builds with gcc, also on a machine that cannot run it."""
+    import shutil
+    import subprocess
+
+    from tessera.backend import codegen_c
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    monkeypatch.setattr(codegen_c, "supports_lanes", lambda lanes, isa=None: lanes in (8, 16))
+
+    @ts.kernel(target="cpu", name="halves16_compile_only")
+    def halves(w: ts.uint32["N"], out: f32["N"]):
+        for i in range(0, N, 16):
+            ts.vstore(out[i], ts.vfloat16(ts.vload(w[i], 16)))
+
+    for i, k in enumerate((_word_ops(16), halves)):
+        src = tmp_path / f"k{i}.c"
+        src.write_text(k.source)
+        flags = ["-O2", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c", "-fopenmp", "-std=c11"]
+        out = subprocess.run([gcc, *flags, "-c", str(src), "-o", str(tmp_path / f"k{i}.o")], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+
+
 def test_integer_vector_misuse_is_a_clear_error():
     lanes = LANES[0]
 
