@@ -177,6 +177,26 @@ def test_subnormal_float_codes_decode_exactly_with_denormals_flushed(rng, weight
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+def test_eager_quantized_linear_with_scales_the_kernels_cannot_hold_runs_the_reference(rng, caplog):
+    """e2m1 weights this large need float16 scales past 65504 in the kernels' terms (the scale
+    times 2**14): the layer still runs on the CPU, on the reference kernel, logged."""
+    from tessera.quant import torch_quantize
+
+    layer = torch.nn.Linear(64, 9, bias=False)
+    with torch.no_grad():
+        layer.weight.mul_(1e3)
+    q = ts.quantize(torch.nn.Sequential(layer), weight="e2m1", group_size=32)[0]
+    torch_quantize._REFERENCE_LOGGED.clear()
+    w = torch.from_numpy(q.weight_q.dequantize()).double()
+    for m in (1, 3):
+        x = torch.randn(m, 64)
+        with torch.no_grad():
+            got = q(x)
+        ref = x.double() @ w.T
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    assert "overflows float16" in caplog.text and "scalar reference kernel" in caplog.text
+
+
 def test_e2m1_lookup_table_is_the_codecs_decode():
     """The decode kernel's e2m1 lanes hold the codec's magnitudes; the wider floats have none."""
     from tessera.kernels.lowbit_cpu import float_lanes_table

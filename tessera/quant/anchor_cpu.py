@@ -55,13 +55,13 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     return rows
 
 
-def cpu_kernels_take(attrs: dict[str, Any]) -> bool:
-    """Whether the row-layout kernels take the operator's group size (tessera.kernels.lowbit_cpu.
-    kernel_group) on this machine (AVX2 or AVX-512)."""
+def cpu_kernels_take(group_size: int, k: int) -> bool:
+    """Whether the row-layout kernels take groups of `group_size` over K = k (tessera.kernels.
+    lowbit_cpu.kernel_group) on this machine (AVX2 or AVX-512)."""
     from tessera.backend.isa import vector_lanes
     from tessera.kernels.lowbit_cpu import kernel_group
 
-    return vector_lanes() > 1 and kernel_group(attrs["group_size"], attrs["k"]) is not None
+    return vector_lanes() > 1 and kernel_group(group_size, k) is not None
 
 
 def _cpu_kernel(m: int, n: int, k: int, attrs: dict[str, Any]) -> tuple[Any, str, tuple[int, ...], int]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from tessera.backend.isa import vector_lanes
-from tessera.errors import ArgumentError
+from tessera.errors import ArgumentError, UnsupportedError
 from tessera.quant import codecs
 from tessera.quant.anchor_cpu import cpu_kernels_take, cpu_linear
 from tessera.quant.linear import cpu_matmul, cuda_matmul, prepare
@@ -78,41 +78,49 @@ class QuantizedLinear(torch.nn.Module):
         w = linear.weight.detach().float().cpu().numpy()
         return cls(quantize_weight(w, weight, group_size, zero_point), linear.bias)
 
+    def _kernel_operands(self) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The kernels' float16 scales and biases (a [1, 1] placeholder without biases) and the
+        lowbit_linear attributes, which the graph operator and the eager CPU path share;
+        UnsupportedError where a small float's scale overflows float16 in the kernels' terms."""
+        from tessera.quant.linear import kernel_scales_and_biases
+
+        w = self.weight_q
+        scales, biases = kernel_scales_and_biases(w)
+        attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
+                 "group_size": w.group_size, "has_bias": biases is not None}  # fmt: skip
+        return (np.ascontiguousarray(scales),
+                np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16), attrs)  # fmt: skip
+
     def graph_operands(self) -> tuple[list[np.ndarray], dict[str, Any]]:
         """The lowbit_linear graph operator's constants (words, scales, biases) and attributes."""
         if "graph" not in self._prepared:
             from tessera.quant.layout import pack_units
-            from tessera.quant.linear import kernel_scales_and_biases
 
             w = self.weight_q
-            scales, biases = kernel_scales_and_biases(w)
+            scales, biases, attrs = self._kernel_operands()
             span = 2  # the decode kernels' k order by default (DecodeConfig.default): scales after the mma
-            consts = [pack_units(w.codes.codes(), w.dtype, span), np.ascontiguousarray(scales),
-                      np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16)]  # fmt: skip
-            attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
-                     "group_size": w.group_size, "has_bias": biases is not None, "span": span}  # fmt: skip
-            self._prepared["graph"] = (consts, attrs)
+            self._prepared["graph"] = ([pack_units(w.codes.codes(), w.dtype, span), scales, biases],
+                                       {**attrs, "span": span})  # fmt: skip
         return self._prepared["graph"]
 
-    def _cpu_operands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]] | None:
-        """(row-layout words, scales, biases, attributes) for tessera.quant.anchor_cpu.cpu_linear,
-        made on first use; None where the SIMD kernels do not take the group size (or the CPU
-        has no AVX2)."""
+    def _cpu_operands(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]] | None, str]:
+        """((row-layout words, scales, biases, attributes) for tessera.quant.anchor_cpu.cpu_linear,
+        or None where the SIMD kernels cannot run the layer, and why), made on first use."""
         if "cpu_rows" not in self._prepared:
             from tessera.quant.layout import layout_codes, pack_rows
-            from tessera.quant.linear import kernel_scales_and_biases
 
-            w = self.weight_q
-            attrs = {"wtype": w.dtype.name, "n": self.out_features, "k": self.in_features,
-                     "group_size": w.group_size, "has_bias": w.zeros is not None}  # fmt: skip
-            operands = None
-            if cpu_kernels_take(attrs):
-                scales, biases = kernel_scales_and_biases(w)
-                attrs["has_bias"] = biases is not None
-                operands = (pack_rows(layout_codes(w.codes.codes(), w.dtype), w.dtype), np.ascontiguousarray(scales),
-                            np.ascontiguousarray(biases) if biases is not None else np.zeros((1, 1), np.float16),
-                            attrs)  # fmt: skip
-            self._prepared["cpu_rows"] = operands
+            w, operands, why = self.weight_q, None, ""
+            if not cpu_kernels_take(w.group_size, self.in_features):
+                why = ("this CPU has no AVX2" if vector_lanes() == 1 else
+                       f"they take groups of 8 to 256 that divide 256, multiples of 256 and per-channel scales, "
+                       f"not group size {w.group_size} over K = {self.in_features}")  # fmt: skip
+            else:
+                try:
+                    scales, biases, attrs = self._kernel_operands()
+                    operands = (pack_rows(layout_codes(w.codes.codes(), w.dtype), w.dtype), scales, biases, attrs)
+                except UnsupportedError as exc:  # a small float's kernel scale overflows float16
+                    why = str(exc)
+            self._prepared["cpu_rows"] = (operands, why)
         return self._prepared["cpu_rows"]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,11 +134,11 @@ class QuantizedLinear(torch.nn.Module):
             y = cuda_matmul(x.to(torch.float16).contiguous(), p)
             return y.to(x.dtype)
         x32 = x.detach().float().numpy()
-        rows = self._cpu_operands()
+        rows, why = self._cpu_operands()
         if rows is not None:
             y = cpu_linear(x32, *rows)
         else:
-            _log_reference_once(self.weight_q.group_size)
+            _log_reference_once(why)
             y = cpu_matmul(x32, self.weight_q)
         return torch.from_numpy(y).to(x.dtype)
 
@@ -150,16 +158,14 @@ class QuantizedLinear(torch.nn.Module):
         return f"{self.in_features} -> {self.out_features}, {w.dtype}, {g}, zeros={w.zeros is not None}"
 
 
-_REFERENCE_LOGGED = threading.Event()
+_REFERENCE_LOGGED: set[str] = set()  # the reasons logged, each once a process
 
 
-def _log_reference_once(group_size: int) -> None:
-    if not _REFERENCE_LOGGED.is_set():
-        _REFERENCE_LOGGED.set()
-        why = "this CPU has no AVX2" if vector_lanes() == 1 else f"its SIMD kernels do not take group size {group_size}"
-        log.warning("tessera: %s: QuantizedLinear runs the scalar reference kernel on the CPU (tessera.kernels."
-                    "lowbit_cpu.make_linear_cpu), many times slower; groups of 8 to 256 that divide 256, multiples of "
-                    "256 and per-channel scales run the SIMD kernels", why)  # fmt: skip
+def _log_reference_once(why: str) -> None:
+    if why not in _REFERENCE_LOGGED:
+        _REFERENCE_LOGGED.add(why)
+        log.warning("tessera: QuantizedLinear runs the scalar reference kernel on the CPU (tessera.kernels.lowbit_cpu."
+                    "make_linear_cpu), many times slower than the SIMD kernels: %s", why)  # fmt: skip
 
 
 def quantize(model: torch.nn.Module, weight: str = "int4", group_size: int | None = 128,

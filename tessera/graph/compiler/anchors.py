@@ -70,7 +70,7 @@ def _is_cpu_anchor(op: Operator) -> bool:
     if op.kind == "lowbit_linear":  # the row-layout kernels (tessera.kernels.lowbit_cpu), built per M like the GPU's
         from tessera.quant.anchor_cpu import cpu_kernels_take
 
-        return _is_lowbit_anchor(op, dtypes.float32) and cpu_kernels_take(op.attrs)
+        return _is_lowbit_anchor(op, dtypes.float32) and cpu_kernels_take(op.attrs["group_size"], op.attrs["k"])
     if op.kind == "scaled_dot_product_attention":
         qkv, mask = op.inputs[:3], op.inputs[3:]
         static = all(isinstance(d, int) for t in op.inputs for d in t.shape)
