@@ -131,7 +131,8 @@ def _same(a: Any, b: Any) -> bool:
     return a is b
 
 
-def _keep_line(new: S.Stmt, old: S.Stmt) -> S.Stmt:
+def keep_line(new: S.Stmt, old: S.Stmt) -> S.Stmt:
+    """`new` with the source line of the statement it replaces."""
     new.line = old.line
     return new
 
@@ -184,15 +185,15 @@ class IRMutator(IRVisitor):
 
     def visit_Evaluate(self, s: S.Evaluate) -> S.Stmt:
         x = self.visit(s.expr)
-        return s if x is s.expr else _keep_line(S.Evaluate(x), s)
+        return s if x is s.expr else keep_line(S.Evaluate(x), s)
 
     def visit_DeclareVar(self, s: S.DeclareVar) -> S.Stmt:
         init = None if s.init is None else self.visit(s.init)
-        return s if init is s.init else _keep_line(S.DeclareVar(s.var, init), s)
+        return s if init is s.init else keep_line(S.DeclareVar(s.var, init), s)
 
     def visit_Assign(self, s: S.Assign) -> S.Stmt:
         v = self.visit(s.value)
-        return s if v is s.value else _keep_line(S.Assign(s.var, v), s)
+        return s if v is s.value else keep_line(S.Assign(s.var, v), s)
 
     def visit_Store(self, s: S.Store) -> S.Stmt:
         buf = self.visit(s.buffer)
@@ -200,7 +201,7 @@ class IRMutator(IRVisitor):
         v = self.visit(s.value)
         if buf is s.buffer and _same(idx, s.indices) and v is s.value:
             return s
-        return _keep_line(S.Store(buf, idx, v), s)
+        return keep_line(S.Store(buf, idx, v), s)
 
     def visit_DeclareBuffer(self, s: S.DeclareBuffer) -> S.Stmt:
         return s
@@ -210,22 +211,22 @@ class IRMutator(IRVisitor):
         body = self.visit(s.body)
         if start is s.start and stop is s.stop and step is s.step and body is s.body:
             return s
-        return _keep_line(S.For(s.var, start, stop, step, body, s.kind), s)
+        return keep_line(S.For(s.var, start, stop, step, body, s.kind), s)
 
     def visit_ForMapping(self, s: S.ForMapping) -> S.Stmt:
         w, body = self.visit(s.worker), self.visit(s.body)
-        return s if w is s.worker and body is s.body else _keep_line(S.ForMapping(s.vars, s.mapping, w, body, s.task_var), s)
+        return s if w is s.worker and body is s.body else keep_line(S.ForMapping(s.vars, s.mapping, w, body, s.task_var), s)
 
     def visit_If(self, s: S.If) -> S.Stmt:
         c, t = self.visit(s.cond), self.visit(s.then_body)
         e = None if s.else_body is None else self.visit(s.else_body)
         if c is s.cond and t is s.then_body and e is s.else_body:
             return s
-        return _keep_line(S.If(c, t, e), s)
+        return keep_line(S.If(c, t, e), s)
 
     def visit_While(self, s: S.While) -> S.Stmt:
         c, body = self.visit(s.cond), self.visit(s.body)
-        return s if c is s.cond and body is s.body else _keep_line(S.While(c, body), s)
+        return s if c is s.cond and body is s.body else keep_line(S.While(c, body), s)
 
     def visit_Break(self, s: S.Break) -> S.Stmt:
         return s
@@ -238,7 +239,7 @@ class IRMutator(IRVisitor):
 
     def visit_Instruction(self, s: S.Instruction) -> S.Stmt:
         ops = tuple(self.visit(x) for x in s.operands)
-        return s if _same(ops, s.operands) else _keep_line(S.Instruction(s.name, ops, dict(s.attrs)), s)
+        return s if _same(ops, s.operands) else keep_line(S.Instruction(s.name, ops, dict(s.attrs)), s)
 
     def visit_Barrier(self, s: S.Barrier) -> S.Stmt:
         return s
@@ -247,7 +248,7 @@ class IRMutator(IRVisitor):
         stmts = [self.visit(x) for x in s.stmts]
         if all(a is b for a, b in zip(stmts, s.stmts)):
             return s
-        return _keep_line(S.Seq(stmts), s)
+        return keep_line(S.Seq(stmts), s)
 
 
 class Substitute(IRMutator):

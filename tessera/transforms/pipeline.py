@@ -9,6 +9,7 @@ from tessera.transforms.flatten_buffers import flatten_buffers
 from tessera.transforms.lower_task_mapping import lower_task_mapping
 from tessera.transforms.plan_shared_memory import plan_shared_memory
 from tessera.transforms.simplify import simplify
+from tessera.transforms.unconditional_loads import unconditional_loads
 from tessera.transforms.verify import verify
 
 Pass = Callable[[Function], Function]
@@ -17,6 +18,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("verify", verify),
     ("lower_task_mapping", lower_task_mapping),
     ("simplify", simplify),
+    ("unconditional_loads", unconditional_loads),
     ("flatten_buffers", flatten_buffers),
     ("simplify", simplify),
     ("plan_shared_memory", plan_shared_memory),
