@@ -23,7 +23,7 @@ from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import CPU_KERNEL, Function
 from tessera.ir.functor import IRMutator, IRVisitor, keep_line
-from tessera.ir.types import TensorType
+from tessera.ir.types import DataType, TensorType
 
 _TRUE = E.Const(True, dtypes.boolean)
 
@@ -257,7 +257,7 @@ class UnconditionalLoads:
             return keep_line(S.Evaluate(self.expr(s.expr, guard, hoisted)), s)
         if isinstance(s, S.DeclareVar):
             init = None if s.init is None else self.expr(s.init, guard, hoisted)
-            if init is not None and s.var.type.is_integer and s.var not in self.assigned:
+            if init is not None and isinstance(s.var.type, DataType) and s.var.type.is_integer and s.var not in self.assigned:
                 self.bounds.definitions[s.var] = init
             return s if init is s.init else keep_line(S.DeclareVar(s.var, init), s)
         if isinstance(s, S.If):

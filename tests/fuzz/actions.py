@@ -176,13 +176,40 @@ def where(g: Gen) -> None:
     if b is None:
         return
     order = [c, a, b] if g.chance(50) else [c, b, a]
+    g.apply("where", order, {}, lambda o: _select_values(order[1], order[2], o))
 
-    def values(o: TInfo):
-        x, y = order[1], order[2]
-        err = max(_convert_err(x.err, x.mag, x.dtype, o.dtype), _convert_err(y.err, y.mag, y.dtype, o.dtype))
-        return min(x.lo, y.lo), max(x.hi, y.hi), min(x.small, y.small), err
 
-    g.apply("where", order, {}, values)
+def _select_values(x: TInfo, y: TInfo, o: TInfo):
+    err = max(_convert_err(x.err, x.mag, x.dtype, o.dtype), _convert_err(y.err, y.mag, y.dtype, o.dtype))
+    return min(x.lo, y.lo), max(x.hi, y.hi), min(x.small, y.small), err
+
+
+def select_over_compare(g: Gen) -> None:
+    """A select over a fresh comparison, as models write masks: `where(x < c, x * s, x)`, masked
+    fills (one arm a scalar constant), integer conditions.  gcc 12 once miscompiled these
+    (docs/cpu_codegen.md)."""
+    x = g.operand(lambda t: t.exact and _numeric(t))
+    if x is None:
+        return
+    scalar = g.chance(50)
+    c = g.new_input([], x.dtype, g.domain(x.dtype), constant=True) if scalar else g.binary_partner(x, x.dtype, None)
+    if c is None or not c.exact:
+        return
+    cond = g.apply(g.pick(COMPARE), [x, c] if g.chance(70) else [c, x], {}, lambda o: (0, 1, 0, 0))
+    if not cond:
+        return
+    arm = x
+    if x.is_float and g.chance(60):
+        s = g.binary_partner(x, x.dtype, None)
+        product = None if s is None else g.apply("mul", [x, s], {}, lambda o: arith_values("mul", x, s, o, None))
+        if not product:
+            return
+        arm = product[0]
+    other = x if g.chance(50) else g.new_input([], x.dtype, g.domain(x.dtype), constant=True)
+    if other is None:
+        return
+    order = [cond[0], arm, other] if g.chance(50) else [cond[0], other, arm]
+    g.apply("where", order, {}, lambda o: _select_values(order[1], order[2], o))
 
 
 # ---- reductions ------------------------------------------------------------------------------------------------------
@@ -498,7 +525,7 @@ def source(g: Gen) -> None:
 
 ACTIONS = {
     "unary_float": unary_float, "unary_same": unary_same, "clamp": clamp, "cast": cast, "arith": arith,
-    "compare": compare, "where": where, "reduce": reduce, "arg_reduce": arg_reduce,
+    "compare": compare, "where": where, "select_over_compare": select_over_compare, "reduce": reduce, "arg_reduce": arg_reduce,
     "cumsum": cumsum, "softmax": softmax, "norm": norm, "reshape": reshape, "flatten": flatten,
     "permute": permute, "squeeze_unsqueeze": squeeze_unsqueeze, "expand": expand, "tile_flip_tri": tile_flip_tri,
     "slice": slice_, "concat": concat, "split": split, "pad": pad, "gather": gather, "matmul": matmul,
@@ -507,5 +534,6 @@ ACTIONS = {
 }  # fmt: skip
 
 # How often each family is drawn: binary arithmetic (where broadcasting happens) most.
-_WEIGHTS = {"refused": 2, "arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2}
+_WEIGHTS = {"refused": 2, "arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2,
+            "select_over_compare": 2}
 ACTION_CHOICES = [name for name in ACTIONS for _ in range(_WEIGHTS.get(name, 1))]
