@@ -229,7 +229,8 @@ def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
 
 def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
     """The tile chosen for a GEMM whose epilogue reads a bias compiles to a K loop whose FMAs
-    take every operand from registers (gcc spills the B vectors of larger tiles to the stack)."""
+    take every operand from registers.  Only the rule's own tile is checked: what gcc does with
+    tiles the rule never picks depends on its version and the CPU, not on tessera."""
     import re
     import subprocess
 
@@ -242,15 +243,12 @@ def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
     w = np.zeros((96, 80), np.float32)
     cfg = cpu_gemm.heuristic_config(64, 96, 80, extras=True)
     assert cpu_gemm.spill_free(cfg)
-    spilled = []
-    for tile in (cfg, cpu_gemm.CpuGemmConfig(8, 3, 16, 1)):
-        src = tmp_path / f"k{tile}.c"
-        src.write_text(plan_cpu_linear((64, 80), (96, 80), bias=True, weight=w, config=tile).source)
-        flags = [f for f in C_FLAGS if f not in ("-shared", "-fPIC")]
-        subprocess.run(["gcc", *flags, "-S", str(src), "-o", str(tmp_path / "k.s")], check=True)
-        asm = (tmp_path / "k.s").read_text()
-        spilled.append(bool(re.search(r"vfmadd\w+\s+-?\d*\(%rsp\)", asm)))
-    assert spilled == [False, True]  # the rule's tile keeps them; 8 x 48 (excluded by the rule) spills
+    src = tmp_path / "k.c"
+    src.write_text(plan_cpu_linear((64, 80), (96, 80), bias=True, weight=w, config=cfg).source)
+    flags = [f for f in C_FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run(["gcc", *flags, "-S", str(src), "-o", str(tmp_path / "k.s")], check=True)
+    asm = (tmp_path / "k.s").read_text()
+    assert not re.search(r"vfmadd\w+\s+-?\d*\(%rsp\)", asm)
 
 
 @pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),

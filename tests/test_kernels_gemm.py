@@ -332,7 +332,7 @@ def test_tma_config_problems_and_space():
     assert any("cluster" in p for p in TmaConfig(128, 128, 4, split_k=2, split_reduce="cluster").problems())
     assert any("epilogue" in p for p in TmaConfig(128, 128, 4, epilogue="fast").problems())
     cfg = TmaConfig(128, 256, 3)
-    assert cfg.tiles(4096, 4096) == 512 and cfg.grid(4096, 4096) == 132
+    assert cfg.tiles(4096, 4096) == 512 and cfg.grid(4096, 4096, sms=132) == 132 and cfg.grid(4096, 4096, sms=78) == 78
     assert TmaConfig(64, 64, 4, 1, persistent=False).grid(100, 100) == 4
     for m, n, k in ((1, 4096, 4096), (16, 6144, 4096), (128, 28672, 4096), (4096, 4096, 14336), (37, 33, 40)):
         for layout in ("nk", "kn"):

@@ -138,9 +138,11 @@ def _ptxas_usage(source: str, tmp_path, name: str) -> str:
     return out.stderr
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_benchmark_schedules_do_not_spill(tmp_path):
-    """The cached kernels keep the row in registers: a spill would put it in local memory."""
+    """The cached kernels keep the row in registers: a spill would put it in local memory.  GPU
+    tier: register allocation is ptxas's, so this holds for the toolchain the GPU machine runs."""
     cases = [(C, f16) for C in (768, 4096, 8192, 16384)] + [(8192, f32), (4099, f16)]
     jobs = []
     for C, dt in cases:
@@ -153,8 +155,8 @@ def test_benchmark_schedules_do_not_spill(tmp_path):
         logs = list(ex.map(lambda j: _ptxas_usage(j[1], tmp_path, j[0]), jobs))
     for (name, _), log in zip(jobs, logs):
         # ptxas may spill a stray word at no cost; a spilled row cache is hundreds of bytes.
-        spilled = re.search(r"(\d+) bytes spill stores", log)
-        assert spilled and int(spilled.group(1)) <= 16, (name, log)
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+        assert max(spills, default=0) <= 16, (name, log)
 
 
 def test_dispatch_checks_its_arguments():
