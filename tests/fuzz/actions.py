@@ -188,7 +188,12 @@ def select_over_compare(g: Gen) -> None:
     """A select over a fresh comparison, as models write masks: `where(x < c, x * s, x)`, masked
     fills (one arm a scalar constant), integer conditions.  gcc 12 once miscompiled these
     (docs/cpu_codegen.md)."""
-    x = g.operand(lambda t: t.exact and _numeric(t))
+    if g.chance(60):  # short odd inner loops under an outer one: where gcc went wrong
+        shape = [g.pick([2, 3, 4, 6]) for _ in range(g.int(0, 2))] + [g.pick([3, 5, 7, 9, 13])]
+        dtype = g.input_dtype("fi")
+        x = g.fresh(shape, dtype, g.domain(dtype))
+    else:
+        x = g.operand(lambda t: t.exact and _numeric(t))
     if x is None:
         return
     scalar = g.chance(50)
@@ -198,10 +203,14 @@ def select_over_compare(g: Gen) -> None:
     cond = g.apply(g.pick(COMPARE), [x, c] if g.chance(70) else [c, x], {}, lambda o: (0, 1, 0, 0))
     if not cond:
         return
-    arm = x
-    if x.is_float and g.chance(60):
-        s = g.binary_partner(x, x.dtype, None)
-        product = None if s is None else g.apply("mul", [x, s], {}, lambda o: arith_values("mul", x, s, o, None))
+    # An arm read from another tensor than the condition's (`where(x > c, s, c)`), or the product
+    # `x * s` (`where(x < 0, x * s, x)`): gcc masked the reads only one arm makes.
+    arm = g.binary_partner(x, x.dtype, None) if g.chance(75) else x
+    if arm is None:
+        return
+    if x.is_float and arm is not x and g.chance(40):
+        s = arm
+        product = g.apply("mul", [x, s], {}, lambda o: arith_values("mul", x, s, o, None))
         if not product:
             return
         arm = product[0]
@@ -535,5 +544,5 @@ ACTIONS = {
 
 # How often each family is drawn: binary arithmetic (where broadcasting happens) most.
 _WEIGHTS = {"refused": 2, "arith": 5, "unary_float": 2, "reduce": 2, "matmul": 2, "slice": 2, "concat": 2, "where": 2, "compare": 2,
-            "select_over_compare": 2}
+            "select_over_compare": 3}
 ACTION_CHOICES = [name for name in ACTIONS for _ in range(_WEIGHTS.get(name, 1))]
