@@ -133,6 +133,11 @@ def test_index_bounds_of_split_loops():
     assert not bounds.in_bounds(inner, E.Const(4, ts.int32))
     assert not bounds.in_bounds(E.Binary("-", inner, E.Const(1, ts.int32)), E.Const(5, ts.int32))
     assert not bounds.in_bounds(outer, n)
+    m = E.Var("m", ts.int32)
+    bounds.loops[outer] = S.For(outer, E.Const(0, ts.int32), E.Binary("*", m, n), E.Const(1, ts.int32), S.Seq([]))
+    assert not bounds.in_bounds(E.Binary("//", outer, m), n)  # m could be 0 or negative
+    bounds.positive_vars.add(m)  # a shape parameter: a dimension of a non-empty array
+    assert bounds.in_bounds(E.Binary("//", outer, m), n) and bounds.in_bounds(E.Binary("%", outer, m), m)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -49,11 +49,14 @@ class IndexBounds:
     def __init__(self) -> None:
         self.loops: dict[E.Var, S.For] = {}
         self.definitions: dict[E.Var, E.Expr] = {}
+        self.positive_vars: set[E.Var] = set()  # shape parameters: dimensions of non-empty arrays
 
     def nonneg(self, e: E.Expr) -> bool:
         if isinstance(e, E.Const):
             return e.value >= 0
         if isinstance(e, E.Var):
+            if e in self.positive_vars:
+                return True
             if e in self.loops:
                 return self.nonneg(self.loops[e].start)
             if e in self.definitions:
@@ -91,7 +94,7 @@ class IndexBounds:
         return None
 
     def positive(self, e: E.Expr) -> bool:
-        return isinstance(e, E.Const) and e.value > 0
+        return (isinstance(e, E.Const) and e.value > 0) or e in self.positive_vars
 
     def in_bounds(self, index: E.Expr, extent: E.Expr) -> bool:
         """Whether 0 <= index < extent holds wherever the read is reached."""
@@ -152,7 +155,7 @@ class _HoistReads(IRMutator):
         safe = tuple(
             i if extent is not None and bounds.in_bounds(i, extent) else E.Select(self.guard, i, E.Const(0, i.dtype))
             for i, extent in zip(indices, shape))  # fmt: skip
-        var = E.Var(self.walk.fresh_name(e.buffer.name), e.type)
+        var = E.Var(self.walk.fresh_name(e.buffer.name), dtypes.compute_type(e.type))
         self.hoisted.append(S.DeclareVar(var, E.Load(e.buffer, safe)))
         return var
 
@@ -221,6 +224,7 @@ class UnconditionalLoads:
         names = _Names()
         names.visit(func.body)
         self.assigned = names.assigned
+        self.bounds.positive_vars = set(func.shape_params)
         body = self.stmt(func.body)
         return func if body is func.body else func.with_body(body)
 
@@ -266,7 +270,8 @@ class UnconditionalLoads:
             else_body = None if s.else_body is None else self.branch(s.else_body, _conjoin(guard, _negate(cond)), hoisted)
             return keep_line(S.If(cond, then_body, else_body), s)
         if isinstance(s, S.For):
-            self.bounds.loops[s.var] = s
+            if s.var not in self.assigned:
+                self.bounds.loops[s.var] = s
             body = self.stmt(s.body)
             return s if body is s.body else S.For(s.var, s.start, s.stop, s.step, body, s.kind)
         if isinstance(s, S.While):
