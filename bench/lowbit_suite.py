@@ -1,5 +1,5 @@
 """Suite `lowbit` (issue 12): low-bit weight x fp16 activation GEMM, every weight type, vs cuBLAS
-fp16 weights, torch's tinygemm int4 (`_weight_int4pack_mm`, bf16) and Humming (bench/lowbit_peers.py,
+fp16 weights, torch's tinygemm int4 (`_weight_int4pack_mm`, bf16) and Humming (`HummingPeer` below,
 where its wheel is installed; at N=12288, K=4096 and every group, not on the Llama-3 shapes: each
 new type, group and shape costs it ~16 s of JIT) in the same run.
 
@@ -11,7 +11,13 @@ DECODE_MAX_M rows, peer `cublas_dequantised` is cuBLAS on the dequantised weight
 fp16: at this power-limited card's compute-bound shapes the clock follows the data the tensor
 cores multiply, so it tells the kernel's own efficiency (the same values) apart from the
 weights' (issue 12's bar is `cublas`, on the original fp16 weights).
-Tilus is not run: its wheel has no quantized matmul (lowbit_peers.py)."""
+Peers that travel as wheels (bench/PROTOCOL.md; carried in `.whl`, see the device README):
+Humming (`humming-kernels` 0.1.19, the any-width weight-only kernels vLLM ships).  Its adapter
+quantises the same fp16 weights with Humming's own round-to-nearest and returns a zero-argument
+callable that runs its GEMM on x, or None with the reason printed once (a peer that is not
+installed or refuses a type is reported, never silently dropped).  Tilus 0.2.0's wheel ships the
+language, not a quantized matmul (that lives in its repository's examples), so it is not run;
+bench/PROTOCOL.md gives its published number."""
 
 from __future__ import annotations
 
@@ -20,7 +26,6 @@ import functools
 import numpy as np
 import torch
 from harness import Timer, rel_err
-from lowbit_peers import HummingPeer
 
 import tessera as ts
 from tessera.quant import WEIGHT_TYPES
@@ -30,6 +35,56 @@ from tessera.quant.quantize import quantize_weight
 N0, K0 = 12288, 4096
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 4096)
 LLAMA3 = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+
+# tessera weight type -> Humming's name (Humming stores signed integers as unsigned codes)
+_HUMMING_TYPES = {"e2m1": "float4e2m1", "e2m3": "float6e2m3", "e3m2": "float6e3m2", "e4m3": "float8e4m3",
+                  "e5m2": "float8e5m2"}  # fmt: skip
+_REPORTED: set[str] = set()
+
+
+def _report(key: str, message: str) -> None:
+    if key not in _REPORTED:
+        _REPORTED.add(key)
+        print(message, flush=True)
+
+
+def humming_type(tname: str) -> str:
+    """Humming's dtype string for a tessera weight type name (int4 -> uint4, e4m3 -> float8e4m3)."""
+    if tname in _HUMMING_TYPES:
+        return _HUMMING_TYPES[tname]
+    return "uint" + tname.removeprefix("u").removeprefix("int")
+
+
+class HummingPeer:
+    """One quantised Humming layer per (Humming type, group, N, K), reused across M and by the
+    signed and unsigned tessera types of one width (Humming stores both as unsigned codes)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[tuple, object] = {}
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, tname: str, group: int | None):
+        try:
+            from humming.layer import HummingLayer
+        except Exception as exc:  # noqa: BLE001  (not installed, or its import fails)
+            _report("import", f"humming unavailable: {type(exc).__name__}: {str(exc)[:160]}")
+            return None
+        n, k = w.shape
+        key = (humming_type(tname), group, n, k)
+        try:
+            layer = self.layers.get(key)
+            if layer is None:
+                layer = HummingLayer(shape_n=n, shape_k=k, torch_dtype=torch.float16,
+                                     weight_config={"dtype": humming_type(tname), "group_size": group or 0}).cuda()  # fmt: skip
+                layer.load_from_unquantized(w.to(torch.float16))
+                layer.transform()
+                self.layers[key] = layer
+            fn = lambda: layer(x)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            return fn
+        except Exception as exc:  # noqa: BLE001  (a type or shape the peer refuses)
+            _report(f"{tname},{group}", f"humming refused w={tname} g={group}: {type(exc).__name__}: {str(exc)[:200]}")
+            return None
 
 
 def cases(quick: bool) -> list[tuple[int, int, int, str, int | None]]:

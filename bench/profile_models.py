@@ -1,19 +1,28 @@
-"""Where compiled models spend GPU time: per-kernel totals of tessera's compiled models.
+"""Where tessera's compiled models spend their time, on the GPU (per kernel) or on the host.
 
-    python bench/profile_models.py --models bert,gpt2
+    python3 bench/profile_models.py --models bert,gpt2 [--top 14] [--explain DIR]
+    python3 bench/profile_models.py --models bert,gpt2 --host
 
-Compiles each model with torch.compile(backend="tessera", options={"cuda_graph": False}),
-runs it under torch.profiler and prints GPU kernel time grouped by kernel name, plus the
-model time with CUDA-graph replay for comparison.  A diagnostic, not a benchmark: the
-models suite measures.  (Timing steps with events around each launch would measure the
-host's launch cost instead: the GPU idles while Python launches.)
+Models come from bench/models_suite.py.  By default each is compiled with
+torch.compile(backend="tessera", options={"cuda_graph": False}), run under torch.profiler, and
+its GPU kernel time printed grouped by kernel name.  (Timing steps with events around each
+launch would measure the host's launch cost instead: the GPU idles while Python launches.)
+
+`--host`: the host cost of a call as users compile it (torch.compile(backend="tessera")):
+wall time per call over 50 calls and a cProfile of 20 calls, sorted by own time -- the Python
+side (guards, segment bookkeeping, graph replay).
+
+A diagnostic, not a benchmark: the models suite measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import re
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +34,30 @@ def _family(name: str) -> str:
     return re.sub(r"^(g|a)\d+_\d+_", "", name)[:90]
 
 
+def host_profile(name: str, model, inputs: tuple, top: int) -> None:
+    """Host wall time per call (50 calls) and a cProfile of 20 calls of the compiled model."""
+    import torch
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fn = torch.compile(model, backend="tessera")
+        for _ in range(5):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(50):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        print(f"{name}: {(time.perf_counter() - t0) / 50 * 1e3:.3f} ms per call (host wall, 50 calls)")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(20):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     import models_suite as suite
     import torch
@@ -32,13 +65,17 @@ def main() -> None:
 
     import tessera.frontend.torch  # noqa: F401
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="bert,gpt2")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--explain", default="", help="folder: write each model's tessera.explain report there")
+    parser.add_argument("--host", action="store_true", help="host wall time and a cProfile per model instead")
     args = parser.parse_args()
     for name in args.models.split(","):
         model, inputs = suite.build(suite.MODELS[name])
+        if args.host:
+            host_profile(name, model, inputs, args.top)
+            continue
         torch._dynamo.reset()
         with torch.no_grad():
             fn = torch.compile(model, backend="tessera", options={"cuda_graph": False})
