@@ -1,4 +1,4 @@
-"""Anchor kernels with fused epilogues (tessera.ops.anchors) against torch, DESIGN.md protocol.
+"""Anchor kernels with fused epilogues (tessera.ops.anchors) against torch (bench/PROTOCOL.md).
 
 Cases: linear + bias + GELU at LLM projection sizes, and the convolutions of ResNet-50
 (BatchNorm folded into a bias) + ReLU.  tessera runs one anchor (GEMM with the epilogue in its

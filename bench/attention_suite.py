@@ -1,5 +1,5 @@
 """The `attention` suite: tessera's flash attention (tessera.kernels.attention_call.flash_attention,
-host dispatch included) against torch SDPA's flash and cuDNN backends on DESIGN.md's attention
+host dispatch included) against torch SDPA's flash and cuDNN backends on bench/PROTOCOL.md's attention
 workloads: prefill (batch 1-16, heads 12-32, grouped heads, seq 128-4096, head dims 64 and 128,
 causal and not) and decode (one query token against a KV cache of 512-8192).
 

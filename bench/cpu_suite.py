@@ -20,7 +20,7 @@ spread (p75 - p25) / median of the system's own rounds.  torch runs with `--thre
 (torch.set_num_threads) and tessera's OpenMP kernels with as many (OMP_NUM_THREADS).
 Correctness in the same run: rel_err against a float64 eager copy on the same inputs.
 
-Results: <out>/<date>-cpu-cpu.jsonl (DESIGN.md's format; "gpu" names the CPU) and a markdown table.
+Results: <out>/<date>-cpu-cpu.jsonl (bench/PROTOCOL.md's format; "gpu" names the CPU) and a markdown table.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def rewind(cache: Any, position: int) -> None:
 
 
 def build_decode(kv: int, device: str, tiny: bool, dtype: torch.dtype = torch.float16, seed: int = 0) -> DecodeSetup:
-    """The 1.1B Llama of DESIGN.md (or dynamic_suite's tiny one), random weights, eval mode."""
+    """The 1.1B Llama of bench/PROTOCOL.md (or dynamic_suite's tiny one), random weights, eval mode."""
     from dynamic_suite import llama
 
     if kv <= STEPS:

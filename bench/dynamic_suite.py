@@ -12,7 +12,7 @@ sweep: BERT-base fp16, batch 1, sequence lengths 32, 48, 64, 96, 128, 160, 200, 
   latency (median of --repeats CUDA-event timings after --warmup calls, the same inputs for both
   systems) and the relative error against a float32 eager copy; after the sweep, the extra GPU
   memory it holds (allocated and reserved, against before its first call) and the peak.
-generate: the 1.1B Llama of DESIGN.md (TinyLlama shape, 22 layers) fp16, prompt 128, 64 new
+generate: the 1.1B Llama of bench/PROTOCOL.md (TinyLlama shape, 22 layers) fp16, prompt 128, 64 new
   tokens, greedy, `cache_implementation="static"`: eager `generate` against `generate` with the
   forward compiled by tessera; tokens/s of a warm call (median of --gen-repeats), the first
   (compiling) call's time, and whether the tokens equal eager's.
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default=None, choices=["float16", "float32", "bfloat16"],
                     help="default: float16 on the GPU, float32 on the CPU")  # fmt: skip
-    ap.add_argument("--repeats", type=int, default=50, help="timed calls per length (the protocol asks >= 50)")
+    ap.add_argument("--repeats", type=int, default=50, help="timed calls per length (bench/PROTOCOL.md asks >= 50)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per length after its first call")
     ap.add_argument("--gen-repeats", type=int, default=5, help="timed generate calls per system")
     ap.add_argument("--skip", default="", help=f"systems to leave out of the sweep: {TESSERA}, {PEER}")

@@ -1,5 +1,5 @@
 """The `gemm` suite: tessera's tuned tensor-core GEMM against cuBLAS (torch.matmul) and
-torch.compile, on DESIGN.md's GEMM workloads; and (`graph_gemm_suite`) the kernels the graph
+torch.compile, on bench/PROTOCOL.md's GEMM workloads; and (`graph_gemm_suite`) the kernels the graph
 compiler emits for the suite models' own GEMMs: the anchor with its fused epilogue, prepared as
 `compile_graph` prepares it (tuned), against cuBLAS alone, torch eager and torch.compile.
 
@@ -60,7 +60,7 @@ def fresh_compile(fn, **kwargs):  # noqa: ANN001, ANN201
     return torch.compile(fn, **kwargs)
 
 
-# The suite models' GEMMs as the graph compiler sees them (fp16, batch 1; DESIGN.md's models):
+# The suite models' GEMMs as the graph compiler sees them (fp16, batch 1; bench/PROTOCOL.md's models):
 # (model, layer, M, N, K, epilogue).  QKV and gate/up projections are merged by the graph's
 # merge_qkv pass; GPT-2's Conv1D weights are transposed once to [N, K].
 MODEL_GEMMS = [

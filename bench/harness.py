@@ -1,4 +1,4 @@
-"""Benchmark protocol (DESIGN.md): side by side in one process, CUDA events, L2 flushed,
+"""The GPU benchmark protocol of bench/PROTOCOL.md: side by side in one process, CUDA events, L2 flushed,
 median of at least 50 repeats, correctness in the same run; results as JSONL + markdown."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ SUITE = "models"
 EAGER = "torch.eager"
 EAGER_GRAPH = "torch.eager+cudagraph"  # eager captured once in a CUDA graph and replayed
 COMPILE_PEERS = ["torch.compile:default", "torch.compile:reduce-overhead", "torch.compile:max-autotune"]
-PEERS = [EAGER, EAGER_GRAPH, *COMPILE_PEERS]  # DESIGN.md's peer names, in table order
+PEERS = [EAGER, EAGER_GRAPH, *COMPILE_PEERS]  # bench/PROTOCOL.md's peer names, in table order
 TESSERA = "tessera"
 SYSTEMS = [*PEERS, TESSERA]
 # Quantized decode cases (decode_case.py): `tessera` runs the low-bit model, every peer the fp16

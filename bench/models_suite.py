@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated from {', '.join(PEERS)}, or all (default: all but max-autotune)",
     )
     ap.add_argument("--no-tessera", action="store_true", help="time the peers only")
-    ap.add_argument("--repeats", type=int, default=50, help="timed calls per system (the protocol asks >= 50)")
+    ap.add_argument("--repeats", type=int, default=50, help="timed calls per system (bench/PROTOCOL.md asks >= 50)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls before timing")
     ap.add_argument(
         "--out",
@@ -537,7 +537,7 @@ def run_suite(opts: argparse.Namespace) -> list[dict[str, Any]]:
     """Every selected model in turn; each row is appended as soon as its model is done."""
     outdir = _outdir(opts)
     if opts.repeats < 50:
-        print(f"note: --repeats {opts.repeats} is below the protocol's 50", flush=True)
+        print(f"note: --repeats {opts.repeats} is below bench/PROTOCOL.md's 50", flush=True)
     rows = []
     for model in opts.models:
         row = run_model(opts, model)

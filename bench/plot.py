@@ -2,7 +2,7 @@
 
     python3 bench/plot.py bench/results/2026-11-22-h200-models.jsonl [more.jsonl ...]
 
-For each case (one row of the JSONL, DESIGN.md's results format) the plot shows tessera's
+For each case (one row of the JSONL, bench/PROTOCOL.md's results format) the plot shows tessera's
 speed relative to each peer, peer time / tessera time, so bars right of the line at 1 are
 cases tessera wins; where a row has `floor_us` (the memory-bound floor of the lowbit suite),
 its bar is floor time / tessera time, the fraction of the floor reached.  The suites call
