@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from tessera import settings
 from tessera.backend import cache
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="list, size, verify or clear the artifact cache ($TESSERA_CACHE_DIR)",
-                       description=f"The artifact cache at ${cache.ENV_VAR}, else ~/.cache/tessera.")  # fmt: skip
+                       description=f"The artifact cache at ${settings.CACHE_DIR.name}, else ~/.cache/tessera.")  # fmt: skip
     actions = p.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("list", help="the entries: key, kind, size, age and kernel names")
     ls.add_argument("--kind", choices=["c", "cuda"], help="only entries of this kind")

@@ -5,42 +5,27 @@ stderr.  Whether they show, in order of precedence:
 
 1. `progress(False)` / `progress(True)` around the work (the `progress` option of
    `torch.compile(..., backend="tessera", options={...})` and of `compile_graph` sets it);
-2. the environment variable TESSERA_PROGRESS: `0`/`off` never, `1`/`on` always (also when
+2. the environment variable TESSERA_PROGRESS (tessera.settings): `0`/`off` never, `1`/`on` always (also when
    stderr is not a terminal, e.g. into a log);
 3. by default: only when stderr is a terminal.
 
 A bar appears only once its step has run for `DELAY_S`, so quick (cached) compiles print
-nothing.  This module imports nothing of tessera but its errors, so every layer may use it.
+nothing.  This module imports nothing of tessera but its errors and settings, so every layer may use it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+from tessera import settings
 from tessera.errors import ArgumentError
 
-ENV_VAR = "TESSERA_PROGRESS"
 DELAY_S = 0.5
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 _SETTING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("tessera_progress", default=None)
-
-
-def env_setting() -> bool | None:
-    """TESSERA_PROGRESS as True/False, or None when unset; a value it cannot mean raises ArgumentError."""
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if not value:
-        return None
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ArgumentError(f"${ENV_VAR}={os.environ[ENV_VAR]!r}: use 1/on to show progress bars, 0/off to hide them "
-                        "(unset: shown only when stderr is a terminal)")  # fmt: skip
 
 
 def enabled() -> bool:
@@ -48,7 +33,7 @@ def enabled() -> bool:
     setting = _SETTING.get()
     if setting is not None:
         return setting
-    env = env_setting()
+    env = settings.progress()
     if env is not None:
         return env
     try:

@@ -262,7 +262,7 @@ def test_cuda_anchor_templates_are_planned_anew_under_other_planning_settings(mo
         assert prepare(group, {}).mode == mode
     assert len(build._SHARED_ANCHORS) == 2
     monkeypatch.setenv("TESSERA_IMPLICIT_CONV", "0")
-    assert build.planning_settings() == ("register", "0")
+    assert build.planning_settings() == ("register", False)
 
 
 def test_cpu_anchors_are_not_shared_between_equal_layers():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import f32
+from tessera import f32, settings
 from tessera.backend import build_cuda
 from tessera.runtime import cuda
 
@@ -49,10 +49,10 @@ def test_the_wait_builds_for_every_architecture(arch):
 def test_programmatic_launch_is_off_without_a_gpu_or_when_disabled(monkeypatch):
     cuda.programmatic_launch.cache_clear()
     try:
-        monkeypatch.setenv(cuda.PDL_ENV, "0")
+        monkeypatch.setenv(settings.PDL.name, "0")
         assert cuda.programmatic_launch() is False
         cuda.programmatic_launch.cache_clear()
-        monkeypatch.delenv(cuda.PDL_ENV)
+        monkeypatch.delenv(settings.PDL.name)
         props = cuda.device_properties()
         assert cuda.programmatic_launch() == (props.from_driver and props.capability >= (9, 0))
     finally:

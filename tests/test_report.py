@@ -11,6 +11,7 @@ import pytest
 
 import tessera
 import tessera.progress as progress
+from tessera import settings
 from tessera.errors import ArgumentError
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph
@@ -124,15 +125,15 @@ def _compile_showing(rng, capfd, **kwargs) -> str:
 def test_progress_follows_option_env_and_terminal(rng, monkeypatch, capfd):
     pytest.importorskip("tqdm")
     monkeypatch.setattr(progress, "DELAY_S", 0)  # show at once, however quick the step
-    monkeypatch.delenv(progress.ENV_VAR, raising=False)
+    monkeypatch.delenv(settings.PROGRESS.name, raising=False)
     assert "tessera: mlp" not in _compile_showing(rng, capfd)  # stderr is not a terminal under pytest
     assert "tessera: mlp: building" in _compile_showing(rng, capfd, progress=True)
-    monkeypatch.setenv(progress.ENV_VAR, "1")
+    monkeypatch.setenv(settings.PROGRESS.name, "1")
     assert "tessera: mlp" in _compile_showing(rng, capfd)
     assert "tessera: mlp" not in _compile_showing(rng, capfd, progress=False)  # the option wins
-    monkeypatch.setenv(progress.ENV_VAR, "off")
+    monkeypatch.setenv(settings.PROGRESS.name, "off")
     assert "tessera: mlp" not in _compile_showing(rng, capfd)
-    monkeypatch.setenv(progress.ENV_VAR, "sometimes")
+    monkeypatch.setenv(settings.PROGRESS.name, "sometimes")
     with pytest.raises(ArgumentError, match="TESSERA_PROGRESS='sometimes'"):
         compile_graph(_mlp(rng), "cpu")
     with pytest.raises(ArgumentError, match="progress"):
@@ -140,7 +141,7 @@ def test_progress_follows_option_env_and_terminal(rng, monkeypatch, capfd):
 
 
 def test_progress_context_nests_and_restores(monkeypatch):
-    monkeypatch.delenv(progress.ENV_VAR, raising=False)
+    monkeypatch.delenv(settings.PROGRESS.name, raising=False)
     with progress.progress(True):
         assert progress.enabled()
         with progress.progress(None):  # None keeps the outer setting

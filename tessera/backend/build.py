@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import os
 import platform
 import shutil
 import subprocess
 from pathlib import Path
 
+from tessera import settings
 from tessera.backend import cache
 from tessera.backend.isa import cpu_isa
 from tessera.errors import BrokenCompilerError, CompilationError, CompilerNotFoundError
@@ -20,12 +20,10 @@ DEFAULT_CUDA_ARCH = "sm_90a"
 
 
 def find_compiler(name: str, env_var: str) -> str:
-    override = os.environ.get(env_var)
-    if override:  # a path or a command name; it must name an executable
-        path = shutil.which(override)
-        if not path:
-            raise CompilerNotFoundError(f"${env_var} is set to {override!r}, which is not an executable {name}")
-        return path
+    """The compiler `env_var` ($TESSERA_CC, $TESSERA_NVCC) names, else `name` on PATH."""
+    override = settings.compiler(env_var)  # validated: an executable
+    if override:
+        return override
     path = shutil.which(name)
     if not path:
         hint = "install gcc (e.g. `apt-get install gcc`)" if name == "gcc" else "install the CUDA toolkit so nvcc is on PATH"
@@ -72,7 +70,7 @@ def _run(cmd: list[str], name: str, key: str, source_name: str, source: str, out
                                   f"is it really {name}? Check ${_ENV_VARS[name]} and PATH")  # fmt: skip
 
 
-_ENV_VARS = {"gcc": "TESSERA_CC", "nvcc": "TESSERA_NVCC"}
+_ENV_VARS = {"gcc": settings.CC.name, "nvcc": settings.NVCC.name}
 _FILES = {"c": ("kernel.c", "kernel.so"), "cuda": ("kernel.cu", "kernel.cubin")}
 
 
@@ -92,7 +90,7 @@ def build_c(source: str) -> Path:
     flags = list(C_FLAGS)
     machine = f"{_cpu_model()} isa={cpu_isa()}"  # a TESSERA_CPU_ISA cap changes the generated code
     try:
-        gcc = find_compiler("gcc", "TESSERA_CC")
+        gcc = find_compiler("gcc", settings.CC.name)
     except CompilerNotFoundError as exc:
         return _prebuilt("c", source, " ".join(flags), machine, exc)
     identity = cache.Identity("c", compiler_version(gcc), " ".join(flags), machine)
@@ -114,7 +112,7 @@ def build_cuda(source: str, arch: str = DEFAULT_CUDA_ARCH) -> Path:
     """Compile CUDA source into a cubin for `arch`; returns its path in the cache."""
     flags = CUDA_FLAGS + arch_flags(arch)
     try:
-        nvcc = find_compiler("nvcc", "TESSERA_NVCC")
+        nvcc = find_compiler("nvcc", settings.NVCC.name)
     except CompilerNotFoundError as exc:
         return _prebuilt("cuda", source, " ".join(flags), "", exc)
     identity = cache.Identity("cuda", compiler_version(nvcc), " ".join(flags), "")  # the flags name the target

@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ENV_VAR = "TESSERA_CACHE_DIR"
+from tessera import settings
+
 _KEY = re.compile(r"[0-9a-f]{40}\Z")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\Z")
 META = "meta.json"
@@ -42,8 +43,7 @@ ENTRY_FORMAT = "entry-v2"  # meta.json records the Identity
 
 def cache_root() -> Path:
     """The cache directory: $TESSERA_CACHE_DIR, else ~/.cache/tessera."""
-    root = os.environ.get(ENV_VAR) or os.path.join(os.path.expanduser("~"), ".cache", "tessera")
-    return Path(root)
+    return settings.cache_dir()
 
 
 def cache_key(*parts: str) -> str:

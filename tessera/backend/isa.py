@@ -2,21 +2,21 @@
 
 CPU kernels are compiled with `-march=native`, so the ISA is the build machine's: AVX-512
 (16 float32 lanes) where the CPU has avx512f, AVX2 + FMA (8 lanes) otherwise, and no SIMD
-vectors at all on anything older (or not x86).  `TESSERA_CPU_ISA=avx2` (or `scalar`) caps it,
-to test the narrower code paths on a wider machine.  The ISA is part of every C artifact's
-cache key (backend.build), so a kernel built for one width is never loaded for another.
+vectors at all on anything older (or not x86).  `TESSERA_CPU_ISA=avx2` (or `scalar`; see
+tessera.settings) caps it, to test the narrower code paths on a wider machine.  The ISA is part
+of every C artifact's cache key (backend.build), so a kernel built for one width is never loaded
+for another.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import platform
 from pathlib import Path
 
-from tessera.errors import ArgumentError
+from tessera import settings
 
-ISAS = ("scalar", "avx2", "avx512")  # narrowest first
+ISAS = settings.CPU_ISA.choices  # narrowest first
 _LANES_F32 = {"scalar": 1, "avx2": 8, "avx512": 16}
 
 
@@ -45,11 +45,9 @@ def _hardware_isa() -> str:
 def cpu_isa() -> str:
     """"avx512", "avx2" or "scalar": the widest vector ISA the C kernels may use here."""
     hw = _hardware_isa()
-    cap = os.environ.get("TESSERA_CPU_ISA", "").strip().lower()
-    if not cap:
+    cap = settings.cpu_isa_cap()
+    if cap is None:
         return hw
-    if cap not in ISAS:
-        raise ArgumentError(f"TESSERA_CPU_ISA must be one of {list(ISAS)}, got {cap!r}")
     return cap if ISAS.index(cap) < ISAS.index(hw) else hw
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera import settings
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import lowbit
 from tessera.quant.layout import pack_units, padded_shape
@@ -175,10 +176,7 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
 
 def _prefill_key(m: int) -> tuple:
     """Where a weight keeps its prefill choice for m rows: per power-of-two bucket, mode and tuning."""
-    from tessera.quant.tune import prefill_mode
-    from tessera.tune.tuner import default_tune
-
-    return ("prefill", 1 << (m - 1).bit_length(), prefill_mode(), default_tune())
+    return ("prefill", 1 << (m - 1).bit_length(), settings.lowbit_prefill(), settings.tune())
 
 
 def _decode_key(m: int) -> tuple:
@@ -199,11 +197,10 @@ def _decode_config(p: PreparedWeight, m: int) -> Any:
     from tessera.errors import TuningError
     from tessera.kernels.lowbit_decode import DecodeConfig
     from tessera.runtime.cuda import multiprocessor_count
-    from tessera.tune.tuner import default_tune
 
     n, k = p.weight.shape
     config = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
-    if not default_tune():
+    if not settings.tune():
         return config
     from tessera.quant.tune import tuned_decode_config
 

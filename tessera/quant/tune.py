@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from tessera.errors import ArgumentError
+from tessera import settings
 from tessera.ir.dtypes import DataType
 from tessera.kernels.lowbit_decode_config import DecodeConfig
 
@@ -138,19 +137,6 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
 
 # ---- prefill: the fused kernels against dequantising first -------------------------------------------------------
 DEQUANT_THEN_GEMM = "dequant_then_gemm"  # the two-pass path: words -> fp16 W (lowbit_dequant), then the fp16 GEMM
-PREFILL_ENV = "TESSERA_LOWBIT_PREFILL"
-PREFILL_MODES = ("auto", "fused", "register", "dequant")
-
-
-def prefill_mode() -> str:
-    """$TESSERA_LOWBIT_PREFILL: 'auto' (default: tuning decides, the two passes without it),
-    'fused' (the shared-memory fused kernel wherever it builds), 'register' (the register-A
-    kernel wherever it builds) or 'dequant' (always the two passes)."""
-    value = os.environ.get(PREFILL_ENV, "").strip().lower() or "auto"
-    if value not in PREFILL_MODES:
-        raise ArgumentError(f"${PREFILL_ENV}={os.environ[PREFILL_ENV]!r}: use 'auto' (tuning picks a fused kernel or "
-                            "dequantising first), 'fused', 'register' or 'dequant'")  # fmt: skip
-    return value
 
 
 def is_register_a(choice: Any) -> bool:
@@ -164,11 +150,11 @@ def prefill_choice(wtype: DataType, group: int, has_bias: bool, span: int, m: in
                    scales: tuple[int, int], biases: tuple[int, int], tune: bool,
                    register_a: bool = False) -> Any:  # fmt: skip
     """How m rows run past the decode sizes: DEQUANT_THEN_GEMM or a fused kernel's config, by
-    `prefill_mode` (with 'auto', `tuned_prefill` when `tune`, else the two passes);
+    $TESSERA_LOWBIT_PREFILL (with 'auto', `tuned_prefill` when `tune`, else the two passes);
     `register_a`: the caller can give the words in FRAGMENT_SPAN too (see prefill_candidates).
     A forced kernel that cannot serve the weights (another k order, not SM90, too many
     registers), or tuning that fails, falls back to the two passes with a warning."""
-    mode = prefill_mode()
+    mode = settings.lowbit_prefill()
     if mode == "dequant" or (mode == "auto" and not tune):
         return DEQUANT_THEN_GEMM
     candidates = prefill_candidates(wtype, group, has_bias, span, register_a)
@@ -176,7 +162,7 @@ def prefill_choice(wtype: DataType, group: int, has_bias: bool, span: int, m: in
         forced = [c for c in candidates[1:] if is_register_a(c) == (mode == "register")]
         if not forced:
             log.warning("tessera: %s=%s: that kernel cannot run %s g%d%s words here (k order %d%s); dequantising "
-                        "first", PREFILL_ENV, mode, wtype.name, group, " with zero points" if has_bias else "", span,
+                        "first", settings.LOWBIT_PREFILL.name, mode, wtype.name, group, " with zero points" if has_bias else "", span,
                         "" if register_a else ", no fragment-order copy")  # fmt: skip
         return forced[0] if forced else DEQUANT_THEN_GEMM
     from tessera.errors import TuningError

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera import settings
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function, LaunchConfig
@@ -356,7 +356,6 @@ def torch_stream(t: Any) -> int:
 
 # Launch plans kept per kernel (distinct argument signatures); least recently used go first.
 PLAN_CACHE_SIZE = 256
-PDL_ENV = "TESSERA_PDL"
 
 
 @functools.cache
@@ -366,8 +365,8 @@ def programmatic_launch() -> bool:
     runs, which hides most of the gap between dependent kernels (also inside CUDA graphs).
     Safe because every kernel tessera generates executes griddepcontrol.wait before it
     touches memory (backend/codegen_cuda.py: ts_grid_dependency_sync).  $TESSERA_PDL=0
-    turns it off."""
-    if os.environ.get(PDL_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+    turns it off; it is read once, with the device query (cache_clear() reads it again)."""
+    if not settings.pdl():
         return False
     props = device_properties()
     return props.from_driver and props.capability >= (9, 0)

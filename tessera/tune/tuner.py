@@ -31,25 +31,11 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from tessera.backend.cache import cache_key, cache_root, sha256_bytes
-from tessera.errors import ArgumentError, TuningError
+from tessera.errors import TuningError
 from tessera.progress import bar
 
 C = TypeVar("C")
 log = logging.getLogger("tessera")
-
-TUNE_ENV = "TESSERA_TUNE"
-
-
-def default_tune() -> bool:
-    """Tuning's default: on, unless $TESSERA_TUNE says 0/off (CI machines, quick experiments)."""
-    value = os.environ.get(TUNE_ENV, "").strip().lower()
-    if value in ("", "1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ArgumentError(f"${TUNE_ENV}={os.environ[TUNE_ENV]!r}: use 1/on to tune GEMM and attention schedules by "
-                        "timing them, 0/off to choose them by the cost model (unset: on)")  # fmt: skip
-
 
 # (record key, winner's name) of every tune() call made inside `recording()`.
 _RECORDING: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("tessera_tuning", default=None)

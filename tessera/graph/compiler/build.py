@@ -10,12 +10,12 @@ and the user is told why on the "tessera" logger.  A missing or broken compiler,
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from tessera import settings
 from tessera.errors import (
     ArgumentError,
     BrokenCompilerError,
@@ -227,14 +227,11 @@ def _keep_anchor(key: tuple | None, kernel: Any) -> None:
             _SHARED_ANCHORS.popitem(last=False)
 
 
-def planning_settings() -> tuple[str, ...]:
+def planning_settings() -> tuple[str, bool]:
     """The environment settings the anchors' planners read ($TESSERA_LOWBIT_PREFILL,
     $TESSERA_IMPLICIT_CONV): part of the shared anchors' key, so that a recompile under another
     setting plans anew rather than reusing the kernels planned under the first."""
-    from tessera.ops.anchors.conv import IMPLICIT_CONV_ENV
-    from tessera.quant.tune import PREFILL_ENV
-
-    return tuple(os.environ.get(name, "") for name in (PREFILL_ENV, IMPLICIT_CONV_ENV))
+    return settings.lowbit_prefill(), settings.implicit_conv()
 
 
 def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[str, Any]) -> Any:

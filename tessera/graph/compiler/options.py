@@ -14,16 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from tessera import settings
 from tessera.errors import ArgumentError
 from tessera.graph.compiler.memory import ARRAY_KINDS
-from tessera.tune.tuner import TUNE_ENV, default_tune  # noqa: F401  (re-exported: the options' default)
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     """What the compiler may do.  Each field is documented in OPTION_DOCS."""
 
-    tune: bool = field(default_factory=default_tune)
+    tune: bool = field(default_factory=settings.tune)
     cuda_graph: bool = True
     progress: bool | None = None
     executor: str = "compiled"

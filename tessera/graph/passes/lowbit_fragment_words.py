@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from tessera import settings
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
@@ -61,10 +62,9 @@ AUTO_TUNES_IT = True  # whether 'auto' with tuning adds the words (see the modul
 def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
     """Append the fragment-order words to every lowbit_linear the register-A kernel may run
     (see the module docstring), when the current GPU is an SM90 one; returns how many."""
-    from tessera.quant.tune import prefill_mode
     from tessera.runtime.cuda import device_properties
 
-    mode = prefill_mode()
+    mode = settings.lowbit_prefill()
     if mode != "register" and not (mode == "auto" and tune and AUTO_TUNES_IT):
         return 0
     if device_properties().capability != (9, 0):

@@ -27,9 +27,9 @@ materialised: each im2col row is the kh*kw taps' C channels, dense, written with
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
+from tessera import settings
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
@@ -49,8 +49,6 @@ from tessera.ops.anchors.gemm import (
 )
 from tessera.ops.anchors.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
 from tessera.ops.anchors.rewrite import i32, rename, specialize, unravel
-
-IMPLICIT_CONV_ENV = "TESSERA_IMPLICIT_CONV"  # 0: convolutions through im2col, not the implicit GEMM
 
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
@@ -170,7 +168,7 @@ def _implicit_problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dt: Da
     o, kh, kw, _ = w_shape
     window = ConvWindow(c, (kh, kw), (geo["oh"], geo["ow"]), (geo["sh"], geo["sw"]), (geo["pt"], geo["pl"]),
                         (geo["dh"], geo["dw"]))  # fmt: skip
-    if window.problems() or conv_window(window, x_shape).problems(2) or os.environ.get(IMPLICIT_CONV_ENV, "1") == "0":
+    if window.problems() or conv_window(window, x_shape).problems(2) or not settings.implicit_conv():
         return None
     pixels = (n, geo["oh"], geo["ow"])
     a = Operand((INPUT, 0), x_shape, lambda bi, r, q: (*unravel(r, pixels), q), plain=True)  # (TMA reads it)
