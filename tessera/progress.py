@@ -5,8 +5,8 @@ stderr.  Whether they show, in order of precedence:
 
 1. `progress(False)` / `progress(True)` around the work (the `progress` option of
    `torch.compile(..., backend="tessera", options={...})` and of `compile_graph` sets it);
-2. the environment variable TESSERA_PROGRESS (tessera.settings): `0`/`off` never, `1`/`on` always (also when
-   stderr is not a terminal, e.g. into a log);
+2. the environment variable TESSERA_PROGRESS (see tessera.settings): `0`/`off` never, `1`/`on`
+   always (also when stderr is not a terminal, e.g. into a log);
 3. by default: only when stderr is a terminal.
 
 A bar appears only once its step has run for `DELAY_S`, so quick (cached) compiles print
