@@ -9,31 +9,18 @@ is always last.  The compiled executor will put a backend first whose kernels co
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from tessera.errors import ArgumentError, DivisionByZeroError
-from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.backend_protocol import Backend, OpKernel
+from tessera.graph.flow_graph import FlowGraph, provide
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
 from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, contains_sym, evaluate
 from tessera.graph.tensor import Tensor, numpy_dtype
-
-
-class OpKernel(Protocol):
-    """Runs one operator: input arrays and the symbol bindings in, output arrays out."""
-
-    def __call__(self, inputs: Sequence[Any], bindings: Mapping[str, int]) -> Sequence[Any]: ...
-
-
-class Backend(Protocol):
-    """Turns operators into kernels; returns None for an operator it cannot run."""
-
-    name: str
-
-    def prepare(self, op: Operator) -> OpKernel | None: ...
 
 
 class NumpyBackend:
@@ -156,3 +143,10 @@ def collect_inputs(graph: FlowGraph, args: Sequence[Any], kwargs: Mapping[str, A
     if len(args) != len(graph.inputs):
         raise ArgumentError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(args)}")
     return list(args)
+
+
+def _run(graph: FlowGraph, backends: Sequence[Backend] | None, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+    return Executor(graph, backends).run(*args, **kwargs)
+
+
+provide("run", _run)  # FlowGraph.run

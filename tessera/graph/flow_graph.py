@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tessera.errors import TesseraError
+from tessera.graph.backend_protocol import Backend
 from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
 from tessera.graph.symbolic import Dim, Sym, format_shape
 from tessera.graph.tensor import Tensor
 
-if TYPE_CHECKING:
-    from tessera.graph.executor import Backend
+# FlowGraph.run and FlowGraph.save are done by modules above this one, which register their
+# functions here when imported (tessera.graph's __init__ imports both): "run" by
+# tessera.graph.executor, "save" by tessera.graph.serialize.
+_SERVICES: dict[str, Callable[..., Any]] = {}
+
+
+def provide(service: str, fn: Callable[..., Any]) -> None:
+    """Register the function that does `service` ("run" or "save") for FlowGraph."""
+    _SERVICES[service] = fn
 
 
 class GraphError(TesseraError):
@@ -144,15 +152,11 @@ class FlowGraph:
 
         The default backend is the numpy reference implementation of every operator.
         """
-        from tessera.graph.executor import Executor
-
-        return Executor(self, backends).run(*args, **kwargs)
+        return _SERVICES["run"](self, backends, *args, **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write the graph to one file (see `tessera.graph.serialize` for the format)."""
-        from tessera.graph.serialize import save
-
-        save(self, path)
+        _SERVICES["save"](self, path)
 
     # ---- printing -----------------------------------------------------------------------
     def __str__(self) -> str:

@@ -3,22 +3,24 @@
 Every op kind names its attributes (with defaults), a shape/dtype inference function and a
 numpy reference implementation.  The reference is the semantics of the op: constant folding
 runs it, the interim executor runs it, and compiled kernels are tested against it.
+
+The registry is filled at import by the modules that define op kinds: `tessera.graph.opdefs`
+(the built-in vocabulary, which `tessera.graph`'s __init__ imports first, so any import of a
+graph module has registered it) and any module that calls `register` itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tessera.errors import UnsupportedError
 from tessera.graph.symbolic import Shape
+from tessera.graph.tensor import Tensor
 from tessera.ir.dtypes import DataType
-
-if TYPE_CHECKING:
-    from tessera.graph.tensor import Tensor
 
 
 class _Required:
@@ -85,7 +87,6 @@ def register(kind: str, *, infer: InferFn, reference: ReferenceFn, attrs: dict[s
 
 
 def get_op(kind: str) -> OpDef:
-    _ensure_loaded()
     try:
         return _REGISTRY[kind]
     except KeyError:
@@ -93,14 +94,8 @@ def get_op(kind: str) -> OpDef:
 
 
 def has_op(kind: str) -> bool:
-    _ensure_loaded()
     return kind in _REGISTRY
 
 
 def all_ops() -> dict[str, OpDef]:
-    _ensure_loaded()
     return dict(_REGISTRY)
-
-
-def _ensure_loaded() -> None:
-    import tessera.graph.opdefs  # noqa: F401  (registers the built-in vocabulary)

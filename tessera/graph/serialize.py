@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import FileFormatError, TesseraError
-from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.flow_graph import FlowGraph, provide
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, parse_dim
 from tessera.graph.tensor import Tensor, numpy_dtype
@@ -157,3 +157,6 @@ def _decode(doc: dict, arrays: dict[str, np.ndarray]) -> FlowGraph:
                             spec["name"]))  # fmt: skip
     graph = FlowGraph([at(i) for i in doc["inputs"]], [at(i) for i in doc["outputs"]], ops, doc["name"])
     return graph.verify()
+
+
+provide("save", save)  # FlowGraph.save

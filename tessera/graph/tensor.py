@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,8 +13,16 @@ from tessera.graph.symbolic import Dim, Shape, as_shape, format_shape, is_static
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 
-if TYPE_CHECKING:
-    from tessera.graph.operator import Operator
+
+class Producer(Protocol):
+    """What a tensor knows of the operator that computes it (tessera.graph.operator.Operator,
+    a module above this one, which sets `Tensor.producer`)."""
+
+    kind: str
+    name: str
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    attrs: dict[str, Any]
 
 DEVICES = ("cpu", "cuda")
 
@@ -66,7 +74,7 @@ class Tensor:
         self.dtype: DataType = dtypes.dtype(dtype)
         self.device = device
         self.name = name or f"t{next(_names)}"
-        self.producer: Operator | None = None
+        self.producer: Producer | None = None
         self.data: np.ndarray | None = None
         if data is not None:
             self.set_data(data)

@@ -9,13 +9,12 @@ import numpy as np
 
 from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import ShapeError, Sym
+from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
 from tessera.ir.symbolic import floordiv, sym_max
 
 
 def _np_dtype(name):
-    from tessera.graph.tensor import numpy_dtype
-
     return numpy_dtype(dtypes.dtype(name))
 
 

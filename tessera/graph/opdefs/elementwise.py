@@ -11,6 +11,7 @@ from tessera.errors import DivisionByZeroError
 from tessera.graph.opdefs._common import float_result, upcast
 from tessera.graph.registry import register
 from tessera.graph.symbolic import ShapeError, broadcast_shapes
+from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
 from tessera.ir import dtypes
 from tessera.ir.dtypes import promote
 
@@ -114,8 +115,6 @@ register("clamp", infer=_infer_same, category="elementwise", attrs={"min": None,
 
 
 def _cast_ref(xs, a):
-    from tessera.graph.tensor import numpy_dtype
-
     return [xs[0].astype(numpy_dtype(dtypes.dtype(a["dtype"])))]
 
 
@@ -158,8 +157,6 @@ def _promoted_ref(fn):
     # Operands converted to the promoted dtype first, as the graph's result dtype says (and as
     # torch does): numpy would compute int64 % float16 in float64, where 2**40 is finite.
     def ref(xs, attrs):
-        from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
-
         dt = numpy_dtype(arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype)))
         return [fn(upcast(xs[0].astype(dt, copy=False)), upcast(xs[1].astype(dt, copy=False)))]
 
@@ -216,8 +213,6 @@ def _infer_div(inputs, attrs):
 
 
 def _div_ref(xs, a):
-    from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
-
     dt = arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype))
     if a["rounding"] is None and not dt.is_float:
         dt = dtypes.float32  # true division of integers is float32 division, as torch does it
@@ -257,16 +252,12 @@ register("bitshift", infer=lambda xs, a: [(broadcast_shapes(xs[0].shape, xs[1].s
 
 
 def _bitcast_ref(xs, a):
-    from tessera.graph.tensor import numpy_dtype
-
     return [xs[0].view(numpy_dtype(dtypes.dtype(a["dtype"])))]
 
 
 def _bitcast_infer(xs, a):
     dt = dtypes.dtype(a["dtype"])
     if dt.nbits != xs[0].dtype.nbits:
-        from tessera.graph.symbolic import ShapeError
-
         raise ShapeError(f"bitcast between {xs[0].dtype} and {dt} of different widths")
     return [(xs[0].shape, dt)]
 

@@ -23,7 +23,9 @@ import numpy as np
 
 from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import ShapeError
-from tessera.ir import dtypes
+from tessera.ir import dtypes, lowbit
+from tessera.quant import codecs
+from tessera.quant.layout import unpack_units
 
 ACTIVATION_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
@@ -49,10 +51,6 @@ def _infer(xs, a):
 
 def dequantized_weight(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, a: dict) -> np.ndarray:
     """The float64 [N, K] weights the operator's constants stand for."""
-    from tessera.ir import lowbit
-    from tessera.quant import codecs
-    from tessera.quant.layout import unpack_units
-
     t = dtypes.dtype(a["wtype"])
     n, k, gs = a["n"], a["k"], a["group_size"]
     u = unpack_units(words, t, n, k, a.get("span", 16)).astype(np.int64)
