@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError
+from tessera.graph.compiler import archive
 from tessera.graph.compiler.cpu_replay import Replay
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.executor import collect_inputs
@@ -357,9 +358,14 @@ class CompiledGraph:
         """Write the compiled graph with every kernel it has built to one file;
         `tessera.graph.compiler.load_compiled` reads it.  `sizes`: values of the symbolic
         sizes whose GPU anchors to prepare and save besides those already run."""
-        from tessera.graph.compiler.saved import save_compiled
-
-        save_compiled(self, path, sizes)
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise ArgumentError(f"cannot save to {path}: the folder {path.parent} does not exist")
+        runs = [dict(s) for s in sizes] + ([{}] if not self.graph.symbols() else [])
+        for symbols in runs:
+            self.prepare(symbols)
+        artifacts, tuning = self.artifacts()
+        archive.write(path, self.graph, self.target, self.options, artifacts, tuning)
 
     def profile_steps(self, on: bool = True, clock: Any = time.perf_counter) -> None:
         """Time each step of the calls from now on (`on`), summed into `step_times` (seconds

@@ -1,214 +1,41 @@
 """Saving a CompiledGraph to one file (`.tsr`) and loading it in a fresh process.
 
-A `.tsr` file holds native code: load only files you trust, as with a pickle.
-
-Format (version 2): a zip archive (tessera.graph.serialize's graph.json + constants.npz,
-the graph as optimized) with these further members and nothing else:
-
-* `compiled.json`::
-
-      {"format": "tessera.compiled", "version": 2, "target": "cpu" | "cuda",
-       "options": {"cuda_graph": bool, "tune": bool, "optimize": bool},
-       "artifacts": [{"key": 40 hex digits, "kind": "c" | "cuda", "compiler": str,
-                      "flags": str, "machine": str, "sha256": 64 hex digits}],
-       "tuning": [{"key": str, "best": str}]}
-
-* `artifacts/<key>/kernel.c` + `kernel.so` (CPU) or `kernel.cu` + `kernel.cubin` (CUDA) for
-  each artifact: the generated source and the built library or cubin.
-
-The artifacts are everything the model runs: the fused kernels and, on the GPU, the anchors'
-template kernels prepared so far (for every shape the model has run, the static shape of a
-graph without symbolic sizes, and any `sizes` given to `save`), with the tuning records
-that chose them.  Loading installs them into the local artifact cache; the graph is then
-partitioned and lowered again (milliseconds), and every kernel is found in the cache --
-by its exact key when the local compiler is the saving one, and through the cache's source
-index when there is no compiler at all (tessera.backend.cache), so a machine of the same
-type runs the model without gcc or nvcc.  Shapes whose anchors were not saved need nvcc.
-
-What loading verifies, before it writes anything:
-  * the zip is readable and every member's CRC is right; its member names are exactly the
-    fixed names above (no other name, no duplicate: nothing can land outside the cache);
-  * compiled.json has the schema above; every key has the cache's key format;
-  * each artifact's SHA-256 matches its recorded sha256, and its key is the hash of its
-    stored source, compiler identity, flags and machine (recomputed, not trusted), so an
-    artifact can only be installed under the key of the source it comes with;
-  * the artifacts' kind matches the target; the graph verifies (serialize.load).
-What it cannot verify: that an artifact is what that compiler makes of that source (only
-rebuilding could tell, and builds are not byte-reproducible), nor who made the file.  A
-crafted file can carry any native code consistent with itself; tessera loads that code
-into the process when the model runs.  Hence: load only `.tsr` files you trust.
+A `.tsr` file holds native code: load only files you trust, as with a pickle.  The format, and
+what loading verifies, are in tessera.graph.compiler.archive; `CompiledGraph.save` writes it.
+Loading installs the file's artifacts into the local artifact cache, then partitions and lowers
+the graph again (milliseconds), and every kernel is found in the cache.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from tessera.backend import cache
-from tessera.backend.build import artifact_files
-from tessera.errors import ArgumentError, FileFormatError
-from tessera.graph import serialize
+from tessera.errors import ArgumentError
+from tessera.graph.compiler import archive
+from tessera.graph.compiler.archive import FORMAT, VERSION
 from tessera.graph.compiler.build import compile_graph
 from tessera.graph.compiler.compiled_graph import CompiledGraph
-from tessera.tune import tuner
 
-FORMAT, VERSION = "tessera.compiled", 2
-_FIXED = ("graph.json", "constants.npz", "compiled.json")
-_KINDS = {"cpu": "c", "cuda": "cuda"}
-_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
-_OPTIONS = ("cuda_graph", "tune", "optimize")
-_MAX_TEXT = 100_000  # longest compiler / flags / machine / tuning text a valid file holds
+__all__ = ["FORMAT", "VERSION", "load_compiled", "save_compiled"]
 
 
 def save_compiled(compiled: CompiledGraph, path: str | Path, sizes: Sequence[Mapping[str, int]] = ()) -> None:
     """Write `compiled` (graph, constants, options, every kernel artifact and tuning record it
     uses) to `path`.  `sizes`: values of the graph's symbolic sizes whose anchors (GPU
     templates, specialised per shape) should be prepared and saved besides those already run."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ArgumentError(f"cannot save to {path}: the folder {path.parent} does not exist")
-    runs = [dict(s) for s in sizes] + ([{}] if not compiled.graph.symbols() else [])
-    for symbols in runs:
-        compiled.prepare(symbols)
-    artifacts, tuning = compiled.artifacts()
-    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "target": compiled.target,
-                           "options": {k: bool(compiled.options[k]) for k in _OPTIONS},
-                           "artifacts": [], "tuning": [{"key": k, "best": b} for k, b in tuning]}  # fmt: skip
-    members: dict[str, bytes] = {}
-    for a in artifacts:
-        meta = _entry_meta(Path(a))
-        src_name, art_name = artifact_files(meta["kind"])
-        doc["artifacts"].append({f: meta[f] for f in ("key", "kind", "compiler", "flags", "machine", "sha256")})
-        members[f"artifacts/{meta['key']}/{src_name}"] = (Path(a).parent / src_name).read_bytes()
-        members[f"artifacts/{meta['key']}/{art_name}"] = Path(a).read_bytes()
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        serialize.save(compiled.graph, tmp)
-        with zipfile.ZipFile(tmp, "a") as z:
-            for name, data in members.items():
-                z.writestr(name, data)
-            z.writestr("compiled.json", json.dumps(doc, indent=1))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _entry_meta(artifact: Path) -> dict:
-    """The cache entry's meta.json, checked against the files (a damaged entry is not saved)."""
-    try:
-        meta = cache.describe(artifact)
-        identity = cache.identity_of(meta)
-        source = (artifact.parent / artifact_files(identity.kind)[0]).read_text()
-        intact = cache.sha256_bytes(artifact.read_bytes()) == meta["sha256"] and identity.key(source) == meta["key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        intact = False
-    if not intact:
-        raise FileFormatError(f"the cache entry {artifact.parent} is damaged; clear it (tessera.backend.cache.clear) "
-                              "and compile the model again before saving")  # fmt: skip
-    return meta
+    compiled.save(path, sizes)
 
 
 def load_compiled(path: str | Path) -> CompiledGraph:
     """Load a file written by `save_compiled`; the original model is not needed.
 
-    The file is verified before anything from it is installed (see the module docstring for
-    what is and is not verified); a file that fails raises FileFormatError.  It holds native
+    The file is verified before anything from it is installed (see tessera.graph.compiler.archive
+    for what is and is not verified); a file that fails raises FileFormatError.  It holds native
     code: load only files you trust."""
     path = Path(path)
     if not path.is_file():
         raise ArgumentError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
-    try:
-        with zipfile.ZipFile(path) as z:
-            doc, artifacts, tuning = _read_verified(z, path)
-    except zipfile.BadZipFile as exc:  # also a member whose CRC is wrong
-        raise FileFormatError(f"{path}: not a readable compiled-graph file ({exc}); save it again") from None
-    except OSError as exc:
-        raise FileFormatError(f"{path}: cannot be read ({exc})") from None
-    graph = serialize.load(path)
-    for identity, source, data in artifacts:
-        src_name, art_name = artifact_files(identity.kind)
-        cache.install(identity, src_name, source, art_name, data)
-    for key, best in tuning:
-        if tuner.lookup(key) is None:  # a record tuned on this machine wins
-            tuner.store(key, best)
+    graph, doc = archive.read(path)
     options = doc["options"]
     return compile_graph(graph, doc["target"], optimize=False, cuda_graph=options["cuda_graph"], tune=options["tune"])
-
-
-def _read_verified(z: zipfile.ZipFile, path: Path) -> tuple[dict, list, list]:
-    """compiled.json, the artifacts as (identity, source, bytes) and the tuning records, all
-    checked; FileFormatError names the first problem."""
-
-    def bad(problem: str) -> FileFormatError:
-        return FileFormatError(f"{path}: {problem}; not a valid {FORMAT} v{VERSION} file (save it again)")
-
-    names = z.namelist()
-    if len(set(names)) != len(names):
-        raise bad("duplicate member names")
-    if "compiled.json" not in names:
-        raise bad("missing member compiled.json")
-    try:
-        doc = json.loads(z.read("compiled.json"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise bad(f"compiled.json is not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        found = (doc.get("format"), doc.get("version")) if isinstance(doc, dict) else type(doc).__name__
-        raise bad(f"compiled.json declares {found}")
-    target = doc.get("target")
-    if target not in _KINDS:
-        raise bad(f"target {target!r} is not 'cpu' or 'cuda'")
-    options = doc.get("options")
-    if not isinstance(options, dict) or set(options) != set(_OPTIONS) or not all(isinstance(v, bool) for v in options.values()):
-        raise bad(f"options must be booleans {list(_OPTIONS)}, got {options!r}")
-    entries, records = doc.get("artifacts"), doc.get("tuning")
-    if not isinstance(entries, list) or not isinstance(records, list):
-        raise bad("artifacts and tuning must be lists")
-    expected = set(_FIXED)
-    artifacts = []
-    for i, e in enumerate(entries):
-        fields = ("key", "kind", "compiler", "flags", "machine", "sha256")
-        if not isinstance(e, dict) or set(e) != set(fields) or not all(isinstance(e[f], str) for f in fields):
-            raise bad(f"artifact {i} must have exactly the string fields {list(fields)}")
-        if not cache.is_key(e["key"]) or not _SHA256.match(e["sha256"]):
-            raise bad(f"artifact {i}: malformed key or sha256")
-        if e["kind"] != _KINDS[target]:
-            raise bad(f"artifact {e['key']} is of kind {e['kind']!r}; a {target} model has {_KINDS[target]!r} artifacts")
-        if max(len(e[f]) for f in ("compiler", "flags", "machine")) > _MAX_TEXT:
-            raise bad(f"artifact {e['key']}: overlong identity")
-        src_name, art_name = artifact_files(e["kind"])
-        src_member, art_member = f"artifacts/{e['key']}/{src_name}", f"artifacts/{e['key']}/{art_name}"
-        if src_member in expected:
-            raise bad(f"artifact {e['key']} is listed twice")
-        expected |= {src_member, art_member}
-        for m in (src_member, art_member):
-            if m not in names:
-                raise bad(f"missing member {m}")
-        try:
-            source = z.read(src_member).decode("utf-8")
-        except UnicodeDecodeError:
-            raise bad(f"{src_member} is not UTF-8 text") from None
-        data = z.read(art_member)
-        if cache.sha256_bytes(data) != e["sha256"]:
-            raise bad(f"{art_member} does not match its recorded sha256")
-        identity = cache.Identity(e["kind"], e["compiler"], e["flags"], e["machine"])
-        if identity.key(source) != e["key"]:
-            raise bad(f"artifact key {e['key']} is not the hash of its source, compiler, flags and machine")
-        artifacts.append((identity, source, data))
-    unexpected = sorted(set(names) - expected)
-    if unexpected:
-        raise bad(f"unexpected member {unexpected[0]!r}")
-    for m in _FIXED:
-        if m not in names:
-            raise bad(f"missing member {m}")
-    tuning = []
-    for i, r in enumerate(records):
-        if not isinstance(r, dict) or set(r) != {"key", "best"} or not all(isinstance(r[f], str) for f in r):
-            raise bad(f"tuning record {i} must have exactly the string fields ['key', 'best']")
-        if max(len(r["key"]), len(r["best"])) > _MAX_TEXT:
-            raise bad(f"tuning record {i} is overlong")
-        tuning.append((r["key"], r["best"]))
-    return doc, artifacts, tuning
