@@ -11,8 +11,9 @@ rules_control.py and rules_misc.py; ops defined by an ONNX function imported fro
 import time (specialize.py).
 """
 
-# Importing the rule modules registers their rules.
+# Importing the rule modules registers their rules (functions: ops from their function bodies).
 from tessera.frontend.onnx import (  # noqa: F401
+    functions,
     rules_control,
     rules_linalg,
     rules_math,

@@ -14,13 +14,11 @@ The result is a decomposition into ops tessera compiles (and fuses), not a fallb
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tessera.errors import UnsupportedError
+from tessera.frontend.onnx.importer import ONNX_TYPE_OF, Importer, Known, function_expander
 from tessera.graph import Tensor
-
-if TYPE_CHECKING:
-    from tessera.frontend.onnx.importer import Importer
 
 
 def function_body(im: Importer, node: Any, opset: int) -> Any | None:
@@ -76,8 +74,6 @@ def _since(op_type: str, opset: int) -> int:
 def _type_proto(im: Importer, name: str) -> Any:
     from onnx import TypeProto, helper
 
-    from tessera.frontend.onnx.importer import ONNX_TYPE_OF, Known
-
     if not name:
         return TypeProto()
     value = im.values.get(name)
@@ -89,6 +85,7 @@ def _type_proto(im: Importer, name: str) -> Any:
     return TypeProto()
 
 
+@function_expander
 def expand(im: Importer, node: Any, opset: int) -> bool:
     """Import node from its function body; False when its schema defines none."""
     fn = function_body(im, node, opset)

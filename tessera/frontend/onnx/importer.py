@@ -33,6 +33,7 @@ from tessera.graph import FlowGraph, Operator, Tensor
 from tessera.graph.registry import get_op
 from tessera.graph.symbolic import Dim, ShapeError, Sym, contains_sym, fresh_dim
 from tessera.graph.tensor import numpy_dtype
+from tessera.ir import dtypes
 
 log = logging.getLogger("tessera")
 
@@ -95,6 +96,23 @@ def rule(*op_types: str, attrs: Iterable[str] | None = ()) -> Callable[[Rule], R
         return fn
 
     return deco
+
+
+# How a node is imported from its ONNX function body where no rule takes it (functions.py sets it
+# when imported, as the rule modules fill RULES; tessera.frontend.onnx imports them all): True
+# when imported, False when the op's schema defines no body.
+_FUNCTION_EXPANDER: list[Callable[[Importer, Any, int], bool]] = []
+
+
+def function_expander(fn: Callable[[Importer, Any, int], bool]) -> Callable[[Importer, Any, int], bool]:
+    """Register fn(importer, node, opset) as the importer of ops from their function bodies."""
+    _FUNCTION_EXPANDER[:] = [fn]
+    return fn
+
+
+def expand_function(im: Importer, node: Any, opset: int) -> bool:
+    """Import node from its ONNX function body; False when its schema defines none."""
+    return any(expand(im, node, opset) for expand in _FUNCTION_EXPANDER)
 
 
 class Importer:
@@ -283,8 +301,6 @@ class Importer:
             self.import_node(node, opset)
 
     def import_node(self, node: Any, opset: int) -> None:
-        from tessera.frontend.onnx import functions
-
         saved = self.node, self.node_opset
         self.node, self.node_opset = node, opset
         where = f"ONNX op {node.op_type} (node {node.name!r}, opset {opset})"
@@ -297,7 +313,7 @@ class Importer:
             spec = RULES.get(node.op_type)
             unknown = sorted(set(attrs) - spec.attrs) if spec is not None and spec.attrs is not None else []
             if spec is None or unknown:
-                if functions.expand(self, node, opset):
+                if expand_function(self, node, opset):
                     return
                 if spec is None:
                     raise UnsupportedError(f"{where} is not supported by tessera")
@@ -355,8 +371,6 @@ class Importer:
 
 
 def _dt(name: str) -> Any:
-    from tessera.ir import dtypes
-
     return dtypes.dtype(name)
 
 
