@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from tessera.backend.codegen_lowbit import c_statements
 from tessera.errors import STATUS_DIVISION_BY_ZERO, STATUS_INDEX_OUT_OF_RANGE, STATUS_NEGATIVE_POWER, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
@@ -543,8 +544,6 @@ class CLikeCodegen(IRVisitor):
 
     def visit_Instruction(self, s: S.Instruction) -> None:
         if s.name == "dequant":
-            from tessera.backend.codegen_lowbit import c_statements
-
             for line in c_statements(s.attrs, *(self.expr(x) for x in s.operands)):
                 self.emit(line)
             return

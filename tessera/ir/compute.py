@@ -25,6 +25,7 @@ from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.dtypes import DataType
 from tessera.ir.functor import IRMutator, IRVisitor
+from tessera.ir.types import GLOBAL, TensorType
 
 DimLike = Union[int, E.Expr]
 REDUCE_OPS = ("sum", "prod", "max", "min", "mean")
@@ -257,7 +258,6 @@ def program(shape: Sequence[DimLike], dtype: DataType | str, tasks: Sequence[Dim
             tag: str = "program") -> Program:  # fmt: skip
     """A Program: `fbody(out, *task_axes)` builds the statements of one task (`out` is the
     tensor's variable, for loads and stores); `init(*axes)` the value every element starts with."""
-    from tessera.ir.types import GLOBAL, TensorType
 
     shape, extents = as_shape(shape), as_shape(tasks)
     dt = dtypes.dtype(dtype)

@@ -10,8 +10,19 @@ integers, as C promotes char, float32 for the small floats.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# What `float32["M", "N"]` builds (a TensorType): tessera.ir.types, which imports this module,
+# registers its builder when it loads (`register_tensor_annotation`); tessera.ir imports types,
+# so the builder is in place before any annotation is written.
+_tensor_annotation: list[Callable[[DataType, tuple[Any, ...]], Any]] = []
+
+
+def register_tensor_annotation(build: Callable[[DataType, tuple[Any, ...]], Any]) -> None:
+    """Make `dtype[shape]` return `build(dtype, shape)` (shape a tuple)."""
+    _tensor_annotation[:] = [build]
 
 
 @dataclass(frozen=True)
@@ -101,11 +112,9 @@ class DataType:
 
     # ---- annotation sugar: float32["M", "N"] is a tensor type --------------------------
     def __getitem__(self, shape: Any) -> Any:
-        from tessera.ir.types import TensorType
-
         if not isinstance(shape, tuple):
             shape = (shape,)
-        return TensorType.from_annotation(self, shape)
+        return _tensor_annotation[0](self, shape)
 
     def __repr__(self) -> str:
         return self.name

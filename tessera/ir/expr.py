@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from tessera.ir import dtypes
+from tessera.ir import dtypes, text
 from tessera.ir.dtypes import DataType
 from tessera.ir.types import PointerType, TensorType, Type
 
@@ -81,9 +81,7 @@ class Expr:
         return Binary(">=", self, as_expr(o))
 
     def __str__(self) -> str:
-        from tessera.ir.printer import expr_to_str
-
-        return expr_to_str(self)
+        return text.to_str("expr", self)
 
     __hash__ = object.__hash__
 

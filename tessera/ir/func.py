@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tessera.ir import text
 from tessera.ir.expr import Expr, Var
 from tessera.ir.stmt import Stmt
 
@@ -59,9 +60,7 @@ class Function:
                         self.source_line, self.size_params)  # fmt: skip
 
     def __str__(self) -> str:
-        from tessera.ir.printer import function_to_str
-
-        return function_to_str(self)
+        return text.to_str("function", self)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
+from tessera.ir import text
 from tessera.ir.func import Function
 from tessera.ir.functor import IRVisitor
 
@@ -154,3 +155,8 @@ def stmt_to_str(s: S.Stmt) -> str:
 
 def function_to_str(f: Function) -> str:
     return IRPrinter().function(f)
+
+
+text.register("expr", expr_to_str)
+text.register("stmt", stmt_to_str)
+text.register("function", function_to_str)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from tessera.ir import text
 from tessera.ir.expr import Expr, IRTypeError, Var, check_access
+from tessera.ir.instructions import check_instruction
+from tessera.ir.mapping import TaskMapping
 from tessera.ir.types import REGISTER, SHARED, TensorType
-
-if TYPE_CHECKING:
-    from tessera.ir.mapping import TaskMapping
 
 # Loop kinds: how a `For` is executed.  SIMD: serial, but the iterations may run in vector lanes,
 # and sum accumulators the body updates (`acc = acc + e`, acc declared outside) may be reassociated.
@@ -23,9 +22,7 @@ class Stmt:
     line: int = 0
 
     def __str__(self) -> str:
-        from tessera.ir.printer import stmt_to_str
-
-        return stmt_to_str(self)
+        return text.to_str("stmt", self)
 
 
 @dataclass(eq=False)
@@ -138,8 +135,6 @@ class Instruction(Stmt):
     attrs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from tessera.ir.instructions import check_instruction
-
         error = check_instruction(self.name, self.operands, self.attrs)
         if error:
             raise IRTypeError(error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, register_tensor_annotation
 
 # Memory scopes a tensor can live in.
 GLOBAL, SHARED, REGISTER = "global", "shared", "register"
@@ -181,4 +181,6 @@ def tensor_map_im2col(dtype: DataType, pixels: int, channels: int, rank: int = 4
 
 
 Type = Union[DataType, PointerType, TensorType, TensorMapType, VectorType, VoidType]
+
+register_tensor_annotation(TensorType.from_annotation)  # float32["M", "N"]
 

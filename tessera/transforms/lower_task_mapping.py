@@ -14,7 +14,7 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import Function
-from tessera.ir.functor import IRMutator
+from tessera.ir.functor import IRMutator, IRVisitor
 from tessera.ir.mapping import Atom
 
 # Repeat loops with at most this many tasks per worker are unrolled (register-array indices
@@ -103,8 +103,6 @@ def _sum(terms: list[E.Expr]) -> E.Expr:
 
 
 def _uses_any(e: E.Expr, vars_: list[E.Var]) -> bool:
-    from tessera.ir.functor import IRVisitor
-
     found = False
 
     class Finder(IRVisitor):
