@@ -24,55 +24,12 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function, LaunchConfig
 from tessera.ir.functor import instruction_names, written_buffers
 from tessera.ir.types import TensorMapType
+from tessera.runtime import dlpack
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
+from tessera.runtime.driver import _driver, check, context, ensure_current
 from tessera.runtime.lru import LRUCache
-from tessera.runtime.tensor import ArrayView, numpy_dtype
+from tessera.runtime.tensor import ArrayView, as_view, numpy_dtype, view_of
 from tessera.runtime.tensor_map import TensorMap
-
-
-def _driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise DeviceError(f"cuda-python is not installed ({exc}); `pip install cuda-bindings`") from None
-    return driver
-
-
-def check(result: Any, what: str) -> Any:
-    """Unpack a cuda-python (err, *values) tuple, raising DeviceError on failure."""
-    driver = _driver()
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        _, desc = driver.cuGetErrorString(err)
-        name = name.decode() if isinstance(name, bytes) else name
-        desc = desc.decode() if isinstance(desc, bytes) else desc
-        raise DeviceError(f"{what} failed: {name}: {desc}")
-    return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
-
-
-@functools.cache
-def context() -> tuple[Any, Any]:
-    """(device, primary context) of GPU 0, made current on first use."""
-    driver = _driver()
-    try:
-        (err,) = driver.cuInit(0)
-    except Exception as exc:  # noqa: BLE001  (driver library missing)
-        raise DeviceError(f"no CUDA driver could be loaded: {exc}. Run CPU kernels (target='cpu') on this machine.") from None
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise DeviceError(f"cuInit failed ({err}); is there a GPU? Run CPU kernels (target='cpu') instead.")
-    count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
-    if count == 0:
-        raise DeviceError("no CUDA device found; run CPU kernels (target='cpu') instead")
-    dev = check(driver.cuDeviceGet(0), "cuDeviceGet")
-    ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    return dev, ctx
-
-
-def ensure_current() -> None:
-    _, ctx = context()
-    check(_driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def is_available() -> bool:
@@ -164,8 +121,6 @@ class DeviceArray:
 
     @staticmethod
     def from_numpy(arr: np.ndarray) -> DeviceArray:
-        from tessera.runtime.tensor import as_view
-
         view = as_view(np.ascontiguousarray(arr))
         out = DeviceArray(arr.shape, view.dtype)
         check(_driver().cuMemcpyHtoD(out.ptr, view.ptr, out.nbytes), "cuMemcpyHtoD")
@@ -207,8 +162,6 @@ class DeviceArray:
     def copy_(self, src: Any, stream: int = 0) -> DeviceArray:
         """Copy `src` (a CUDA array of the same shape and dtype, or a host array) into self,
         ordered on `stream` for device sources."""
-        from tessera.runtime.tensor import view_of
-
         if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
             src = np.ascontiguousarray(src).reshape(src.shape)  # (ascontiguousarray makes 0-d 1-d)
         view = view_of(src, "copy source")
@@ -242,8 +195,6 @@ class DeviceArray:
         """A DLPack capsule of this array (`torch.from_dlpack(a)`, `cupy.from_dlpack(a)`): no copy,
         the consumer keeps this array alive.  Work queued on it is finished first (the
         consumer's stream then sees the data)."""
-        from tessera.runtime import dlpack
-
         if copy:
             raise ArgumentError("DeviceArray.__dlpack__(copy=True): tessera shares its memory; copy on the consumer's side")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
@@ -254,8 +205,6 @@ class DeviceArray:
         return dlpack.export(self.ptr, self.shape, self.dtype, dlpack.CUDA, self.device_id, self)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from tessera.runtime import dlpack
-
         return (dlpack.CUDA, self.device_id)
 
     @property

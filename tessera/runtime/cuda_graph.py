@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tessera.runtime.cuda import _driver, check, ensure_current, use_stream
+from tessera.runtime.cuda import use_stream
+from tessera.runtime.driver import _driver, check, ensure_current
 
 
 class Stream:

@@ -11,6 +11,7 @@ import numpy as np
 from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
+from tessera.runtime import dlpack
 
 _NUMPY_TO_DTYPE = {
     "bool": dtypes.boolean, "int8": dtypes.int8, "int16": dtypes.int16, "int32": dtypes.int32, "int64": dtypes.int64,
@@ -83,7 +84,6 @@ def as_view(obj: Any) -> ArrayView | None:
 
 def _dlpack_view(obj: Any) -> ArrayView:
     """A DLPack producer's array: CPU memory through numpy, GPU memory through tessera.runtime.dlpack."""
-    from tessera.runtime import dlpack
 
     device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.CPU
     if device == dlpack.CPU:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from tessera.errors import ArgumentError, DeviceError
+from tessera.errors import ArgumentError
 from tessera.ir import dtypes
-from tessera.ir.types import TensorMapType
+from tessera.ir.types import TensorMapType, tensor_map, tensor_map_im2col
+from tessera.runtime.driver import _driver, check, ensure_current
 from tessera.runtime.tensor import view_of
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
@@ -72,8 +73,6 @@ class TensorMap:
         elements, outermost first, the innermost 1) a strided view, e.g. the heads of one
         projection inside a fused QKV output.  Every stride but the innermost must be a
         multiple of 16 bytes."""
-        from tessera.ir.types import tensor_map
-
         try:
             t = tensor_map(dtype, tuple(box), swizzle)
         except TypeError as exc:
@@ -98,8 +97,6 @@ class TensorMap:
         """Encode an im2col map over the contiguous N[D][H]WC tensor of `dtype` and `shape` at `ptr`:
         each load reads `pixels` positions of the sliding `window`, `channels` channels each
         (`cuTensorMapEncodeIm2col`; kernels read it with `tma_load_im2col`)."""
-        from tessera.ir.types import tensor_map_im2col
-
         shape = tuple(int(d) for d in shape)
         try:
             t = tensor_map_im2col(dtype, pixels, channels, len(shape), swizzle)
@@ -151,12 +148,7 @@ class Im2colWindow:
 
 def _encode(ptr: int, dtype: dtypes.DataType, shape: tuple[int, ...], t: TensorMapType,
             element_strides: tuple[int, ...], window: Im2colWindow | None = None) -> bytes:  # fmt: skip
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise DeviceError(f"cuda-python is not installed ({exc}); `pip install cuda-bindings`") from None
-    from tessera.runtime.cuda import check, ensure_current
-
+    driver = _driver()
     ensure_current()
     if dtype.name not in _DATA_TYPES:
         raise ArgumentError(f"TMA cannot describe {dtype} tensors")
