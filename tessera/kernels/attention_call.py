@@ -14,6 +14,7 @@ from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
+from tessera.ir.types import tensor_map
 from tessera.kernels.attention import (
     LOG2E,
     FlashConfig,
@@ -23,7 +24,8 @@ from tessera.kernels.attention import (
     make_flash_attention,
     tensor_map_box,
 )
-from tessera.runtime.cuda import torch_stream
+from tessera.runtime.cuda import ensure_current, multiprocessor_count, torch_stream
+from tessera.runtime.tensor_map import TensorMap
 
 MAX_SPLITS = 64
 
@@ -170,8 +172,6 @@ class FlashPlan:
     def __init__(self, shape: AttentionShape, dtype: Any, causal: bool, scale: float, mask: MaskSpec | None,
                  config: FlashConfig, splits: int, device: Any, row_strides: Sequence[int | None] = (None,) * 3,
                  heads_last: bool = False):  # fmt: skip
-        from tessera.runtime.tensor_map import TensorMap
-
         s = shape
         row_strides = tuple(row_strides)
         if len(row_strides) != 3:
@@ -199,8 +199,6 @@ class FlashPlan:
         cache = self.maps[which]
         raw = cache.get(ptr)
         if raw is None:
-            from tessera.runtime.tensor_map import TensorMap
-
             if len(cache) >= 32:
                 cache.pop(next(iter(cache)))
             shape, strides = operand_layout(self.shape, which, self.row_strides[which])
@@ -224,8 +222,6 @@ class FlashPlan:
 
 
 def make_map_type(dtype: Any, box: tuple[int, ...]) -> Any:
-    from tessera.ir.types import tensor_map
-
     return tensor_map(dtype, box)
 
 
@@ -277,8 +273,6 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
         mask = mask.contiguous()
     scale_arg, splits_arg = scale, splits
     if config is None or splits is None:
-        from tessera.runtime.cuda import multiprocessor_count
-
         sms = multiprocessor_count()
     cfg = config or choose_config(shape, sms)
     check_problem(dtype, d, cfg, spec)
@@ -292,8 +286,6 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
     key = (shape, dtype, bool(causal), scale, spec, cfg, splits, q.device)
     plan = _PLANS.get(key)
     if plan is None:
-        from tessera.runtime.cuda import ensure_current
-
         ensure_current()
         plan = _PLANS[key] = FlashPlan(shape, dtype, bool(causal), scale, spec, cfg, splits, q.device)
     fkey = _fast_key(torch, q, k, v, causal, scale_arg, mask, config, splits_arg)

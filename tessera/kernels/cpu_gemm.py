@@ -30,7 +30,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import tessera as ts
+from tessera import f32
 from tessera.errors import ArgumentError
+from tessera.ir.vector import vector_type
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,6 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False,
     W [threads, K * NR] where each worker packs the panel it works on; and RC, the number of
     row chunks each panel's rows are split into (more work units than workers for small N).
     """
-    import tessera as ts
-    from tessera import f32
-    from tessera.ir.vector import vector_type
 
     if b_source not in B_SOURCES:
         raise ArgumentError(f"make_gemm: b_source must be one of {B_SOURCES}, got {b_source!r}")
@@ -185,8 +185,6 @@ def make_gemm(cfg: CpuGemmConfig, b_source: str = "kn", full_rows: bool = False,
 def make_pack_b(nr: int, layout: str):
     """Pack B into zero-padded NR-wide panels: P[b, p, k, j] = B[b, k, p*NR + j] ("kn") or
     B[b, p*NR + j, k] ("nk"), 0 past N.  Parameters: B, P [batch, NP, K, NR]."""
-    import tessera as ts
-    from tessera import f32
 
     if layout not in ("kn", "nk"):
         raise ArgumentError(f"make_pack_b: layout must be 'kn' or 'nk', got {layout!r}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+import tessera as ts
+from tessera import f32
 from tessera.errors import ArgumentError
 
 
@@ -18,8 +20,6 @@ def make_pad2d(top: int, left: int, threads: int):  # -> tessera.Kernel
     """The padding kernel: parameters X [NC, H, W] and P [NC, HP, WP] (an NCHW tensor's images and
     channels as one axis; HP >= H + top, WP >= W + left: the bottom and right margins are what
     is left)."""
-    import tessera as ts
-    from tessera import f32
 
     if top < 0 or left < 0 or threads < 1:
         raise ArgumentError(f"make_pad2d: top and left must be >= 0 and threads >= 1, got {top}, {left}, {threads}")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 
+import tessera as ts
+from tessera import f32
 from tessera.errors import ArgumentError
 
 
@@ -30,8 +32,6 @@ def make_max_pool2d(kernel: tuple[int, int], stride: tuple[int, int], padding: t
                     out_width: int, threads: int):  # -> tessera.Kernel  # fmt: skip
     """The kernel for one window geometry and row width: parameters X [NC, H, W] (W = `width`)
     and C [NC, OH, OW] (OW = `out_width`), an NCHW tensor's images and channels as one axis."""
-    import tessera as ts
-    from tessera import f32
 
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     if min(kh, kw, sh, sw, width, out_width, threads) < 1 or not (0 <= 2 * ph <= kh and 0 <= 2 * pw <= kw):

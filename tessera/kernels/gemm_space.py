@@ -1,6 +1,7 @@
-"""The one source of truth for GEMM schedules: the hardware-centric space, the split-k rule, a
-cost model, and `choose_config`, which every GEMM caller (tessera.kernels.matmul, the graph's
-anchors in tessera.ops.anchors) goes through.
+"""The one source of truth for GEMM schedules: the hardware-centric space, the split-k rule and a
+cost model.  Every GEMM caller (tessera.kernels.matmul, the graph's anchors in
+tessera.ops.anchors) picks a schedule through `tessera.kernels.matmul.config_for_shape`, which
+takes the tuner's winner over this space or the cost model's pick (`heuristic_config`).
 
 The space is Hidet's: a fixed list of tiles, pipeline depths and split-k factors that suit the
 GPU (multiprocessors and shared memory read from the driver, `runtime.cuda.device_properties`),
@@ -12,7 +13,7 @@ there is already a wave of tiles).  Three template families serve it:
 * "wgmma": the warpgroup GEMM without TMA (SM90, B as [N, K]); its operands may be remapped;
 * "mma": mma.sync with cp.async or element loads; runs on any GPU and any alignment.
 
-`choose_config(..., tune=True)` times the family's space once per shape (tessera.tune; the
+`config_for_shape(..., tune=True)` times the family's space once per shape (tessera.tune; the
 winner is cached on disk); `tune=False` ranks the same space with `estimate_us`, no GPU needed.
 """
 
@@ -21,14 +22,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Union
 
-from tessera.ir.dtypes import DataType
 from tessera.kernels.gemm import GemmConfig
 from tessera.kernels.gemm_sm90 import WgmmaConfig
 from tessera.kernels.gemm_tma import TmaConfig
 from tessera.runtime.cuda import PLANNING_DEVICE, DeviceProperties, device_properties
 
 Config = Union[GemmConfig, WgmmaConfig, TmaConfig]
-__all__ = ["PLANNING_DEVICE", "Config", "choose_config", "estimate_us", "heuristic_config", "schedule_space", "splits"]
+__all__ = ["PLANNING_DEVICE", "Config", "estimate_us", "heuristic_config", "schedule_space", "splits"]
 FAMILIES = ("tma", "wgmma", "mma")
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -260,15 +260,3 @@ def heuristic_config(m: int, n: int, k: int, batch: int = 1, family: str = "mma"
     return best
 
 
-def choose_config(dtype: DataType, layout: str, batch: int, m: int, n: int, k: int, vector: bool, *, tune: bool,
-                  tma: bool = True, wgmma: bool = True) -> Config:  # fmt: skip
-    """The GEMM schedule for one shape: the tuner's winner over the best family's space when
-    `tune` (compiles and times every candidate on first use, then cached on disk; needs a GPU),
-    else the cost model's pick.  `tma`/`wgmma` = False keep those families out (callers whose
-    operands must be remapped cannot use TMA)."""
-    fams = families(layout, vector, tma=tma, wgmma=wgmma)
-    if tune:
-        from tessera.kernels import matmul as mm
-
-        return mm.tuned_for_shape(dtype, layout, batch, m, n, k, vector, tma="tma" in fams, wgmma="wgmma" in fams)
-    return heuristic_config(m, n, k, batch, fams[0], layout)

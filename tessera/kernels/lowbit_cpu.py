@@ -22,6 +22,7 @@ import tessera as ts
 from tessera import f16, f32, i32, u32
 from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
+from tessera.ir.vector import vector_type
 
 
 @functools.cache
@@ -141,7 +142,6 @@ def make_linear_rows(wtype: DataType, group: int, has_bias: bool, lanes: int, th
     FMAG, FSUB = FSIGN - 1, 2.0 ** (1 - FBIAS)
     FSCALE = 2.0 ** -lowbit.float_shift(wtype) if IS_FLOAT else 1.0
     rows, cols = tuple(range(mr)), tuple(range(nr))
-    from tessera.ir.vector import vector_type
 
     vt = vector_type(f32, lanes)
     name = f"lowbit_rows_{wtype.name}_g{group}{'_b' if has_bias else ''}_{mr}x{nr}_l{lanes}_t{threads}"
@@ -240,7 +240,6 @@ def make_linear_decode(wtype: DataType, group: int, has_bias: bool, threads: int
     move their fields into float16 bits and convert those (vfloat16: exact, subnormal codes
     included, whatever the denormal mode).  Workers take contiguous runs of W's rows; `group` is a
     kernel_group size."""
-    from tessera.ir.vector import vector_type
 
     BITS, GS, MR, L = wtype.nbits, group, mr, FUSED_LANES
     SEGS = decode_segments(BITS, group)

@@ -38,7 +38,9 @@ from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M, SWIZZLE_128B, TmaConfig, 
 from tessera.kernels.lowbit_decode import scale_slots
 from tessera.kernels.lowbit_decode_config import group_ok
 from tessera.kernels.lowbit_dequant import CHUNK_HALVES
+from tessera.runtime.cuda import multiprocessor_count
 from tessera.runtime.lru import LRUCache
+from tessera.runtime.tensor_map import TensorMap
 
 SPAN = 2  # the words' k order this kernel reads (tessera.ir.lowbit.SPANS)
 DEQUANT_WARPS = 4
@@ -319,8 +321,6 @@ def x_tensor_map(x, out, rows: int, kernel: str) -> object:
     encodes those and the box), after checking x and out [M, N] as the prefill kernels take them."""
     import torch
 
-    from tessera.runtime.tensor_map import TensorMap
-
     m, k = x.shape
     n = out.shape[1]
     if x.dtype != torch.float16 or out.dtype != torch.float16 or tuple(out.shape) != (m, n) or not out.is_contiguous():
@@ -342,7 +342,6 @@ def lowbit_gemm(x, words, scales, biases, out, wtype: DataType, group_size: int,
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
     `words` (pack_units in span 2) with [N, G] float16 scales and biases; `group_size` as
     make_lowbit_gemm takes it; `config` one of `buildable_configs` (prefill_config() by default)."""
-    from tessera.runtime.cuda import multiprocessor_count
 
     m, k = x.shape
     n = out.shape[1]

@@ -53,8 +53,9 @@ from tessera.kernels.lowbit_gemm_rs_config import (
     problems,
     scale_runs,
 )
-from tessera.runtime.cuda import torch_stream
+from tessera.runtime.cuda import multiprocessor_count, torch_stream
 from tessera.runtime.lru import LRUCache
+from tessera.runtime.tensor_map import TensorMap
 
 _log = logging.getLogger("tessera")
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 = 168 x 384
@@ -400,7 +401,6 @@ def lowbit_gemm_rs(x, words, scales, biases, out, wtype: DataType, group_size: i
     """out [M, N] float16 <- x [M, K] float16 @ W^T on torch CUDA tensors, W the weights in
     `words` (pack_units in span FRAGMENT_SPAN) with [N, G] float16 scales and biases;
     `group_size` the kernel group (padded K for per-channel scales); `config` one of CONFIGS."""
-    from tessera.runtime.cuda import multiprocessor_count
 
     m, k = x.shape
     n = out.shape[1]
@@ -487,7 +487,6 @@ def output_map(out, block_t: int) -> object | None:
     """The TMA map of out [M, N] float16 in consumer-warp slabs of block_t tokens x 16 rows
     (cached by address and shape, as x_tensor_map's), or None where TMA cannot write it: its
     rows must start 16-byte aligned (N % 8 == 0 and an aligned base)."""
-    from tessera.runtime.tensor_map import TensorMap
 
     m, n = out.shape
     if n % 8 or out.data_ptr() % 16:
@@ -508,8 +507,6 @@ def _placeholder_slab_map(device, block_t: int) -> object:
     use TMA (the kernel takes the parameter either way); one a device and block_t."""
     import torch
 
-    from tessera.runtime.tensor_map import TensorMap
-
     key = (device.index, block_t)
     have = _SLAB_MAPS.get(key)
     if have is None:
@@ -528,7 +525,6 @@ _WORD_MAPS: LRUCache[object] = LRUCache(WORD_MAP_CACHE)
 def word_map(words, k: int, bits: int) -> object:
     """The TMA map of the words in boxes of a tile's units x one 256-k block (cached by address
     and shape, as x_tensor_map's)."""
-    from tessera.runtime.tensor_map import TensorMap
 
     shape = word_shape(words.numel(), k, bits)
     key = (words.data_ptr(), shape)

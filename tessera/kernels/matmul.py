@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import functools
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
+from tessera.ir.dtypes import DataType
+from tessera.kernels import gemm, gemm_sm90, gemm_tma
 from tessera.kernels.gemm import GemmConfig, make_gemm, make_split_k_reduce
 from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
 
 # The schedule space, the split-k rule and the cost model live in one place (gemm_space);
 # these names are re-exported for the callers that tune or inspect it.
-from tessera.kernels.gemm_space import device, schedule_space, tma_space  # noqa: E402,F401
+from tessera.kernels.gemm_space import Config, device, families, heuristic_config, schedule_space, tma_space  # noqa: E402,F401
 from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
 from tessera.runtime.cuda import ensure_current, torch_stream
+from tessera.runtime.tensor_map import TensorMap
 from tessera.tune import tune
 
 
@@ -146,10 +150,6 @@ def _capture_stream(torch: Any) -> Any:
 def template_source() -> str:
     """The source the GEMM candidates are generated and launched from: its hash is part of
     every GEMM tuning record's key, so an edited template is re-tuned, never given a stale winner."""
-    import sys
-
-    from tessera.kernels import gemm, gemm_sm90, gemm_tma
-
     modules = (gemm, gemm_sm90, gemm_tma, sys.modules[__name__])
     parts = [Path(m.__file__).read_text(errors="replace") for m in modules if m.__file__]
     return "\n".join(parts)
@@ -173,11 +173,22 @@ def check_result(out: Any, ref: Any) -> str | None:
 
 def choose_config(a: Any, b: Any, b_layout: str = "kn") -> Any:
     """The tuned configuration for these operands' shape (tunes on first use, then cached):
-    tessera.kernels.gemm_space.choose_config on the operands' shape, dtype and alignment."""
-    from tessera.kernels.gemm_space import choose_config as choose
-
+    `config_for_shape` on the operands' shape, dtype and alignment."""
     dtype, batch, m, n, k = _check(a, b, b_layout)
-    return choose(dtype, b_layout, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tune=True)
+    return config_for_shape(dtype, b_layout, batch, m, n, k, _vector_ok(a, b, n, k, b_layout), tune=True)
+
+
+def config_for_shape(dtype: DataType, layout: str, batch: int, m: int, n: int, k: int, vector: bool, *, tune: bool,
+                     tma: bool = True, wgmma: bool = True) -> Config:  # fmt: skip
+    """The GEMM schedule for one shape, what every GEMM caller goes through: the tuner's winner
+    over the best family's space (tessera.kernels.gemm_space) when `tune` (compiles and times
+    every candidate on first use, then cached on disk; needs a GPU), else the cost model's pick.
+    `tma`/`wgmma` = False keep those families out (callers whose operands must be remapped
+    cannot use TMA)."""
+    fams = families(layout, vector, tma=tma, wgmma=wgmma)
+    if tune:
+        return tuned_for_shape(dtype, layout, batch, m, n, k, vector, tma="tma" in fams, wgmma="wgmma" in fams)
+    return heuristic_config(m, n, k, batch, fams[0], layout)
 
 
 def tuned_for_shape(dtype: Any, layout: str, batch: int, m: int, n: int, k: int, vector: bool, *, tma: bool,
@@ -253,8 +264,6 @@ class _CallPlan:
         kernel = make_kernel(dtype, cfg, layout, vector).compile()
         self.tma = isinstance(cfg, TmaConfig)
         if self.tma:
-            from tessera.runtime.tensor_map import TensorMap
-
             self.dtype, self.boxes = dtype, tensor_map_boxes(cfg, layout)
             self.maps: tuple[dict, dict] = ({}, {})
             a_map = TensorMap.from_pointer(a3.data_ptr(), dtype, self.a_shape, self.boxes[0])
@@ -278,8 +287,6 @@ class _CallPlan:
         cache = self.maps[which]
         raw = cache.get(ptr)
         if raw is None:
-            from tessera.runtime.tensor_map import TensorMap
-
             shape = self.a_shape if which == 0 else self.b_shape
             if len(cache) >= 32:
                 cache.pop(next(iter(cache)))

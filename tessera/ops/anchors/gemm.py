@@ -37,6 +37,7 @@ from tessera.kernels import gemm_space
 from tessera.kernels.gemm import make_split_k_reduce
 from tessera.kernels.gemm_space import Config
 from tessera.kernels.gemm_tma import BLOCK_K, ConvWindow, TmaConfig, make_gemm_tma, tensor_map_boxes
+from tessera.kernels.matmul import config_for_shape, make_kernel
 from tessera.ops.anchors.epilogue import Epilogue, EpilogueError, compose, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
 from tessera.ops.anchors.rewrite import IndexMap, i32, remap_operand, rename, retype_operand, specialize, unravel
@@ -100,16 +101,14 @@ def check_shape(shape: Sequence[int], what: str, op: str) -> tuple[int, ...]:
 
 
 def choose_config(p: GemmProblem, tune: bool, wgmma: bool | None = None) -> Config:
-    """gemm_space.choose_config for this problem.  `wgmma` False keeps the Hopper templates (TMA,
+    """matmul.config_for_shape for this problem.  `wgmma` False keeps the Hopper templates (TMA,
     warpgroup) out; None lets the GPU decide (the planning defaults without one)."""
     hopper = wgmma is not False
-    return gemm_space.choose_config(p.dtype, p.layout, p.batch, p.m, p.n, p.k, p.vector, tune=tune,
-                                    tma=hopper and p.tma, wgmma=hopper)  # fmt: skip
+    return config_for_shape(p.dtype, p.layout, p.batch, p.m, p.n, p.k, p.vector, tune=tune,
+                            tma=hopper and p.tma, wgmma=hopper)  # fmt: skip
 
 
 def _template(p: GemmProblem, cfg: Config):  # -> tessera.Kernel
-    from tessera.kernels.matmul import make_kernel
-
     if p.conv is not None:
         if not isinstance(cfg, TmaConfig):
             raise UnsupportedError(f"an implicit-GEMM convolution runs on the TMA GEMM only, not {cfg}")
