@@ -24,6 +24,8 @@ from tessera.ir.compute import Compute, Placeholder, TensorNode, topological_ord
 from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ops.schedule import KernelSpec, schedule
+from tessera.runtime.cpu import CpuKernel
+from tessera.runtime.cuda import CudaKernel, DeviceArray
 from tessera.runtime.tensor import as_view, numpy_dtype, view_of
 from tessera.transforms.pipeline import lower
 
@@ -57,10 +59,7 @@ def _compile(source: str, target: str, arch: str | None) -> Path:
 
 def _load(gen: Generated, path: Path) -> list[Any]:
     if gen.target == "cpu":
-        from tessera.runtime.cpu import CpuKernel
-
         return [CpuKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
-    from tessera.runtime.cuda import CudaKernel
 
     return [CudaKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
 
@@ -187,7 +186,6 @@ def _empty(shape: tuple[int, ...], dt: DataType, like: Any, target: str) -> Any:
             import torch
 
             return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
-        from tessera.runtime.cuda import DeviceArray
 
         return DeviceArray(shape, dt)
     return np.empty(shape, dtype=numpy_dtype(dt))

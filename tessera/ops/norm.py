@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from tessera.errors import ArgumentError
 from tessera.ir import expr as E
-from tessera.ir.compute import Compute, TensorNode, compute, fresh_name, reduce
+from tessera.ir.compute import Compute, TensorNode, as_shape, compute, fresh_name, reduce
 from tessera.ops.common import check_float, check_tensor, compute_type, dim_str, normalize_axis, same_dim
 
 
@@ -47,8 +47,6 @@ def layer_norm(x: TensorNode, weight: TensorNode | None = None, bias: TensorNode
     ndim = _norm_shape(x, normalized_shape, weight)
     lead, outer, inner = _normalized(x, ndim, "layer_norm")
     if normalized_shape is not None and not isinstance(normalized_shape, int):
-        from tessera.ir.compute import as_shape
-
         given = as_shape(normalized_shape)
         if not all(same_dim(a, b) for a, b in zip(given, inner)):
             raise ArgumentError(f"layer_norm: normalized_shape {dim_str(given)} does not match the trailing dims of '{x.name}' {dim_str(x.shape)}")

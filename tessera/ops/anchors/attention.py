@@ -32,15 +32,21 @@ from collections.abc import Sequence
 from math import prod
 from typing import Any
 
+from tessera import ops
+from tessera.backend import build_cuda, detect_cuda_arch
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
+from tessera.kernels.attention import HEAD_DIMS
+from tessera.kernels.attention_call import AttentionShape, FlashPlan, choose_config, choose_splits, mask_spec
+from tessera.ops.anchors.cpu_gemm import add_cpu_gemm
 from tessera.ops.anchors.epilogue import Epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, build_gemm, check_dtype, check_shape
 from tessera.ops.anchors.kernel import INPUT, AnchorPlan, ops_launches
 from tessera.ops.anchors.rewrite import i32, unravel
+from tessera.runtime.cuda import current_stream, device_properties, ensure_current, multiprocessor_count
 
 log = logging.getLogger("tessera")
 _MASK_DTYPES = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
@@ -73,7 +79,6 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
                    wgmma: bool | None = None, target: str = "cuda") -> AnchorPlan:  # fmt: skip
     """The uncompiled plan of prepare_attention.  target="cpu": float32, the two GEMMs on the x86
     micro-kernel (tessera.ops.anchors.cpu_gemm) and the softmax as a CPU row kernel."""
-    from tessera import ops
 
     cpu = target == "cpu"
     if cpu:
@@ -97,8 +102,6 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
     mask = _mask_operand(mask_shape, mask_dtype, (b, h, sq, sk))
     plan = AnchorPlan("attention", [], (b, h, sq, dv), dt, 3 if mask is None else 4, 0, target=target)
     if cpu:
-        from tessera.ops.anchors.cpu_gemm import add_cpu_gemm
-
         def gemm(p, ep, ep_slots, name, out_slot=None):  # noqa: ANN001, ANN202
             kw = {} if out_slot is None else {"out_slot": out_slot}
             return add_cpu_gemm(plan, p, ep, ep_slots, name, tune=tune, **kw)
@@ -161,7 +164,6 @@ def plan_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequ
 
 def _sm90() -> bool:
     """Whether this machine has a Hopper GPU (read from the driver; False without one)."""
-    from tessera.runtime.cuda import device_properties
 
     props = device_properties()
     return props.from_driver and props.capability == (9, 0)
@@ -170,7 +172,6 @@ def _sm90() -> bool:
 def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
                       mask_shape: Sequence[int] | None = None) -> str | None:  # fmt: skip
     """Why the fused flash kernel does not take these shapes on this machine (None when it does)."""
-    from tessera.kernels.attention import HEAD_DIMS
 
     if not _sm90():
         return "the fused kernel needs an SM90 GPU (TMA, wgmma)"
@@ -203,9 +204,6 @@ class FlashAnchorKernel:
                  views: Sequence[tuple[int, int] | None] = (None, None, None), heads_last: bool = False):  # fmt: skip
         import torch
 
-        from tessera.kernels.attention_call import AttentionShape, FlashPlan, choose_config, choose_splits, mask_spec
-        from tessera.runtime.cuda import ensure_current, multiprocessor_count
-
         b, h, sq, d = q_shape
         shape = AttentionShape(b, h, k_shape[1], sq, k_shape[2], d)
         spec = mask_spec(mask_shape, mask_dtype, (b, h, sq, k_shape[2])) if mask_shape is not None else None
@@ -225,7 +223,6 @@ class FlashAnchorKernel:
         self.out_shape: tuple[int, ...] = (b, sq, h * d) if heads_last else tuple(q_shape)
         self.out_dtype = dtype
         self._num_inputs = 3 if spec is None else 4
-        from tessera.backend import build_cuda, detect_cuda_arch
 
         arch = detect_cuda_arch()
         self._kernels = self._plan.kernels
@@ -241,8 +238,6 @@ class FlashAnchorKernel:
         return "\n".join(k.source for k in self._kernels)
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
-        from tessera.runtime.cuda import current_stream
-
         if len(inputs) != self._num_inputs or extras:
             raise ArgumentError(f"attention: takes {self._num_inputs} inputs and no extras, got {len(inputs)} and {len(extras)}")
         mask = inputs[3] if self._num_inputs == 4 else None
@@ -258,8 +253,6 @@ class FlashAnchorKernel:
         q, k, v = (self._dense(t, view, heads) if view or t.data_ptr() % 16 else t
                    for t, view, heads in zip(inputs, self._views, self._heads))  # fmt: skip
         if self._plain is None:
-            from tessera.kernels.attention_call import FlashPlan
-
             self._plain = FlashPlan(*self._plain_args, heads_last=self.heads_last)
         self._plain(q, k, v, mask, out, stream)
 

@@ -28,11 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backend.isa import cpu_isa
 from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.dtypes import DataType
 from tessera.ir.types import GLOBAL, TensorType
+from tessera.kernels import cpu_gemm as cpu_gemm_template
 from tessera.kernels.cpu_gemm import CpuGemmConfig
 from tessera.kernels.cpu_pad import make_pad2d
 from tessera.ops.anchors.cpu_gemm import (
@@ -50,6 +52,7 @@ from tessera.ops.anchors.epilogue import Epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_shape
 from tessera.ops.anchors.kernel import INPUT, AnchorPlan, Launch, Slot
 from tessera.ops.anchors.rewrite import i32, specialize, unravel
+from tessera.tune import tuner
 
 Geometry = tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int]]  # stride, padding, dilation
 
@@ -100,10 +103,6 @@ def tuned_conv_config(x_shape: Sequence[int], w_shape: Sequence[int], geo: Geome
     ResNet-18's 3x3s with AVX-512), and the timing includes a bias."""
     import inspect
 
-    from tessera.backend.isa import cpu_isa
-    from tessera.kernels import cpu_gemm as template
-    from tessera.tune import tune
-
     threads = _candidates(x_shape, w_shape, geo)[0].threads
     cands = [replace(c, threads=1) for c in _candidates(x_shape, w_shape, geo)]
     stride, padding, dilation = geo
@@ -124,7 +123,7 @@ def tuned_conv_config(x_shape: Sequence[int], w_shape: Sequence[int], geo: Geome
     check, bench = tuning_probes(data, time.thread_time)
     key = (f"cpu_conv2d|x={tuple(x_shape)},w={tuple(w_shape)},geometry={geo}|isa={cpu_isa()}|"
            f"timed on 1 thread|{','.join(map(str, cands))}" + ("|bias" if extras else ""))  # fmt: skip
-    best = tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
+    best = tuner.tune(key, cands, build, bench, check=check, template=inspect.getsource(cpu_gemm_template), workers=cpu_threads()).best
     return replace(best, threads=threads)
 
 

@@ -20,16 +20,19 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backend.isa import cpu_isa, vector_lanes
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.dtypes import DataType
 from tessera.ir.func import Function
+from tessera.kernels import cpu_gemm as cpu_gemm_template
 from tessera.kernels.cpu_gemm import CpuGemmConfig, make_gemm, make_pack_b
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import GemmProblem, Operand, check_epilogue, check_shape, matmul_problem, with_bias
-from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch, Slot
+from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch, Slot, aligned_empty
 from tessera.ops.anchors.rewrite import i32, remap_operand, rename, specialize, unravel
+from tessera.tune import tuner
 
 # (mr, nv) register tiles by vector width: MR x NV accumulators + NV B vectors + 1 broadcast fit the registers.
 TILES = {16: [(8, 3), (14, 2), (6, 2), (4, 4), (12, 2), (4, 6)], 8: [(6, 2), (4, 3), (3, 3)]}
@@ -58,7 +61,6 @@ def cpu_threads() -> int:
 
 def lanes_or_refuse() -> int:
     """float32 lanes of this machine's vectors (16 or 8); UnsupportedError without AVX2."""
-    from tessera.backend.isa import cpu_isa, vector_lanes
 
     lanes = vector_lanes()
     if lanes == 1:
@@ -135,10 +137,6 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
     import inspect
     import time
 
-    from tessera.backend.isa import cpu_isa
-    from tessera.kernels import cpu_gemm as template
-    from tessera.tune import tune
-
     lanes, threads = lanes_or_refuse(), gemm_threads(m, n, k, batch)
     cands = [CpuGemmConfig(mr, nv, lanes, threads) for mr, nv in TILES[lanes]]
     if extras:
@@ -169,7 +167,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
 
     check, bench = tuning_probes(data, time.perf_counter)
     key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
-    return tune(key, cands, build, bench, check=check, template=inspect.getsource(template), workers=cpu_threads()).best
+    return tuner.tune(key, cands, build, bench, check=check, template=inspect.getsource(cpu_gemm_template), workers=cpu_threads()).best
 
 
 def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
@@ -183,7 +181,6 @@ def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
 def pack_weight(weight: np.ndarray, nr: int, layout: str, plan: AnchorPlan | None = None) -> np.ndarray:
     """A constant 2-D weight ([K, N] "kn", or [N, K] "nk") packed into zero-padded NR-wide
     panels [1, NP, K, NR] by tessera's pack kernel (whose artifact `plan` then lists)."""
-    from tessera.ops.anchors.cpu_kernel import aligned_empty
 
     w = np.ascontiguousarray(weight, dtype=np.float32)
     k, n = w.shape if layout == "kn" else w.shape[::-1]

@@ -1,4 +1,5 @@
-"""AnchorKernel: the kernels of one anchor operator, compiled in one nvcc run, launched without allocating.
+"""AnchorKernel: the kernels of one anchor operator, compiled in one nvcc run, launched without allocating;
+CpuAnchorKernel: the C kernels of one anchor operator, called on numpy arrays without allocating.
 
 A plan (`AnchorPlan`) is a list of launches.  Each launch is an IR function and, per
 parameter, where its argument comes from at call time: one of the anchor's inputs, the
@@ -11,14 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
+from tessera.backend.codegen_c_like import symbol_name
 from tessera.errors import ArgumentError
+from tessera.ir import expr as E
 from tessera.ir.dtypes import DataType
+from tessera.ir.evaluate import evaluate
 from tessera.ir.func import Function
-from tessera.runtime.cuda import current_stream
+from tessera.ops import generate
+from tessera.ops.anchors.rewrite import rename
+from tessera.runtime.cpu import CpuKernel
+from tessera.runtime.cuda import CudaKernel, DeviceArray, current_stream
 from tessera.runtime.tensor_map import Im2colWindow, TensorMap
 from tessera.transforms.pipeline import lower
 
@@ -118,30 +127,20 @@ class AnchorPlan:
     def source(self) -> str:
         """The CUDA (or C) source of every kernel of the anchor (one compilation unit)."""
         if self._source is None:
-            from tessera.backend import generate_c, generate_cuda
-
             self._source = (generate_c if self.target == "cpu" else generate_cuda)(self.lowered)
         return self._source
 
     def build(self, arch: str | None = None) -> str:
         """Compile (or fetch from the artifact cache) and return the cubin's path."""
-        from tessera.backend import build_cuda, detect_cuda_arch
 
         return str(build_cuda(self.source, arch or detect_cuda_arch()))
 
     def load(self, arch: str | None = None) -> Any:
         """Compile, load the kernels and allocate the workspaces on the current CUDA device
         (a CPU plan: gcc, and 64-byte aligned numpy workspaces; see CpuAnchorKernel)."""
-        from pathlib import Path
 
         if self.target == "cpu":
-            from tessera.backend import build_c
-            from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
-
             return CpuAnchorKernel(self, Path(build_c(self.source)))
-
-        from tessera.backend.codegen_c_like import symbol_name
-        from tessera.runtime.cuda import CudaKernel, DeviceArray
 
         path = Path(self.build(arch))
         kernels = [CudaKernel(launch.func, path, symbol_name(launch.func), low.launch)
@@ -158,9 +157,6 @@ def ops_launches(plan: AnchorPlan, outputs: Sequence[Any], inputs: Sequence[Any]
     """Append the kernels tessera.ops schedules for `outputs` (compute definitions over the
     placeholders `inputs`) to `plan`.  `slots` says where each input and output lives; any
     tensor the scheduler materialises in between gets a workspace."""
-    from tessera.ir.evaluate import evaluate
-    from tessera.ops import generate
-    from tessera.ops.anchors.rewrite import rename
 
     gen = generate(list(outputs), list(inputs), target, name=name)
     for spec, low in zip(gen.kernels, gen.lowered):
@@ -240,7 +236,6 @@ class AnchorKernel(PreparedAnchor):
         """The same plan and loaded kernels with workspaces and tensor-map caches of its own: another
         step running this plan (tessera.graph.compiler.build shares a plan between equal groups).
         `workspaces=False` makes a template that only makes siblings (it holds no device memory)."""
-        from tessera.runtime.cuda import DeviceArray
 
         ws = [DeviceArray(shape, dt) for shape, dt in self.plan.workspaces] if workspaces else []
         return AnchorKernel(self.plan, [k for k, _ in self._steps], ws, self.artifact)
@@ -277,3 +272,45 @@ class AnchorKernel(PreparedAnchor):
                 tmap = cache[ptr] = spec.encode(ptr)
             maps.append(tmap)
         return maps
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any, align: int = 64) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start: start + n].view(dt).reshape(tuple(shape))
+
+
+def _static_shape(param: Any) -> tuple[int, ...] | None:
+    dims = getattr(param.type, "shape", None)
+    if dims is None or not all(isinstance(d, E.Const) for d in dims):
+        return None
+    return tuple(int(d.value) for d in dims)
+
+
+class CpuAnchorKernel(PreparedAnchor):
+    """A prepared CPU anchor: call `kernel(inputs, out, extras)` on numpy arrays (or CPU torch
+    tensors).  Workspaces (per-worker packing buffers) belong to the kernel and are allocated
+    once, 64-byte aligned: one CpuAnchorKernel must not run in two threads at once."""
+
+    def __init__(self, plan: AnchorPlan, library: Path):
+        workspaces = [aligned_empty(shape, dt.name) for shape, dt in plan.workspaces]
+        for i in plan.zeroed:
+            workspaces[i].fill(0)
+        super().__init__(plan, workspaces, library)
+        # What a saved graph ships: the library, and the kernels the plan ran (packing a constant
+        # weight), which a graph loaded without a compiler runs again.
+        self.artifacts = [str(library), *plan.helpers]
+        kernels = [CpuKernel(launch.func, library, symbol_name(launch.func)) for launch in plan.launches]
+        self._steps = [(k, list(launch.slots), [_static_shape(q) for q in launch.func.params])
+                       for k, launch in zip(kernels, plan.launches)]  # fmt: skip
+
+    def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
+        extras = self._checked_extras(inputs, extras)
+        sources = (inputs, (out,), extras, self.workspaces, None, None, self.plan.constants)
+        for kernel, slots, shapes in self._steps:
+            args = [i if s == LITERAL else sources[s][i] for s, i in slots]
+            # Operands the kernel reads as another view of the same memory ([..., K] as [M, K], OIHW as [O, K]).
+            kernel([a.reshape(shape) if shape is not None and tuple(a.shape) != shape else a for a, shape in zip(args, shapes)])

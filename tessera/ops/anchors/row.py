@@ -15,6 +15,7 @@ from math import prod
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
+from tessera.kernels.reduce_ops import kernel_for
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.gemm import check_epilogue, check_shape
 from tessera.ops.anchors.kernel import EXTRA, INPUT, LITERAL, OUTPUT, AnchorKernel, AnchorPlan, Launch
@@ -43,7 +44,6 @@ def plan_row(op: str, x_shape: Sequence[int], dtype: DataType | str, *, eps: flo
     if rows * c > INT32_ELEMS:
         raise UnsupportedError(f"{op}: {rows} x {c} elements exceed the row kernels' int32 indexing")
     check_epilogue(epilogue, x_shape, op)
-    from tessera.kernels.reduce_ops import kernel_for
 
     vector = (c * dt.nbytes) % 16 == 0
     f = kernel_for(kernel_op, f"torch.{dt.name}", c, vector).ir
