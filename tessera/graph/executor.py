@@ -3,7 +3,8 @@
 Each `Backend` is asked, in order, to `prepare` an operator; the first that returns a
 kernel runs it.  `NumpyBackend` (the reference implementations) accepts every operator and
 is always last.  The compiled executor will put a backend first whose kernels come from
-`tessera.ops` and that fuses operators; the interface below is what it implements.
+`tessera.ops` and that fuses operators; the interface (`Backend`, `OpKernel`) is in
+tessera.graph.backend_protocol and importable from here.
 """
 
 from __future__ import annotations

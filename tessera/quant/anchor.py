@@ -23,13 +23,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from tessera.errors import UnsupportedError
+from tessera.errors import TuningError, UnsupportedError
 from tessera.ir import dtypes, lowbit
+from tessera.kernels import lowbit_gemm_rs as rs
+from tessera.kernels.gemm_tma import BLOCK_K
+from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
+from tessera.kernels.lowbit_dequant import make_dequant_units
+from tessera.kernels.lowbit_gemm import make_lowbit_gemm
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
+from tessera.ops.anchors.gemm import GemmProblem, Operand, plan_gemm
 from tessera.ops.anchors.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec
 from tessera.ops.anchors.rewrite import remap_operand, rename, retype_operand, specialize, unravel
 from tessera.quant.layout import padded_shape
 from tessera.quant.linear import DECODE_MAX_M
+from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a, prefill_choice, tuned_decode_config
+from tessera.runtime import cuda
 
 log = logging.getLogger("tessera")
 
@@ -37,9 +45,7 @@ log = logging.getLogger("tessera")
 def _sms() -> int:
     """The GPU's SM count from the driver (tessera.runtime.cuda.device_properties: the planning
     defaults without a GPU)."""
-    from tessera.runtime.cuda import device_properties
-
-    return device_properties().sms
+    return cuda.device_properties().sms
 
 
 def matrix_rows(x_shape: tuple[int, ...], n: int, k: int) -> tuple[int, tuple[int, ...], Callable[..., tuple]]:
@@ -59,7 +65,6 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     DECODE_MAX_M rows the prefill path (`_plan_prefill`; `prefill` picks it, else tuning).
     `fragment`: the call passes a fifth input, the codes in FRAGMENT_SPAN (as many words), which
     the register-A prefill kernel reads; the other kernels take it and leave it alone."""
-    from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, gs = attrs["n"], attrs["k"], attrs["group_size"]
@@ -78,9 +83,6 @@ def plan_lowbit_linear(x_shape: tuple[int, ...], attrs: dict[str, Any], words: i
     if span != config.span:
         config = dataclasses.replace(config, span=span, fold=False)
     if tune and _on_gpu():
-        from tessera.errors import TuningError
-        from tessera.quant.tune import tuned_decode_config
-
         try:
             config = tuned_decode_config(t, group, bool(attrs["has_bias"]), span, m, n, k, words, scales, biases)
         except TuningError as exc:  # (every candidate failed: the default, which the tests check)
@@ -111,17 +113,12 @@ def _plan_prefill(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, s
     holds no fp16 copy of its weights), then the fp16 GEMM template with the epilogue in its
     stores (tessera.quant.linear.prefill_matmul's two steps, as one anchor); with `fragment`,
     the register-A kernel is a candidate too (`_plan_register_a`)."""
-    from tessera.kernels.lowbit_dequant import make_dequant_units
-    from tessera.ops.anchors.gemm import GemmProblem, Operand, plan_gemm
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias, span = attrs["n"], attrs["k"], bool(attrs["has_bias"]), attrs.get("span", 16)
     lead = tuple(x_shape[:-1])
     out_shape = (*lead, n)
     if prefill is None:
-        from tessera.quant.tune import prefill_choice
-
         prefill = prefill_choice(t, group, has_bias, span, math.prod(lead), n, k, words, scales, biases,
                                  tune and _on_gpu(), register_a=fragment)  # fmt: skip
     if is_register_a(prefill):
@@ -158,8 +155,6 @@ def _plan_fused(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int, sca
                 inputs: int = 4) -> AnchorPlan:  # fmt: skip
     """The fused prefill kernel with x read through a tensor map as [1, M, K] and the epilogue
     in its staged (16-byte row segment) stores."""
-    from tessera.kernels.gemm_tma import BLOCK_K
-    from tessera.kernels.lowbit_gemm import make_lowbit_gemm
 
     t = dtypes.dtype(attrs["wtype"])
     n, k = attrs["n"], attrs["k"]
@@ -186,8 +181,6 @@ def _plan_register_a(x_shape: tuple[int, ...], attrs: dict[str, Any], words: int
     without one it keeps it where TMA can write the output (RegisterAConfig.for_output).  Stream-K
     configs keep their sums and tickets in zeroed workspaces of the plan (each launch leaves them
     at zero; the plan's kernel runs on one stream at a time, as every AnchorKernel)."""
-    from tessera.kernels import lowbit_gemm_rs as rs
-    from tessera.kernels.gemm_tma import BLOCK_K
 
     t = dtypes.dtype(attrs["wtype"])
     n, k, has_bias = attrs["n"], attrs["k"], bool(attrs["has_bias"])

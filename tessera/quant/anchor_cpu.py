@@ -19,12 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes, lowbit
+from tessera.kernels.lowbit_cpu import kernel_group, make_linear_decode, make_linear_rows
+from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
 from tessera.ops.anchors.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.ops.anchors.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, Launch
 from tessera.ops.anchors.rewrite import rename, specialize
 from tessera.quant.anchor import matrix_rows
+from tessera.quant.layout import pack_rows, unpack_units
 
 CPU_TILE_ROWS = 4  # rows of x (mr) and of W (nr) per register tile of the CPU row kernel
 CPU_DECODE_ROWS = 4  # up to this many rows of x, the CPU decodes W in registers (make_linear_decode)
@@ -39,7 +43,6 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     """The CPU row kernel's weights from the graph operator's words: the same codes in the row
     layout (tessera.quant.layout.pack_rows), made once per words array (read-only, shared by
     the plans of every M)."""
-    from tessera.quant.layout import pack_rows, unpack_units
 
     t = dtypes.dtype(attrs["wtype"])
     key = (id(words), words.shape, t.name, attrs["n"], attrs["k"], attrs.get("span", 16))
@@ -58,8 +61,6 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
 def cpu_kernels_take(group_size: int, k: int) -> bool:
     """Whether the row-layout kernels take groups of `group_size` over K = k (tessera.kernels.
     lowbit_cpu.kernel_group) on this machine (AVX2 or AVX-512)."""
-    from tessera.backend.isa import vector_lanes
-    from tessera.kernels.lowbit_cpu import kernel_group
 
     return vector_lanes() > 1 and kernel_group(group_size, k) is not None
 
@@ -67,8 +68,6 @@ def cpu_kernels_take(group_size: int, k: int) -> bool:
 def _cpu_kernel(m: int, n: int, k: int, attrs: dict[str, Any]) -> tuple[Any, str, tuple[int, ...], int]:
     """(kernel, name, config, workspace floats per worker or 0) for m rows of x: the one choice of
     kernel, workers and tile that the anchor and the eager path share."""
-    from tessera.kernels.lowbit_cpu import kernel_group, make_linear_decode, make_linear_rows
-    from tessera.ops.anchors.cpu_gemm import MIN_PARALLEL_MACS, cpu_threads, lanes_or_refuse
 
     t, gs, has_bias = dtypes.dtype(attrs["wtype"]), kernel_group(attrs["group_size"], k), bool(attrs["has_bias"])
     if gs is None:

@@ -374,7 +374,7 @@ def load_quantized_linears(model: Any, state_dict: Mapping[str, Any], format: st
       or `<name>.weight_packed` in the state dict must match a group."""
     import torch
 
-    from tessera.quant.torch_quantize import QuantizedLinear
+    from tessera.quant.torch_quantize import QuantizedLinear  # optional: torch (imported at its top)
 
     if format not in ("gptq", "awq", "compressed-tensors"):
         raise ArgumentError(f"format must be 'gptq', 'awq' or 'compressed-tensors', got {format!r}")

@@ -16,6 +16,7 @@ import numpy as np
 
 from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
+from tessera.kernels.lowbit_cpu import row_segments
 
 
 def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
@@ -140,7 +141,6 @@ def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
     layout (tessera.kernels.lowbit_cpu.row_segments): per row, blocks of 256 k, whole fields of
     runs of k in runs of words, the codes left over in the words' top bits; K is padded with
     code 0."""
-    from tessera.kernels.lowbit_cpu import row_segments
 
     u = np.asarray(u, np.uint32)
     n, k = u.shape

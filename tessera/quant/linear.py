@@ -17,10 +17,17 @@ from typing import Any
 import numpy as np
 
 from tessera import settings
-from tessera.errors import ArgumentError, UnsupportedError
+from tessera.errors import ArgumentError, TuningError, UnsupportedError
 from tessera.ir import lowbit
+from tessera.kernels.lowbit_cpu import make_linear_cpu
+from tessera.kernels.lowbit_decode import DecodeConfig, group_ok, make_decode, unit_scales
+from tessera.kernels.lowbit_dequant import dequantize_words
+from tessera.kernels.lowbit_gemm import SPAN, lowbit_gemm
+from tessera.kernels.lowbit_gemm_rs import lowbit_gemm_rs
 from tessera.quant.layout import pack_units, padded_shape
 from tessera.quant.quantize import QuantizedWeight
+from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a, prefill_choice, tuned_decode_config
+from tessera.runtime.cuda import multiprocessor_count
 
 log = logging.getLogger("tessera")
 
@@ -62,8 +69,6 @@ class PreparedWeight:
         if got is None:
             import torch
 
-            from tessera.kernels.lowbit_decode import unit_scales
-
             def lay(t: Any) -> Any:
                 return torch.from_numpy(unit_scales(t.cpu().numpy(), self.kernel_group, self.k_tiles)).to(t.device)
 
@@ -103,7 +108,6 @@ def prepare(w: QuantizedWeight, device: str = "cuda") -> PreparedWeight:
 
 def cpu_matmul(x: np.ndarray, w: QuantizedWeight) -> np.ndarray:
     """x [M, K] float32 @ W^T -> [M, N] float32 with the tessera CPU kernel (packed loads)."""
-    from tessera.kernels.lowbit_cpu import make_linear_cpu
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, k = w.shape
@@ -133,21 +137,14 @@ def prefill_matmul(x: Any, p: PreparedWeight, out: Any = None) -> Any:
     weights' memory for every layer)."""
     import torch
 
-    from tessera.kernels.lowbit_dequant import dequantize_words
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, is_register_a
-
     w = p.weight
     choice = _prefill_choice(p, x.shape[0])
     if is_register_a(choice):
-        from tessera.kernels.lowbit_gemm_rs import lowbit_gemm_rs
-
         y = out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=torch.float16, device=x.device)
         lowbit_gemm_rs(x.contiguous(), p.words_for(lowbit.FRAGMENT_SPAN), p.scales, p.biases, y, w.dtype,
                        p.kernel_group, w.zeros is not None, choice)  # fmt: skip
         return y
     if choice != DEQUANT_THEN_GEMM:
-        from tessera.kernels.lowbit_gemm import SPAN, lowbit_gemm
-
         y = out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=torch.float16, device=x.device)
         lowbit_gemm(x.contiguous(), p.words_for(SPAN), p.scales, p.biases, y, w.dtype, p.kernel_group,
                     w.zeros is not None, choice)  # fmt: skip
@@ -161,7 +158,6 @@ def _prefill_choice(p: PreparedWeight, m: int) -> Any:
     """DEQUANT_THEN_GEMM or a fused kernel's config for m rows of this weight
     (tessera.quant.tune.prefill_choice with tuning per $TESSERA_TUNE, at m rounded up to a
     power of two: one record per shape and GPU), kept per bucket."""
-    from tessera.quant.tune import prefill_choice
 
     key = _prefill_key(m)
     choice = p.cache.get(key)
@@ -194,15 +190,11 @@ def _decode_config(p: PreparedWeight, m: int) -> Any:
     """The decode config for calls of m tokens: tuned for the weight's shape when tuning is on
     ($TESSERA_TUNE; at 1 token for m <= 8, at 16 beyond, one record per shape and GPU:
     tessera.quant.tune), else DecodeConfig.default."""
-    from tessera.errors import TuningError
-    from tessera.kernels.lowbit_decode import DecodeConfig
-    from tessera.runtime.cuda import multiprocessor_count
 
     n, k = p.weight.shape
     config = DecodeConfig.default(p.weight.dtype.nbits, m, n, k, multiprocessor_count())
     if not settings.tune():
         return config
-    from tessera.quant.tune import tuned_decode_config
 
     try:
         return tuned_decode_config(p.weight.dtype, p.kernel_group, p.weight.zeros is not None, config.span,
@@ -217,8 +209,6 @@ def _decode_config(p: PreparedWeight, m: int) -> Any:
 def cuda_matmul(x: Any, p: PreparedWeight, config: Any = None, out: Any = None) -> Any:
     """x [M, K] float16 (CUDA) @ W^T -> [M, N] float16, with the decode kernel."""
     import torch
-
-    from tessera.kernels.lowbit_decode import group_ok, make_decode
 
     n, k = p.weight.shape
     if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != k:

@@ -26,8 +26,10 @@ from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.quant import codecs
 from tessera.quant.anchor_cpu import cpu_kernels_take, cpu_linear
-from tessera.quant.linear import cpu_matmul, cuda_matmul, prepare
+from tessera.quant.layout import layout_codes, pack_rows, pack_units
+from tessera.quant.linear import cpu_matmul, cuda_matmul, kernel_scales_and_biases, prepare
 from tessera.quant.quantize import QuantizedWeight, quantize_weight
+from tessera.quant.quantize_torch import quantize_weight_torch
 
 log = logging.getLogger("tessera")
 
@@ -72,8 +74,6 @@ class QuantizedLinear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, weight: str = "int4", group_size: int | None = 128,
                     zero_point: bool | None = None) -> QuantizedLinear:  # fmt: skip
         if linear.weight.is_cuda:  # round on the GPU: the same bits as the numpy reference, seconds faster per layer
-            from tessera.quant.quantize_torch import quantize_weight_torch
-
             return cls(quantize_weight_torch(linear.weight, weight, group_size, zero_point), linear.bias)
         w = linear.weight.detach().float().cpu().numpy()
         return cls(quantize_weight(w, weight, group_size, zero_point), linear.bias)
@@ -82,7 +82,6 @@ class QuantizedLinear(torch.nn.Module):
         """The kernels' float16 scales and biases (a [1, 1] placeholder without biases) and the
         lowbit_linear attributes, which the graph operator and the eager CPU path share;
         UnsupportedError where a small float's scale overflows float16 in the kernels' terms."""
-        from tessera.quant.linear import kernel_scales_and_biases
 
         w = self.weight_q
         scales, biases = kernel_scales_and_biases(w)
@@ -94,8 +93,6 @@ class QuantizedLinear(torch.nn.Module):
     def graph_operands(self) -> tuple[list[np.ndarray], dict[str, Any]]:
         """The lowbit_linear graph operator's constants (words, scales, biases) and attributes."""
         if "graph" not in self._prepared:
-            from tessera.quant.layout import pack_units
-
             w = self.weight_q
             scales, biases, attrs = self._kernel_operands()
             span = 2  # the decode kernels' k order by default (DecodeConfig.default): scales after the mma
@@ -107,8 +104,6 @@ class QuantizedLinear(torch.nn.Module):
         """((row-layout words, scales, biases, attributes) for tessera.quant.anchor_cpu.cpu_linear,
         or None where the SIMD kernels cannot run the layer, and why), made on first use."""
         if "cpu_rows" not in self._prepared:
-            from tessera.quant.layout import layout_codes, pack_rows
-
             w, operands, why = self.weight_q, None, ""
             if not cpu_kernels_take(w.group_size, self.in_features):
                 why = ("this CPU has no AVX2" if vector_lanes() == 1 else

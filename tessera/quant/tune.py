@@ -19,8 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from tessera import settings
+from tessera.errors import TuningError
 from tessera.ir.dtypes import DataType
+from tessera.ir.lowbit import FRAGMENT_SPAN
+from tessera.kernels import gemm_tma, lowbit_decode, lowbit_decode_config, lowbit_dequant, lowbit_gemm, lowbit_gemm_rs
+from tessera.kernels.lowbit_decode import make_decode
 from tessera.kernels.lowbit_decode_config import DecodeConfig
+from tessera.kernels.lowbit_dequant import dequantize_words, make_dequant_units
+from tessera.kernels.lowbit_gemm_rs_config import CONFIGS, STREAM_K_CONFIGS, RegisterAConfig, problems
+from tessera.kernels.matmul import COLD_FACTOR, check_result, graph_bench
+from tessera.quant import codecs
+from tessera.quant.layout import pack_units
+from tessera.runtime import cuda
+from tessera.runtime.cuda import multiprocessor_count
+from tessera.tune import tuner
 
 log = logging.getLogger("tessera")
 
@@ -48,8 +60,6 @@ def finite_words(wtype: DataType, span: int, words: int) -> Any:
     set); all ones for the other types.  Every unit of the layout has the same fields."""
     import numpy as np
     import torch
-
-    from tessera.quant.layout import pack_units
 
     if wtype.name not in ("e4m3", "e5m2"):
         return torch.full((words,), -1, dtype=torch.int32)
@@ -79,7 +89,6 @@ def _sources(*modules: Any) -> str:
 
 def template_source() -> str:
     """The decode kernel and config sources: their hash keys the records (an edit re-tunes)."""
-    from tessera.kernels import lowbit_decode, lowbit_decode_config
 
     return _sources(lowbit_decode, lowbit_decode_config)
 
@@ -91,11 +100,6 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
     record when one exists."""
     import torch
 
-    from tessera.kernels.lowbit_decode import make_decode
-    from tessera.kernels.matmul import COLD_FACTOR, check_result, graph_bench
-    from tessera.runtime.cuda import device_properties, multiprocessor_count
-    from tessera.tune.tuner import tune
-
     sms = multiprocessor_count()
     candidates = decode_candidates(wtype.nbits, m, n, k, sms, span)
     kt = -(-k // 256)
@@ -105,7 +109,7 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
     wq, sc, bz, x, y = random_operands(wtype, span, m, n, k, words, scales, biases)
     ref: list[Any] = []
     per_call = words * 4 + sc.numel() * 2
-    copies = min(MAX_COPIES, max(1, -(-COLD_FACTOR * device_properties().l2_bytes // per_call)))
+    copies = min(MAX_COPIES, max(1, -(-COLD_FACTOR * cuda.device_properties().l2_bytes // per_call)))
     sets: list[tuple[Any, Any]] = []
 
     def kernel(c: DecodeConfig) -> Any:
@@ -126,7 +130,7 @@ def tuned_decode_config(wtype: DataType, group: int, has_bias: bool, span: int, 
         kern = kernel(c)
         return graph_bench(lambda i: kern(x, *sets[i % copies], bz, y, kt), max(copies, 20))
 
-    record = tune(key, candidates, build=lambda c: kernel(c).build(), bench=bench, check=check,
+    record = tuner.tune(key, candidates, build=lambda c: kernel(c).build(), bench=bench, check=check,
                   template=template_source())  # fmt: skip
     if not record.from_cache:
         log.info("tessera: lowbit_linear %s m=%d n=%d k=%d: %s (default %s: %.1f us, tuned %.1f us)", wtype.name, m, n,
@@ -141,7 +145,6 @@ DEQUANT_THEN_GEMM = "dequant_then_gemm"  # the two-pass path: words -> fp16 W (l
 
 def is_register_a(choice: Any) -> bool:
     """Whether a prefill choice is a config of the register-A kernel (tessera.kernels.lowbit_gemm_rs)."""
-    from tessera.kernels.lowbit_gemm_rs_config import RegisterAConfig
 
     return isinstance(choice, RegisterAConfig)
 
@@ -165,7 +168,6 @@ def prefill_choice(wtype: DataType, group: int, has_bias: bool, span: int, m: in
                         "first", settings.LOWBIT_PREFILL.name, mode, wtype.name, group, " with zero points" if has_bias else "", span,
                         "" if register_a else ", no fragment-order copy")  # fmt: skip
         return forced[0] if forced else DEQUANT_THEN_GEMM
-    from tessera.errors import TuningError
 
     try:
         return tuned_prefill(wtype, group, has_bias, span, m, n, k, words, scales, biases, register_a)
@@ -180,12 +182,9 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     tiles (tessera.kernels.lowbit_gemm) when the words are in its k order (span 2), and the
     register-A kernel's configs (tessera.kernels.lowbit_gemm_rs) when `register_a`: the caller
     holds (or makes) the words in FRAGMENT_SPAN too, as PreparedWeight.words_for does."""
-    from tessera.kernels import lowbit_gemm
-    from tessera.kernels.lowbit_gemm_rs_config import CONFIGS, problems
-    from tessera.runtime.cuda import device_properties
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
-    if device_properties().capability != (9, 0):
+    if cuda.device_properties().capability != (9, 0):
         return out
     if span == lowbit_gemm.SPAN:
         out += lowbit_gemm.buildable_configs(wtype, group, has_bias)
@@ -204,13 +203,10 @@ def stream_k_candidates(wtype: DataType, group: int, has_bias: bool, m: int, n: 
     (bench/results/2026-11-29-h200-lowbit-stream-k.md).  None while torch's deterministic
     algorithms are on: the shares' adds meet in a different order from run to run, which can
     move a result by float32 rounding (a last fp16 bit)."""
-    from tessera.kernels.lowbit_gemm_rs_config import STREAM_K_CONFIGS, problems
 
     if _deterministic():
         return []
     if sms is None:
-        from tessera.runtime.cuda import multiprocessor_count
-
         sms = multiprocessor_count()
     return [c for c in STREAM_K_CONFIGS
             if not problems(wtype, group, has_bias, c) and c.cut_tiles(m, n, k, sms) == c.tiles(m, n) > 0]  # fmt: skip
@@ -231,9 +227,6 @@ def host_codes_words(wtype: DataType, n: int, k: int, spans: tuple[int, ...]) ->
     import numpy as np
     import torch
 
-    from tessera.quant import codecs
-    from tessera.quant.layout import pack_units
-
     codes = np.random.default_rng(0).integers(0, 1 << wtype.nbits, size=(n, k), dtype=np.uint8)
     if wtype.is_float:
         table = np.isfinite(codecs.decode(np.arange(1 << wtype.nbits, dtype=np.uint8), wtype))
@@ -250,12 +243,6 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
     them (the dequantiser, then cuBLAS through torch; tessera's fp16 GEMM runs at its speed);
     the register-A kernel reads the same codes packed in FRAGMENT_SPAN."""
     import torch
-
-    from tessera.ir.lowbit import FRAGMENT_SPAN
-    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
-    from tessera.kernels.lowbit_dequant import dequantize_words
-    from tessera.kernels.matmul import check_result, graph_bench
-    from tessera.tune.tuner import tune
 
     # (the register-A configs as a launch with this N runs them: see RegisterAConfig.for_output;
     # with them the stream-K ones that cut tiles at this shape)
@@ -293,7 +280,7 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
         torch.cuda.synchronize()
         return check_result(y, ref[0])
 
-    record = tune(key, candidates, build=lambda c: prefill_kernel(wtype, group, has_bias, span, c).build(),
+    record = tuner.tune(key, candidates, build=lambda c: prefill_kernel(wtype, group, has_bias, span, c).build(),
                   bench=lambda c, _: graph_bench(lambda i: run(c), 10), check=check, template=prefill_source())  # fmt: skip
     if not record.from_cache:
         log.info("tessera: lowbit_linear prefill %s m=%d n=%d k=%d: %s (%s)", wtype.name, m, n, k, record.best,
@@ -304,8 +291,6 @@ def tuned_prefill(wtype: DataType, group: int, has_bias: bool, span: int, m: int
 def prefill_kernel(wtype: DataType, group: int, has_bias: bool, span: int, choice: Any) -> Any:
     """The kernel a prefill candidate launches (for DEQUANT_THEN_GEMM, its dequantiser): what
     tuning builds, and what a benchmark may build ahead for many shapes at once."""
-    from tessera.kernels import lowbit_gemm, lowbit_gemm_rs
-    from tessera.kernels.lowbit_dequant import make_dequant_units
 
     if choice == DEQUANT_THEN_GEMM:
         return make_dequant_units(wtype, group, has_bias, span)
@@ -317,6 +302,5 @@ def prefill_kernel(wtype: DataType, group: int, has_bias: bool, span: int, choic
 def prefill_source() -> str:
     """The prefill candidates' sources (the fused kernels with the GEMM and decode pieces they
     use, the dequantiser): their hash keys the prefill records."""
-    from tessera.kernels import gemm_tma, lowbit_decode, lowbit_dequant, lowbit_gemm, lowbit_gemm_rs
 
     return _sources(lowbit_gemm, lowbit_gemm_rs, gemm_tma, lowbit_decode, lowbit_dequant)

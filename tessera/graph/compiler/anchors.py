@@ -8,11 +8,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tessera import ops
+from tessera.backend.isa import vector_lanes
 from tessera.errors import UnsupportedError
 from tessera.graph.compiler.partition import Group
+from tessera.graph.lowering import lower_operator
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
+from tessera.kernels.lowbit_decode_config import group_ok
+from tessera.ops import anchors
+from tessera.ops.anchors import Epilogue, cpu_conv, cpu_gemm
+from tessera.ops.anchors.attention import flash_unsupported, plan_attention
+from tessera.ops.anchors.conv import _pads, _pair
+from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d
+from tessera.ops.anchors.row import prepare_row
+from tessera.quant.anchor import prepare_lowbit_linear
+from tessera.quant.anchor_cpu import cpu_kernels_take, plan_lowbit_linear_cpu
 
 ANCHOR_KINDS = ("matmul", "linear", "conv2d", "scaled_dot_product_attention", "lowbit_linear")
 ROW_KINDS = {"layer_norm": 3, "rms_norm": 2, "softmax": 1}  # kind -> inputs the row kernel takes
@@ -44,7 +56,6 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
     if op.kind not in ANCHOR_KINDS or op.outputs[0].dtype not in _TEMPLATE_DTYPES:
         return False
     if op.kind == "lowbit_linear":  # float16 x [..., K] with constant low-bit weights, K and group the kernel takes
-        from tessera.kernels.lowbit_decode_config import group_ok
 
         k, gs = op.attrs["k"], op.attrs["group_size"]
         return _is_lowbit_anchor(op, dtypes.float16) and k % 8 == 0 and (gs >= k or group_ok(gs))
@@ -61,14 +72,11 @@ def is_anchor(op: Operator, target: str = "cuda") -> bool:
 
 
 def _is_cpu_anchor(op: Operator) -> bool:
-    from tessera.backend.isa import vector_lanes
-
     if _is_cpu_pool(op):
         return True
     if op.kind not in ANCHOR_KINDS or vector_lanes() == 1:
         return False
     if op.kind == "lowbit_linear":  # the row-layout kernels (tessera.kernels.lowbit_cpu), built per M like the GPU's
-        from tessera.quant.anchor_cpu import cpu_kernels_take
 
         return _is_lowbit_anchor(op, dtypes.float32) and cpu_kernels_take(op.attrs["group_size"], op.attrs["k"])
     if op.kind == "scaled_dot_product_attention":
@@ -97,8 +105,6 @@ def _is_lowbit_anchor(op: Operator, dtype: dtypes.DataType) -> bool:
 
 def _is_cpu_pool(op: Operator) -> bool:
     """max_pool2d over a static float32 NCHW tensor (the lowering has checked the padding): the row kernel."""
-    from tessera.backend.isa import vector_lanes
-
     if op.kind != "max_pool2d" or len(op.inputs) != 1 or vector_lanes() == 1 or op.attrs.get("layout", "NCHW") != "NCHW":
         return False
     x = op.inputs[0]
@@ -115,7 +121,6 @@ def attention_views(op: Operator, consumers: Mapping[Tensor, list[Operator]], ou
     attention alone; only where the fused flash kernel runs (it alone takes them)."""
     if target != "cuda" or op.kind != "scaled_dot_product_attention":
         return [], []
-    from tessera.ops.anchors.attention import flash_unsupported
 
     if not all(isinstance(d, int) for t in op.inputs for d in t.shape):
         return [], []
@@ -145,10 +150,6 @@ def _epilogue(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> tuple[A
     """The anchor's elementwise tail as an ops.anchors Epilogue, and the tensors it reads."""
     if not group.epilogue:
         return None, []
-    from tessera import ops
-    from tessera.graph.lowering import lower_operator
-    from tessera.ops.anchors import Epilogue
-
     acc_t = group.anchor.outputs[0]
     chain_outputs = {op.outputs[0] for op in group.epilogue}
     extra_t = list(dict.fromkeys(t for op in group.epilogue for t in op.inputs if t is not acc_t and t not in chain_outputs))
@@ -162,8 +163,6 @@ def _epilogue(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> tuple[A
 
 
 def _conv_geometry(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    from tessera.ops.anchors.conv import _pads, _pair
-
     return {"stride": _pair(attrs["stride"], "stride"), "padding": _pads(attrs["padding"]),
             "dilation": _pair(attrs["dilation"], "dilation")}  # fmt: skip
 
@@ -172,18 +171,11 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
     """The CPU plan of op: a GEMM with its constant weight packed once (tessera.ops.anchors.cpu_gemm,
     cpu_conv), attention, the max-pool row kernel (cpu_pool), or the low-bit row kernel
     (tessera.quant.anchor, its words re-laid once)."""
-    from tessera.ops.anchors import cpu_conv, cpu_gemm
-    from tessera.ops.anchors.conv import _pads, _pair
-
     if op.kind == "lowbit_linear":
-        from tessera.quant.anchor_cpu import plan_lowbit_linear_cpu
-
         return plan_lowbit_linear_cpu(in_shapes[0], op.attrs, op.inputs[1].data, in_shapes[2], in_shapes[3],
                                       epilogue, len(op.inputs)).load()  # fmt: skip
 
     if op.kind == "max_pool2d":
-        from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d
-
         a = op.opdef.normalize_attrs(op.attrs)
         pt, pl, _, _ = _pads(a["padding"])
         plan = plan_cpu_max_pool2d(in_shapes[0], _pair(a["kernel"], "kernel"), _pair(a["stride"] or a["kernel"], "stride"),
@@ -195,8 +187,6 @@ def _prepare_cpu(op: Operator, in_shapes: list[tuple[int, ...]], epilogue: Any, 
         return cpu_gemm.plan_cpu_linear(in_shapes[0], in_shapes[1], bias=len(op.inputs) == 3, epilogue=epilogue,
                                         weight=weight, tune=tune).load()  # fmt: skip
     if op.kind == "scaled_dot_product_attention":
-        from tessera.ops.anchors.attention import plan_attention
-
         if epilogue is not None:
             raise UnsupportedError("the attention template takes no epilogue")
         masked = len(op.inputs) == 4
@@ -242,8 +232,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     """A callable (arrays in group.inputs order, [output]) running the anchor and its epilogue.
 
     Raises UnsupportedError when no template takes this operator on these shapes."""
-    from tessera.ops import anchors
-
     op = group.anchor
     if target == "cuda" and op.kind == "scaled_dot_product_attention":
         return _prepare_attention(group, shapes, tune)
@@ -256,8 +244,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
     dtype = op.outputs[0].dtype
     in_shapes = [shapes[t] for t in op.inputs]
     if op.kind in ROW_KINDS:
-        from tessera.ops.anchors.row import prepare_row
-
         eps = op.attrs.get("eps", 1e-5)
         kernel = prepare_row(op.kind, in_shapes[0], dtype, eps=float(eps), epilogue=epilogue)
     elif op.kind == "linear":
@@ -272,8 +258,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
                                         groups=a.get("groups", 1), bias=len(op.inputs) == 3, epilogue=epilogue, tune=tune,
                                         layout=a.get("layout", "NCHW"))  # fmt: skip
     elif op.kind == "lowbit_linear":
-        from tessera.quant.anchor import prepare_lowbit_linear
-
         kernel = prepare_lowbit_linear(in_shapes[0], op.attrs, in_shapes[1][0], in_shapes[2], in_shapes[3], epilogue,
                                        tune=tune, fragment=len(op.inputs) == 5)  # fmt: skip
     else:
@@ -285,8 +269,6 @@ def prepare_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], *, tu
 def _prepare_attention(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], tune: bool) -> Any:
     """The GPU attention anchor: q, k, v read through the group's `split_heads` views (from the
     tensor each views), the output written through its `merge_heads` (attention_views)."""
-    from tessera.ops import anchors
-
     op = group.anchor
     if any(v.kind != "merge_heads" for v in group.epilogue):
         raise UnsupportedError("the attention template takes no epilogue")

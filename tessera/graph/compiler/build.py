@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from tessera import settings
+from tessera import ops, settings
 from tessera.errors import (
     ArgumentError,
     BrokenCompilerError,
@@ -24,17 +24,22 @@ from tessera.errors import (
     TesseraError,
     UnsupportedError,
 )
+from tessera.graph import lowering
 from tessera.graph.compiler.anchors import attention_views, is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
 from tessera.graph.compiler.in_place import plan_in_place
 from tessera.graph.compiler.memory import choose_memory
-from tessera.graph.compiler.options import CompileOptions
+from tessera.graph.compiler.options import CompileOptions, parse_options
 from tessera.graph.compiler.partition import Group, partition
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
 from tessera.graph.flow_graph import FlowGraph
+from tessera.graph.passes import optimize as run_passes
+from tessera.graph.passes.channels_last import to_channels_last
+from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
 from tessera.graph.tensor import Tensor
 from tessera.progress import bar
 from tessera.progress import progress as show_progress
+from tessera.runtime import cuda
 from tessera.tune.tuner import recording
 
 log = logging.getLogger("tessera")
@@ -62,8 +67,6 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
     on the GPU with CUDA graphs, their other in_place updates are copied into them by the
     graph's last steps (`compiled.copy_back`), so no copy runs outside the CUDA graph.
     `compiled.report()` (or `tessera.explain(compiled)`) tells what was made of the graph."""
-    from tessera.graph.compiler.options import parse_options
-
     given = {"cuda_graph": cuda_graph, "progress": progress, "arrays": arrays, **({} if tune is None else {"tune": tune})}
     opts = parse_options(given, where="compile_graph")
     if target not in ("cpu", "cuda"):
@@ -74,11 +77,6 @@ def compile_graph(graph: FlowGraph, target: str = "cpu", *, optimize: bool = Tru
 
 def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions, arch: str | None,
              in_place: Mapping[int, int] | None = None, static_inputs: Collection[int] = ()) -> CompiledGraph:  # fmt: skip
-    from tessera.graph.lowering import NOT_LOWERED, lowering_error
-    from tessera.graph.passes import optimize as run_passes
-    from tessera.graph.passes.channels_last import to_channels_last
-    from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
-
     if target == "cuda":
         _require_gpu()
         if opts.arrays == "torch":
@@ -100,8 +98,8 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     start = time.perf_counter()
 
     def compilable(op: Any) -> str | None:  # an operator only a template computes (lowbit_linear) where one takes it
-        reason = lowering_error(op)
-        return None if reason is not None and op.kind in NOT_LOWERED and is_anchor(op, target) else reason
+        reason = lowering.lowering_error(op)  # looked up per call: tests replace it
+        return None if reason is not None and op.kind in lowering.NOT_LOWERED and is_anchor(op, target) else reason
 
     groups = partition(graph, compilable, lambda op: is_anchor(op, target), takes_epilogue,
                        lambda op, consumers, outputs: attention_views(op, consumers, outputs, target))  # fmt: skip
@@ -129,8 +127,6 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
 def _require_gpu() -> None:
     """Refuse target "cuda" at once on a machine that cannot run it (rather than falling back
     group by group and failing at the first call)."""
-    from tessera.runtime import cuda
-
     try:
         cuda.context()
     except DeviceError as exc:
@@ -175,8 +171,6 @@ def _build_fused(groups: list[Group], symbols: dict[str, Any], target: str, arch
 
 def _build_lowered(lowered: list[tuple[list[Group], Any, list]], target: str, arch: str | None) -> list[Any]:
     """ops.build_many over the lowered groups; one by one if that fails (None for a group that fails)."""
-    from tessera import ops
-
     try:
         return ops.build_many([lw for _, lw, _ in lowered], target, name="g", arch=arch)
     except (CompilerNotFoundError, BrokenCompilerError):
@@ -264,8 +258,6 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
 def _generic_anchor(group: Group, shapes: Mapping[Tensor, tuple[int, ...]], target: str, arch: str | None,
                     symbols: dict[str, Any]) -> Any:  # fmt: skip
     """The anchor group through the ops auto-scheduler, for shapes no template takes."""
-    from tessera import ops
-
     outs, ins = lower_group(group, symbols, concrete={t: shapes[t] for t in group.inputs})
     compiled = ops.build(outs, ins, target=target, name="a", arch=arch)
 

@@ -41,7 +41,9 @@ import numpy as np
 from tessera.errors import ArgumentError
 from tessera.graph.compiler import archive
 from tessera.graph.compiler.cpu_replay import Replay
+from tessera.graph.compiler.cpu_runner import artifact
 from tessera.graph.compiler.memory import choose_memory
+from tessera.graph.compiler.report import graph_report
 from tessera.graph.executor import collect_inputs
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.memory_plan import place_buffers
@@ -51,6 +53,7 @@ from tessera.graph.tensor import Tensor
 from tessera.ir.dtypes import DataType
 from tessera.progress import bar
 from tessera.progress import progress as show_progress
+from tessera.runtime.tensor import ArrayView
 
 log = logging.getLogger("tessera")
 
@@ -113,7 +116,6 @@ class CompiledGraph:
             log.warning("tessera: %s runs %s on the host, so it is not captured into a CUDA graph", graph.name, names)
             self.use_cuda_graph = False
         if target == "cpu":  # build (or find) the replay trampoline now: calls never compile
-            from tessera.graph.compiler.cpu_runner import artifact
 
             artifact()
         self._constants: dict[Tensor, Any] = {}
@@ -340,7 +342,6 @@ class CompiledGraph:
         paths: dict[Path, None] = {}
         tuning: dict[tuple[str, str], None] = {}
         if self.target == "cpu":  # the replay trampoline (cpu_runner), so a loaded graph needs no compiler for it
-            from tessera.graph.compiler.cpu_runner import artifact
 
             trampoline = artifact()
             if trampoline is not None:
@@ -399,8 +400,6 @@ class CompiledGraph:
         configuration of each anchor (tuned or chosen by the cost model), the operators left to
         the numpy references and why, the memory plan per shape and the compile time by phase.
         `print(compiled.report())` (or `tessera.explain(compiled)`) shows it."""
-        from tessera.graph.compiler.report import graph_report
-
         return graph_report(self)
 
     def __repr__(self) -> str:
@@ -415,7 +414,5 @@ class _Shaped:
         self.shape, self.dtype_ = shape, dt
 
     def __tessera_view__(self) -> Any:
-        from tessera.runtime.tensor import ArrayView
-
         return ArrayView(0, tuple(self.shape), self.dtype_, "cpu", True, None)
 

@@ -25,6 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tessera.backend.build import build_c
+from tessera.errors import TesseraError
+
 log = logging.getLogger("tessera")
 
 MAX_ARGS = 40
@@ -66,9 +69,6 @@ def artifact() -> Path | None:
     directory may change (TESSERA_CACHE_DIR), and a lookup of a built one is cheap."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None
-    from tessera.backend.build import build_c
-    from tessera.errors import TesseraError
-
     try:
         return Path(build_c(_source()))
     except TesseraError as exc:  # no compiler, and no prebuilt artifact: ctypes replays instead

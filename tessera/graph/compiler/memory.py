@@ -22,8 +22,12 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError, DeviceError
+from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
-from tessera.runtime.tensor import numpy_dtype
+from tessera.ops.compiled import numpy_to_torch, torch_dtype, torch_to_numpy
+from tessera.runtime.cuda import DeviceArray, use_stream
+from tessera.runtime.cuda_graph import Stream, capture
+from tessera.runtime.tensor import numpy_dtype, view_of
 
 ARRAY_KINDS = ("auto", "torch", "native")
 
@@ -66,8 +70,6 @@ def _from_dlpack_host(a: Any, name: str) -> np.ndarray:
 
 
 def _view(a: Any) -> Any:
-    from tessera.runtime.tensor import view_of
-
     return view_of(a, "array")
 
 
@@ -134,8 +136,6 @@ class HostMemory(Memory):
 
     def input(self, a: Any, dt: DataType, name: str) -> Any:
         if type(a).__module__.startswith("torch"):
-            from tessera.ops.compiled import torch_to_numpy
-
             a = torch_to_numpy(a)
         elif not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):  # cupy, jax... (zero-copy)
             a = _from_dlpack_host(a, name)
@@ -185,8 +185,6 @@ class TorchMemory(Memory):
             return a  # the usual call, checked cheaply (a decode step passes dozens of cache tensors)
         import torch
 
-        from tessera.ops.compiled import numpy_to_torch, torch_dtype
-
         self._dtypes.setdefault(dt, torch_dtype(dt))
         if not isinstance(a, torch.Tensor):
             a = torch.from_dlpack(a) if hasattr(a, "__dlpack__") else numpy_to_torch(_contiguous(np.asarray(a)))
@@ -197,8 +195,6 @@ class TorchMemory(Memory):
         return a.contiguous()
 
     def constant(self, data: np.ndarray) -> Any:
-        from tessera.ops.compiled import numpy_to_torch
-
         with warnings.catch_warnings():  # torch warns of a read-only array; .cuda() copies it before anything runs
             warnings.simplefilter("ignore", UserWarning)
             return numpy_to_torch(data).cuda()
@@ -209,15 +205,11 @@ class TorchMemory(Memory):
         return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
-        from tessera.ops.compiled import torch_dtype
-
         count = int(np.prod(shape, dtype=np.int64))
         return arena[offset: offset + count * dt.nbytes].view(torch_dtype(dt)).view(shape)
 
     def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
         import torch
-
-        from tessera.ops.compiled import torch_dtype
 
         return torch.empty(shape, dtype=torch_dtype(dt), device="cuda")
 
@@ -265,14 +257,9 @@ class NativeMemory(Memory):
     captures = True
 
     def __init__(self) -> None:
-        from tessera.runtime.cuda_graph import Stream
-
         self.stream = Stream()
 
     def input(self, a: Any, dt: DataType, name: str) -> Any:
-        from tessera.runtime.cuda import DeviceArray
-        from tessera.runtime.tensor import view_of
-
         if type(a) is DeviceArray:
             view = a.__tessera_view__()
         elif isinstance(a, (np.ndarray, list, tuple, int, float, bool, np.generic)):
@@ -291,27 +278,18 @@ class NativeMemory(Memory):
         return a if type(a) is DeviceArray else DeviceArray.wrap(view)
 
     def constant(self, data: np.ndarray) -> Any:
-        from tessera.runtime.cuda import DeviceArray
-
         return DeviceArray.from_numpy(data)
 
     def arena(self, nbytes: int) -> Any:
-        from tessera.ir import dtypes
-        from tessera.runtime.cuda import DeviceArray
-
         return DeviceArray((max(nbytes, 1),), dtypes.uint8)
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dt: DataType) -> Any:
         return arena.view(offset, shape, dt)
 
     def empty(self, shape: tuple[int, ...], dt: DataType) -> Any:
-        from tessera.runtime.cuda import DeviceArray
-
         return DeviceArray(shape, dt, stream=self.stream)
 
     def clone(self, a: Any) -> Any:
-        from tessera.runtime.cuda import DeviceArray
-
         if type(a) is not DeviceArray:
             a = DeviceArray.wrap(a.__tessera_view__() if hasattr(a, "__tessera_view__") else _view(a))
         return a.clone(self.stream)
@@ -321,14 +299,10 @@ class NativeMemory(Memory):
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        from tessera.runtime.cuda import use_stream
-
         with use_stream(self.stream.handle):
             yield
 
     def capture(self, record: Callable[[], None]) -> Any:
-        from tessera.runtime.cuda_graph import capture
-
         with self.running():  # warm every launch plan off the capture
             record()
         return capture(self.stream, record)

@@ -13,12 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from tessera import ops
 from tessera.graph.compiler.partition import Group
 from tessera.graph.executor import NumpyBackend
+from tessera.graph.lowering import dim_expr, lower_operator
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import ShapeError, evaluate
 from tessera.graph.tensor import Tensor
-from tessera.ir.compute import Placeholder, TensorNode
+from tessera.ir.compute import Placeholder, TensorNode, inputs_of
+from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
+from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
+from tessera.runtime.tensor import numpy_dtype
 
 
 def group_signature(group: Group) -> str:
@@ -52,9 +57,6 @@ def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor,
     otherwise symbolic graph dimensions become int32 expressions over `symbols`.  `nodes`,
     when given, receives each operator's output nodes, in the group's operator order (which
     kernel computes which operator: `FusedStep.kernel_ops`)."""
-    from tessera import ops
-    from tessera.graph.lowering import dim_expr, lower_operator
-
     env: dict[Tensor, TensorNode] = {}
     placeholders = []
     for i, t in enumerate(group.inputs):
@@ -75,8 +77,6 @@ def lower_group(group: Group, symbols: dict[str, Any], concrete: Mapping[Tensor,
 def _new_nodes(outs: Sequence[TensorNode], known: set[TensorNode]) -> list[TensorNode]:
     """The nodes `outs` depend on that are not in `known` (what one operator's lowering
     created), added to `known`."""
-    from tessera.ir.compute import inputs_of
-
     found: list[TensorNode] = []
     stack = list(outs)
     while stack:
@@ -129,8 +129,6 @@ def kernel_operators(kernels: Sequence[Any], ops: Sequence[Operator], op_nodes: 
                      ) -> list[tuple[Any, list[Operator]]]:  # fmt: skip
     """Which operators each kernel computes: a kernel covers the nodes it stores or reduces
     and every node they read that no other kernel materialises (those were inlined)."""
-    from tessera.ir.compute import inputs_of
-
     owner: dict[TensorNode, int] = {}
     for k, spec in enumerate(kernels):
         for t in [*spec.plan.stores, *spec.plan.reductions]:
@@ -179,8 +177,6 @@ class AnchorStep:
     def replayable(self) -> bool:
         """Every prepared kernel only launches C kernels (cpu_replay): a CPU template, or the
         generic kernels of a CPU CompiledOp (whose temporaries the replay keeps alive)."""
-        from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
-
         def launches_only(k: Any) -> bool:
             compiled = getattr(k, "compiled", None)
             return isinstance(getattr(k, "kernel", None), CpuAnchorKernel) or getattr(compiled, "target", None) == "cpu"
@@ -245,7 +241,6 @@ def _to_numpy(a: Any) -> np.ndarray:
         return a
     if hasattr(a, "numpy") and not type(a).__module__.startswith("torch"):  # a tessera DeviceArray
         return a.numpy()
-    from tessera.ops.compiled import torch_to_numpy
 
     return torch_to_numpy(a)
 
@@ -260,10 +255,7 @@ def _copy_into(out: Any, value: np.ndarray, what: str) -> None:
     if isinstance(out, np.ndarray):
         out[...] = value
     elif not type(out).__module__.startswith("torch"):  # a tessera DeviceArray
-        from tessera.runtime.tensor import numpy_dtype
 
         out.copy_(np.asarray(value).astype(numpy_dtype(out.dtype), copy=False))
     else:
-        from tessera.ops.compiled import numpy_to_torch
-
         out.copy_(numpy_to_torch(value))

@@ -28,6 +28,7 @@ from tessera import ops
 from tessera.errors import UnsupportedError
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Dim, Sym
+from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
@@ -90,8 +91,6 @@ def cast(x: TensorNode, dt: DataType) -> TensorNode:
 
 def python_value(value: Any, dt: DataType) -> bool | int | float:
     """A Python number converted the way numpy's astype(dt) converts it (ints truncate)."""
-    from tessera.graph.tensor import numpy_dtype
-
     try:
         v = np.asarray(value).astype(numpy_dtype(dt)).item()
     except UnsupportedError:  # bfloat16 without ml_dtypes: round through float32

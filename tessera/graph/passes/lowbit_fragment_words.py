@@ -32,12 +32,13 @@ from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes, lowbit
+from tessera.quant.layout import repack_units
+from tessera.quant.linear import DECODE_MAX_M
+from tessera.runtime import cuda
 
 
 def may_prefill(op: Operator) -> bool:
     """Whether a lowbit_linear may run more than DECODE_MAX_M rows (symbolic leading sizes may)."""
-    from tessera.quant.linear import DECODE_MAX_M
-
     lead = op.inputs[0].shape[:-1]
     return not all(isinstance(d, int) for d in lead) or math.prod(lead) > DECODE_MAX_M
 
@@ -49,8 +50,6 @@ def _wanted(op: Operator) -> bool:
 
 def fragment_words_of(op: Operator) -> Tensor:
     """The operator's codes packed in FRAGMENT_SPAN: a constant of as many uint32 words."""
-    from tessera.quant.layout import repack_units
-
     a, words = op.attrs, op.inputs[1]
     packed = repack_units(words.data, dtypes.dtype(a["wtype"]), a["n"], a["k"], a.get("span", 16), lowbit.FRAGMENT_SPAN)
     return Tensor.constant(packed.reshape(words.data.shape), name=f"{words.name}_fragment", copy=False)
@@ -62,12 +61,10 @@ AUTO_TUNES_IT = True  # whether 'auto' with tuning adds the words (see the modul
 def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
     """Append the fragment-order words to every lowbit_linear the register-A kernel may run
     (see the module docstring), when the current GPU is an SM90 one; returns how many."""
-    from tessera.runtime.cuda import device_properties
-
     mode = settings.lowbit_prefill()
     if mode != "register" and not (mode == "auto" and tune and AUTO_TUNES_IT):
         return 0
-    if device_properties().capability != (9, 0):
+    if cuda.device_properties().capability != (9, 0):
         return 0
     done = 0
     for op in graph.operators:
