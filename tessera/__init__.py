@@ -126,6 +126,7 @@ from tessera.lang.builtins import (
     wgmma_wait,
 )  # fmt: skip
 from tessera.lang.inline import Inline, inline
+from tessera.reporting import explain  # the compile report of anything tessera compiled
 
 __version__ = "0.1.0"
 
@@ -143,15 +144,6 @@ __all__ = [
     "VectorType", "f32x8", "f32x16", "vload", "vstore", "vbroadcast", "vfma", "vadd", "vsub", "vmul", "vmax", "vmin",
     "vsum", "vreduce_max", "vand", "vor", "vxor", "vshl", "vshr", "vfloat", "vfloat16", "vbitcast", "vlookup", "prefetch", "dequant",
 ]  # fmt: skip
-
-
-def explain(compiled: object) -> object:
-    """The compile report of a compiled graph, ONNX model or torch.compile(backend="tessera")
-    module: kernels with their fused operators, templates and configurations, operators left
-    out and why, memory plan, compile time by phase.  See `tessera.reporting.explain`."""
-    from tessera.reporting import explain as _explain
-
-    return _explain(compiled)
 
 
 def __getattr__(name: str):

@@ -14,7 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tessera.cli_cache import add_parser as add_cache_parser
+from tessera.cli_cache import run as run_cache
 from tessera.errors import TesseraError
+from tessera.examples.demo import run_demo
+from tessera.examples.run import run_examples
+from tessera.run_model import run_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="run a benchmark suite (needs a source checkout with bench/)")
     bench.add_argument("--suite", default="models", help="models, gemm or reduce")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments for bench/run.py")
-    from tessera.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
     args = parser.parse_args(argv)
@@ -53,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "examples":
-        from tessera.examples.run import run_examples
-
         results = run_examples(args.device)
         bad = [r["case"] for r in results if not r["max_rel_err"] <= args.tolerance]
         if bad:
@@ -62,16 +64,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 1
         print("all examples match numpy")
     elif args.command == "demo":
-        from tessera.examples.demo import run_demo
-
         return 0 if run_demo(args.model, args.device) else 1
     elif args.command == "run":
-        from tessera.run_model import run_model
-
         run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save, args.explain)
     elif args.command == "cache":
-        from tessera.cli_cache import run as run_cache
-
         return run_cache(args)
     elif args.command == "bench":
         script = Path(__file__).resolve().parents[1] / "bench" / "run.py"

@@ -16,6 +16,8 @@ from tessera.backend.codegen_c_like import symbol_name
 from tessera.backend.source_view import readable
 from tessera.ir.func import Function
 from tessera.lang.parser import parse_kernel
+from tessera.runtime.cpu import CpuKernel
+from tessera.runtime.cuda import CudaKernel
 from tessera.transforms.pipeline import lower
 
 
@@ -78,12 +80,8 @@ class Kernel:
 
             path = Path(self.build())
             if self.target == "cpu":
-                from tessera.runtime.cpu import CpuKernel
-
                 self._compiled = CpuKernel(self.ir, path, symbol_name(self.ir))
             else:
-                from tessera.runtime.cuda import CudaKernel
-
                 self._compiled = CudaKernel(self.ir, path, symbol_name(self.ir), self.lowered.launch)
         return self._compiled
 

@@ -26,7 +26,7 @@ def explain(compiled: Any) -> Any:
     if callable(report):
         return report()
     if "torch" in type(compiled).__module__ or hasattr(compiled, "_torchdynamo_orig_callable"):
-        from tessera.frontend.torch import report as torch_report
+        from tessera.frontend.torch import report as torch_report  # optional: torch
 
         if torch_report.is_torch_compiled(compiled):
             return torch_report.explain(compiled)

@@ -24,16 +24,18 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ArgumentError, FileFormatError
-from tessera.graph.symbolic import bind_shape, evaluate, format_shape
+from tessera.frontend import onnx as tessera_onnx
+from tessera.graph import load
+from tessera.graph.compiler import compile_graph, load_compiled
+from tessera.graph.symbolic import Sym, bind_shape, evaluate, format_shape
 from tessera.graph.tensor import numpy_dtype
+from tessera.runtime import cuda
 
 
 def load_model(path: str | Path, target: str) -> Any:
     """An OnnxModel (tessera.onnx.compile: specialised on shape-like inputs) from an .onnx
     file, or a CompiledGraph from a file written by CompiledGraph.save (or tessera.graph.save).
     A file that is neither raises FileFormatError naming the problem."""
-    from tessera.graph.compiler import compile_graph, load_compiled
-
     path = Path(path)
     if not path.exists():
         raise ArgumentError(f"{path}: no such file")
@@ -47,10 +49,8 @@ def load_model(path: str | Path, target: str) -> Any:
             raise FileFormatError(f"{path}: not a readable compiled-graph (.tsr) or graph file ({exc})") from None
         if "compiled.json" in names or path.suffix == ".tsr":
             return load_compiled(path)
-        from tessera.graph import load
 
         return compile_graph(load(path), target)
-    from tessera.frontend import onnx as tessera_onnx
 
     return tessera_onnx.compile(str(path), target)
 
@@ -59,8 +59,6 @@ class _Declared:
     """What make_inputs needs of a model: its input tensors and their symbolic sizes."""
 
     def __init__(self, inputs: list[Any]):
-        from tessera.graph.symbolic import Sym
-
         self.inputs = inputs
         self._symbols = list(dict.fromkeys(n for t in inputs for d in t.shape if isinstance(d, Sym) for n in d.names))
 
@@ -158,8 +156,6 @@ def run_model(path: str, device: str = "auto", npy: Sequence[str] = (), dims: Se
               repeat: int = 20, int_high: int = 100, save: str | None = None, explain: bool = False) -> dict[str, Any]:  # fmt: skip
     """Compile and run the model at `path`; prints a summary (and with `explain` the compile
     report) and returns it as a dict."""
-    from tessera.runtime import cuda
-
     target = ("cuda" if cuda.is_available() else "cpu") if device == "auto" else device
     bindings = parse_dims(dims)
     if repeat < 1:

@@ -17,7 +17,7 @@ from typing import Any
 def _build(name: str, device: str) -> tuple[Any, Any]:
     import torch
 
-    from tessera.examples import models as M
+    from tessera.examples import models as M  # optional: torch
 
     torch.manual_seed(0)
     big = device == "cuda"
@@ -73,7 +73,7 @@ def run_demo(name: str = "gpt2", device: str = "auto") -> bool:
     """Compile and run the demo model; True when tessera matches torch within tolerance."""
     import torch
 
-    from tessera.frontend.torch import stats
+    from tessera.frontend.torch import stats  # optional: torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,6 +11,7 @@ import numpy as np
 from tessera.examples.matmul import make_matmul
 from tessera.examples.softmax import make_softmax
 from tessera.examples.vector_add import make_vector_add
+from tessera.runtime import cuda
 
 
 def _softmax_ref(x: np.ndarray) -> np.ndarray:
@@ -49,8 +50,6 @@ def _time(fn: Callable[..., Any], args: list[Any], sync: Callable[[], None], rep
 
 def run_examples(device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
     """Run every example on `device` ("cpu", "cuda" or "auto"); print and return the results."""
-    from tessera.runtime import cuda
-
     if device == "auto":
         device = "cuda" if cuda.is_available() else "cpu"
     rng = np.random.default_rng(seed)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.errors import UnsupportedError
+from tessera.frontend.onnx import functions
 from tessera.frontend.onnx.importer import rule
 from tessera.graph import Operator, Tensor
 from tessera.graph.lowering import lowering_error
+from tessera.graph.opdefs.nn import _window_out
 
 
 # ---- padding and window arithmetic --------------------------------------------------------------------------------
@@ -244,8 +246,6 @@ def _pool_by_slices(im, kind: str, x: Tensor, k, s, pads, d, ceil: bool, count_p
     """2-D pooling the compiled pooling does not cover (dilation, padding wider than half the
     window, integers): the max or sum of the kh*kw strided slices of the padded input, an
     average dividing by each window's count of counted cells (a constant)."""
-    from tessera.graph.opdefs.nn import _window_out
-
     h, w = x.shape[2], x.shape[3]
     pt, pl, pb, pr = pads
     oh, ow = (_window_out(size, k[i], s[i], (pt, pl)[i], (pb, pr)[i], d[i], ceil) for i, size in enumerate((h, w)))
@@ -328,8 +328,6 @@ def _instance_norm(im, node, args, attrs):
 def _ln(im, node, args, attrs):
     # stash_type: the statistics' precision; tessera computes them in float32 at least (float64 in float64)
     if len([o for o in node.output if o]) > 1:
-        from tessera.frontend.onnx import functions
-
         if functions.expand(im, node, im.node_opset):  # Mean and InvStdDev from the op's definition
             return [im.values[o] for o in node.output if o]
     x = im.tensor(args[0])

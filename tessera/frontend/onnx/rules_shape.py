@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from tessera.errors import UnsupportedError
-from tessera.frontend.onnx.importer import ALL_ATTRS, Known, rule
+from tessera.frontend.onnx.importer import ALL_ATTRS, ONNX_DTYPES, Known, rule
 from tessera.graph import Tensor
 from tessera.graph.opdefs.shape import BIG
 from tessera.graph.symbolic import Sym, dim_mul
@@ -297,8 +297,6 @@ def _range(im, node, args, attrs):
 
 @rule("EyeLike", attrs=("dtype", "k"))
 def _eye_like(im, node, args, attrs):
-    from tessera.frontend.onnx.importer import ONNX_DTYPES
-
     x = im.tensor(args[0])
     dt = ONNX_DTYPES[attrs["dtype"]] if "dtype" in attrs else x.dtype.name
     if not x.is_static:

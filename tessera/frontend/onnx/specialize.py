@@ -28,6 +28,8 @@ import numpy as np
 
 from tessera.errors import ArgumentError
 from tessera.frontend.onnx.importer import Importer, ShapeInputError, SymbolicValueError, convert_opset, read_model
+from tessera.graph.compiler import compile_graph
+from tessera.graph.compiler.report import CompileReport
 
 log = logging.getLogger("tessera")
 
@@ -74,8 +76,6 @@ class OnnxModel:
         self.shape_inputs = [n for n in self.input_names if n in new]
 
     def _build(self, values: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]) -> Any:
-        from tessera.graph.compiler import compile_graph
-
         graph = Importer(self.model, dict(values), dict(shapes)).run()
         return compile_graph(graph, self.target, **self.compile_options)
 
@@ -127,8 +127,6 @@ class OnnxModel:
 
     def report(self) -> Any:
         """A CompileReport: the compile report of every specialisation built so far."""
-        from tessera.graph.compiler.report import CompileReport
-
         notes = []
         if self.shape_inputs or self.by_input_shapes:
             on = [*self.shape_inputs, *(["the input shapes"] if self.by_input_shapes else [])]

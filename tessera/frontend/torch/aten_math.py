@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tessera.frontend.torch.convert import Converter, dtype_of, lowers
+from tessera.frontend.torch.symbols import dim_from_sym
 from tessera.graph import Tensor
 from tessera.graph.symbolic import Sym
 
@@ -254,8 +255,6 @@ def _copy(cv, a):
 
 
 def _shape(cv: Converter) -> list:
-    from tessera.frontend.torch.symbols import dim_from_sym
-
     return [dim_from_sym(d) for d in cv.meta.shape]
 
 

@@ -20,6 +20,8 @@ from tessera.errors import UnsupportedError
 from tessera.frontend.torch.convert import Converter, Opaque, lowers
 from tessera.graph import Tensor
 from tessera.graph.symbolic import dim_mul
+from tessera.ir import dtypes
+from tessera.quant.torch_quantize import layer_of
 
 _TRAINING_ONLY = "an auxiliary output (statistics for the backward pass) that inference does not compute"
 
@@ -397,9 +399,6 @@ def _lowbit_linear(cv, a):
     on the GPU for float16 activations (the decode kernel; others run in torch, which casts
     them to float16 too), on the CPU in float32 (the row kernel; float16 and bfloat16 are cast
     to float32 and back, as the eager op does)."""
-    from tessera.ir import dtypes
-    from tessera.quant.torch_quantize import layer_of
-
     x = cv.tensor(a["x"])
     want = dtypes.float16 if x.device == "cuda" else dtypes.float32
     if x.dtype != want and (x.device == "cuda" or x.dtype not in (dtypes.float16, dtypes.bfloat16)):

@@ -16,6 +16,7 @@ import numpy as np
 from tessera.errors import UnsupportedError
 from tessera.frontend.torch.aten_nn import reshape
 from tessera.frontend.torch.convert import Converter, lowers
+from tessera.frontend.torch.symbols import dim_from_sym
 from tessera.graph import Tensor
 from tessera.graph.opdefs.shape import BIG, slice_window
 from tessera.graph.symbolic import Sym, dim_mul
@@ -345,7 +346,6 @@ def _scatter(cv, a):
 def _masked_scatter(cv, a):
     x, mask, source = a["self"], cv.cast(a["mask"], "bool"), cv.cast(a["source"], cv.meta.dtype)
     shape = list(cv.meta.shape)
-    from tessera.frontend.torch.symbols import dim_from_sym
 
     shape = [dim_from_sym(d) for d in shape]
     mask = cv.op("expand", mask, shape=shape) if tuple(mask.shape) != tuple(shape) else mask

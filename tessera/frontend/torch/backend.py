@@ -42,6 +42,7 @@ import torch
 
 from tessera.errors import TesseraError, UnsupportedError
 from tessera.frontend.torch import aten_math, aten_nn, aten_shape  # noqa: F401  (register the rules)
+from tessera.frontend.torch import report as torch_report
 from tessera.frontend.torch.convert import (
     Converter,
     NodeError,
@@ -68,6 +69,7 @@ from tessera.frontend.torch.segment import (
 from tessera.graph import Executor, FlowGraph, Tensor
 from tessera.graph.compiler import compile_graph
 from tessera.graph.compiler.options import CompileOptions, parse_options
+from tessera.graph.compiler.report import CompileReport
 from tessera.graph.passes import optimize
 from tessera.graph.symbolic import Sym, bind_shapes, contains_sym
 from tessera.ir.symbolic import evaluate_dim
@@ -123,8 +125,6 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
     directly.  An unknown option or mode raises ArgumentError."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from tessera.frontend.torch import report
-
     given = {**(options or {}), **direct}
     tools = {k: given.pop(k) for k in _TOOL_KEYWORDS if k in given}
     opts = parse_options(given, mode=mode, where='torch.compile(backend="tessera")')
@@ -155,7 +155,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
                                      **tools)  # fmt: skip
         if tools.get("collect") is not None:
             tools["collect"].append(compiled)
-        report.record(compiled)
+        torch_report.record(compiled)
         return compiled
 
     if any(isinstance(x, torch.Tensor) and x.is_cuda for x in real):
@@ -456,8 +456,6 @@ class CompiledGraph:
     def report(self) -> Any:
         """A CompileReport: each compiled segment's graph report (tessera.graph.compiler.report),
         the nodes left to torch and why, and the build time (ATen translation and compile)."""
-        from tessera.graph.compiler.report import CompileReport
-
         report = CompileReport(f"ATen graph {self.name}")
         report.outside = list(self.graph_breaks)
         if self.fallback_reason is not None:

@@ -27,6 +27,7 @@ from tessera.errors import UnsupportedError
 from tessera.frontend.torch.symbols import dim_from_sym
 from tessera.graph import FlowGraph, Operator, Tensor
 from tessera.graph.symbolic import Sym
+from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
 
 Rule = Callable[["Converter", dict], Any]
@@ -247,8 +248,6 @@ class Converter:
 
 
 def _np(dt: dtypes.DataType) -> Any:
-    from tessera.graph.tensor import numpy_dtype
-
     try:
         return numpy_dtype(dt)
     except Exception:  # noqa: BLE001  (bfloat16 has no numpy dtype)

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from tessera.errors import ArgumentError
+from tessera.graph.compiler.report import CompileReport
 
 _LOCK = threading.Lock()
 _GRAPHS: list[tuple[int | None, weakref.ref]] = []  # (id of the torch.compile wrapper, graph)
@@ -102,8 +103,6 @@ def graphs_of(compiled: Any) -> list[Any]:
 def explain(compiled: Any) -> Any:
     """A CompileReport of the graphs tessera compiled for a torch.compile'd module or function
     (none until it has been called: torch.compile compiles on the first call)."""
-    from tessera.graph.compiler.report import CompileReport
-
     graphs = graphs_of(compiled)
     report = CompileReport(f"torch.compile(backend=\"tessera\") of {_name(compiled)}")
     if not graphs:
