@@ -1,15 +1,24 @@
 """`tessera.explain`: the compile report of anything tessera compiled.
 
-This sits on top of the layers (like jit and cli): it dispatches to the graph compiler's
-report (tessera.graph.compiler.report) and, for models compiled with
-`torch.compile(..., backend="tessera")`, to the torch front end's record of its graphs.
+It sits low in the layers and knows no compiler: anything with a `report()` method (compiled
+graphs, ONNX models) reports itself, and front ends register an explainer for the objects they
+make (the torch front end, for `torch.compile(..., backend="tessera")` results, when it loads).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tessera.errors import ArgumentError
+
+# (recognises an object, explains it), registered by front ends at import.
+_EXPLAINERS: list[tuple[Callable[[Any], bool], Callable[[Any], Any]]] = []
+
+
+def register_explainer(recognises: Callable[[Any], bool], explain_one: Callable[[Any], Any]) -> None:
+    """Let `explain` report the objects `recognises` accepts, through `explain_one`."""
+    _EXPLAINERS.append((recognises, explain_one))
 
 
 def explain(compiled: Any) -> Any:
@@ -25,10 +34,8 @@ def explain(compiled: Any) -> Any:
     report = getattr(compiled, "report", None)
     if callable(report):
         return report()
-    if "torch" in type(compiled).__module__ or hasattr(compiled, "_torchdynamo_orig_callable"):
-        from tessera.frontend.torch import report as torch_report  # optional: torch
-
-        if torch_report.is_torch_compiled(compiled):
-            return torch_report.explain(compiled)
+    for recognises, explain_one in _EXPLAINERS:
+        if recognises(compiled):
+            return explain_one(compiled)
     raise ArgumentError(f"tessera.explain takes a compiled graph, an ONNX model from tessera.onnx.compile or a "
                         f"module/function from torch.compile(..., backend='tessera'); got {type(compiled).__name__}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from tessera.errors import ArgumentError
 from tessera.graph.compiler.report import CompileReport
+from tessera.reporting import register_explainer
 
 _LOCK = threading.Lock()
 _GRAPHS: list[tuple[int | None, weakref.ref]] = []  # (id of the torch.compile wrapper, graph)
@@ -119,3 +120,6 @@ def explain(compiled: Any) -> Any:
 def _name(obj: Any) -> str:
     inner = getattr(obj, "_orig_mod", None) or getattr(obj, "_torchdynamo_orig_callable", None) or obj
     return getattr(inner, "__qualname__", None) or type(inner).__name__
+
+
+register_explainer(is_torch_compiled, explain)
