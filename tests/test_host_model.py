@@ -28,7 +28,7 @@ def test_tma_gemm_on_the_host_matches_numpy(rng, tmp_path, config):
         a = rng.standard_normal((1, m, k)).astype(np.float16)
         b = rng.standard_normal((1, n, k)).astype(np.float16)
         boxes = tensor_map_boxes(config, "nk")
-        ctas = 2 if config.persistent else config.grid(m, n)
+        ctas = 2 if config.persistent else config.grid(m, n, 1, 132)
         values = {"A": a, "B": b, "C": np.full((1, m, n), np.nan, np.float16), "split": config.split_k, "ctas": ctas,
                   "batch": 1,
                   "M": m, "K": k, "N": n, "zdim": 1, "tma_a": HostTensorMap("A", (1, m, k), boxes[0]),

@@ -332,8 +332,8 @@ def test_tma_config_problems_and_space():
     assert any("cluster" in p for p in TmaConfig(128, 128, 4, split_k=2, split_reduce="cluster").problems())
     assert any("epilogue" in p for p in TmaConfig(128, 128, 4, epilogue="fast").problems())
     cfg = TmaConfig(128, 256, 3)
-    assert cfg.tiles(4096, 4096) == 512 and cfg.grid(4096, 4096, sms=132) == 132 and cfg.grid(4096, 4096, sms=78) == 78
-    assert TmaConfig(64, 64, 4, 1, persistent=False).grid(100, 100) == 4
+    assert cfg.tiles(4096, 4096) == 512 and cfg.grid(4096, 4096, 1, sms=132) == 132 and cfg.grid(4096, 4096, 1, sms=78) == 78
+    assert TmaConfig(64, 64, 4, 1, persistent=False).grid(100, 100, 1, 132) == 4
     for m, n, k in ((1, 4096, 4096), (16, 6144, 4096), (128, 28672, 4096), (4096, 4096, 14336), (37, 33, 40)):
         for layout in ("nk", "kn"):
             space = schedule_space(m, n, k, 1, layout, tma=True)
@@ -395,9 +395,9 @@ def test_tma_gemm_matches_torch(layout, dtype_name):
 
 def test_wave_fitting_tiles_join_the_space_where_they_fill_the_waves():
     from tessera.kernels.gemm_space import tma_space, wave_efficiency, wave_fitting_tiles
-    from tessera.runtime.cuda import DeviceProperties
+    from tessera.target import SM90, Target
 
-    h200 = DeviceProperties("H200", 132, 227 * 1024, 60 << 20, (9, 0))
+    h200 = Target.of(SM90, "H200", sms=132, l2_bytes=60 << 20)
     assert wave_efficiency(88, 132) == pytest.approx(88 / 132) and wave_efficiency(133, 132) == pytest.approx(133 / 264)
     # llama's gate/up projection at M=512: 128x256 makes 88 tiles, 128x192 makes 120
     assert (128, 192, 2) in wave_fitting_tiles(512, 5632, 1, "nk", h200)

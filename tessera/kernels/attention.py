@@ -45,6 +45,7 @@ from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.ir.types import Swizzle
+from tessera.target import SM90, Architecture, Target
 
 SWIZZLE_128B = Swizzle(3, 3, 3)
 HEAD_DIMS = (64, 80, 96, 128)
@@ -85,7 +86,7 @@ class FlashConfig:
         kv = 2 * self.stages * self.block_n * 64 * 2 * chunks
         return q + kv + 5 * 1024  # + the five barrier arrays, 1 KiB aligned each
 
-    def problems(self, head_dim: int = 128) -> list[str]:
+    def problems(self, head_dim: int = 128, target: Target | Architecture = SM90) -> list[str]:
         """Why this configuration cannot be built (empty when it can)."""
         out = []
         if self.consumers not in (1, 2):
@@ -94,8 +95,8 @@ class FlashConfig:
             out.append("block_n must be 64 or 128 keys")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
-        if head_dim in HEAD_DIMS and self.smem_bytes(head_dim) > 227 * 1024:
-            out.append(f"{self.smem_bytes(head_dim)} bytes of shared memory (227 KiB max)")
+        if head_dim in HEAD_DIMS and self.smem_bytes(head_dim) > target.smem_per_block:
+            out.append(f"{self.smem_bytes(head_dim)} bytes of shared memory ({target.smem_per_block // 1024} KiB max)")
         if head_dim in HEAD_DIMS and self.block_n // 2 + padded_dim(head_dim) // 2 > 160:
             out.append("more than 160 accumulator registers per consumer thread")
         return out

@@ -27,6 +27,7 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.fragments import LDMATRIX_X4, LDMATRIX_X4_NK, MMA_M16N8K16_C
 from tessera.ir.mapping import repeat, spatial
 from tessera.ir.types import Swizzle
+from tessera.target import SM90, Architecture, Target
 
 LAYOUTS = ("kn", "nk")
 
@@ -54,8 +55,8 @@ class GemmConfig:
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         return self.stages * (self.block_m + self.block_n) * self.block_k * elem_bytes
 
-    def problems(self) -> list[str]:
-        """Why this configuration cannot be built (empty when it can)."""
+    def problems(self, target: Target | Architecture = SM90) -> list[str]:
+        """Why this configuration cannot be built for `target` (empty when it can)."""
         out = []
         bm, bn, bk, wm, wn = self.block_m, self.block_n, self.block_k, self.warp_m, self.warp_n
         if wm % 16 or wn % 16 or bm % wm or bn % wn:
@@ -68,8 +69,8 @@ class GemmConfig:
             out.append("a pipeline needs at least 2 stages")
         if self.split_k < 1:
             out.append("split_k must be >= 1")
-        if self.smem_bytes() > 227 * 1024:
-            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        if self.smem_bytes() > target.smem_per_block:
+            out.append(f"{self.smem_bytes()} bytes of shared memory ({target.smem_per_block // 1024} KiB max)")
         for rows, cols in ((bm, bk), (bk, bn), (bn, bk)):  # every tile splits evenly into 16 B chunks
             try:
                 _copy_map(rows, cols, self.threads, 8)

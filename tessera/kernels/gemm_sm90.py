@@ -21,6 +21,7 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.fragments import wgmma_m64_c
 from tessera.ir.types import Swizzle
 from tessera.kernels.gemm import _copy_map
+from tessera.target import SM90, Architecture, Target
 
 BLOCK_K = 64  # one 128-byte swizzled row of 16-bit elements
 SWIZZLE_128B = Swizzle(3, 3, 3)
@@ -42,7 +43,7 @@ class WgmmaConfig:
     def smem_bytes(self) -> int:
         return self.stages * (self.block_m + self.block_n) * BLOCK_K * 2
 
-    def problems(self) -> list[str]:
+    def problems(self, target: Target | Architecture = SM90) -> list[str]:
         out = []
         if self.block_m not in (64, 128, 192, 256):
             out.append("block_m must be 64, 128, 192 or 256 (whole warpgroups)")
@@ -50,8 +51,8 @@ class WgmmaConfig:
             out.append("block_n must be 64, 128, 192 or 256")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
-        if self.smem_bytes() > 227 * 1024:
-            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        if self.smem_bytes() > target.smem_per_block:
+            out.append(f"{self.smem_bytes()} bytes of shared memory ({target.smem_per_block // 1024} KiB max)")
         if self.split_k < 1:
             out.append("split_k must be >= 1")
         return out

@@ -25,7 +25,8 @@ from typing import Any, Union
 from tessera.kernels.gemm import GemmConfig
 from tessera.kernels.gemm_sm90 import WgmmaConfig
 from tessera.kernels.gemm_tma import TmaConfig
-from tessera.runtime.cuda import PLANNING_DEVICE, DeviceProperties, device_properties
+from tessera.runtime.cuda import PLANNING_DEVICE, device_properties
+from tessera.target import SM90, Target
 
 Config = Union[GemmConfig, WgmmaConfig, TmaConfig]
 __all__ = ["PLANNING_DEVICE", "Config", "estimate_us", "heuristic_config", "schedule_space", "splits"]
@@ -58,7 +59,7 @@ def wave_efficiency(tiles: int, sms: int) -> float:
     return tiles / (_cdiv(tiles, sms) * sms)
 
 
-def wave_fitting_tiles(m: int, n: int, batch: int, b_layout: str, dev: DeviceProperties) -> list[tuple[int, int, int]]:
+def wave_fitting_tiles(m: int, n: int, batch: int, b_layout: str, dev: Target) -> list[tuple[int, int, int]]:
     """(block_m, block_n, consumers) of TMA_FIT_N whose blocks fill the SMs' waves better than
     the standard tiles of the same height that bracket them (block_n 128 and 256, TMA_TILES)."""
     out = []
@@ -87,7 +88,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def device() -> DeviceProperties:
+def device() -> Target:
     """The GPU the schedules are sized for (the driver's numbers; planning defaults without a GPU)."""
     return device_properties()
 
@@ -107,7 +108,7 @@ def _m_cap(m: int) -> int:
 
 
 def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", cluster: bool = False,
-              dev: DeviceProperties | None = None) -> list[TmaConfig]:  # fmt: skip
+              dev: Target | None = None) -> list[TmaConfig]:  # fmt: skip
     """TMA GEMM candidates: the deepest two pipelines that fit each tile, persistent when
     there is more than one wave of tiles, split-k when there are too few tiles; for M <= 64
     and B [N, K] also the narrowest tiles that cover N in one wave; tiles of TMA_FIT_N
@@ -125,21 +126,20 @@ def tma_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "nk", clus
     for bm, bn, cw in tiles:
         if (b_layout == "kn" and bn % 64) or bm > max(64, _m_cap(m)):
             continue
-        fits = [s for s in TMA_STAGES if not TmaConfig(bm, bn, s, cw, epilogue="staged").problems()
-                and TmaConfig(bm, bn, s, cw, epilogue="staged").smem_bytes() <= dev.smem_per_block]  # fmt: skip
+        fits = [s for s in TMA_STAGES if not TmaConfig(bm, bn, s, cw, epilogue="staged").problems(dev)]
         for stages in fits[-2:]:
             count = _cdiv(m, bm) * _cdiv(n, bn) * batch
             for split in splits(count, _cdiv(k, 64), dev.sms):
                 cfg = TmaConfig(bm, bn, stages, cw, split, persistent=count * split > dev.sms, epilogue="staged")
-                if not cfg.problems():
+                if not cfg.problems(dev):
                     out.append(cfg)
                 clustered = replace(cfg, persistent=False, split_reduce="cluster")
-                if cluster and split > 1 and not clustered.problems():
+                if cluster and split > 1 and not clustered.problems(dev):
                     out.append(clustered)
     return out
 
 
-def wgmma_space(m: int, n: int, k: int, batch: int = 1, dev: DeviceProperties | None = None) -> list[WgmmaConfig]:
+def wgmma_space(m: int, n: int, k: int, batch: int = 1, dev: Target | None = None) -> list[WgmmaConfig]:
     """Warpgroup GEMM candidates (B as [N, K])."""
     dev = dev or device()
     out = []
@@ -149,12 +149,12 @@ def wgmma_space(m: int, n: int, k: int, batch: int = 1, dev: DeviceProperties | 
         for stages in MMA_STAGES:
             for split in splits(_cdiv(m, bm) * _cdiv(n, bn) * batch, _cdiv(k, 64), dev.sms):
                 cfg = WgmmaConfig(bm, bn, stages, split)
-                if not cfg.problems() and cfg.smem_bytes() <= dev.smem_per_block:
+                if not cfg.problems(dev):
                     out.append(cfg)
     return out
 
 
-def mma_space(m: int, n: int, k: int, batch: int = 1, dev: DeviceProperties | None = None,
+def mma_space(m: int, n: int, k: int, batch: int = 1, dev: Target | None = None,
               max_rows: int | None = None) -> list[GemmConfig]:  # fmt: skip
     """mma.sync candidates (tiles no taller than M, or than `max_rows`)."""
     dev = dev or device()
@@ -167,13 +167,13 @@ def mma_space(m: int, n: int, k: int, batch: int = 1, dev: DeviceProperties | No
             for stages in MMA_STAGES:
                 for split in splits(count, _cdiv(k, bk), dev.sms):
                     cfg = GemmConfig(bm, bn, bk, wm, wn, stages, split)
-                    if not cfg.problems() and cfg.smem_bytes() <= dev.smem_per_block:
+                    if not cfg.problems(dev):
                         out.append(cfg)
     return out
 
 
 def schedule_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "kn", wgmma: bool = False,
-                   tma: bool = False, dev: DeviceProperties | None = None) -> list[Any]:  # fmt: skip
+                   tma: bool = False, dev: Target | None = None) -> list[Any]:  # fmt: skip
     """The candidates worth timing for one problem shape.
 
     With `tma` (an SM90 GPU, 16-byte aligned rows, either layout) the warp-specialised TMA
@@ -189,16 +189,17 @@ def schedule_space(m: int, n: int, k: int, batch: int = 1, b_layout: str = "kn",
     return out + mma_space(m, n, k, batch, dev)
 
 
-def _resident(cfg: Config, dev: DeviceProperties) -> int:
+def _resident(cfg: Config, dev: Target) -> int:
     """Blocks of this configuration one SM holds at once (shared memory, threads, registers)."""
     if isinstance(cfg, TmaConfig):
         return 1
     smem = cfg.smem_bytes()
     regs = cfg.block_n // 2 + 40 if isinstance(cfg, WgmmaConfig) else (cfg.warp_m // 16) * (cfg.warp_n // 8) * 4 + 64
-    return max(1, min(dev.smem_per_block // max(smem, 1), 2048 // cfg.threads, 65536 // (cfg.threads * regs), 32))
+    return max(1, min(dev.smem_per_block // max(smem, 1), dev.threads_per_sm // cfg.threads,
+                      dev.registers_per_sm // (cfg.threads * regs), dev.blocks_per_sm))  # fmt: skip
 
 
-def estimate_us(cfg: Config, m: int, n: int, k: int, batch: int = 1, dev: DeviceProperties | None = None) -> float:
+def estimate_us(cfg: Config, m: int, n: int, k: int, batch: int = 1, dev: Target | None = None) -> float:
     """A rough time (µs) of the GEMM with this configuration, for ranking candidates: tensor-core
     time vs operand traffic for the tiles one SM runs (wave quantisation included), the DRAM floor
     of the whole problem, tile start-up and, for split-k, the reduce kernel."""
@@ -223,12 +224,12 @@ def estimate_us(cfg: Config, m: int, n: int, k: int, batch: int = 1, dev: Device
     return t
 
 
-def families(layout: str, vector: bool, dev: DeviceProperties | None = None, *, tma: bool = True,
+def families(layout: str, vector: bool, dev: Target | None = None, *, tma: bool = True,
              wgmma: bool = True) -> tuple[str, ...]:  # fmt: skip
     """The template families that can run a GEMM: TMA and wgmma need SM90 and 16-byte aligned
     rows (wgmma also B as [N, K]); mma.sync runs everything."""
     dev = dev or device()
-    sm90 = dev.capability == (9, 0) and vector
+    sm90 = dev.capability == SM90.capability and vector
     out = []
     if tma and sm90:
         out.append("tma")
@@ -238,7 +239,7 @@ def families(layout: str, vector: bool, dev: DeviceProperties | None = None, *, 
 
 
 def heuristic_config(m: int, n: int, k: int, batch: int = 1, family: str = "mma", layout: str = "nk",
-                     dev: DeviceProperties | None = None) -> Config:  # fmt: skip
+                     dev: Target | None = None) -> Config:  # fmt: skip
     """The candidate of `family`'s space with the lowest estimated time (no compilation, no timing).
 
     A later candidate wins only by a clear margin (2%): ties keep the earlier, larger tile."""

@@ -35,6 +35,7 @@ from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.ir.mapping import repeat, spatial
 from tessera.ir.types import Swizzle
+from tessera.target import SM90, Architecture, Target
 
 BLOCK_K = 64  # one 128-byte swizzled row of 16-bit elements
 SWIZZLE_128B = Swizzle(3, 3, 3)
@@ -87,8 +88,8 @@ class TmaConfig:
         partials = self.block_m * self.block_n * 4 if self.cluster else 1024
         return self.stages * self.stage_bytes() + max(self.staging_bytes(), 1024) + partials + 2048
 
-    def problems(self) -> list[str]:
-        """Why this configuration cannot be built (empty when it can)."""
+    def problems(self, target: Target | Architecture = SM90) -> list[str]:
+        """Why this configuration cannot be built for `target` (empty when it can)."""
         out = []
         if self.consumers not in (1, 2):
             out.append("consumers must be 1 or 2 warpgroups")
@@ -104,8 +105,8 @@ class TmaConfig:
             out.append("more than 128 accumulator registers per consumer thread")
         if self.stages < 2:
             out.append("a pipeline needs at least 2 stages")
-        if self.smem_bytes() > 227 * 1024:
-            out.append(f"{self.smem_bytes()} bytes of shared memory (227 KiB max)")
+        if self.smem_bytes() > target.smem_per_block:
+            out.append(f"{self.smem_bytes()} bytes of shared memory ({target.smem_per_block // 1024} KiB max)")
         if self.split_k < 1:
             out.append("split_k must be >= 1")
         if self.split_reduce not in SPLIT_REDUCES:
@@ -118,8 +119,8 @@ class TmaConfig:
         """Work items of one launch: output tiles times batch times split-k."""
         return -(-m // self.block_m) * -(-n // self.block_n) * batch * self.split_k
 
-    def grid(self, m: int, n: int, batch: int = 1, sms: int = 132) -> int:
-        """Thread blocks to launch: one per SM when persistent, else one per work item."""
+    def grid(self, m: int, n: int, batch: int, sms: int) -> int:
+        """Thread blocks to launch on `sms` SMs: one per SM when persistent, else one per work item."""
         tiles = self.tiles(m, n, batch)
         return min(tiles, sms) if self.persistent else tiles
 

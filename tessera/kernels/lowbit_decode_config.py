@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tessera.ir import lowbit
+from tessera.target import SM90
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,11 @@ class DecodeConfig:
                                            or per_split * split / sms / -(-per_split * split // sms) < 0.9):  # fmt: skip
             split *= 2
         blocks = per_split * split
-        min_blocks = min(-(-blocks // sms), 2048 // (32 * warps))
+        min_blocks = min(-(-blocks // sms), SM90.threads_per_sm // (32 * warps))
         units_k = -(-k_tiles // split)
         # weight registers: half the bound at M <= 8, a third with two token tiles (nvcc 13 then spills
         # at most a few words; more unroll spilled ~100 bytes)
-        budget = 65536 // (min_blocks * 32 * warps) // (2 if small else 3)
+        budget = SM90.registers_per_sm // (min_blocks * 32 * warps) // (2 if small else 3)
         unroll = 1
         while unroll < min(8, units_k) and 2 * unroll * rows * 4 * bits <= budget:
             unroll *= 2
@@ -152,10 +153,10 @@ class DecodeConfig:
                                                min_blocks=-(-blocks // sms), interleave=True)  # fmt: skip
         reg = out["reg"]
         blocks = -(-n // (16 * reg.warps * reg.rows)) * reg.split * -(-m // (8 * reg.m_tiles))
-        out["reg_b"] = dataclasses.replace(reg, min_blocks=min(-(-blocks // sms), 2048 // (32 * reg.warps)))
+        out["reg_b"] = dataclasses.replace(reg, min_blocks=min(-(-blocks // sms), SM90.threads_per_sm // (32 * reg.warps)))
         return {name: c for name, c in out.items()
                 if (name == "reg" or c != out["reg"]) and not c.problems() and c.smem_bytes(bits) <= 160 * 1024
-                and c.min_blocks * (c.smem_bytes(bits) + 1024) <= 228 * 1024}  # fmt: skip
+                and c.min_blocks * (c.smem_bytes(bits) + SM90.smem_reserved_per_block) <= SM90.smem_per_sm}  # fmt: skip
 
     def problems(self) -> list[str]:
         out = []

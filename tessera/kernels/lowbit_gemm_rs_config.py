@@ -12,6 +12,7 @@ from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
 from tessera.ir.instructions import DEQUANT_TYPES
 from tessera.kernels.gemm_tma import BLOCK_K, GROUP_M
+from tessera.target import SM90, Architecture, Target
 from tessera.transforms.plan_shared_memory import pool_layout
 
 SPAN = lowbit.FRAGMENT_SPAN  # the words' k order this kernel reads
@@ -55,7 +56,7 @@ class RegisterAConfig:
                  8 * WORD_SLOTS, 8 * WORD_SLOTS, 32 if self.stream_k else 4)  # (declaration order)  # fmt: skip
         return pool_layout([(size, i == 0) for i, size in enumerate(sizes)])[1]
 
-    def problems(self) -> list[str]:
+    def problems(self, target: Target | Architecture = SM90) -> list[str]:
         out = []
         if self.block_t not in (64, 128, 192, 256):
             out.append(f"block_t must be 64, 128, 192 or 256 tokens, got {self.block_t}")
@@ -71,8 +72,8 @@ class RegisterAConfig:
             out.append("stream_k shares tiles between single blocks, not clusters")
         if self.in_flight not in (1, 3):
             out.append(f"in_flight must be 1 or 3 wgmmas (2 or 4 fragment buffers, a stage's 4 steps), got {self.in_flight}")
-        if self.smem_bytes(1) > 227 * 1024:
-            out.append(f"{self.smem_bytes(1)} bytes of shared memory (227 KiB max)")
+        if self.smem_bytes(1) > target.smem_per_block:
+            out.append(f"{self.smem_bytes(1)} bytes of shared memory ({target.smem_per_block // 1024} KiB max)")
         return out
 
     def tiles(self, m: int, n: int) -> int:
@@ -162,11 +163,13 @@ def scale_runs(group_size: int) -> tuple[int, int]:
     return spq, 16 // spq
 
 
-def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig) -> list[str]:
+def problems(wtype: DataType, group_size: int, has_bias: bool, config: RegisterAConfig,
+             target: Target | Architecture = SM90) -> list[str]:  # fmt: skip
     """Why the kernel cannot be built for these arguments (empty when it can)."""
-    out = list(config.problems())
-    if config.words == "tma" and config.smem_bytes(wtype.nbits) > 227 * 1024:
-        out.append(f"{config.smem_bytes(wtype.nbits)} bytes of shared memory with {wtype}'s word ring (227 KiB max)")
+    out = list(config.problems(target))
+    limit = target.smem_per_block
+    if config.words == "tma" and config.smem_bytes(wtype.nbits) > limit:
+        out.append(f"{config.smem_bytes(wtype.nbits)} bytes of shared memory with {wtype}'s word ring ({limit // 1024} KiB max)")
     if wtype.name not in DEQUANT_TYPES:
         out.append(f"the register-A prefill kernel takes {', '.join(DEQUANT_TYPES)}, not {wtype}")
     if group_size % 16 or not (group_size % 256 == 0 or 256 % group_size == 0):

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.kernels.lowbit_decode_config import DecodeConfig
+from tessera.target import SM90
 
-# sm_90 per-SM limits
-SM_REGISTERS = 65536
-SM_THREADS = 2048
-SM_BLOCKS = 32
-SM_SHARED = 233472  # 228 KiB
-BLOCK_RESERVED_SHARED = 1024  # the driver's per-block reservation
-REGISTER_GRANULE = 256  # registers are allocated per warp in 256s
+# sm_90 per-SM limits (tessera.target's table)
+SM_REGISTERS = SM90.registers_per_sm
+SM_THREADS = SM90.threads_per_sm
+SM_BLOCKS = SM90.blocks_per_sm
+SM_SHARED = SM90.smem_per_sm
+BLOCK_RESERVED_SHARED = SM90.smem_reserved_per_block  # the driver's per-block reservation
+REGISTER_GRANULE = SM90.register_granule  # registers are allocated per warp in these
 # rough latencies in cycles at ~1.9 GHz (an estimate's terms, not measurements)
 DRAM_CYCLES = 1600  # HBM under a full-chip stream (~0.8 us)
 L2_CYCLES = 500  # an L2 hit under load

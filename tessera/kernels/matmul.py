@@ -29,6 +29,7 @@ from tessera.kernels.gemm_space import Config, device, families, heuristic_confi
 from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
 from tessera.runtime.cuda import ensure_current, torch_stream
 from tessera.runtime.tensor_map import TensorMap
+from tessera.target import SM90
 from tessera.tune import tune
 
 
@@ -210,7 +211,7 @@ def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, 
     inf or NaN); each is checked once against torch.matmul in float32 before it is timed."""
     torch = _torch()
     gpu = torch.cuda.get_device_name(a.device)
-    sm90 = vector and torch.cuda.get_device_capability(a.device) == (9, 0)
+    sm90 = vector and torch.cuda.get_device_capability(a.device) == SM90.capability
     tma = tma and sm90
     key = f"gemm|{dtype}|{layout}|{'vec' if vector else 'scalar'}|b{batch}|m{m}|n{n}|k{k}|{gpu}{'|tma' if tma else ''}"
     gen = torch.Generator(device=a.device).manual_seed(0)

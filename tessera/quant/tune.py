@@ -32,6 +32,7 @@ from tessera.quant import codecs
 from tessera.quant.layout import pack_units
 from tessera.runtime import cuda
 from tessera.runtime.cuda import multiprocessor_count
+from tessera.target import SM90
 from tessera.tune import tuner
 
 log = logging.getLogger("tessera")
@@ -184,7 +185,7 @@ def prefill_candidates(wtype: DataType, group: int, has_bias: bool, span: int, r
     holds (or makes) the words in FRAGMENT_SPAN too, as PreparedWeight.words_for does."""
 
     out: list[Any] = [DEQUANT_THEN_GEMM]
-    if cuda.device_properties().capability != (9, 0):
+    if cuda.device_properties().capability != SM90.capability:
         return out
     if span == lowbit_gemm.SPAN:
         out += lowbit_gemm.buildable_configs(wtype, group, has_bias)

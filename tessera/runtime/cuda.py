@@ -11,7 +11,6 @@ import ctypes
 import functools
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tessera.runtime.driver import _driver, check, context, ensure_current
 from tessera.runtime.lru import LRUCache
 from tessera.runtime.tensor import ArrayView, as_view, numpy_dtype, view_of
 from tessera.runtime.tensor_map import TensorMap
+from tessera.target import PLANNING_TARGET, SM90, Target, architecture
 
 
 def is_available() -> bool:
@@ -41,32 +41,18 @@ def is_available() -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class DeviceProperties:
-    """What schedules are sized by: multiprocessors, the opt-in shared memory per block, L2 and
-    the compute capability, read from the driver (`device_properties`)."""
-
-    name: str
-    sms: int
-    smem_per_block: int  # bytes a block may use after raising its dynamic limit (227 KiB on Hopper)
-    l2_bytes: int
-    capability: tuple[int, int]
-    from_driver: bool = True
-
-
-# Planning without a GPU (compile checks, saved plans made on a CPU machine) sizes schedules for
-# the project's GPU, an H200; any machine with a driver reads its own numbers instead.
-PLANNING_DEVICE = DeviceProperties("NVIDIA H200 (no GPU here: planning defaults)", 132, 227 * 1024, 60 << 20, (9, 0),
-                                   from_driver=False)  # fmt: skip
+# The GPU as schedules see it (tessera.target); the old name stays for callers.
+DeviceProperties = Target
+PLANNING_DEVICE = PLANNING_TARGET
 
 
 @functools.cache
-def device_properties() -> DeviceProperties:
-    """GPU 0's properties from the driver; PLANNING_DEVICE when no GPU or driver is present."""
+def device_properties() -> Target:
+    """GPU 0's target from the driver; PLANNING_TARGET when no GPU or driver is present."""
     try:
         dev, _ = context()
     except DeviceError:
-        return PLANNING_DEVICE
+        return PLANNING_TARGET
     driver = _driver()
     attr = driver.CUdevice_attribute
 
@@ -75,15 +61,22 @@ def device_properties() -> DeviceProperties:
 
     raw = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
     name = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).split("\x00")[0].strip()
-    return DeviceProperties(
+    capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    arch = architecture(capability)
+    return Target(
         name, get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
-        (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        capability, smem_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        smem_reserved_per_block=get(attr.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK),
+        registers_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR),
+        registers_per_thread=arch.registers_per_thread if arch else SM90.registers_per_thread,
+        threads_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR),
+        blocks_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR),
     )  # fmt: skip
 
 
 def multiprocessor_count() -> int:
-    """Streaming multiprocessors of GPU 0 (device_properties().sms; 132 on an H200 SXM)."""
+    """Streaming multiprocessors of GPU 0 (device_properties().sms)."""
     return device_properties().sms
 
 
@@ -318,7 +311,7 @@ def programmatic_launch() -> bool:
     if not settings.pdl():
         return False
     props = device_properties()
-    return props.from_driver and props.capability >= (9, 0)
+    return props.from_driver and props.capability >= SM90.capability
 
 
 def launches_programmatically(func: Function) -> bool:

@@ -21,6 +21,7 @@ from tessera.ir.evaluate import evaluate
 from tessera.ir.func import CUDA_KERNEL, Function
 from tessera.ir.functor import IRVisitor
 from tessera.ir.types import SHARED
+from tessera.target import SM90, Architecture, Target
 
 STATIC_LIMIT = 48 * 1024
 ALIGN = 1024
@@ -65,7 +66,9 @@ def shared_buffer_offsets(func: Function) -> tuple[dict[E.Var, int], int]:
     return dict(zip(finder.found, offsets)), total
 
 
-def plan_shared_memory(func: Function) -> Function:
+def plan_shared_memory(func: Function, target: Target | Architecture = SM90) -> Function:
+    """Move `func`'s shared tensors to one dynamic pool when they exceed the static limit; refuse
+    a pool larger than `target`'s shared memory per block (the kernels are built for sm_90a)."""
     if func.kind != CUDA_KERNEL:
         return func
     _, total = shared_buffer_offsets(func)
@@ -76,8 +79,9 @@ def plan_shared_memory(func: Function) -> Function:
             f"{func.name}: shared tensors need {total} bytes (> 48 KiB, so they move to dynamic shared memory) "
             "and attrs.dynamic_smem is also set; drop attrs.dynamic_smem, the size is computed for you"
         )
-    if total > 227 * 1024:
-        raise UnsupportedError(f"{func.name}: shared tensors need {total} bytes; an H100/H200 block has at most 227 KiB")
+    if total > target.smem_per_block:
+        raise UnsupportedError(f"{func.name}: shared tensors need {total} bytes; "
+                               f"a {target.name} block has at most {target.smem_per_block // 1024} KiB")  # fmt: skip
     out = func.with_body(func.body)
     out.launch = replace(func.launch, shared_pool=total)
     return out

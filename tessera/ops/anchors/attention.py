@@ -47,6 +47,7 @@ from tessera.ops.anchors.gemm import GemmProblem, Operand, build_gemm, check_dty
 from tessera.ops.anchors.kernel import INPUT, AnchorPlan, ops_launches
 from tessera.ops.anchors.rewrite import i32, unravel
 from tessera.runtime.cuda import current_stream, device_properties, ensure_current, multiprocessor_count
+from tessera.target import SM90
 
 log = logging.getLogger("tessera")
 _MASK_DTYPES = (dtypes.boolean, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
@@ -166,7 +167,7 @@ def _sm90() -> bool:
     """Whether this machine has a Hopper GPU (read from the driver; False without one)."""
 
     props = device_properties()
-    return props.from_driver and props.capability == (9, 0)
+    return props.from_driver and props.capability == SM90.capability
 
 
 def flash_unsupported(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
