@@ -35,6 +35,7 @@ from tessera.ir import dtypes, lowbit
 from tessera.quant.layout import repack_units
 from tessera.quant.linear import DECODE_MAX_M
 from tessera.runtime import cuda
+from tessera.target import SM90
 
 
 def may_prefill(op: Operator) -> bool:
@@ -64,7 +65,7 @@ def add_fragment_words(graph: FlowGraph, tune: bool) -> int:
     mode = settings.lowbit_prefill()
     if mode != "register" and not (mode == "auto" and tune and AUTO_TUNES_IT):
         return 0
-    if cuda.device_properties().capability != (9, 0):
+    if cuda.device_properties().capability != SM90.capability:
         return 0
     done = 0
     for op in graph.operators:
