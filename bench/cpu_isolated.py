@@ -110,6 +110,7 @@ def main() -> None:
         peers = ", ".join(f"{s} {v:.2f}" for s, v in ms.items() if s != "tessera")
         lines.append(f"| {case} | {ms['tessera']:.2f} | {peers} | {x:.2f} |")
     out_dir = Path(args.out or Path(__file__).resolve().parent / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{datetime.date.today()}-cpu-cpu-isolated-{current_commit()[:7]}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     with stem.with_suffix(".jsonl").open("w") as f:
