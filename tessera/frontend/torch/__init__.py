@@ -6,7 +6,7 @@ and again by name when this module is imported (for checkouts used without `pip 
 See `tessera.frontend.torch.backend` for how graphs are translated and partitioned.
 """
 
-from tessera.frontend.torch.backend import CompiledGraph, backend, stats
+from tessera.frontend.torch.backend import CompiledAtenGraph, backend, stats
 from tessera.frontend.torch.report import compiled_graphs
 
 
@@ -19,4 +19,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["CompiledGraph", "backend", "compiled_graphs", "stats"]
+__all__ = ["CompiledAtenGraph", "backend", "compiled_graphs", "stats"]

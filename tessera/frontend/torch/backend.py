@@ -23,7 +23,7 @@ The front end takes graphs at the ATen level, as Inductor does:
    CUDA-graph replay).  `torch.compile(..., options={...})` takes the options of
    tessera.graph.compiler.options (tune, cuda_graph, progress; `"executor": "reference"` runs
    the numpy references instead, for debugging); an unknown option raises ArgumentError.
-   `tessera.explain(compiled_model)` reports what each graph became (`CompiledGraph.report`).
+   `tessera.explain(compiled_model)` reports what each graph became (`CompiledAtenGraph.report`).
 5. Sizes that dynamo marks dynamic stay symbolic (`symbols.dim_from_sym`).
 
 Calls that need autograd (grad mode on and an input that requires grad) run dynamo's graph
@@ -112,7 +112,7 @@ def _is_module_state(node: torch.fx.Node, value: Any) -> bool:
 
 
 # Backend keywords that are not compile options: `collect` (a list that receives each
-# CompiledGraph, for tests and tools) and `backends` (Executor backends, for debugging).
+# CompiledAtenGraph, for tests and tools) and `backends` (Executor backends, for debugging).
 _TOOL_KEYWORDS = ("collect", "backends")
 
 
@@ -140,7 +140,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
     is_state = [True] * len(lifted) + [isinstance(v, torch.Tensor) and _is_module_state(n, v)
                                        for n, v in zip(placeholders, example_inputs)]  # fmt: skip
 
-    def fw_compiler(aten_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledGraph:
+    def fw_compiler(aten_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledAtenGraph:
         stats["graphs"] += 1
         n = sum(1 for x in aten_gm.graph.nodes if x.op == "placeholder")
         # AOTAutograd passes the same arguments unless it deduplicated them or made synthetic
@@ -151,7 +151,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # AOTAutograd calls this under its fake mode; constants are real
-            compiled = CompiledGraph(aten_gm, state, name=gm.__class__.__name__, options=opts, static_inputs=static,
+            compiled = CompiledAtenGraph(aten_gm, state, name=gm.__class__.__name__, options=opts, static_inputs=static,
                                      **tools)  # fmt: skip
         if tools.get("collect") is not None:
             tools["collect"].append(compiled)
@@ -176,7 +176,7 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-class CompiledGraph:
+class CompiledAtenGraph:
     """The compiled ATen graph: the callable AOTAutograd's runtime wrapper calls with
     (module state..., user inputs...)."""
 
@@ -185,7 +185,7 @@ class CompiledGraph:
                  collect: Any = None, static_inputs: set[int] | frozenset[int] = frozenset()):  # fmt: skip
         self.gm = gm
         self.name = name
-        self.options = parse_options(options, where="tessera CompiledGraph")
+        self.options = parse_options(options, where="tessera CompiledAtenGraph")
         self.backends = backends
         self.graph_breaks: list[tuple[str, str]] = []  # (node, why it runs in torch), for report()
         self.build_seconds = 0.0

@@ -46,7 +46,7 @@ def _calling_wrapper() -> Any:
 
 
 def record(graph: Any) -> None:
-    """Remember `graph` (a backend CompiledGraph) under the torch.compile call compiling it."""
+    """Remember `graph` (a backend CompiledAtenGraph) under the torch.compile call compiling it."""
     owner = _calling_wrapper()
     with _LOCK:
         _GRAPHS[:] = [(o, g) for o, g in _GRAPHS if g() is not None]

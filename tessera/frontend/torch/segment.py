@@ -15,7 +15,7 @@ import torch
 
 from tessera.frontend.torch.convert import Converter
 from tessera.graph import Executor, FlowGraph, Tensor
-from tessera.graph.compiler import CompiledGraph as TesseraCompiledGraph
+from tessera.graph.compiler import CompiledGraph
 from tessera.ops.compiled import torch_to_numpy
 
 
@@ -111,7 +111,7 @@ class Segment:
         self.outputs: list[torch.fx.Node] = []
         self.output_structure: list[Any] = []  # per output node: its value with tensors as leaf indices
         self.graph: FlowGraph | None = None
-        self.executor: Executor | TesseraCompiledGraph | None = None
+        self.executor: Executor | CompiledGraph | None = None
         self.on_device = False  # a CUDA graph: torch tensors in and out
         self.devices: list[torch.device] = []
         self.size_outputs = False  # outputs include symbolic sizes (evaluated per call)
