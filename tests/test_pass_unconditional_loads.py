@@ -89,6 +89,30 @@ def branch_reads(a: f32["n"], b: f32["n"], y: f32["n"]):
             y[i] = a[i]
 
 
+@ts.kernel
+def branch_local_guard(a: f32["n"], b: f32["m"], y: f32["n"]):
+    for i in range(a.shape[0]):
+        if a[i] > 0.0:
+            t = a[i] * 2.0
+            y[i] = b[i - 1] if t > 1.0 and i >= 1 and i - 1 < b.shape[0] else 0.0
+        else:
+            y[i] = 0.5
+
+
+def test_a_guard_computed_in_the_branch_keeps_the_read_in_place(rng):
+    """b[i - 1] needs a guard that uses t, which only exists inside the branch: not hoisted."""
+    lowered = lower(branch_local_guard.ir)  # verify would reject a guard read before its declaration
+    assert "b[" in str(lowered)
+    a = rng.standard_normal(9).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    y = np.empty_like(a)
+    branch_local_guard(a, b, y)
+    i = np.arange(9)
+    ok = (a * 2 > 1) & (i >= 1) & (i - 1 < 5)
+    want = np.where(a > 0, np.where(ok, b[np.clip(i - 1, 0, 4)], 0.0), 0.5).astype(np.float32)
+    np.testing.assert_array_equal(y, want)
+
+
 def test_reads_leave_select_arms_logic_operands_and_branches():
     for k in (where_mul, fill_where, shifted, branch_reads):
         before = k.ir

@@ -152,9 +152,11 @@ class _HoistReads(IRMutator):
             return e if all(x is y for x, y in zip(indices, e.indices)) else E.Load(e.buffer, indices)
         bounds = self.walk.bounds
         shape = e.buffer.type.shape if isinstance(e.buffer.type, TensorType) else (None,) * len(indices)
-        safe = tuple(
-            i if extent is not None and bounds.in_bounds(i, extent) else E.Select(self.guard, i, E.Const(0, i.dtype))
-            for i, extent in zip(indices, shape))  # fmt: skip
+        proven = [extent is not None and bounds.in_bounds(i, extent) for i, extent in zip(indices, shape)]
+        if not all(proven) and _uses(self.guard) & self.walk.branch_vars:
+            # The guard needs values the If branch computes: it cannot be evaluated before the If.
+            return e if all(x is y for x, y in zip(indices, e.indices)) else E.Load(e.buffer, indices)
+        safe = tuple(i if ok else E.Select(self.guard, i, E.Const(0, i.dtype)) for i, ok in zip(indices, proven))
         var = E.Var(self.walk.fresh_name(e.buffer.name), dtypes.compute_type(e.type))
         self.hoisted.append(S.DeclareVar(var, E.Load(e.buffer, safe)))
         return var
