@@ -337,3 +337,42 @@ class _SubstituteVars(TensorElementMutator):
 def substitute_vars(value: E.Expr, mapping: dict[E.Var, E.Expr]) -> E.Expr:
     """`value` with variables replaced, looking inside tensor reads too."""
     return _SubstituteVars(mapping).visit(value) if mapping else value
+
+
+class ExprKeys:
+    """Structural keys as small integers (hash-consing): for one ExprKeys, `keys(a) == keys(b)`
+    exactly when a and b are equal expressions (variables and tensors by identity).  Each node is
+    keyed once, however often the expressions that share it are keyed: index expressions made by
+    chains of views over symbolic sizes are DAGs exponentially larger as trees, so a key built as
+    nested tuples would be too.  The keyed expressions are kept alive, so an `id` in a key always
+    names the same object."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._seen: dict[int, tuple[Any, int]] = {}  # id(expr) -> (expr, key)
+
+    def __call__(self, e: Any) -> int:
+        seen = self._seen.get(id(e))
+        if seen is not None:
+            return seen[1]
+        if isinstance(e, E.Const):
+            s: tuple = ("c", e.value, e.type.name)
+        elif isinstance(e, E.Var):
+            s = ("v", id(e))
+        elif isinstance(e, E.Binary):
+            s = ("b", e.op, self(e.a), self(e.b))
+        elif isinstance(e, E.Unary):
+            s = ("u", e.op, self(e.a))
+        elif isinstance(e, E.Cast):
+            s = ("cast", e.type.name, self(e.value))
+        elif isinstance(e, E.Call):
+            s = ("call", e.func, e.type.name, tuple(self(a) for a in e.args))
+        elif isinstance(e, E.Select):
+            s = ("sel", self(e.cond), self(e.a), self(e.b))
+        elif isinstance(e, TensorElement):
+            s = ("t", id(e.tensor), tuple(self(i) for i in e.indices))
+        else:
+            s = ("id", id(e))
+        k = self._ids.setdefault(s, len(self._ids))
+        self._seen[id(e)] = (e, k)
+        return k

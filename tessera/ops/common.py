@@ -14,7 +14,7 @@ from typing import Any, Union
 from tessera.errors import ArgumentError, ShapeError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
-from tessera.ir.compute import TensorElement, TensorNode, as_dim
+from tessera.ir.compute import ExprKeys, TensorElement, TensorNode, as_dim
 from tessera.ir.dtypes import DataType
 from tessera.ir.shapes import broadcast_shapes as sym_broadcast
 from tessera.ir.shapes import from_expr, numel, to_expr
@@ -86,45 +86,6 @@ def static(d: E.Expr) -> int | None:
         return int(d.value)
     v = size_of(d)
     return v if isinstance(v, int) else None
-
-
-class ExprKeys:
-    """Structural keys as small integers (hash-consing): for one ExprKeys, `keys(a) == keys(b)`
-    exactly when a and b are equal expressions (variables and tensors by identity).  Each node is
-    keyed once, however often the expressions that share it are keyed: index expressions made by
-    chains of views over symbolic sizes are DAGs exponentially larger as trees, so a key built as
-    nested tuples would be too.  The keyed expressions are kept alive, so an `id` in a key always
-    names the same object."""
-
-    def __init__(self) -> None:
-        self._ids: dict[tuple, int] = {}
-        self._seen: dict[int, tuple[Any, int]] = {}  # id(expr) -> (expr, key)
-
-    def __call__(self, e: Any) -> int:
-        seen = self._seen.get(id(e))
-        if seen is not None:
-            return seen[1]
-        if isinstance(e, E.Const):
-            s: tuple = ("c", e.value, e.type.name)
-        elif isinstance(e, E.Var):
-            s = ("v", id(e))
-        elif isinstance(e, E.Binary):
-            s = ("b", e.op, self(e.a), self(e.b))
-        elif isinstance(e, E.Unary):
-            s = ("u", e.op, self(e.a))
-        elif isinstance(e, E.Cast):
-            s = ("cast", e.type.name, self(e.value))
-        elif isinstance(e, E.Call):
-            s = ("call", e.func, e.type.name, tuple(self(a) for a in e.args))
-        elif isinstance(e, E.Select):
-            s = ("sel", self(e.cond), self(e.a), self(e.b))
-        elif isinstance(e, TensorElement):
-            s = ("t", id(e.tensor), tuple(self(i) for i in e.indices))
-        else:
-            s = ("id", id(e))
-        k = self._ids.setdefault(s, len(self._ids))
-        self._seen[id(e)] = (e, k)
-        return k
 
 
 def same_dim(a: E.Expr, b: E.Expr) -> bool:

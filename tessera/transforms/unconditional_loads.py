@@ -21,6 +21,7 @@ from __future__ import annotations
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir import stmt as S
+from tessera.ir.compute import ExprKeys
 from tessera.ir.func import CPU_KERNEL, Function
 from tessera.ir.functor import IRMutator, IRVisitor, keep_line
 from tessera.ir.types import DataType, TensorType
@@ -30,17 +31,8 @@ _TRUE = E.Const(True, dtypes.boolean)
 
 def same_expr(a: E.Expr, b: E.Expr) -> bool:
     """Structural equality of two expressions (variables by identity)."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, E.Const):
-        return a.value == b.value and a.dtype == b.dtype
-    if isinstance(a, E.Binary):
-        return a.op == b.op and same_expr(a.a, b.a) and same_expr(a.b, b.b)
-    if isinstance(a, E.Cast):
-        return a.type == b.type and same_expr(a.value, b.value)
-    return False
+    keys = ExprKeys()
+    return keys(a) == keys(b)
 
 
 class IndexBounds:

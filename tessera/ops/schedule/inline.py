@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from tessera.ir import expr as E
 from tessera.ir.compute import (
     Compute,
+    ExprKeys,
     Placeholder,
     Program,
     ReduceCompute,
@@ -22,7 +23,6 @@ from tessera.ir.compute import (
     TensorNode,
     substitute_vars,
 )
-from tessera.ops.common import ExprKeys
 
 # Largest inlined expression (counted as a tree, as codegen prints it) before the scheduler
 # materialises a producer instead of recomputing it inline.
