@@ -1,4 +1,4 @@
-"""Anchor kernels with fused epilogues (tessera.ops.anchors) against torch (bench/PROTOCOL.md).
+"""Anchor kernels with fused epilogues (tessera.templates) against torch (bench/PROTOCOL.md).
 
 Cases: linear + bias + GELU at LLM projection sizes, and the convolutions of ResNet-50
 (BatchNorm folded into a bias) + ReLU.  tessera runs one anchor (GEMM with the epilogue in its
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Timer, rel_err, write_results  # noqa: E402
 
 from tessera import ops  # noqa: E402
-from tessera.ops.anchors import Epilogue, prepare_conv2d, prepare_linear  # noqa: E402
+from tessera.templates import Epilogue, prepare_conv2d, prepare_linear  # noqa: E402
 
 F = torch.nn.functional
 LINEAR = [(16, 4096, 4096), (128, 4096, 4096), (2048, 4096, 4096), (128, 14336, 4096), (2048, 4096, 14336)]

@@ -1,4 +1,4 @@
-"""The `attention` suite: tessera's flash attention (tessera.kernels.attention_call.flash_attention,
+"""The `attention` suite: tessera's flash attention (tessera.eager.attention.flash_attention,
 host dispatch included) against torch SDPA's flash and cuDNN backends on bench/PROTOCOL.md's attention
 workloads: prefill (batch 1-16, heads 12-32, grouped heads, seq 128-4096, head dims 64 and 128,
 causal and not) and decode (one query token against a KV cache of 512-8192).
@@ -15,7 +15,8 @@ import math
 import torch
 from harness import Timer, rel_err
 
-from tessera.kernels.attention_call import AttentionShape, choose_config, choose_splits, flash_attention
+from tessera.eager.attention import flash_attention
+from tessera.templates.attention.launch import AttentionShape, choose_config, choose_splits
 
 PREFILL = [  # b, h, hk, s, d
     (16, 12, 12, 128, 64), (8, 12, 12, 512, 64), (4, 16, 16, 1024, 64), (16, 32, 32, 512, 128),

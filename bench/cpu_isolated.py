@@ -44,7 +44,7 @@ def _measure(case: str, system: str, calls: int) -> float:
         rng = np.random.default_rng(0)
         a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
         if system == "tessera":
-            from tessera.ops.anchors.cpu_gemm import plan_cpu_matmul
+            from tessera.templates.cpu.gemm import plan_cpu_matmul
 
             kernel, out = plan_cpu_matmul((m, k), (k, n), tune=True).load(), np.empty((m, n), np.float32)
             fn = functools.partial(kernel, [a, b], out)

@@ -96,7 +96,7 @@ def gemm_cases(rounds: int, tune: bool) -> list[dict]:
     import numpy as np
     import torch
 
-    from tessera.ops.anchors.cpu_gemm import plan_cpu_matmul
+    from tessera.templates.cpu.gemm import plan_cpu_matmul
 
     rows = []
     for m, n, k in [(1024, 1024, 1024), (4096, 4096, 1024), (16, 4096, 4096)]:

@@ -181,7 +181,7 @@ def quantize_setup(setup: DecodeSetup, spec: WeightSpec) -> tuple[DecodeSetup, d
 
 def quantized_weight_bytes(w: Any) -> int:
     """Bytes a kernel reads of one tessera QuantizedWeight: the densely packed codes, the float16
-    scales, and the zero points as the float16 biases the kernels take (tessera.quant.linear)."""
+    scales, and the zero points as the float16 biases the kernels take (tessera.eager.lowbit)."""
     zeros = w.zeros.size * 2 if w.zeros is not None else 0
     return w.codes.nbytes + w.scales.size * 2 + zeros
 

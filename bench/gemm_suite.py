@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from harness import Timer, rel_err
 
-from tessera.kernels.matmul import choose_config, matmul
+from tessera.eager.matmul import choose_config, matmul
 
 LLAMA3_8B_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
@@ -80,7 +80,7 @@ RESNET_CONVS = [(3, 224, 64, 7, 2, 3), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1
 def _linear_epilogue(kind: str, m: int, n: int):  # noqa: ANN202
     """(tessera Epilogue or None, bias?, needs a residual?, the torch function of (y, residual))."""
     from tessera import ops
-    from tessera.ops.anchors import Epilogue
+    from tessera.templates import Epilogue
 
     F = torch.nn.functional
     acc = ops.placeholder((m, n), "float16", "acc")
@@ -96,7 +96,7 @@ def graph_gemm_suite(timer: Timer, convs: bool = True, batches: tuple[int, ...] 
     """The anchors the graph compiler emits for the suite models' GEMMs (tuned, as compile_graph
     tunes by default), each with its fused epilogue, against cuBLAS alone (F.linear with its bias
     epilogue), torch eager (the GEMM, then the epilogue) and torch.compile of the same function."""
-    from tessera.ops.anchors import prepare_conv2d, prepare_linear
+    from tessera.templates import prepare_conv2d, prepare_linear
 
     F = torch.nn.functional
     rows = []
@@ -127,7 +127,7 @@ def graph_gemm_suite(timer: Timer, convs: bool = True, batches: tuple[int, ...] 
             b = torch.randn(o, device="cuda", dtype=torch.float16)
             ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), stride=stride, padding=pad))
             from tessera import ops
-            from tessera.ops.anchors import Epilogue
+            from tessera.templates import Epilogue
 
             acc = ops.placeholder(tuple(ref.shape), "float16", "acc")
             t0 = time.perf_counter()

@@ -28,8 +28,8 @@ import torch
 from harness import Timer, rel_err
 
 import tessera as ts
+from tessera.eager.lowbit import DECODE_MAX_M, chosen_kernel, cuda_matmul, prepare
 from tessera.quant import WEIGHT_TYPES
-from tessera.quant.linear import DECODE_MAX_M, chosen_kernel, cuda_matmul, prepare
 from tessera.quant.quantize import quantize_weight
 
 N0, K0 = 12288, 4096
@@ -133,9 +133,9 @@ def prebuild_prefill(todo: list[tuple[int, int, int, str, int | None]]) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
+    from tessera.eager.lowbit import PREPARED_SPAN
     from tessera.quant.layout import padded_shape
-    from tessera.quant.linear import PREPARED_SPAN
-    from tessera.quant.tune import prefill_candidates, prefill_kernel
+    from tessera.templates.lowbit.tune import prefill_candidates, prefill_kernel
 
     kernels = {}
     for m, n, k, tname, g in todo:

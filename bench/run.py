@@ -7,7 +7,7 @@ included, vs cuBLAS, torch eager and torch.compile; --quick skips ResNet-50's co
 (bench/models_suite.py: whole models under torch.compile(backend="tessera") vs eager and
 torch.compile's modes; its own options follow, see `python3 bench/models_suite.py --help`) and
 reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
-functions of tessera.kernels.reduce_ops, output allocation included) against
+functions of tessera.templates.row.kinds, output allocation included) against
 torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
 of the device copy bandwidth measured in the same run.
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Timer, copy_bandwidth_gbs, rel_err, write_results  # noqa: E402
 
 import tessera as ts  # noqa: E402
-from tessera.kernels import reduce_ops  # noqa: E402
+from tessera.templates.row import reduce_ops  # noqa: E402
 
 _DT = {"fp16": (torch.float16, ts.f16), "bf16": (torch.bfloat16, ts.bf16), "fp32": (torch.float32, ts.f32)}
 EPS = 1e-5
@@ -46,7 +46,7 @@ def _torch_op(op: str):
 
 
 def _tessera_op(op: str):
-    """The dispatch function (tessera.kernels.reduce_ops): output allocation and kernel choice included."""
+    """The dispatch function (tessera.templates.row.kinds): output allocation and kernel choice included."""
     if op in ("sum", "max", "mean", "min"):
         return lambda x: reduce_ops.row_reduce(x, op)
     if op == "softmax":

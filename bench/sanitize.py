@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tessera.kernels import reduce_ops  # noqa: E402
+from tessera.templates.row import reduce_ops  # noqa: E402
 
 F = torch.nn.functional
 
@@ -69,10 +69,10 @@ def row_kernels() -> None:
 
 
 def gemm_kernels() -> None:
-    from tessera.kernels.gemm import GemmConfig
-    from tessera.kernels.gemm_sm90 import WgmmaConfig
-    from tessera.kernels.gemm_tma import TmaConfig
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
+    from tessera.templates.gemm.mma import GemmConfig
+    from tessera.templates.gemm.tma import TmaConfig
+    from tessera.templates.gemm.wgmma import WgmmaConfig
 
     a = torch.randn(70, 136, device="cuda", dtype=torch.float16)
     b = torch.randn(136, 90, device="cuda", dtype=torch.float16)

@@ -158,5 +158,5 @@ def __getattr__(name: str):
 
         if name == "quant":
             return importlib.import_module("tessera.quant")
-        return importlib.import_module("tessera.quant.torch_quantize").quantize
+        return importlib.import_module("tessera.eager.quantize").quantize
     raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -5,7 +5,7 @@ until a `WARPGROUP.DEPBAR.LE gsb0, n` leaves at most n groups in flight.  Any ot
 that reads or writes those registers before that point races with the tensor cores.  The PTX
 tessera emits orders such accesses after `wgmma.wait_group`, but ptxas (CUDA 13.0) was seen
 to hoist an epilogue's F2FP conversions of the accumulators above the final
-`DEPBAR.LE gsb0, 0x0` of the register-A low-bit GEMM (tessera.kernels.lowbit_gemm_rs): on the
+`DEPBAR.LE gsb0, 0x0` of the register-A low-bit GEMM (tessera.templates.lowbit.gemm_rs): on the
 H200 exactly those configurations lost part of the last k-step's products (rel_err ~2e-2), so
 this is checked on the machine code, not the source.
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from tessera.graph import GraphBuilder
-from tessera.graph.compiler.anchors import attention_views, is_anchor, prepare_anchor, takes_epilogue
-from tessera.graph.compiler.partition import partition
+from tessera.graph.compiler.partition import partition_for
 from tessera.graph.lowering import lowering_error
 from tessera.graph.passes import optimize
 from tessera.graph.registry import get_op
+from tessera.templates import chosen
 
 
 def _block(batch, s, h, hk, d, dt="float16", own_q=False):
@@ -38,13 +38,12 @@ def _block(batch, s, h, hk, d, dt="float16", own_q=False):
 
 
 def _groups(graph, target="cuda"):
-    return partition(graph, lowering_error, lambda op: is_anchor(op, target), takes_epilogue,
-                     lambda op, c, o: attention_views(op, c, o, target))  # fmt: skip
+    return partition_for(graph, target, lowering_error)
 
 
 @pytest.fixture
 def hopper(monkeypatch):
-    from tessera.ops.anchors import attention
+    from tessera.templates.attention import plan as attention
 
     monkeypatch.setattr(attention, "_sm90", lambda: True)
 
@@ -107,9 +106,9 @@ def _stand_in(q_shape, k_shape, v_shape, dtype, *, causal, scale, mask_shape, ma
 
 @pytest.mark.parametrize("shape", [(1, 5, 2, 2, 64), (1, 7, 4, 2, 64), (2, 3, 2, 1, 80)])
 def test_anchor_passes_views_and_layout_to_the_kernel(hopper, monkeypatch, rng, shape):
-    from tessera.ops import anchors
+    from tessera.templates import attention
 
-    monkeypatch.setattr(anchors, "prepare_attention", _stand_in)
+    monkeypatch.setattr(attention, "prepare_attention", _stand_in)
     g = _block(*shape)
     groups = _groups(g)
     group = _attention_group(groups)
@@ -119,7 +118,7 @@ def test_anchor_passes_views_and_layout_to_the_kernel(hopper, monkeypatch, rng, 
         env = {g.inputs[0]: x}
         for gr in groups:  # every other group through the references, the attention group through its anchor
             if gr is group:
-                run = prepare_anchor(gr, {t: env[t].shape for t in gr.inputs}, target="cuda")
+                run = chosen(gr.anchor, "cuda").prepare(gr, {t: env[t].shape for t in gr.inputs}, tune=False)
                 out = np.empty(gr.outputs[0].shape, np.float32)
                 run([env[t] for t in gr.inputs], [out])
                 env[gr.outputs[0]] = out
@@ -152,7 +151,7 @@ VIEW_CASES = [  # h, hk, s, d, causal, q read as a view
 def test_flash_kernel_reads_head_views_and_writes_heads_last(h, hk, s, d, causal, q_view):
     torch = _needs_hopper()
     from tessera.ir import dtypes
-    from tessera.ops.anchors.attention import FlashAnchorKernel
+    from tessera.templates.attention.plan import FlashAnchorKernel
 
     width = (h + 2 * hk) * d + 8 * 8  # room after the heads: the views must stop at theirs
     kernel = FlashAnchorKernel((1, h, s, d), (1, hk, s, d), dtypes.float16, causal, d**-0.5, None, None,
@@ -196,7 +195,7 @@ def test_compiled_block_runs_attention_without_copies():
 def test_tma_layouts_address_the_views(h, hk, s, d):
     """The strided maps address exactly the elements of the heads the graph's split_heads names:
     element (problem, row, col) of each map, at the operand's first column, is the view's element."""
-    from tessera.kernels.attention_call import AttentionShape, operand_layout
+    from tessera.templates.attention.launch import AttentionShape, operand_layout
 
     width = (h + 2 * hk) * d + 16
     x = np.arange(s * width).reshape(1, s, width)  # each element's address

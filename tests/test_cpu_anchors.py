@@ -1,4 +1,4 @@
-"""GEMM anchors on the CPU (tessera.ops.anchors.cpu_gemm) and their use by the graph compiler,
+"""GEMM anchors on the CPU (tessera.templates.cpu.gemm) and their use by the graph compiler,
 against numpy/torch in float64: odd sizes, tails, fused epilogues, constant (pre-packed) weights."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from tessera import ops
 from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError, UnsupportedError
-from tessera.ops.anchors import Epilogue
-from tessera.ops.anchors.cpu_conv import plan_cpu_conv2d
-from tessera.ops.anchors.cpu_gemm import plan_cpu_linear, plan_cpu_matmul
+from tessera.templates import Epilogue
+from tessera.templates.cpu.conv import plan_cpu_conv2d
+from tessera.templates.cpu.gemm import plan_cpu_linear, plan_cpu_matmul
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU GEMM needs AVX2 or AVX-512")
@@ -101,8 +101,8 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
     (the last tile of a row shifted back), two images, stride 2, a channel tail past the
     register tile's columns, workers splitting rows or (a weight larger than the input)
     columns, a residual epilogue; three calls with fresh inputs."""
-    from tessera.kernels.cpu_gemm import CpuGemmConfig
-    from tessera.ops.anchors.cpu_conv import row_layout
+    from tessera.templates.cpu.conv import row_layout
+    from tessera.templates.cpu.gemm_kernel import CpuGemmConfig
 
     mr, nv = tile
     lanes = vector_lanes()
@@ -134,7 +134,7 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
 
 
 def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch):
-    from tessera.ops.anchors import cpu_conv
+    from tessera.templates.cpu import conv as cpu_conv
 
     x_shape, w_shape, geo = (1, 3, 10, 19), (5, 3, 3, 3), ((1, 1), (1, 1, 1, 1), (1, 1))
     w, bias = _f32(rng, *w_shape), _f32(rng, 5)
@@ -205,7 +205,7 @@ def test_compiled_model_matches_torch(rng):
 
 
 def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
-    from tessera.ops.anchors import cpu_gemm
+    from tessera.templates.cpu import gemm as cpu_gemm
 
     x, w, b = _f32(rng, 7, 33), _f32(rng, 21, 33), _f32(rng, 21)
     kernel = plan_cpu_linear(x.shape, w.shape, bias=True, weight=w, tune=True).load()
@@ -236,7 +236,7 @@ def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
 
     from tessera.backend.build import C_FLAGS
     from tessera.backend.isa import vector_lanes
-    from tessera.ops.anchors import cpu_gemm
+    from tessera.templates.cpu import gemm as cpu_gemm
 
     if vector_lanes() != 16:
         pytest.skip("the register budget was measured on AVX-512")
@@ -254,7 +254,7 @@ def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
 @pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),
                                                ((1, 2, 1, 5, 5, 3), True, (5, 5))])
 def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
-    from tessera.ops.anchors.attention import plan_attention
+    from tessera.templates.attention.plan import plan_attention
 
     b, h, hk, sq, sk, d = shape
     q, k, v = _f32(rng, b, h, sq, d), _f32(rng, b, hk, sk, d), _f32(rng, b, hk, sk, d)

@@ -1,11 +1,11 @@
-"""The x86 GEMM kernels (tessera.kernels.cpu_gemm) against numpy in float64, odd sizes and tails."""
+"""The x86 GEMM kernels (tessera.templates.cpu.gemm_kernel) against numpy in float64, odd sizes and tails."""
 
 import numpy as np
 import pytest
 
 from tessera.backend.isa import supports_lanes
 from tessera.errors import ArgumentError
-from tessera.kernels.cpu_gemm import CpuGemmConfig, make_gemm, make_pack_b
+from tessera.templates.cpu.gemm_kernel import CpuGemmConfig, make_gemm, make_pack_b
 
 CONFIGS = [c for c in (CpuGemmConfig(6, 2, 16, 2), CpuGemmConfig(5, 1, 16, 3), CpuGemmConfig(4, 2, 8, 2))
            if supports_lanes(c.lanes)]  # fmt: skip
@@ -90,7 +90,7 @@ def test_config_checks_registers():
 def test_pad2d_matches_numpy(threads):
     """Zero padding for the CPU conv: asymmetric and zero margins, size-1 dims, more workers than
     rows; the output starts as NaN, so every element must be written; fresh inputs per call."""
-    from tessera.kernels.cpu_pad import make_pad2d
+    from tessera.templates.cpu.pad_kernel import make_pad2d
 
     rng = np.random.default_rng(4)
     for nc, h, w, (top, left, bottom, right) in [(6, 5, 7, (1, 2, 0, 3)), (1, 1, 1, (3, 3, 3, 3)), (2, 4, 9, (0, 0, 2, 1)),

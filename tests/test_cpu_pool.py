@@ -1,4 +1,4 @@
-"""Max pooling on the CPU (tessera.kernels.cpu_pool, tessera.ops.anchors.cpu_pool) against torch in
+"""Max pooling on the CPU (tessera.templates.cpu.pool_kernel, tessera.templates.cpu.pool) against torch in
 float64: window geometries with and without padding, ceil_mode, size-1 dims, rows shorter
 than a window, a fused epilogue, and the graph compiler's use of it."""
 
@@ -10,8 +10,8 @@ import pytest
 from tessera import ops
 from tessera.backend.isa import vector_lanes
 from tessera.errors import ArgumentError
-from tessera.ops.anchors import Epilogue
-from tessera.ops.anchors.cpu_pool import plan_cpu_max_pool2d
+from tessera.templates import Epilogue
+from tessera.templates.cpu.pool import plan_cpu_max_pool2d
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU anchors need AVX2 or AVX-512")

@@ -197,7 +197,7 @@ def test_static_cache_decode_on_the_gpu_keeps_the_cache_in_the_cuda_graph():
     """fp16 on the GPU, head dim 64, a 2048-position cache: the CUDA graph captures the cache
     where it is (no static copy: the arena is smaller than one cache), its replays agree with
     eager step after step, and attention is the flash kernel's split-KV decode variant."""
-    from tessera.ops.anchors.attention import FlashAnchorKernel
+    from tessera.templates.attention.plan import FlashAnchorKernel
 
     eager, ours, cache_e, cache_t, collect, ptrs = _decode(_tiny_llama(hidden=256), cache_len=2048, prompt_len=1500,
                                                            steps=6, device="cuda", dtype=torch.float16)  # fmt: skip

@@ -254,7 +254,8 @@ def test_cuda_anchor_templates_are_planned_anew_under_other_planning_settings(mo
 
     monkeypatch.setattr(build, "_SHARED_ANCHORS", OrderedDict())
     monkeypatch.setattr(build, "group_signature", lambda group: "lowbit_linear")
-    monkeypatch.setattr(build, "prepare_anchor", lambda group, shapes, tune, target: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL")))
+    template = SimpleNamespace(prepare=lambda group, shapes, tune: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL")))
+    monkeypatch.setattr(build, "chosen", lambda op, target: template)
     prepare = build._anchor_preparer("cuda", "sm_90", True, {})
     group = SimpleNamespace(inputs=[], anchor=None)
     for mode in ("register", "auto", "register"):

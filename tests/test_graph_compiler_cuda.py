@@ -89,7 +89,7 @@ def test_sdpa_runs_the_flash_kernel():
     """A graph's scaled_dot_product_attention (grouped heads, causal, head dim 64) runs the fused
     flash kernel on an SM90 GPU, against the graph's reference on fresh inputs; and an SDPA
     module through torch.compile matches torch."""
-    from tessera.ops.anchors.attention import FlashAnchorKernel
+    from tessera.templates.attention.plan import FlashAnchorKernel
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fused kernel needs an SM90 GPU")

@@ -1,5 +1,5 @@
 """tests/cuda_on_host.py's model on kernels whose results are known: the warp-specialised TMA
-GEMM (tessera.kernels.gemm_tma) against numpy, the low-bit decode kernel (mma.sync, cp.async)
+GEMM (tessera.templates.gemm.tma) against numpy, the low-bit decode kernel (mma.sync, cp.async)
 against its reference; a broken barrier protocol and an impossible register split caught."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from cuda_on_host import HostTensorMap, run_on_host
 
 import tessera as ts
 from tessera import f16, u64
-from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma, tensor_map_boxes
+from tessera.templates.gemm.tma import TmaConfig, make_gemm_tma, tensor_map_boxes
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -95,7 +95,7 @@ def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, gr
 
     from test_lowbit_prefill import kernel_group, random_case
 
-    from tessera.kernels.lowbit_decode import DecodeConfig, make_decode
+    from tessera.templates.lowbit.decode import DecodeConfig, make_decode
 
     t = ts.dtype(name)
     n, k = (72, 520) if m < 16 else (40, 1000)
@@ -118,7 +118,7 @@ def test_decode_kernel_split_over_a_cluster_on_the_host(rng, tmp_path, name, m):
     blocks whose partial tiles are added through distributed shared memory."""
     from test_lowbit_prefill import random_case
 
-    from tessera.kernels.lowbit_decode import DecodeConfig, make_decode
+    from tessera.templates.lowbit.decode import DecodeConfig, make_decode
 
     t = ts.dtype(name)
     n, k = 72, 1040

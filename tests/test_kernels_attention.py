@@ -1,4 +1,4 @@
-"""Flash attention (tessera.kernels.attention): configuration rules, launch arguments and grids,
+"""Flash attention (tessera.templates.attention.flash): configuration rules, launch arguments and grids,
 the register-sourced wgmma, and nvcc compile checks of every variant family in the CPU tier;
 results against a float32 torch reference on the GPU."""
 
@@ -10,14 +10,14 @@ import pytest
 
 from tessera.errors import ArgumentError, KernelSyntaxError, UnsupportedError
 from tessera.ir import dtypes
-from tessera.kernels.attention import (
+from tessera.templates.attention.flash import (
     FlashConfig,
     MaskSpec,
     make_attention_combine,
     make_flash_attention,
     tensor_map_box,
 )
-from tessera.kernels.attention_call import (
+from tessera.templates.attention.launch import (
     AttentionShape,
     choose_config,
     choose_splits,
@@ -221,7 +221,7 @@ def test_flash_attention_matches_torch(dtype_name):
     KV splits, every head dim; outputs poisoned with NaN first; two calls on fresh inputs."""
     import torch
 
-    from tessera.kernels.attention_call import flash_attention
+    from tessera.eager.attention import flash_attention
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("TMA/wgmma need an SM90 GPU")
@@ -243,7 +243,7 @@ def test_flash_attention_masks(dtype_name):
     and with causal; a decode step with a padding mask over a split cache."""
     import torch
 
-    from tessera.kernels.attention_call import flash_attention
+    from tessera.eager.attention import flash_attention
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("TMA/wgmma need an SM90 GPU")
@@ -273,7 +273,7 @@ def test_flash_attention_masks(dtype_name):
 def test_flash_attention_rejects_bad_operands():
     import torch
 
-    from tessera.kernels.attention_call import flash_attention
+    from tessera.eager.attention import flash_attention
 
     q = torch.randn(1, 4, 8, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(1, 3, 8, 64, device="cuda", dtype=torch.float16)
@@ -291,7 +291,7 @@ def test_flash_attention_rejects_bad_operands():
 
 def test_anchor_says_why_the_fused_kernel_does_not_apply(monkeypatch):
     """The attention anchor's fallback reasons (checked as if on an SM90 GPU)."""
-    from tessera.ops.anchors import attention
+    from tessera.templates.attention import plan as attention
 
     monkeypatch.setattr(attention, "_sm90", lambda: True)
     assert attention.flash_unsupported((2, 8, 9, 128), (2, 2, 9, 128), (2, 2, 9, 128)) is None

@@ -12,8 +12,8 @@ import tessera as ts
 from tessera import f16, f32
 from tessera.errors import KernelSyntaxError, UnsupportedError
 from tessera.ir.fragments import LDMATRIX_X4, LDMATRIX_X4_NK, MMA_M16N8K16_A, MMA_M16N8K16_B, MMA_M16N8K16_C
-from tessera.kernels.gemm import GemmConfig, make_gemm, make_split_k_reduce
-from tessera.kernels.matmul import schedule_space
+from tessera.templates.gemm.space import schedule_space
+from tessera.templates.gemm.mma import GemmConfig, make_gemm, make_split_k_reduce
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -39,7 +39,7 @@ def test_fragment_mappings_follow_the_ptx_layouts(lane):
 
 @pytest.mark.parametrize("cols", [16, 32, 64, 128, 256])
 def test_gemm_swizzles_are_permutations_and_spread_ldmatrix_rows(cols):
-    from tessera.kernels.gemm import _swizzle_for
+    from tessera.templates.gemm.mma import _swizzle_for
 
     sw = _swizzle_for(cols)
     size = 64 * cols
@@ -208,7 +208,7 @@ def test_one_mma_tile_matches_numpy():
 @pytest.mark.parametrize("m,n,k", [(1, 72, 64), (17, 136, 264), (130, 264, 520), (256, 512, 4104)])
 def test_gemm_matches_torch(layout, dtype_name, m, n, k):
     torch = _torch()
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
 
     dt = getattr(torch, dtype_name)
     a = torch.randn(m, k, device="cuda", dtype=dt)
@@ -221,7 +221,7 @@ def test_gemm_matches_torch(layout, dtype_name, m, n, k):
 @pytest.mark.parametrize("m,n,k", [(5, 33, 37), (70, 9, 130), (33, 100, 7)])
 def test_gemm_unaligned_shapes_use_the_scalar_path(m, n, k):
     torch = _torch()
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
 
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     for layout in ("kn", "nk"):
@@ -233,7 +233,7 @@ def test_gemm_unaligned_shapes_use_the_scalar_path(m, n, k):
 @pytest.mark.cuda
 def test_batched_gemm_and_tuned_choice():
     torch = _torch()
-    from tessera.kernels.matmul import choose_config, matmul
+    from tessera.eager.matmul import choose_config, matmul
 
     a = torch.randn(3, 40, 96, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3, 96, 56, device="cuda", dtype=torch.bfloat16)
@@ -251,7 +251,7 @@ def test_batched_gemm_and_tuned_choice():
 def test_gemm_rejects_bad_operands():
     torch = _torch()
     from tessera.errors import ArgumentError
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
 
     a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     with pytest.raises(ArgumentError, match="do not match"):
@@ -267,8 +267,8 @@ def test_gemm_rejects_bad_operands():
 @pytest.mark.parametrize("m,n,k", [(1, 72, 64), (130, 264, 520), (256, 512, 4104)])
 def test_wgmma_gemm_matches_torch(dtype_name, m, n, k):
     torch = _torch()
-    from tessera.kernels.gemm_sm90 import WgmmaConfig
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
+    from tessera.templates.gemm.wgmma import WgmmaConfig
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an SM90 GPU")
@@ -281,7 +281,7 @@ def test_wgmma_gemm_matches_torch(dtype_name, m, n, k):
 
 @needs_nvcc
 def test_wgmma_gemm_cuda_compiles():
-    from tessera.kernels.gemm_sm90 import WgmmaConfig, make_gemm_wgmma
+    from tessera.templates.gemm.wgmma import WgmmaConfig, make_gemm_wgmma
 
     k = make_gemm_wgmma(ts.f16, WgmmaConfig(128, 128, 4, split_k=2))
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in k.source
@@ -294,7 +294,7 @@ def test_launch_plans_follow_the_arguments():
     """Cached launch plans are keyed by shapes/strides/dtypes: new shapes re-plan, bad ones still fail."""
     torch = _torch()
     from tessera.errors import ArgumentError
-    from tessera.kernels.matmul import make_kernel
+    from tessera.templates.gemm.config import make_kernel
 
     k = make_kernel(ts.f16, CONFIGS[1], "kn", True)
     for m, n in ((20, 64), (70, 136), (20, 64)):
@@ -311,7 +311,7 @@ def test_launch_plans_follow_the_arguments():
 
 # ---- warp-specialised TMA GEMM ---------------------------------------------------------------
 def _tma_configs():
-    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.templates.gemm.tma import TmaConfig
 
     return [
         TmaConfig(128, 256, 3, epilogue="staged"),
@@ -324,7 +324,7 @@ def _tma_configs():
 
 
 def test_tma_config_problems_and_space():
-    from tessera.kernels.gemm_tma import TmaConfig
+    from tessera.templates.gemm.tma import TmaConfig
 
     assert all(not c.problems() for c in _tma_configs())
     assert any("shared memory" in p for p in TmaConfig(128, 256, 5).problems())
@@ -346,7 +346,7 @@ def test_tma_config_problems_and_space():
 def test_tma_gemm_kernels_keep_the_element_store_form():
     """epilogue="scalar" (the default) writes C element by element: the store epilogue fusion rewrites."""
     from tessera.ir.functor import IRVisitor
-    from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma
+    from tessera.templates.gemm.tma import TmaConfig, make_gemm_tma
 
     class Stores(IRVisitor):
         def __init__(self):
@@ -366,7 +366,7 @@ def test_tma_gemm_kernels_keep_the_element_store_form():
 @needs_nvcc
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_tma_gemm_cuda_compiles(layout):
-    from tessera.kernels.gemm_tma import make_gemm_tma
+    from tessera.templates.gemm.tma import make_gemm_tma
 
     for cfg in _tma_configs()[:5]:
         k = make_gemm_tma(ts.bf16 if cfg.consumers == 1 else f16, cfg, layout)
@@ -381,7 +381,7 @@ def test_tma_gemm_matches_torch(layout, dtype_name):
     """Every configuration kind (tiles, split-k launch/cluster, epilogues) at odd shapes: edge
     tiles, K tails (TMA zero fill), one row, a split whose last part is short."""
     torch = _torch()
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("TMA/wgmma need an SM90 GPU")
@@ -394,8 +394,8 @@ def test_tma_gemm_matches_torch(layout, dtype_name):
 
 
 def test_wave_fitting_tiles_join_the_space_where_they_fill_the_waves():
-    from tessera.kernels.gemm_space import tma_space, wave_efficiency, wave_fitting_tiles
     from tessera.target import SM90, Target
+    from tessera.templates.gemm.space import tma_space, wave_efficiency, wave_fitting_tiles
 
     h200 = Target.of(SM90, "H200", sms=132, l2_bytes=60 << 20)
     assert wave_efficiency(88, 132) == pytest.approx(88 / 132) and wave_efficiency(133, 132) == pytest.approx(133 / 264)
@@ -413,8 +413,8 @@ def test_wave_fitting_tiles_join_the_space_where_they_fill_the_waves():
 def test_tma_gemm_wave_fitting_tiles_match_torch(layout):
     """Tiles of 160, 192 and 224 columns (not powers of two) at odd shapes: edge tiles in N."""
     torch = _torch()
-    from tessera.kernels.gemm_tma import TmaConfig
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
+    from tessera.templates.gemm.tma import TmaConfig
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("TMA/wgmma need an SM90 GPU")
@@ -433,8 +433,8 @@ def test_tma_gemm_wave_fitting_tiles_match_torch(layout):
 def test_tma_gemm_batched_repeated_and_tuned():
     """Batched operands; repeated planned calls on fresh data (tensor-map cache); the tuned default."""
     torch = _torch()
-    from tessera.kernels.gemm_tma import TmaConfig
-    from tessera.kernels.matmul import choose_config, matmul
+    from tessera.eager.matmul import choose_config, matmul
+    from tessera.templates.gemm.tma import TmaConfig
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("TMA/wgmma need an SM90 GPU")
@@ -483,7 +483,7 @@ def test_tma_gemm_producer_and_consumers_walk_the_same_tiles(m, n, k, batch, spl
     ranges of a tile's parts tile K, and the consumers' output slab is batch * split + part."""
     from tessera.ir import stmt as S
     from tessera.ir.evaluate import EvaluationError, evaluate
-    from tessera.kernels.gemm_tma import TmaConfig, make_gemm_tma
+    from tessera.templates.gemm.tma import TmaConfig, make_gemm_tma
 
     cfg = TmaConfig(128, 128, 4, split_k=split, group_m=4)
     body = make_gemm_tma(f16, cfg, "nk").ir.body

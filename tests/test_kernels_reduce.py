@@ -19,9 +19,10 @@ import pytest
 import tessera as ts
 from tessera import bf16, f16, f32
 from tessera.errors import UnsupportedError
-from tessera.kernels import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax, reduce_ops
-from tessera.kernels.reduce_ops import MAX_CACHED_ELEMS, SOFTMAX_CACHED_ELEMS, choose_schedule, kernel_for
-from tessera.kernels.reduce_schedule import SCALAR_BLOCK, RowSchedule
+from tessera.templates.row import kinds as reduce_ops
+from tessera.templates.row import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax
+from tessera.templates.row.kinds import MAX_CACHED_ELEMS, SOFTMAX_CACHED_ELEMS, choose_schedule, kernel_for
+from tessera.templates.row.schedule import SCALAR_BLOCK, RowSchedule
 
 EPS = 1e-5
 NVCC = shutil.which("nvcc")

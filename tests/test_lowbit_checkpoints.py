@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tessera.eager.checkpoints import load_quantized_linears
 from tessera.errors import ArgumentError, UnsupportedError
-from tessera.quant.checkpoints import from_compressed_tensors, load_quantized_linears
+from tessera.quant.checkpoints import from_compressed_tensors
 
 torch = pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""lowbit_linear on the CPU: the row kernel (tessera.kernels.lowbit_cpu.make_linear_rows) as the
+"""lowbit_linear on the CPU: the row kernel (tessera.templates.lowbit.cpu_kernels.make_linear_rows) as the
 graph's anchor for float32 activations, against the float64 numpy reference over weight types,
 group sizes, zero points and odd sizes; its fused epilogue; and `torch.compile(tessera.quantize(
 model), backend="tessera")` compiling whole on the CPU (no graph break, no numpy reference)."""
@@ -12,13 +12,13 @@ import pytest
 
 import tessera as ts
 from tessera.backend.isa import vector_lanes
+from tessera.eager.quantize import QuantizedLinear
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph
 from tessera.graph.opdefs.lowbit import dequantized_weight
 from tessera.ir import dtypes
 from tessera.quant.layout import pack_rows
 from tessera.quant.quantize import quantize_weight
-from tessera.quant.torch_quantize import QuantizedLinear
 
 torch = pytest.importorskip("torch")
 tb = importlib.import_module("tessera.frontend.torch.backend")
@@ -91,7 +91,7 @@ def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, w
     """Up to CPU_DECODE_ROWS rows of x the anchor runs make_linear_decode (no float32 copy of W),
     beyond them the row kernel; both against the reference, split over 3 workers (N = 1031 rows
     unevenly), K = 1100 ending in a part block, several calls with fresh inputs."""
-    from tessera.quant.anchor_cpu import CPU_DECODE_ROWS
+    from tessera.templates.lowbit.plan_cpu import CPU_DECODE_ROWS
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     consts, attrs, w = _operands(rng, weight, group, zp, 1031, 1100)
@@ -137,7 +137,7 @@ def test_eager_quantized_linear_on_the_cpu_runs_the_simd_kernels(rng, caplog, we
     """QuantizedLinear called outside torch.compile on CPU tensors: the anchor's kernels (decode
     rows and more), the reference kernel only for group sizes they do not take (logged once);
     several shapes and calls against the float64 product with the dequantised weight."""
-    from tessera.quant import torch_quantize
+    from tessera.eager import quantize as torch_quantize
 
     layer = torch.nn.Linear(300, 37, bias=True)
     q = ts.quantize(torch.nn.Sequential(layer), weight=weight, group_size=group)[0]
@@ -180,7 +180,7 @@ def test_subnormal_float_codes_decode_exactly_with_denormals_flushed(rng, weight
 def test_eager_quantized_linear_with_scales_the_kernels_cannot_hold_runs_the_reference(rng, caplog):
     """e2m1 weights this large need float16 scales past 65504 in the kernels' terms (the scale
     times 2**14): the layer still runs on the CPU, on the reference kernel, logged."""
-    from tessera.quant import torch_quantize
+    from tessera.eager import quantize as torch_quantize
 
     layer = torch.nn.Linear(64, 9, bias=False)
     with torch.no_grad():
@@ -199,8 +199,8 @@ def test_eager_quantized_linear_with_scales_the_kernels_cannot_hold_runs_the_ref
 
 def test_e2m1_lookup_table_is_the_codecs_decode():
     """The decode kernel's e2m1 lanes hold the codec's magnitudes; the wider floats have none."""
-    from tessera.kernels.lowbit_cpu import float_lanes_table
     from tessera.quant.codecs import float_table
+    from tessera.templates.lowbit.cpu_kernels import float_lanes_table
 
     t = dtypes.dtype("e2m1")
     assert float_lanes_table(t) == tuple(float_table(t)[:8])
@@ -211,7 +211,7 @@ def test_row_layout_holds_every_code(rng):
     """Every width: the segments own each bit of a block's 8 * bits words once and name each of
     its 256 codes' bits once; whole fields for 7/8 of the codes where 32 % bits leaves a rest;
     the packer's words decode back (K padded with code 0)."""
-    from tessera.kernels.lowbit_cpu import row_segments
+    from tessera.templates.lowbit.cpu_kernels import row_segments
 
     for bits in range(1, 9):
         owned, named = np.zeros((8 * bits, 32), int), np.zeros((256, bits), int)

@@ -1,5 +1,5 @@
-"""The fused low-bit prefill GEMM (tessera.kernels.lowbit_gemm): the dequantisation inside the TMA
-GEMM's mainloop, its graph anchor (tessera.quant.anchor._plan_fused) and the prefill choice.
+"""The fused low-bit prefill GEMM (tessera.templates.lowbit.gemm): the dequantisation inside the TMA
+GEMM's mainloop, its graph anchor (tessera.templates.lowbit.plan._plan_fused) and the prefill choice.
 
 CPU tier (nvcc): the generated CUDA run on the host through tests/cuda_on_host.py's SM90 model
 (mbarriers, TMA, wgmma) at odd sizes for types, groups, zero points and every tile, called twice
@@ -22,9 +22,9 @@ from test_lowbit_prefill import SIZES, kernel_group, random_case, reference
 
 import tessera as ts
 from tessera.errors import UnsupportedError
-from tessera.kernels import lowbit_gemm as lg
-from tessera.kernels import lowbit_gemm_rs as rs
 from tessera.quant import WEIGHT_TYPES
+from tessera.templates.lowbit import gemm as lg
+from tessera.templates.lowbit import gemm_rs as rs
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -102,8 +102,8 @@ def test_fused_anchor_with_an_epilogue_run_on_the_host(rng, tmp_path):
 
     from tessera import ops
     from tessera.ir import dtypes
-    from tessera.ops.anchors.epilogue import Epilogue
-    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.templates.epilogue import Epilogue
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     t, n, k, group = ts.dtype("int4"), 136, 264, 64
     c = random_case(rng, t, n, k, group, True, 2)
@@ -145,14 +145,14 @@ def test_bad_configurations_are_refused_with_the_reason():
     with pytest.raises(UnsupportedError, match="more than the 168 registers"):
         lg.make_lowbit_gemm(ts.int8, 128, False, lg.prefill_config(128, 256, 3))
     with pytest.raises(UnsupportedError, match="two consumer warpgroups"):
-        from tessera.kernels.gemm_tma import TmaConfig
+        from tessera.templates.gemm.tma import TmaConfig
 
         lg.make_lowbit_gemm(ts.int4, 128, False, TmaConfig(128, 128, 4, 2))  # (the scalar epilogue)
     assert lg.problems(ts.int4, 128, False, lg.prefill_config()) == []
 
 
 def test_prefill_candidates_start_with_the_two_passes():
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates
+    from tessera.templates.lowbit.tune import DEQUANT_THEN_GEMM, prefill_candidates
 
     got = prefill_candidates(ts.int4, 128, False, 2)
     assert got[0] == DEQUANT_THEN_GEMM and got[1:] == lg.buildable_configs(ts.int4, 128, False)
@@ -171,8 +171,8 @@ def test_prefill_mode_picks_the_path(monkeypatch, caplog):
     register-A kernel's where the caller has fragment-order words, or the two passes with a
     warning where the forced kernel cannot run; anything else is refused."""
     from tessera.errors import ArgumentError
-    from tessera.quant.anchor import plan_lowbit_linear
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_choice
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
+    from tessera.templates.lowbit.tune import DEQUANT_THEN_GEMM, prefill_choice
 
     args = (ts.int4, 128, False, 2, 140, 96, 512, 96 * 512 // 8, (96, 4), (1, 1))
     for mode, tune, want in (("dequant", True, DEQUANT_THEN_GEMM), ("auto", False, DEQUANT_THEN_GEMM),
@@ -279,8 +279,8 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     register-A kernel); eager prefill_matmul, tuned and forced to either fused kernel, agrees
     with float64 on the quantized weight's dequantisation."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.anchor import plan_lowbit_linear
-    from tessera.quant.tune import DEQUANT_THEN_GEMM, prefill_candidates, stream_k_candidates, tuned_prefill
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
+    from tessera.templates.lowbit.tune import DEQUANT_THEN_GEMM, prefill_candidates, stream_k_candidates, tuned_prefill
 
     t, n, k, group = ts.dtype("uint4"), 520, 1000, 128
     c = random_case(rng, t, n, k, group, True, 2)
@@ -303,7 +303,7 @@ def test_cuda_fused_anchor_and_tuned_choice(rng, monkeypatch):
     assert len(stream_k_candidates(t, group, True, 150, n, k)) == 3  # (not for a partial last round, nor with nothing to cut)
     assert not stream_k_candidates(t, group, True, 4096, 12288, 4096) and not stream_k_candidates(t, group, True, 8192, 16384, 128)
 
-    from tessera.quant.linear import prefill_matmul, prepare
+    from tessera.eager.lowbit import prefill_matmul, prepare
     from tessera.quant.quantize import quantize_weight
 
     q = quantize_weight(rng.normal(size=(n, k)) * 0.05, t, group, True)

@@ -1,4 +1,4 @@
-"""The register-A low-bit prefill GEMM (tessera.kernels.lowbit_gemm_rs) and the words' fragment
+"""The register-A low-bit prefill GEMM (tessera.templates.lowbit.gemm_rs) and the words' fragment
 k order it reads (tessera.ir.lowbit.FRAGMENT_SPAN).
 
 CPU tier: the order is a permutation of a unit and each step is exactly mma's A fragment; the
@@ -22,9 +22,9 @@ from test_lowbit_prefill import SIZES, kernel_group, random_case
 import tessera as ts
 from tessera.errors import UnsupportedError
 from tessera.ir import lowbit
-from tessera.kernels import lowbit_gemm_rs as rs
-from tessera.kernels import lowbit_gemm_rs_config as rs_config
 from tessera.quant import WEIGHT_TYPES
+from tessera.templates.lowbit import gemm_rs as rs
+from tessera.templates.lowbit import gemm_rs_config as rs_config
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -115,7 +115,7 @@ def test_stream_k_is_tuned_only_where_every_tile_is_cut_and_never_deterministic(
     whose L2 adds cost what sharing saves; not with one 256-k block, where nothing is cut), the
     ones that fit the weights, and none under torch's deterministic algorithms."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.tune import stream_k_candidates
+    from tessera.templates.lowbit.tune import stream_k_candidates
 
     every = [str(c) for c in rs_config.STREAM_K_CONFIGS]
     assert [str(c) for c in stream_k_candidates(ts.int4, 128, False, 128, 2048, 2048, sms=132)] == every
@@ -202,7 +202,7 @@ def test_cuda_register_a_kernel_every_type_group_zero_point_and_config(rng):
     against float64 products of the quantized weights (the configs each builds: the word ring's
     refuse the wider types at 5 stages)."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import prepare
+    from tessera.eager.lowbit import prepare
     from tessera.quant.quantize import quantize_weight
 
     cases = []
@@ -246,7 +246,7 @@ def test_cuda_register_a_kernel_persistent_tiles_and_tma_epilogue(rng):
     epilogue), every config and the stream-K ones (the last round shared), three calls each
     with fresh activations."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import prepare
+    from tessera.eager.lowbit import prepare
     from tessera.quant.quantize import quantize_weight
 
     bad = []
@@ -272,10 +272,10 @@ def test_cuda_stream_k_short_prompts_launcher_and_plan_leave_their_sums_at_rest(
     compiler's path), odd M and N, three calls with fresh activations; after them the sums and
     tickets are zero again (the next launch starts from them)."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.anchor import plan_lowbit_linear
-    from tessera.quant.linear import PREPARED_SPAN, prepare
+    from tessera.eager.lowbit import PREPARED_SPAN, prepare
     from tessera.quant.quantize import quantize_weight
     from tessera.runtime.cuda import multiprocessor_count
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     sms, bad = multiprocessor_count(), []
     for name, m, n, k in (("int4", 128, 2048, 2048), ("uint5", 77, 1000, 5640), ("e2m3", 300, 264, 4096)):

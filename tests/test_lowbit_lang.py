@@ -269,7 +269,7 @@ def test_unit_layout_whole_fields_and_stage_words(bits):
     bits registers of a stage are whole fields (one piece), and the LOP3 + SHF a stage takes to
     build its integer registers stay at what the whole-field layout was chosen for (the
     earlier planes of 8, 4, 2 and 1 bits took 59 for 5 bits and 87 for 7, SASS-counted)."""
-    from tessera.kernels.lowbit_gemm import word_loads
+    from tessera.templates.lowbit.gemm import word_loads
 
     owner = {}
     for reg in range(64):

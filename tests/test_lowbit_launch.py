@@ -1,4 +1,4 @@
-"""The decode kernel's launch model (tessera/kernels/lowbit_launch.py) and the `streaming`
+"""The decode kernel's launch model (tessera/templates/lowbit/launch.py) and the `streaming`
 configs it motivates: one even wave (min_blocks), activations staged by cp.async while the
 first weights stream.  CPU: the model's arithmetic, the cubin register count, nvcc builds;
 GPU tier: the streaming configs against the float64 reference at odd sizes."""
@@ -14,10 +14,10 @@ from lowbit_cases import rotated
 
 import tessera as ts
 from tessera.errors import UnsupportedError
-from tessera.kernels.lowbit_decode import DecodeConfig, make_decode
-from tessera.kernels.lowbit_launch import cubin_registers, launch_model, resident_blocks
 from tessera.quant import WEIGHT_TYPES
 from tessera.quant.quantize import quantize_weight
+from tessera.templates.lowbit.decode import DecodeConfig, make_decode
+from tessera.templates.lowbit.launch import cubin_registers, launch_model, resident_blocks
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 N0, K0, SMS = 12288, 4096, 132
@@ -133,7 +133,7 @@ def test_cuda_decode_streaming_variants(rng, t):
     1 past 16 (grid.y), two calls with fresh activations; and the bench's candidates. Each config
     meets two of the (group, zero point) weights, rotated over the types (tests/lowbit_cases.py)."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.eager.lowbit import cuda_matmul, prepare
 
     cands = [c for m in (1, 16) for name, c in DecodeConfig.candidates(t.nbits, m, N0, K0, SMS).items()
              if name.startswith("xa") or name == "reg_b"]  # fmt: skip

@@ -1,5 +1,5 @@
 """The prefill path of low-bit weights on CUDA: the dequantiser of the tensor-core words
-(tessera.kernels.lowbit_dequant) against the graph operator's reference bit for bit, and
+(tessera.templates.lowbit.dequant) against the graph operator's reference bit for bit, and
 `cuda_matmul` past DECODE_MAX_M (dequantise, then torch.matmul) against float64.
 
 CPU tier: the layout facts the kernel relies on, the generated kernel run on the host
@@ -21,10 +21,10 @@ import tessera as ts
 from tessera.errors import UnsupportedError
 from tessera.graph.opdefs.lowbit import dequantized_weight
 from tessera.ir import lowbit
-from tessera.kernels.lowbit_dequant import CHUNK_HALVES, lane_chunk, make_dequant_units, swizzle
 from tessera.quant import WEIGHT_TYPES, codecs
 from tessera.quant.layout import pack_units, padded_shape, unpack_units
 from tessera.quant.quantize import quantize_weight
+from tessera.templates.lowbit.dequant import CHUNK_HALVES, lane_chunk, make_dequant_units, swizzle
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 SIZES = ((40, 520), (100, 1000), (33, 776), (16, 256), (50, 8))  # (N, K): N % 16 and K % 256 mostly not 0
@@ -133,7 +133,7 @@ def test_dequantiser_builds_with_nvcc(t, group, bias, span):
 
 
 def test_bad_dequantiser_arguments_are_refused():
-    from tessera.kernels.lowbit_dequant import dequantize_words
+    from tessera.templates.lowbit.dequant import dequantize_words
 
     with pytest.raises(UnsupportedError, match="takes int1"):
         make_dequant_units(ts.float16, 128, False)
@@ -158,7 +158,7 @@ def test_cuda_dequantiser_every_type_group_and_zero_point(rng):
     too: the instruction subtracts them) in span 16, plus one span-2 case per type (groups 8,
     64, 1024, 4 rotated), odd N and K: the fp16 matrix equals the reference bit for bit."""
     torch = pytest.importorskip("torch")
-    from tessera.kernels.lowbit_dequant import dequantize_words
+    from tessera.templates.lowbit.dequant import dequantize_words
 
     cases = []
     for i, t in enumerate(WEIGHT_TYPES):
@@ -187,8 +187,8 @@ def test_cuda_prefill_matmul_every_type(rng):
     fresh activations each, against float64; the prepared weight's fp16 matrix is the
     QuantizedWeight's dequantisation rounded once, and no codes are copied to the device."""
     torch = pytest.importorskip("torch")
-    from tessera.kernels.lowbit_dequant import dequantize_words
-    from tessera.quant.linear import DECODE_MAX_M, PREPARED_SPAN, cuda_matmul, prepare
+    from tessera.eager.lowbit import DECODE_MAX_M, PREPARED_SPAN, cuda_matmul, prepare
+    from tessera.templates.lowbit.dequant import dequantize_words
 
     assert 65 > DECODE_MAX_M
     weights = []

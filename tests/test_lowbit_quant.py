@@ -12,13 +12,14 @@ import pytest
 from lowbit_cases import rotated
 
 import tessera as ts
+from tessera.eager.checkpoints import load_quantized_linears
+from tessera.eager.lowbit import cpu_matmul
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import lowbit
-from tessera.kernels.lowbit_decode import DecodeConfig
 from tessera.quant import WEIGHT_TYPES
-from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq, load_quantized_linears
-from tessera.quant.linear import cpu_matmul
+from tessera.quant.checkpoints import AWQ_ORDER, from_awq, from_gptq
 from tessera.quant.quantize import quantize_weight
+from tessera.templates.lowbit.decode import DecodeConfig
 
 IDS = [t.name for t in WEIGHT_TYPES]
 # relative error of RTN at group 16 on normal weights: loose bounds that still catch a broken codec
@@ -236,7 +237,7 @@ GROUPS = (128, 32, 64, None, 8)
 def _odd_size_weights(torch, rng, t):
     """(group, zero points, K, prepared weight, dequantised float64 weight on the GPU) for every
     group size, with and without zero points, at odd sizes (N % 16, K % 256 != 0)."""
-    from tessera.quant.linear import prepare
+    from tessera.eager.lowbit import prepare
 
     for i, group in enumerate(GROUPS):
         for zp in ((None, True) if t.is_integer else (None,)):
@@ -251,7 +252,7 @@ def test_cuda_decode_kernel_every_type_group_and_layout(rng, t):
     """Odd sizes (N not a multiple of 16, K not of 256), M from 1 to 16 and past it (grid.y),
     every group size, with and without zero points, several configs (split-K in clusters)."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul
+    from tessera.eager.lowbit import cuda_matmul
 
     configs = (None, DecodeConfig(4, 1, 1, 1, 1, 4), DecodeConfig(2, 8, 2, 2, 2), DecodeConfig(8, 2, 4, 1, 4, 2),
                DecodeConfig(4, 2, 1, 2, 1))
@@ -278,7 +279,7 @@ def test_cuda_decode_pipelined_variants(rng, t):
     and without zero points, M from 1 past 16 (grid.y), two calls with fresh activations; each
     config meets two of the (group, zero point) weights, rotated over the types."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul
+    from tessera.eager.lowbit import cuda_matmul
 
     for j, config, (group, zp, k, p, w) in rotated(list(_odd_size_weights(torch, rng, t)), PIPELINED, t):
         m = (1, 16, 5, 40, 9)[j]
@@ -307,7 +308,7 @@ def test_cuda_decode_folded_variants(rng, t):
     meets two of the weights, rotated over the types); and K a multiple of 256 (k_whole) with the
     default config too."""
     torch = pytest.importorskip("torch")
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.eager.lowbit import cuda_matmul, prepare
 
     whole = []  # K a multiple of 256: the activation loads without bound checks (k_whole)
     for group, zp in ((128, None), (64, True if t.is_integer else None)):
@@ -338,7 +339,7 @@ def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
     subtraction in the dequantisation; the span-2 register path scales after the mma."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    from tessera.kernels.lowbit_decode import make_decode
+    from tessera.templates.lowbit.decode import make_decode
 
     t = ts.dtype(t)
     kernel = make_decode(t, group, bias, config, False, group % 32 == 0)  # unit scales where the span allows
@@ -356,7 +357,7 @@ def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
 def test_decode_pipelined_variants_build_with_nvcc(t, group, bias, config):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    from tessera.kernels.lowbit_decode import make_decode
+    from tessera.templates.lowbit.decode import make_decode
 
     kernel = make_decode(ts.dtype(t), group, bias, config)
     assert "cp.async" in kernel.source_full and kernel.build()
@@ -366,7 +367,7 @@ def test_unit_scales_follow_the_span2_k_order(rng):
     """unit_scales' row (tile, unit, g), column (run q, half h) holds the value of row
     tile * 16 + g + 8h for the group of every k that lane (g, t) meets in run q of the unit, in
     the span-2 k order of tessera.ir.lowbit (0 past N, the last group past K)."""
-    from tessera.kernels.lowbit_decode import scale_slots, unit_scales
+    from tessera.templates.lowbit.decode import scale_slots, unit_scales
 
     for n, k, group in ((40, 520, 64), (16, 256, 256), (37, 1000, 32), (20, 768, 1024)):
         g_count = -(-k // group)
@@ -389,7 +390,7 @@ def test_unit_scales_follow_the_span2_k_order(rng):
 
 
 def test_decode_candidates_are_valid_configs():
-    from tessera.kernels.lowbit_decode import make_decode
+    from tessera.templates.lowbit.decode import make_decode
 
     for bits in (1, 3, 4, 8):
         for m in (1, 16):
@@ -412,7 +413,7 @@ def test_decode_candidates_are_valid_configs():
 def test_cuda_prefill_path_and_compiled_module(rng):
     torch = pytest.importorskip("torch")
     import tessera.frontend.torch  # noqa: F401  (registers the backend without an installed entry point)
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.eager.lowbit import cuda_matmul, prepare
 
     for t in ("int4", "uint3", "e4m3"):
         q = quantize_weight(rng.normal(size=(72, 264)) * 0.05, t, 64)
@@ -452,8 +453,8 @@ def test_layout_unpack_inverts_pack(rng, t):
 
 def test_prepared_weight_packs_each_span_once(rng):
     pytest.importorskip("torch")
+    from tessera.eager.lowbit import prepare
     from tessera.quant.layout import pack_units, unpack_units
-    from tessera.quant.linear import prepare
 
     q = quantize_weight(rng.normal(size=(20, 300)) * 0.05, "int3", 32)
     p = prepare(q, "cpu")
@@ -506,8 +507,8 @@ def test_compiled_float16_model_uses_the_lowbit_graph_operator(weight, monkeypat
 
 
 def test_graph_operator_reference_matches_quantized_weight(rng):
+    from tessera.eager.quantize import QuantizedLinear
     from tessera.graph.opdefs.lowbit import dequantized_weight
-    from tessera.quant.torch_quantize import QuantizedLinear
 
     for t in ("int3", "uint6", "e4m3"):
         w = quantize_weight(rng.normal(size=(20, 70)), t, 16)
@@ -520,8 +521,8 @@ def test_lowbit_anchor_with_fused_epilogue_builds():
     from tessera.ir import dtypes
     from tessera.ir import expr as E
     from tessera.ir.compute import Placeholder, compute
-    from tessera.ops.anchors.epilogue import Epilogue
-    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.templates.epilogue import Epilogue
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     acc = Placeholder("acc", (5, 40), dtypes.float32)
     bias = Placeholder("bias", (40,), dtypes.float16)
@@ -564,7 +565,7 @@ def test_quantized_linear_calls_the_custom_op_only_where_it_is_traced(monkeypatc
     torch = pytest.importorskip("torch")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tessera.quant import torch_quantize
+    from tessera.eager import quantize as torch_quantize
 
     q = ts.quantize(torch.nn.Sequential(torch.nn.Linear(37, 19)), weight="int4", group_size=16)[0]
     calls = []

@@ -1,4 +1,4 @@
-"""tessera.quant.tune: the decode kernel's configs tuned per shape for the lowbit_linear anchor —
+"""tessera.templates.lowbit.tune: the decode kernel's configs tuned per shape for the lowbit_linear anchor —
 candidates that read the graph's k order, random weights with finite codes only, and (GPU) a
 tuned graph that computes the same as the default one over fresh inputs, its winner recorded."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tessera.eager.quantize import QuantizedLinear
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph
 from tessera.ir import dtypes
 from tessera.quant import codecs
 from tessera.quant.layout import pack_units, unpack_units
 from tessera.quant.quantize import quantize_weight
-from tessera.quant.torch_quantize import QuantizedLinear
-from tessera.quant.tune import decode_candidates, finite_words, template_source
+from tessera.templates.lowbit.tune import decode_candidates, finite_words, template_source
 
 torch = pytest.importorskip("torch")
 
@@ -72,9 +72,9 @@ def test_cuda_tuned_anchor_matches_the_default_and_records_its_winner(rng, tmp_p
 
 @pytest.mark.cuda
 def test_cuda_eager_layer_tunes_once_per_token_bucket(rng, tmp_path, monkeypatch):
-    """tessera.quant.linear.cuda_matmul with tuning on: a tuned config per bucket (<= 8 tokens,
+    """tessera.eager.lowbit.cuda_matmul with tuning on: a tuned config per bucket (<= 8 tokens,
     beyond), right over fresh inputs, and the second bucket's calls reuse their config."""
-    from tessera.quant.linear import cuda_matmul, prepare
+    from tessera.eager.lowbit import cuda_matmul, prepare
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TESSERA_TUNE", "1")

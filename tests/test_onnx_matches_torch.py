@@ -24,8 +24,7 @@ transformers = pytest.importorskip("transformers")
 import zoo  # noqa: E402
 
 import tessera  # noqa: E402
-from tessera.graph.compiler.anchors import is_anchor, takes_epilogue  # noqa: E402
-from tessera.graph.compiler.partition import partition  # noqa: E402
+from tessera.graph.compiler.partition import partition_for  # noqa: E402
 from tessera.graph.lowering import lowering_error  # noqa: E402
 from tessera.graph.passes import optimize  # noqa: E402
 
@@ -67,7 +66,7 @@ def _gpu_steps(graphs):
     """(steps by kind, anchors by operator kind) of the graphs partitioned for the GPU."""
     steps, anchors = collections.Counter(), collections.Counter()
     for g in graphs:
-        for group in partition(g, lowering_error, lambda op: is_anchor(op, "cuda"), takes_epilogue):
+        for group in partition_for(g, "cuda", lowering_error):
             steps[group.kind] += 1
             if group.kind == "anchor":
                 anchors[" ".join(op.kind for op in group.ops)] += 1

@@ -1,4 +1,4 @@
-"""Anchor kernels with post-scheduling epilogue fusion (tessera.ops.anchors).
+"""Anchor kernels with post-scheduling epilogue fusion (tessera.templates).
 
 CPU tier: the IR rewrites (specialise, operand remap, epilogue fusion) on small CPU kernels run
 through the C backend against numpy; rejection of epilogues that cannot be fused; plans for
@@ -22,18 +22,9 @@ from tessera.backend import build_c, generate_c
 from tessera.backend.codegen_c_like import symbol_name
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
-from tessera.kernels.gemm import GemmConfig
-from tessera.kernels.gemm_sm90 import WgmmaConfig
-from tessera.kernels.gemm_space import (
-    PLANNING_DEVICE,
-    estimate_us,
-    heuristic_config,
-    mma_space,
-    schedule_space,
-    wgmma_space,
-)
-from tessera.kernels.gemm_tma import TmaConfig
-from tessera.ops.anchors import (
+from tessera.runtime.cpu import CpuKernel
+from tessera.runtime.tensor_map import Im2colWindow
+from tessera.templates import (
     Epilogue,
     EpilogueError,
     compose,
@@ -47,10 +38,19 @@ from tessera.ops.anchors import (
     prepare_linear,
     prepare_matmul,
 )
-from tessera.ops.anchors.kernel import INPUT
-from tessera.ops.anchors.rewrite import accesses, remap_operand, specialize
-from tessera.runtime.cpu import CpuKernel
-from tessera.runtime.tensor_map import Im2colWindow
+from tessera.templates.gemm.mma import GemmConfig
+from tessera.templates.gemm.space import (
+    PLANNING_DEVICE,
+    estimate_us,
+    heuristic_config,
+    mma_space,
+    schedule_space,
+    wgmma_space,
+)
+from tessera.templates.gemm.tma import TmaConfig
+from tessera.templates.gemm.wgmma import WgmmaConfig
+from tessera.templates.kernel import INPUT
+from tessera.templates.rewrite import accesses, remap_operand, specialize
 from tessera.transforms.pipeline import lower
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -335,7 +335,7 @@ def test_heuristic_picks_a_buildable_fitting_config(m, n, k, batch, family):
 def test_split_k_comes_from_one_rule_sized_by_the_device():
     from dataclasses import replace
 
-    from tessera.kernels.gemm_space import splits
+    from tessera.templates.gemm.space import splits
 
     assert splits(200, 64, 132) == [1]  # a wave of tiles already: no split-k
     assert splits(32, 64, 132) == [1, 2, 3, 4, 6, 8, 12, 16]
@@ -697,7 +697,7 @@ def test_attention_anchor_runs_the_fused_kernel_on_sm90(torch, caplog):
     fresh inputs); a head dim it does not take falls back to the composition, and says why."""
     import logging
 
-    from tessera.ops.anchors.attention import FlashAnchorKernel
+    from tessera.templates.attention.plan import FlashAnchorKernel
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fused kernel needs an SM90 GPU")

@@ -1,4 +1,4 @@
-"""Row anchors (tessera.ops.anchors.row): layer norm, RMS norm and softmax on the tuned row kernels
+"""Row anchors (tessera.templates.row.plan): layer norm, RMS norm and softmax on the tuned row kernels
 with an elementwise tail fused into their stores, and the graph compiler running them.
 
 CPU tier: plans compile with nvcc (vector and element schedules), bad inputs are refused clearly.
@@ -14,9 +14,9 @@ import pytest
 
 from tessera import ops
 from tessera.errors import ArgumentError, UnsupportedError
-from tessera.graph.compiler.anchors import is_row_anchor
-from tessera.ops.anchors import Epilogue, EpilogueError
-from tessera.ops.anchors.row import plan_row, prepare_row
+from tessera.templates import Epilogue, EpilogueError
+from tessera.templates.row import ROW
+from tessera.templates.row.plan import plan_row, prepare_row
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -67,7 +67,8 @@ def test_which_graph_norms_are_row_anchors():
         "softmax_first": (b.op("softmax", x, axis=0), False),
     }
     for name, (t, expected) in cases.items():
-        assert is_row_anchor(t.producer) == expected, name
+        reason = ROW.refuse(t.producer)
+        assert (reason is None) == expected, (name, reason)
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The pass appends to lowbit_linear the codes in mma's k order (tessera.ir.lowbit.FRAGMENT_SPAN),
 only where the register-A kernel may run: an SM90 GPU, float16 x, rows past DECODE_MAX_M, and
-$TESSERA_LOWBIT_PREFILL 'register', or 'auto' with tuning on.  The plan (tessera.quant.anchor._plan_register_a)
+$TESSERA_LOWBIT_PREFILL 'register', or 'auto' with tuning on.  The plan (tessera.templates.lowbit.plan._plan_register_a)
 then reads those words and fuses the graph's epilogue into the kernel's stores: run here on
 the host model (tests/cuda_on_host.py) at odd sizes.  GPU tier: tests/test_pass_lowbit_projections.py
 compiles a block with TESSERA_LOWBIT_PREFILL=register."""
@@ -17,15 +17,15 @@ from test_lowbit_gemm import _Source, close, product
 from test_lowbit_prefill import random_case
 
 import tessera as ts
+from tessera.eager.quantize import QuantizedLinear
 from tessera.errors import UnsupportedError
 from tessera.graph import GraphBuilder
-from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
 from tessera.ir import lowbit
-from tessera.kernels import lowbit_gemm_rs as rs
-from tessera.kernels import lowbit_gemm_rs_config as rs_config
 from tessera.quant.layout import unpack_units
 from tessera.quant.quantize import quantize_weight
-from tessera.quant.torch_quantize import QuantizedLinear
+from tessera.templates.lowbit import gemm_rs as rs
+from tessera.templates.lowbit import gemm_rs_config as rs_config
+from tessera.templates.lowbit.fragment_words import add_fragment_words
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -71,7 +71,7 @@ def test_the_pass_adds_words_only_where_the_register_a_kernel_may_run(rng, hoppe
     assert add_fragment_words(_graph(rng, 300, dtype="float32"), tune=False) == 0  # (the CPU's row kernel takes float32)
     g = _graph(rng, 300)
     assert add_fragment_words(g, tune=False) == 1 and add_fragment_words(g, tune=False) == 0  # once
-    import tessera.graph.passes.lowbit_fragment_words as pass_module
+    import tessera.templates.lowbit.fragment_words as pass_module
 
     for opt_in in (False, True):  # (AUTO_TUNES_IT: whether tuning under 'auto' may pick the kernel)
         hopper.setattr(pass_module, "AUTO_TUNES_IT", opt_in)
@@ -102,7 +102,7 @@ def test_the_opdef_checks_the_fifth_input(rng):
 
 
 def test_a_register_a_prefill_needs_the_fragment_words():
-    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     attrs = {"wtype": "int4", "n": 96, "k": 512, "group_size": 128, "has_bias": False, "span": 2}
     with pytest.raises(UnsupportedError, match="fifth input"):
@@ -125,9 +125,9 @@ def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
 
     from tessera import ops
     from tessera.ir import dtypes
-    from tessera.ops.anchors.epilogue import Epilogue
-    from tessera.ops.anchors.kernel import INPUT, OUTPUT, WORKSPACE
-    from tessera.quant.anchor import plan_lowbit_linear
+    from tessera.templates.epilogue import Epilogue
+    from tessera.templates.kernel import INPUT, OUTPUT, WORKSPACE
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     cases, refs = [], []
     for name, group, bias, n, k, config, fused, out in (("int4", 64, False, 100, 520, rs.CONFIGS[0], True, "stmatrix"),

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from tessera.backend.isa import vector_lanes
+from tessera.eager.quantize import QuantizedLinear
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph
 from tessera.graph.passes import drop_reshapes, merge_parallel_projections
 from tessera.quant.quantize import quantize_weight
-from tessera.quant.torch_quantize import QuantizedLinear
 
 needs_simd = pytest.mark.skipif(vector_lanes() == 1, reason="the CPU low-bit kernel needs AVX2 or AVX-512")
 
@@ -114,11 +114,11 @@ def test_prefill_rows_plan_a_dequantised_temporary_and_the_fp16_gemm():
     """Beyond DECODE_MAX_M rows the GPU anchor dequantises into a per-call temporary [N, K] (the
     graph's arena, not a workspace the kernel keeps) and runs the GEMM template on it, the
     epilogue in the GEMM's stores; nvcc builds it."""
+    from tessera.eager.lowbit import DECODE_MAX_M
     from tessera.ir import dtypes
-    from tessera.ops.anchors.epilogue import identity_epilogue
-    from tessera.ops.anchors.kernel import TEMPORARY
-    from tessera.quant.anchor import plan_lowbit_linear
-    from tessera.quant.linear import DECODE_MAX_M
+    from tessera.templates.epilogue import identity_epilogue
+    from tessera.templates.kernel import TEMPORARY
+    from tessera.templates.lowbit.plan import plan_lowbit_linear
 
     consts, attrs = _layer(np.random.default_rng(1), 96, 520, "uint3", 8, True)
     for lead in ((2, 70), (DECODE_MAX_M + 1,)):

@@ -62,9 +62,9 @@ def test_programmatic_launch_is_off_without_a_gpu_or_when_disabled(monkeypatch):
 def test_warp_specialised_kernels_launch_plainly(monkeypatch):
     """With programmatic launch on, every kernel takes the attribute but the warp-specialised
     ones (setmaxnreg): back-to-back launches of those with it ran 100-400x slower."""
-    from tessera.kernels import gemm_tma
-    from tessera.kernels.gemm_tma import TmaConfig
-    from tessera.kernels.lowbit_gemm_rs import CONFIGS, make_lowbit_gemm_rs
+    from tessera.templates.gemm import tma as gemm_tma
+    from tessera.templates.gemm.tma import TmaConfig
+    from tessera.templates.lowbit.gemm_rs import CONFIGS, make_lowbit_gemm_rs
 
     monkeypatch.setattr(cuda, "programmatic_launch", lambda: True)
     assert cuda.launches_programmatically(_axpy().ir)
@@ -79,8 +79,8 @@ def test_back_to_back_warp_specialised_gemms_chain_their_results(rng):
     """Persistent TMA GEMMs launched back to back, each reading the previous one's output
     (C_i+1 = C_i @ B), with an axpy (programmatic) between two of them: every result holds."""
     torch = pytest.importorskip("torch")
-    from tessera.kernels.gemm_tma import TmaConfig
-    from tessera.kernels.matmul import matmul
+    from tessera.eager.matmul import matmul
+    from tessera.templates.gemm.tma import TmaConfig
 
     n = 1000  # (not a multiple of the tile: boundary tiles too)
     b = torch.from_numpy(rng.standard_normal((n, n)).astype(np.float32) / np.sqrt(n)).cuda().half()

@@ -105,8 +105,8 @@ def test_a_cpu_lowbit_model_runs_from_its_file_without_a_compiler(rng, tmp_path)
     """The CPU lowbit_linear anchor (its words re-laid at plan time, in numpy) with a fused bias
     and GELU, in a fresh process with no compiler."""
     from tessera.backend.isa import vector_lanes
+    from tessera.eager.quantize import QuantizedLinear
     from tessera.quant.quantize import quantize_weight
-    from tessera.quant.torch_quantize import QuantizedLinear
 
     if vector_lanes() == 1:
         pytest.skip("the CPU anchors need AVX2 or AVX-512")

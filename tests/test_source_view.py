@@ -73,8 +73,8 @@ def test_example_sources_stay_complete_on_the_cpu(make):
 
 def test_cuda_source_keeps_only_the_instructions_it_uses():
     from tessera.ir import dtypes
-    from tessera.kernels.gemm_space import heuristic_config
-    from tessera.kernels.matmul import make_kernel
+    from tessera.templates.gemm.config import make_kernel
+    from tessera.templates.gemm.space import heuristic_config
 
     kernel = make_kernel(dtypes.float16, heuristic_config(256, 256, 256, 1, "mma"), "nk", True)
     full, short = kernel.source_full, kernel.source

@@ -87,11 +87,14 @@ def test_the_record_key_follows_the_template_source(cache_dir):
 
 
 def test_the_gemm_records_are_keyed_by_the_templates_source():
-    from tessera.kernels import gemm, gemm_sm90, gemm_tma, matmul
+    from tessera.templates.gemm import config as matmul
+    from tessera.templates.gemm import mma as gemm
+    from tessera.templates.gemm import tma as gemm_tma
+    from tessera.templates.gemm import wgmma as gemm_sm90
 
     source = matmul.template_source()
     for fn in (gemm.make_gemm, gemm.make_split_k_reduce, gemm_sm90.make_gemm_wgmma, gemm_tma.make_gemm_tma,
-               matmul._CallPlan):  # fmt: skip
+               matmul.GemmLaunch):  # fmt: skip
         assert inspect.getsource(fn) in source
     tuned = inspect.getsource(matmul._tuned)
     assert "check=check" in tuned and "template=template_source()" in tuned
@@ -111,12 +114,13 @@ def test_a_recorded_winner_that_is_no_longer_a_candidate_is_re_tuned():
 def test_gemm_tuner_skips_a_faulting_and_a_wrong_candidate(monkeypatch):
     import torch
 
-    from tessera.kernels import matmul as mm
+    from tessera.eager import matmul as eager
+    from tessera.templates.gemm import config as mm
 
     space = mm.schedule_space(64, 64, 128, 1, "kn", False, False)[:3]
     assert len(space) == 3
     faulting, wrong, good = space
-    call = mm._CallPlan.__call__
+    call = mm.GemmLaunch.__call__
 
     def patched(self, a, b):
         if self.cfg == faulting:
@@ -126,12 +130,12 @@ def test_gemm_tuner_skips_a_faulting_and_a_wrong_candidate(monkeypatch):
 
     records = []
     tune = mm.tune
-    monkeypatch.setattr(mm._CallPlan, "__call__", patched)
+    monkeypatch.setattr(mm.GemmLaunch, "__call__", patched)
     monkeypatch.setattr(mm, "schedule_space", lambda *a, **k: list(space))
     monkeypatch.setattr(mm, "tune", lambda *a, **k: records.append(tune(*a, **k)) or records[-1])
     a = torch.randn(64, 128, device="cuda", dtype=torch.float16)
     b = torch.randn(128, 64, device="cuda", dtype=torch.float16)
-    assert mm.choose_config(a, b) == good
+    assert eager.choose_config(a, b) == good
     assert set(records[0].times_us) == {str(good)} and set(records[0].rejected) == {str(faulting), str(wrong)}
 
 
@@ -140,16 +144,17 @@ def test_gemm_operand_sets_read_more_than_l2_per_graph():
     COLD_FACTOR x L2 (capped at one per call), so that each call reads them from HBM."""
     import torch
 
-    from tessera.kernels import matmul as mm
+    from tessera.runtime.cuda import device_properties
+    from tessera.tune import timing
 
-    l2 = mm.device().l2_bytes
+    l2 = device_properties().l2_bytes
     for rows in (1, 300, 4096):
         a, b = torch.randn(rows, 512, dtype=torch.float16), torch.randn(512, 1024, dtype=torch.float16)
-        sets = mm.operand_sets(a, b)
+        sets = timing.operand_sets(a, b)
         per_call = (a.numel() + b.numel()) * 2
         assert sets[0][0] is a and sets[0][1] is b
-        assert len(sets) == mm.GRAPH_CALLS or len(sets) * per_call >= mm.COLD_FACTOR * l2
-        assert (len(sets) - 1) * per_call < mm.COLD_FACTOR * l2  # no more copies than that needs
+        assert len(sets) == timing.GRAPH_CALLS or len(sets) * per_call >= timing.COLD_FACTOR * l2
+        assert (len(sets) - 1) * per_call < timing.COLD_FACTOR * l2  # no more copies than that needs
         ptrs = {t.data_ptr() for pair in sets for t in pair}
         assert len(ptrs) == 2 * len(sets) and all(torch.equal(x, a) and torch.equal(y, b) for x, y in sets)
 
@@ -162,12 +167,12 @@ def test_gemm_bench_times_the_kernels_not_the_host():
 
     import torch
 
-    from tessera.kernels import matmul as mm
+    from tessera.tune.timing import graph_bench
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    once = mm._bench(lambda i: torch.matmul(a, b))
-    twice = mm._bench(lambda i: (torch.matmul(a, b), torch.matmul(b, a)))
+    once = graph_bench(lambda i: torch.matmul(a, b))
+    twice = graph_bench(lambda i: (torch.matmul(a, b), torch.matmul(b, a)))
     assert 1.6 < twice / once < 2.4, (once, twice)
     small = torch.randn(64, 64, device="cuda", dtype=torch.float16)
 
@@ -175,7 +180,7 @@ def test_gemm_bench_times_the_kernels_not_the_host():
         time.sleep(2e-4)  # 200 µs of host time per call, outside the GPU's timeline
         torch.matmul(small, small)
 
-    assert mm._bench(slow_host) < 50.0
+    assert graph_bench(slow_host) < 50.0
 
 
 def test_close_candidates_are_timed_again_and_the_median_wins(cache_dir):

@@ -35,9 +35,11 @@ def test_the_scan_finds_an_accumulator_read_before_the_wait():
 
 
 def _kernels() -> list[tuple[str, object]]:
-    from tessera.kernels import gemm_tma, lowbit_gemm, lowbit_gemm_rs
-    from tessera.kernels import lowbit_gemm_rs_config as rs_config
-    from tessera.kernels.attention import FlashConfig, make_flash_attention
+    from tessera.templates.attention.flash import FlashConfig, make_flash_attention
+    from tessera.templates.gemm import tma as gemm_tma
+    from tessera.templates.lowbit import gemm as lowbit_gemm
+    from tessera.templates.lowbit import gemm_rs as lowbit_gemm_rs
+    from tessera.templates.lowbit import gemm_rs_config as rs_config
 
     out = []
     for name, group, bias in (("int4", 128, False), ("int8", 128, False), ("e4m3", 128, False), ("e2m1", 64, False),

@@ -168,7 +168,7 @@ def raw_magic(t: DataType, reg: int) -> float:
     `reg`: the half is raw_magic + u for the integers (2**(10 - d), d = int_displacement: the
     magic of the CUDA lowering, which both targets then share), and the value * 2**-raw_shift
     for the small floats (raw_magic 0).  A kernel subtracts raw_magic + bias (or code_offset)
-    itself, e.g. with a second mma against those constants (tessera.kernels.lowbit_decode)."""
+    itself, e.g. with a second mma against those constants (tessera.templates.lowbit.decode)."""
     return 0.0 if t.is_float else 2.0 ** (10 - int_displacement(t, reg))
 
 
@@ -204,7 +204,7 @@ def value_bit_locations(bits: int, value: int) -> list[tuple[int, int, int, int]
 SPANS = (16, 2)  # the k orders the decode kernel reads (see lane_value_position)
 # The k order of mma's own A fragment (span 1): step s is k [16s, 16s + 16) as mma and wgmma
 # number it, so a dequantised step is a register-A wgmma's operand against any K-major B tile
-# (tessera.kernels.lowbit_gemm_rs); the decode kernel does not read it.
+# (tessera.templates.lowbit.gemm_rs); the decode kernel does not read it.
 FRAGMENT_SPAN = 1
 ORDERS = (*SPANS, FRAGMENT_SPAN)  # every k order a unit may be packed in
 

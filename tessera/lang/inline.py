@@ -14,7 +14,7 @@ call with its parameters bound to the caller's arguments, so
   names, never the caller's locals (pass shape symbols such as M explicitly).
 
 It cannot return a value (write results into arguments).  Kernels that share a pipeline stage
-or an epilogue call one inline function instead of repeating it (tessera.kernels.gemm_tma).
+or an epilogue call one inline function instead of repeating it (tessera.templates.gemm.tma).
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ def from_compressed_tensors(tensors: Mapping[str, Any], weights: Mapping[str, An
     return QuantizedWeight(PackedTensor.from_codes(unsigned, f"uint{bits}"), scale, zeros.astype(np.int32), gs)
 
 
-def _config_groups(quantization_config: Mapping[str, Any]) -> tuple[list[tuple[list[str], dict, str]], list[str]]:
+def config_groups(quantization_config: Mapping[str, Any]) -> tuple[list[tuple[list[str], dict, str]], list[str]]:
     """[(targets, weights, format)] of a compressed-tensors quantization_config, and its ignore list."""
     cfg = quantization_config
     if not isinstance(cfg, Mapping):
@@ -345,86 +345,17 @@ def _config_groups(quantization_config: Mapping[str, Any]) -> tuple[list[tuple[l
     return out, list(cfg.get("ignore") or [])
 
 
-def _matches(pattern: str, name: str, cls: str) -> bool:
+def target_matches(pattern: str, name: str, cls: str) -> bool:
     if pattern.startswith("re:"):
         return re.match(pattern[3:], name) is not None or re.match(pattern[3:], cls) is not None
     return pattern in (name, cls)
 
 
-def _group_of(groups: list[tuple[list[str], dict, str]], name: str, cls: str) -> tuple[list[str], dict, str]:
+def group_of(groups: list[tuple[list[str], dict, str]], name: str, cls: str) -> tuple[list[str], dict, str]:
     """The config group targeting layer `name` of class `cls`: an exact name first, then a "re:"
     pattern, then the class name."""
-    for rank in (lambda p: p == name, lambda p: p.startswith("re:") and _matches(p, name, cls), lambda p: p == cls):
+    for rank in (lambda p: p == name, lambda p: p.startswith("re:") and target_matches(p, name, cls), lambda p: p == cls):
         match = next((gr for gr in groups if any(rank(p) for p in gr[0])), None)
         if match:
             return match
     raise ArgumentError(f"{name} is quantized in the state dict but no config group targets it")
-
-
-def load_quantized_linears(model: Any, state_dict: Mapping[str, Any], format: str, **options: Any) -> Any:
-    """Replace, in place, the nn.Linear layers of `model` stored quantized in `state_dict` with
-    QuantizedLinear layers; `<name>.bias` is kept when present.  Returns the model.
-
-    * format "gptq" / "awq": layers with `<name>.qweight` (options: from_gptq's bits, zero_offset);
-    * format "compressed-tensors": options `quantization_config` (the checkpoint's, or its whole
-      config.json; required) and `weights_only` (default False: activation quantization is
-      refused; True loads the quantized weights and keeps activations in float).  Each layer is
-      matched to a config group by its targets (exact name, then "re:" patterns, then the class
-      name "Linear"), layers in `ignore` are left alone, and every layer with `<name>.weight_scale`
-      or `<name>.weight_packed` in the state dict must match a group."""
-    import torch
-
-    from tessera.quant.torch_quantize import QuantizedLinear  # optional: torch (imported at its top)
-
-    if format not in ("gptq", "awq", "compressed-tensors"):
-        raise ArgumentError(f"format must be 'gptq', 'awq' or 'compressed-tensors', got {format!r}")
-    if format == "compressed-tensors":
-        unknown = set(options) - {"quantization_config", "weights_only"}
-        if unknown or "quantization_config" not in options:
-            raise ArgumentError(f"format 'compressed-tensors' takes the options quantization_config (required) and "
-                                f"weights_only, got {sorted(options)}")  # fmt: skip
-        cfg = options["quantization_config"]
-        if options.get("weights_only"):
-            cfg = dict(cfg.get("quantization_config", cfg.get("compression_config", cfg)))
-            cfg["config_groups"] = {k: {**v, "input_activations": None, "output_activations": None}
-                                    for k, v in (cfg.get("config_groups") or {}).items()}  # fmt: skip
-        groups, ignore = _config_groups(cfg)
-    loaded = 0
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if not isinstance(child, torch.nn.Linear):
-                continue
-            if format == "compressed-tensors":
-                if not any(f"{full}.{key}" in state_dict for key in ("weight_packed", "weight_scale")):
-                    continue
-                if any(_matches(p, full, type(child).__name__) for p in ignore):
-                    raise ArgumentError(
-                        f"{full} is in quantization_config.ignore but the state dict holds it quantized"
-                    )
-                match = _group_of(groups, full, type(child).__name__)
-                local = {key[len(full) + 1 :]: v for key, v in state_dict.items()
-                         if key.startswith(f"{full}.") and "." not in key[len(full) + 1 :]}  # fmt: skip
-                try:
-                    w = from_compressed_tensors(local, match[1], match[2])
-                except (ArgumentError, UnsupportedError) as e:
-                    raise type(e)(f"{full}: {e}") from e
-            else:
-                if f"{full}.qweight" not in state_dict:
-                    continue
-                get = lambda key, full=full: state_dict[f"{full}.{key}"]  # noqa: E731
-                if format == "gptq":
-                    w = from_gptq(get("qweight"), get("qzeros"), get("scales"), state_dict.get(f"{full}.g_idx"),
-                                  **options)  # fmt: skip
-                else:
-                    w = from_awq(get("qweight"), get("qzeros"), get("scales"))
-            if w.shape != (child.out_features, child.in_features):
-                raise ArgumentError(f"{full}: checkpoint weight is {list(w.shape)} but the layer is "
-                                    f"[{child.out_features}, {child.in_features}]")  # fmt: skip
-            bias = state_dict.get(f"{full}.bias", child.bias)
-            setattr(module, child_name, QuantizedLinear(w, torch.as_tensor(bias) if bias is not None else None))
-            loaded += 1
-    if not loaded:
-        key = "weight_packed' or '<name>.weight_scale" if format == "compressed-tensors" else "qweight"
-        raise ArgumentError(f"no layer of the model has '<name>.{key}' in the {format} state dict")
-    return model

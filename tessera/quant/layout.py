@@ -16,7 +16,42 @@ import numpy as np
 
 from tessera.ir import lowbit
 from tessera.ir.dtypes import DataType
-from tessera.kernels.lowbit_cpu import row_segments
+
+ROW_BLOCK = 256  # k per block of the row layout (the tensor-core layout's padded K is a multiple of it)
+Piece = tuple[int, int, int, int]  # (first word in the block, shift in the word, width, lowest code bit)
+
+
+@functools.cache
+def row_segments(bits: int) -> tuple[tuple[int, int, tuple[Piece, ...]], ...]:
+    """The CPU row layout, the one source of truth of its packer and its kernel: a block of 256
+    codes is 8 * bits uint32 words, and each (k0, length, pieces) segment says that code k0 + j
+    (j < length) is the OR over its pieces (word, shift, width, low) of ((W[word + j] >> shift) &
+    (2**width - 1)) << low.  Runs of consecutive k read runs of consecutive words at one shift,
+    which the kernel decodes with vector loads, shifts and masks.
+
+    Each word holds f = 32 // bits whole fields: field i of word j is code k = i * 8 bits + j.
+    For 3, 5, 6 and 7 bits the r = 32 - f * bits bits left at the top of every word hold the
+    last 8r codes, split into pieces of powers of two no wider than r (7 bits: 4 + 2 + 1 in
+    slots of 4; 5: 2 + 2 + 1, 6: 2 + 2 + 2, 3: 2 + 1 in slots of 2), the widest the highest
+    bits; a piece of width q takes 8q words, each slot r // q pieces, piece i of word j being
+    leftover code i * 8q + j.  So 15/16 of a block's codes (7 bits: 7/8) are one field each,
+    where the plane split (7 = 4 + 2 + 1 everywhere) joined three."""
+    f, rest = 32 // bits, 32 % bits
+    segments = [(i * 8 * bits, 8 * bits, ((0, i * bits, bits, 0),)) for i in range(f)]
+    if rest:
+        widths, left = [], bits
+        while left:
+            widths.append(1 << (min(rest, left).bit_length() - 1))
+            left -= widths[-1]
+        run = 8 * min(widths)  # leftover codes per segment: one field of one run of words in every piece
+        for c0 in range(0, 8 * rest, run):
+            pieces, word, low = [], 0, bits
+            for q in widths:
+                low -= q
+                pieces.append((word + c0 % (8 * q), f * bits + c0 // (8 * q) * q, q, low))
+                word += 8 * q
+            segments.append((8 * bits * f + c0, run, tuple(pieces)))
+    return tuple(segments)
 
 
 def layout_codes(codes: np.ndarray, t: DataType) -> np.ndarray:
@@ -130,7 +165,7 @@ def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_
     """The words of `pack_units(..., span)` holding the same codes in the k order `new_span`
     (as many words: a unit's size does not depend on its order).  Each unit's values move
     between lanes in place, without the [N, K] matrix between (a graph compile re-lays every
-    low-bit weight: tessera.graph.passes.lowbit_fragment_words)."""
+    low-bit weight: tessera.templates.lowbit.fragment_words)."""
     npad, kpad = padded_shape(n, k)
     nt, kt = npad // 16, kpad // 256
     return _unit_words(_unit_values(words, t, nt * kt)[_reorder(span, new_span)], t, nt, kt)
@@ -138,7 +173,7 @@ def repack_units(words: np.ndarray, t: DataType, n: int, k: int, span: int, new_
 
 def pack_rows(u: np.ndarray, t: DataType) -> np.ndarray:
     """uint32 words [N, ceil(K / 256) * 8 * bits] of the [N, K] layout codes `u` in the CPU row
-    layout (tessera.kernels.lowbit_cpu.row_segments): per row, blocks of 256 k, whole fields of
+    layout (tessera.templates.lowbit.cpu_kernels.row_segments): per row, blocks of 256 k, whole fields of
     runs of k in runs of words, the codes left over in the words' top bits; K is padded with
     code 0."""
 

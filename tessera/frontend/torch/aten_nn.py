@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from tessera.eager.quantize import layer_of
 from tessera.errors import UnsupportedError
 from tessera.frontend.torch.convert import Converter, Opaque, lowers
 from tessera.graph import Tensor
 from tessera.graph.symbolic import dim_mul
 from tessera.ir import dtypes
-from tessera.quant.torch_quantize import layer_of
 
 _TRAINING_ONLY = "an auxiliary output (statistics for the backward pass) that inference does not compute"
 

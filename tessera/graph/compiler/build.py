@@ -25,21 +25,19 @@ from tessera.errors import (
     UnsupportedError,
 )
 from tessera.graph import lowering
-from tessera.graph.compiler.anchors import attention_views, is_anchor, prepare_anchor, takes_epilogue
 from tessera.graph.compiler.compiled_graph import CompiledGraph
 from tessera.graph.compiler.in_place import plan_in_place
 from tessera.graph.compiler.memory import choose_memory
 from tessera.graph.compiler.options import CompileOptions, parse_options
-from tessera.graph.compiler.partition import Group, partition
+from tessera.graph.compiler.partition import Group, partition_for
 from tessera.graph.compiler.steps import AnchorStep, FusedStep, ReferenceStep, group_signature, lower_group
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.passes import optimize as run_passes
-from tessera.graph.passes.channels_last import to_channels_last
-from tessera.graph.passes.lowbit_fragment_words import add_fragment_words
 from tessera.graph.tensor import Tensor
 from tessera.progress import bar
 from tessera.progress import progress as show_progress
 from tessera.runtime import cuda
+from tessera.templates import choose, chosen, passes
 from tessera.tune.tuner import recording
 
 log = logging.getLogger("tessera")
@@ -85,9 +83,8 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
     start = time.perf_counter()
     if optimize:
         run_passes(graph)
-    if target == "cuda":  # layout decisions, not optional rewrites: the GPU's GEMMs want NHWC, and
-        to_channels_last(graph)  # the register-A low-bit prefill kernel its codes in mma's k order
-        add_fragment_words(graph, opts.tune)
+    for family_pass in passes(target):  # layout decisions the templates need, not optional rewrites
+        family_pass.run(graph, opts.tune)  # (the GPU's GEMMs want NHWC, the register-A low-bit kernel its words)
     timings["optimize"] = time.perf_counter() - start
     # Before lowering: it changes the index_copy kernels.  Copies back only where a CUDA graph
     # holds them (the CPU's replay runs C kernels alone, and the caller's copy costs the same).
@@ -99,10 +96,9 @@ def _compile(graph: FlowGraph, target: str, optimize: bool, opts: CompileOptions
 
     def compilable(op: Any) -> str | None:  # an operator only a template computes (lowbit_linear) where one takes it
         reason = lowering.lowering_error(op)  # looked up per call: tests replace it
-        return None if reason is not None and op.kind in lowering.NOT_LOWERED and is_anchor(op, target) else reason
+        return None if reason is not None and op.kind in lowering.NOT_LOWERED and choose(op, target) else reason
 
-    groups = partition(graph, compilable, lambda op: is_anchor(op, target), takes_epilogue,
-                       lambda op, consumers, outputs: attention_views(op, consumers, outputs, target))  # fmt: skip
+    groups = partition_for(graph, target, compilable)
     timings["partition"] = time.perf_counter() - start
     symbols: dict[str, Any] = {}
     steps: list[Any] = []
@@ -242,7 +238,7 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
                 return shared
         with recording() as tuning:
             try:
-                kernel = prepare_anchor(group, shapes, tune=tune, target=target)
+                kernel = chosen(group.anchor, target).prepare(group, shapes, tune)
                 kernel.artifacts = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
+from tessera.templates import choose, chosen
 
 
 @dataclass
@@ -51,6 +52,13 @@ class Group:
     def __repr__(self) -> str:
         kinds = ",".join(op.kind for op in self.ops)
         return f"<{self.kind} group [{kinds}] {len(self.inputs)} in, {len(self.outputs)} out>"
+
+
+def partition_for(graph: FlowGraph, target: str, lowering_error: Callable[[Operator], str | None]) -> list[Group]:
+    """`partition` with the templates registered for `target` as the anchors (tessera.templates)."""
+    return partition(graph, lowering_error, lambda op: choose(op, target) is not None,
+                     lambda op: chosen(op, target).takes_epilogue(op),
+                     lambda op, consumers, outputs: chosen(op, target).views(op, consumers, outputs))  # fmt: skip
 
 
 Views = Callable[[Operator, dict[Tensor, list[Operator]], set[Tensor]], tuple[list[Operator], list[Operator]]]

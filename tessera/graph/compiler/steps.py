@@ -21,9 +21,9 @@ from tessera.graph.operator import Operator
 from tessera.graph.symbolic import ShapeError, evaluate
 from tessera.graph.tensor import Tensor
 from tessera.ir.compute import Placeholder, TensorNode, inputs_of
-from tessera.ops.anchors.cpu_kernel import CpuAnchorKernel
 from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
 from tessera.runtime.tensor import numpy_dtype
+from tessera.templates.kernel import CpuAnchorKernel
 
 
 def group_signature(group: Group) -> str:
@@ -189,7 +189,7 @@ class AnchorStep:
 
     def temporaries(self, arrays: Sequence[Any], symbols: Mapping[str, int]) -> list:
         """The buffers the kernel for these input shapes takes per call: a low-bit prefill's
-        dequantised weights (tessera.quant.anchor), the only template that takes any, so only it
+        dequantised weights (tessera.templates.lowbit.plan), the only template that takes any, so only it
         is prepared here (the others in `_bind_anchors`, whose time the report shows)."""
         if self.anchor.kind != "lowbit_linear":
             return []

@@ -10,10 +10,10 @@ group_size, u the layout code (offset binary for signed ints; for the small floa
 for decode(code) * 2**-float_shift).  Attributes: wtype, n, k, group_size, has_bias, span (16
 when absent, as in graphs saved before it existed).  An optional fifth input holds the same
 codes packed in mma's own k order (tessera.ir.lowbit.FRAGMENT_SPAN), as many words: the
-register-A prefill kernel reads those (tessera.graph.passes.lowbit_fragment_words adds them for
+register-A prefill kernel reads those (tessera.templates.lowbit.fragment_words adds them for
 Hopper GPUs); the decode kernels and the reference read `words`.
-It is an anchor (tessera.quant.anchor, the epilogue fused into its stores): on the GPU the
-decode kernel for float16 x, on the CPU the row kernel (tessera.kernels.lowbit_cpu) for float32
+It is an anchor (tessera.templates.lowbit.plan, the epilogue fused into its stores): on the GPU the
+decode kernel for float16 x, on the CPU the row kernel (tessera.templates.lowbit.cpu_kernels) for float32
 x; other dtypes on a target run on the reference (the torch front end casts to the target's).
 """
 

@@ -5,7 +5,7 @@ Every transformer writes, around its attention,
     y = reshape(permute(attn, [0, 2, 1, 3]), [B, S, H * D])             -> merge_heads(attn)
 (the split is absent when q has a projection of its own, or a slice of the columns).  As reshapes and permutes these are
 copies: kernels of their own before and after attention.  As one operator each, the GPU
-attention anchor takes them into its own loads and stores (`compiler/anchors.py`: its TMA
+attention anchor takes them into its own loads and stores (`templates/attention`: its TMA
 maps read the heads straight from the projection's output through strides, and it writes its
 output in [B, S, H * D] order), so the copies vanish; elsewhere they lower to the same
 injective computations as before.  Every intermediate must have no other use.
