@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tessera.templates import refusals
+
 PHASES = ("translate", "optimize", "partition", "lower", "build", "plan", "anchors")
 
 
@@ -67,6 +69,7 @@ class GraphReport:
     timings: dict[str, float] = field(default_factory=dict)
     cuda_graph: bool = False
     in_place: list[str] = field(default_factory=list)  # outputs written into their input (compiler/in_place.py)
+    declined: list[tuple[str, str]] = field(default_factory=list)  # (operator, why no template took it)
 
     @property
     def num_kernels(self) -> int:
@@ -91,6 +94,9 @@ class GraphReport:
         if self.in_place:
             lines.append(f"  written into their inputs, nothing copied back ({len(self.in_place)}): "
                          + ", ".join(self.in_place))  # fmt: skip
+        if self.declined:
+            lines.append(f"  on generic kernels, no template took them ({len(self.declined)}):")
+            lines += [f"    {op}: {why}" for op, why in self.declined]
         if self.reference:
             lines.append(f"  left to the numpy reference ({len(self.reference)}):")
             lines += [f"    {op}: {why}" for op, why in self.reference]
@@ -161,6 +167,10 @@ def graph_report(compiled: Any) -> GraphReport:
             report.reference.append((_op(step.op), step.group.reason))
             report.kernels.append(KernelInfo(i, "reference", [], [_op(step.op)], "numpy reference: " + step.group.reason))
         elif step.kind == "fused":
+            for op in step.group.ops:
+                reasons = refusals(op, compiled.target)
+                if reasons:
+                    report.declined.append((_op(op), "; ".join(f"{name}: {why}" for name, why in reasons)))
             shared = first_step.setdefault(id(step.compiled), i)
             _fused(report, i, step, shared if shared != i else None)
         else:
