@@ -12,8 +12,8 @@ import tessera as ts
 from tessera import f16, f32
 from tessera.errors import KernelSyntaxError, UnsupportedError
 from tessera.ir.fragments import LDMATRIX_X4, LDMATRIX_X4_NK, MMA_M16N8K16_A, MMA_M16N8K16_B, MMA_M16N8K16_C
-from tessera.templates.gemm.space import schedule_space
 from tessera.templates.gemm.mma import GemmConfig, make_gemm, make_split_k_reduce
+from tessera.templates.gemm.space import schedule_space
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -250,8 +250,8 @@ def test_batched_gemm_and_tuned_choice():
 @pytest.mark.cuda
 def test_gemm_rejects_bad_operands():
     torch = _torch()
-    from tessera.errors import ArgumentError
     from tessera.eager.matmul import matmul
+    from tessera.errors import ArgumentError
 
     a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     with pytest.raises(ArgumentError, match="do not match"):
