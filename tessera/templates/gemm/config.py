@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.errors import UnsupportedError
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, torch_name
 from tessera.runtime.cuda import ensure_current, torch_stream
 from tessera.runtime.tensor_map import TensorMap
 from tessera.target import SM90
@@ -27,7 +27,7 @@ from tessera.templates.gemm import tma as gemm_tma
 from tessera.templates.gemm import wgmma as gemm_sm90
 from tessera.templates.gemm.mma import make_gemm, make_split_k_reduce
 
-# The schedule space, the split-k rule and the cost model live in one place (gemm_space);
+# The schedule space, the split-k rule and the cost model live in one place (space.py);
 # these names are re-exported for the callers that tune or inspect it.
 from tessera.templates.gemm.space import Config, device, families, heuristic_config, schedule_space, tma_space  # noqa: E402,F401
 from tessera.templates.gemm.tma import TmaConfig, make_gemm_tma, tensor_map_boxes
@@ -85,7 +85,7 @@ def tuned_for_shape(dtype: Any, layout: str, batch: int, m: int, n: int, k: int,
                     wgmma: bool) -> Any:  # fmt: skip
     """The tuner's winner for a GEMM shape, timed on fresh random operands on the current GPU."""
     torch = _torch()
-    tdt = getattr(torch, dtype.name)
+    tdt = getattr(torch, torch_name(dtype))
     a = torch.empty((batch, m, k), dtype=tdt, device="cuda")
     b = torch.empty((batch, k, n) if layout == "kn" else (batch, n, k), dtype=tdt, device="cuda")
     return _tuned(a, b, layout, dtype, batch, m, n, k, vector, tma=tma, wgmma=wgmma)
@@ -93,7 +93,7 @@ def tuned_for_shape(dtype: Any, layout: str, batch: int, m: int, n: int, k: int,
 
 def _tuned(a: Any, b: Any, layout: str, dtype: Any, batch: int, m: int, n: int, k: int, vector: bool,
            tma: bool = False, wgmma: bool = True) -> Any:  # fmt: skip
-    """The tuned configuration over gemm_space.schedule_space: the TMA GEMM's space with `tma`
+    """The tuned configuration over space.schedule_space: the TMA GEMM's space with `tma`
     (on SM90 with aligned rows), else mma.sync and (with `wgmma`) the warpgroup GEMM.
 
     Candidates run on fresh random operands of a's and b's shapes (the caller's data may hold

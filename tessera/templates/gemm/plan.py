@@ -101,7 +101,7 @@ def check_shape(shape: Sequence[int], what: str, op: str) -> tuple[int, ...]:
 
 
 def choose_config(p: GemmProblem, tune: bool, wgmma: bool | None = None) -> Config:
-    """matmul.config_for_shape for this problem.  `wgmma` False keeps the Hopper templates (TMA,
+    """config.config_for_shape for this problem.  `wgmma` False keeps the Hopper templates (TMA,
     warpgroup) out; None lets the GPU decide (the planning defaults without one)."""
     hopper = wgmma is not False
     return config_for_shape(p.dtype, p.layout, p.batch, p.m, p.n, p.k, p.vector, tune=tune,

@@ -59,8 +59,8 @@ def cpu_row_words(words: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
 
 
 def cpu_kernels_take(group_size: int, k: int) -> bool:
-    """Whether the row-layout kernels take groups of `group_size` over K = k (tessera.templates.row.
-    lowbit_cpu.kernel_group) on this machine (AVX2 or AVX-512)."""
+    """Whether the row-layout kernels take groups of `group_size` over K = k (tessera.templates.lowbit.
+    cpu_kernels.kernel_group) on this machine (AVX2 or AVX-512)."""
 
     return vector_lanes() > 1 and kernel_group(group_size, k) is not None
 

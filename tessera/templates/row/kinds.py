@@ -55,7 +55,7 @@ MAX_CACHED_THREADS = 512
 SHORT_ROW_THREADS = 128  # block size of the several-rows-per-block schedule
 STREAM_THREADS = 512
 INT32_LIMIT = 2**31 - 1
-_TS_DTYPES = {"torch.float16": dtypes.float16, "torch.bfloat16": dtypes.bfloat16, "torch.float32": dtypes.float32}
+_ROW_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 
 def _next_pow2(n: int) -> int:
@@ -105,8 +105,8 @@ def kernel_for(op: str, dtype_name: str, C: int, vector: bool) -> ts.Kernel:
 
     op: sum, mean, max, min, softmax, layernorm or rmsnorm; dtype_name as in str(torch dtype).
     """
-    sdt = _TS_DTYPES.get(dtype_name)
-    if sdt is None:
+    sdt = dtypes.from_torch(dtype_name)
+    if sdt not in _ROW_DTYPES:
         raise UnsupportedError(f"row kernels take float16, bfloat16 or float32 tensors, not {dtype_name}")
     if op in REDUCTIONS:
         return make_row_reduce(op, sdt, choose_schedule(C, sdt.nbytes, vector, cached=False))
@@ -156,7 +156,7 @@ def _launch(op: str, x2: torch.Tensor, params: tuple, y2: torch.Tensor, scalars:
 
 
 def _check_dtype(x: torch.Tensor) -> None:
-    if str(x.dtype) not in _TS_DTYPES:
+    if dtypes.from_torch(x.dtype) not in _ROW_DTYPES:
         raise UnsupportedError(f"row kernels take float16, bfloat16 or float32 tensors, not {x.dtype}")
 
 

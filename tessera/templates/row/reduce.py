@@ -3,7 +3,7 @@
 Every kernel is a template over a `RowSchedule` (see its docstring): how many threads share
 a row, how wide each load is, how many loads each thread keeps in flight and whether the row
 stays in registers between reading and writing.  LayerNorm and RMSNorm, built on the same
-schedules, live in reduce_norm.py; reduce_ops.py picks a schedule from the shape and dtype.
+schedules, live in norm.py; kinds.py picks a schedule from the shape and dtype.
 
 The kernel language has no device functions, so each template spells out its cross-thread
 combine step: `block_reduce` when one block owns a row, otherwise a `shfl_xor` butterfly

@@ -1,7 +1,7 @@
 """The schedule space of the row kernels (reduce.py, reduce_norm.py): `RowSchedule`.
 
 Kept apart from the kernels so that reduce.py, reduce_norm.py and the dispatcher
-(reduce_ops.py) share it without importing each other.
+(kinds.py) share it without importing each other.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RowSchedule:
       lanes read adjacent chunks and each warp's loads coalesce.
     * `cached`: the row stays in registers (as float32) between its reduction and the write,
       so softmax and the norms read x once.  Such a kernel only handles rows with
-      C <= capacity; the caller checks (reduce_ops does).  Without it the kernel streams
+      C <= capacity; the caller checks (kinds.py does).  Without it the kernel streams
       over the row in steps of lanes * per_thread loads, for any C, and softmax and the
       norms read the row twice.  Row reductions always stream: they read the row once.
     * `raw` (softmax, with `cached`): the row stays in registers as loaded, in x's dtype,
