@@ -1,6 +1,6 @@
-"""The schedule space of the row kernels (reduce.py, reduce_norm.py): `RowSchedule`.
+"""The schedule space of the row kernels (reduce.py, norm.py): `RowSchedule`.
 
-Kept apart from the kernels so that reduce.py, reduce_norm.py and the dispatcher
+Kept apart from the kernels so that reduce.py, norm.py and the dispatcher
 (kinds.py) share it without importing each other.
 """
 
