@@ -14,7 +14,6 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, TensorNode, compute, fresh_name, reduce
-from tessera.ir.symbolic import floordiv, sym_min
 from tessera.ops.common import (
     check_float,
     check_tensor,
@@ -28,41 +27,21 @@ from tessera.ops.common import (
 )
 from tessera.ops.creation import causal_mask
 from tessera.ops.elementwise import add, mul, neg, where
+from tessera.ops.geometry import check_window, pair, window_output
 from tessera.ops.linalg import matmul
 from tessera.ops.reductions import softmax
 from tessera.ops.transform import concat, slice, transpose
 
 
-def _pair(v: int | Sequence[int], what: str, op: str) -> tuple[int, int]:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v, v
-    t = tuple(v)
-    if len(t) != 2 or not all(isinstance(x, int) for x in t):
-        raise ArgumentError(f"{op}: {what} must be an int or a pair of ints, got {v!r}")
-    return t  # type: ignore[return-value]
-
-
 def _out_size(n: E.Expr, k: int, s: int, p: int, d: int, op: str, ceil_mode: bool = False) -> E.Expr:
-    """Output length of a window of k taps (dilation d) sliding with stride s over n + 2p."""
-    span = d * (k - 1) + 1
-    nn = static(n)
-    if nn is None:
-        size = size_of(n)
-        if size is None:
-            raise ArgumentError(f"{op}: input size {n} is not a size expression")
-        out = floordiv(size + 2 * p - span + (s - 1 if ceil_mode else 0), s) + 1
-        if ceil_mode:  # as below: the last window must start inside the input or the left padding
-            out = sym_min(out, floordiv(size + p - 1, s) + 1)
-        return size_expr(out, [n])
-    if nn + 2 * p < span:
-        raise ArgumentError(f"{op}: the window ({span}) is larger than the padded input ({nn + 2 * p})")
-    if ceil_mode:
-        out = -(-(nn + 2 * p - span) // s) + 1
-        if (out - 1) * s >= nn + p:  # the last window must start inside the input or left padding
-            out -= 1
-    else:
-        out = (nn + 2 * p - span) // s + 1
-    return E.Const(out, dtypes.int32)
+    """Output length of a window of k taps (dilation d) sliding with stride s over n + 2p
+    (tessera.ops.geometry.window_output, as a dimension expression)."""
+    size = size_of(n)
+    if size is None:
+        raise ArgumentError(f"{op}: input size {n} is not a size expression")
+    check_window(size, k, p, p, d, op)
+    out = window_output(size, k, s, p, p, d, ceil_mode)
+    return E.Const(out, dtypes.int32) if isinstance(out, int) else size_expr(out, [n])
 
 
 def _check_nchw(x: TensorNode, op: str) -> None:
@@ -78,9 +57,9 @@ def conv2d(x: TensorNode, weight: TensorNode, bias: TensorNode | None = None, st
     check_tensor(weight, "conv2d", "weight")
     if weight.rank != 4:
         raise ArgumentError(f"conv2d: weight must be 4-D [out_channels, in_channels/groups, kh, kw], got {dim_str(weight.shape)}")
-    sh, sw = _pair(stride, "stride", "conv2d")
-    ph, pw = _pair(padding, "padding", "conv2d")
-    dh, dw = _pair(dilation, "dilation", "conv2d")
+    sh, sw = pair(stride, "stride", "conv2d")
+    ph, pw = pair(padding, "padding", "conv2d")
+    dh, dw = pair(dilation, "dilation", "conv2d")
     kh, kw = static(weight.shape[2]), static(weight.shape[3])
     cin_g, cout = static(weight.shape[1]), static(weight.shape[0])
     if None in (kh, kw, cin_g, cout):
@@ -146,9 +125,9 @@ def _pool(op: str, x: TensorNode, kernel_size, stride, padding, ceil_mode: bool,
           layout: str = "NCHW") -> TensorNode:  # fmt: skip
     img = _Image(x, layout, op)
     check_float(x, op)
-    kh, kw = _pair(kernel_size, "kernel_size", op)
-    sh, sw = _pair(stride if stride is not None else kernel_size, "stride", op)
-    ph, pw = _pair(padding, "padding", op)
+    kh, kw = pair(kernel_size, "kernel_size", op)
+    sh, sw = pair(stride if stride is not None else kernel_size, "stride", op)
+    ph, pw = pair(padding, "padding", op)
     if ph * 2 > kh or pw * 2 > kw:
         raise ArgumentError(f"{op}: padding ({ph}, {pw}) must be at most half the kernel size ({kh}, {kw})")
     H, W = img.h, img.w
@@ -216,7 +195,7 @@ def adaptive_avg_pool2d(x: TensorNode, output_size: int | Sequence[int], layout:
     NCHW, or NHWC in and out."""
     img = _Image(x, layout, "adaptive_avg_pool2d")
     check_float(x, "adaptive_avg_pool2d")
-    oh, ow = _pair(output_size, "output_size", "adaptive_avg_pool2d")
+    oh, ow = pair(output_size, "output_size", "adaptive_avg_pool2d")
     H, W = static(img.h), static(img.w)
     if H is None or W is None:
         raise UnsupportedError("adaptive_avg_pool2d: needs static spatial sizes")

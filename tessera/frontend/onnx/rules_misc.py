@@ -16,6 +16,7 @@ from tessera.errors import UnsupportedError
 from tessera.frontend.onnx.importer import ONNX_DTYPES, rule
 from tessera.frontend.onnx.rules_nn import conv_transpose_nd
 from tessera.graph import Tensor
+from tessera.ops.geometry import window_output
 
 
 # ---- Fourier transforms ------------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ def _col2im(im, node, args, attrs):
     strides = list(attrs.get("strides", [1] * n))
     dil = list(attrs.get("dilations", [1] * n))
     pads = list(attrs.get("pads", [0] * 2 * n))
-    blocks = [(image[i] + pads[i] + pads[n + i] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
+    blocks = [window_output(image[i], block[i], strides[i], pads[i], pads[n + i], dil[i]) for i in range(n)]
     if int(np.prod(blocks)) != x.shape[2]:
         raise UnsupportedError(f"Col2Im: {x.shape[2]} blocks given, the image and block shapes make {blocks}")
     w = np.zeros((channels * k, 1, *block), dtype=np.float64)

@@ -16,7 +16,7 @@ from tessera.frontend.onnx import functions
 from tessera.frontend.onnx.importer import rule
 from tessera.graph import Operator, Tensor
 from tessera.graph.lowering import lowering_error
-from tessera.graph.opdefs.nn import _window_out
+from tessera.ops.geometry import window_output
 
 
 # ---- padding and window arithmetic --------------------------------------------------------------------------------
@@ -84,8 +84,7 @@ def conv_nd(im, x: Tensor, w: Tensor, bias, strides, begins, ends, dil, groups: 
         raise UnsupportedError("3-D convolution over a symbolic channel or depth size")
     if begins[0] or ends[0]:
         x = im.op("pad", x, pads=[0, 0, 0, 0, begins[0], ends[0], 0, 0, 0, 0], value=0.0)
-    dp = d + begins[0] + ends[0]
-    od = (dp - dil[0] * (kd - 1) - 1) // strides[0] + 1
+    od = window_output(d, kd, strides[0], begins[0], ends[0], dil[0])
     if od <= 0:
         raise UnsupportedError("the 3-D convolution window does not fit the padded depth")
     index = np.arange(od)[:, None] * strides[0] + np.arange(kd)[None, :] * dil[0]  # [od, kd]
@@ -248,7 +247,7 @@ def _pool_by_slices(im, kind: str, x: Tensor, k, s, pads, d, ceil: bool, count_p
     average dividing by each window's count of counted cells (a constant)."""
     h, w = x.shape[2], x.shape[3]
     pt, pl, pb, pr = pads
-    oh, ow = (_window_out(size, k[i], s[i], (pt, pl)[i], (pb, pr)[i], d[i], ceil) for i, size in enumerate((h, w)))
+    oh, ow = (window_output(size, k[i], s[i], (pt, pl)[i], (pb, pr)[i], d[i], ceil) for i, size in enumerate((h, w)))
     need = [(o - 1) * s[i] + d[i] * (k[i] - 1) + 1 for i, o in enumerate((oh, ow))]
     after = [need[0] - h - pt, need[1] - w - pl]  # the padding the windows reach (ceil mode: more)
     if kind == "max":

@@ -13,21 +13,11 @@ from collections.abc import Sequence
 
 from tessera import ops
 from tessera.graph.lowering.core import Ctx, LoweringError, cast, i32, view
-from tessera.graph.opdefs._common import pair
+from tessera.graph.opdefs._common import pads, pair
 from tessera.graph.operator import Operator
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
 from tessera.ops.common import compute_type, same_dim, static
-
-
-def _pads(padding: object) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) from 1, 2 or 4 ints, as the graph's conv/pool definitions read them."""
-    p = [int(padding)] if isinstance(padding, int) else [int(v) for v in padding]  # type: ignore[union-attr]
-    if len(p) == 1:
-        return (p[0],) * 4  # type: ignore[return-value]
-    if len(p) == 2:
-        return (p[0], p[1], p[0], p[1])
-    return tuple(p)  # type: ignore[return-value]
 
 
 def _batch_view(x: TensorNode, batch: Sequence[E.Expr], tail: int) -> TensorNode:
@@ -89,13 +79,14 @@ def conv2d(ctx: Ctx) -> list[TensorNode]:
     nhwc = a.get("layout", "NCHW") == "NHWC"
     if nhwc:  # the NCHW computation over permuted views: the permutes inline into its loads and store
         x, w = ops.permute(x, (0, 3, 1, 2)), ops.permute(w, (0, 3, 1, 2))
-    pt, pl, pb, pr = _pads(a["padding"])
+    pt, pl, pb, pr = pads(a["padding"])
     padding = (pt, pl)
     if (pt, pl) != (pb, pr):  # ops pads symmetrically: pad explicitly (the pad inlines into the conv)
         x = ops.pad(x, [(0, 0), (0, 0), (pt, pb), (pl, pr)])
         padding = (0, 0)
     b = view(ctx.x(2), [w.shape[0]]) if len(ctx.inputs) == 3 else None
-    y = ops.conv2d(x, w, b, stride=pair(a["stride"]), padding=padding, dilation=pair(a["dilation"]), groups=int(a["groups"]))
+    y = ops.conv2d(x, w, b, stride=pair(a["stride"], "stride"), padding=padding, dilation=pair(a["dilation"], "dilation"),
+                   groups=int(a["groups"]))  # fmt: skip
     return ctx.finish([ops.permute(y, (0, 2, 3, 1)) if nhwc else y])
 
 
@@ -106,16 +97,16 @@ def check_conv2d(op: Operator) -> str | None:
         return "conv2d with symbolic channel or kernel sizes is not lowered"
     if not op.outputs[0].dtype.is_float:
         return "conv2d of integer tensors is not lowered"
-    if min(_pads(op.opdef.normalize_attrs(op.attrs)["padding"])) < 0:
+    if min(pads(op.opdef.normalize_attrs(op.attrs)["padding"])) < 0:
         return "conv2d with negative padding is not lowered"
     return None
 
 
 def _pool_args(ctx: Ctx) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     a = ctx.attrs
-    kernel = pair(a["kernel"])
-    stride = pair(a["stride"] or a["kernel"])
-    pt, pl, _, _ = _pads(a["padding"])
+    kernel = pair(a["kernel"], "kernel")
+    stride = pair(a["stride"] or a["kernel"], "stride")
+    pt, pl, _, _ = pads(a["padding"])
     return kernel, stride, (pt, pl)
 
 
@@ -137,20 +128,20 @@ def check_pool(op: Operator) -> str | None:
     x = op.inputs[0]
     if not x.dtype.is_float:
         return f"{op.kind} of {x.dtype} is not lowered"
-    pt, pl, pb, pr = _pads(a["padding"])
+    pt, pl, pb, pr = pads(a["padding"])
     if (pt, pl) != (pb, pr):
         return f"{op.kind} with asymmetric padding {[pt, pl, pb, pr]} is not lowered"
-    kh, kw = pair(a["kernel"])
+    kh, kw = pair(a["kernel"], "kernel")
     if 2 * pt > kh or 2 * pl > kw or pt < 0 or pl < 0:
         return f"{op.kind} padding {[pt, pl]} must be between 0 and half the kernel {[kh, kw]}"
-    if pair(a.get("dilation", 1)) != (1, 1):
+    if pair(a.get("dilation", 1), "dilation") != (1, 1):
         return f"{op.kind} with dilation {a['dilation']} is not lowered"
     return None
 
 
 def adaptive_avg_pool2d(ctx: Ctx) -> list[TensorNode]:
     x = ctx.x()
-    size = pair(ctx.attrs["output_size"])
+    size = pair(ctx.attrs["output_size"], "output_size")
     layout = ctx.attrs["layout"]
     spatial = (1, 2) if layout == "NHWC" else (2, 3)
     if all(static(x.shape[d]) is not None for d in spatial):
@@ -165,7 +156,7 @@ def check_adaptive(op: Operator) -> str | None:
     if not x.dtype.is_float:
         return f"adaptive_avg_pool2d of {x.dtype} is not lowered"
     a = op.opdef.normalize_attrs(op.attrs)
-    size = pair(a["output_size"])
+    size = pair(a["output_size"], "output_size")
     spatial = x.shape[1:3] if a["layout"] == "NHWC" else x.shape[2:]
     if size != (1, 1) and not all(isinstance(d, int) for d in spatial):
         return f"adaptive_avg_pool2d to {list(size)} over symbolic spatial sizes is not lowered"

@@ -1,4 +1,4 @@
-"""Helpers shared by the op definitions: dtype handling and axis normalization."""
+"""Helpers shared by the op definitions: dtype handling, axis normalization, window geometry."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 from tessera.graph.symbolic import ShapeError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
+from tessera.ops import geometry
 
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -45,8 +46,13 @@ def require_float(dt: DataType, what: str) -> None:
         raise ShapeError(f"{what} needs a floating-point input, got {dt}")
 
 
-def pair(v: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    t = tuple(int(x) for x in v)
-    return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
+def pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
+    """tessera.ops.geometry.pair for shape inference: a bad value is a ShapeError (Operator.create
+    puts the op's name in front)."""
+    return geometry.pair(v, what, "", error=ShapeError)
+
+
+def pads(padding: int | Sequence[int]) -> tuple[int, int, int, int]:
+    """tessera.ops.geometry.pads for shape inference: (top, left, bottom, right) from 1, 2 or 4
+    ints, negative ones allowed (ONNX pooling crops with them), a bad value a ShapeError."""
+    return geometry.pads(padding, "", allow_negative=True, error=ShapeError)

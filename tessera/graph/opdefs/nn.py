@@ -5,39 +5,18 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tessera.graph.opdefs._common import norm_axis, pair, require_float, upcast
+from tessera.graph.opdefs._common import norm_axis, pads, pair, require_float, upcast
 from tessera.graph.registry import REQUIRED, register
-from tessera.graph.symbolic import Dim, ShapeError, Sym
+from tessera.graph.symbolic import Dim, ShapeError
 from tessera.ir import dtypes
-from tessera.ir.symbolic import floordiv, sym_min
+from tessera.ops.geometry import check_window, window_output
 
 
 def _window_out(size: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: bool = False) -> Dim:
-    """Output length of a sliding window, with torch's rule that a ceil-mode window must
-    start inside the input or its left padding."""
-    if isinstance(size, Sym):
-        out = floordiv(size + p0 + p1 - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0), s) + 1
-        # ceil mode: the last window starts at (out - 1) * s < size + p0
-        return sym_min(out, floordiv(size + p0 - 1, s) + 1) if ceil_mode else out
-    span = size + p0 + p1 - d * (k - 1) - 1
-    if span < 0:
-        raise ShapeError(f"window {k} (dilation {d}) does not fit input size {size} with padding {p0}+{p1}")
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= size + p0:
-        out -= 1
-    return out
-
-
-def _pads(padding) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) from 1, 2 or 4 ints."""
-    p = [int(padding)] if isinstance(padding, int) else [int(v) for v in padding]
-    if len(p) == 1:
-        return (p[0],) * 4
-    if len(p) == 2:
-        return (p[0], p[1], p[0], p[1])
-    if len(p) == 4:
-        return tuple(p)  # type: ignore[return-value]
-    raise ShapeError(f"padding must have 1, 2 or 4 entries, got {padding}")
+    """tessera.ops.geometry.window_output (torch's rule), a static window larger than the padded
+    input a ShapeError."""
+    check_window(size, k, p0, p1, d, "", error=ShapeError)
+    return window_output(size, k, s, p0, p1, d, ceil_mode)
 
 
 def _windows(x: np.ndarray, k, s, d, pads, fill, out_hw) -> np.ndarray:
@@ -86,7 +65,7 @@ def _conv_infer(xs, a):
         raise ShapeError(f"{ws_shape[0]} output channels do not split into {g} groups")
     if len(xs) == 3 and xs[2].shape != (ws_shape[0],):
         raise ShapeError(f"bias shape {xs[2].shape} does not match {ws_shape[0]} output channels")
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = pair(a["stride"]), pair(a["dilation"]), _pads(a["padding"])
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = pair(a["stride"], "stride"), pair(a["dilation"], "dilation"), pads(a["padding"])
     oh = _window_out(xs_shape[2], ws_shape[2], sh, pt, pb, dh)
     ow = _window_out(xs_shape[3], ws_shape[3], sw, pl, pr, dw)
     out = (xs_shape[0], oh, ow, ws_shape[0]) if nhwc else (xs_shape[0], ws_shape[0], oh, ow)
@@ -100,10 +79,10 @@ def _conv_ref(xs, a):
     x, w = upcast(xs[0]), upcast(xs[1])
     n, g = x.shape[0], a["groups"]
     o, cg, kh, kw = w.shape
-    s, d, pads = pair(a["stride"]), pair(a["dilation"]), _pads(a["padding"])
-    oh = _window_out(x.shape[2], kh, s[0], pads[0], pads[2], d[0])
-    ow = _window_out(x.shape[3], kw, s[1], pads[1], pads[3], d[1])
-    win = _windows(x, (kh, kw), s, d, pads, 0, (oh, ow))  # [N, C, OH, OW, kh, kw]
+    s, d, pad = pair(a["stride"], "stride"), pair(a["dilation"], "dilation"), pads(a["padding"])
+    oh = _window_out(x.shape[2], kh, s[0], pad[0], pad[2], d[0])
+    ow = _window_out(x.shape[3], kw, s[1], pad[1], pad[3], d[1])
+    win = _windows(x, (kh, kw), s, d, pad, 0, (oh, ow))  # [N, C, OH, OW, kh, kw]
     og = o // g
     out = np.empty((n, o, oh, ow), dtype=np.result_type(x, w))
     for gi in range(g):
@@ -122,9 +101,14 @@ register("conv2d", infer=_conv_infer, reference=_conv_ref, category="anchor", nu
 
 
 # ---- pooling ------------------------------------------------------------------------------
+def _pool_geometry(a):
+    """A pooling's ((kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right)); stride None is the kernel."""
+    k = pair(a["kernel"], "kernel")
+    return k, pair(a["stride"] or k, "stride"), pair(a.get("dilation", 1), "dilation"), pads(a["padding"])
+
+
 def _pool_out_hw(shape, a):
-    (kh, kw), (sh, sw) = pair(a["kernel"]), pair(a["stride"] or a["kernel"])
-    (dh, dw), (pt, pl, pb, pr) = pair(a.get("dilation", 1)), _pads(a["padding"])
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pool_geometry(a)
     oh = _window_out(shape[2], kh, sh, pt, pb, dh, a["ceil_mode"])
     ow = _window_out(shape[3], kw, sw, pl, pr, dw, a["ceil_mode"])
     return oh, ow
@@ -170,24 +154,23 @@ def _max_pool_ref(xs, a):
     x = xs[0]
     oh, ow = _pool_out_hw(x.shape, a)
     fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    win = _windows(x, pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["dilation"]), _pads(a["padding"]),
-                   fill, (oh, ow))  # fmt: skip
+    win = _windows(x, *_pool_geometry(a), fill, (oh, ow))
     return [win.max(axis=(4, 5))]
 
 
 def _avg_pool_ref(xs, a):
     x = upcast(xs[0])
     oh, ow = _pool_out_hw(x.shape, a)
-    k, s, d, pads = pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["dilation"]), _pads(a["padding"])
-    total = _windows(x, k, s, d, pads, 0, (oh, ow)).sum(axis=(4, 5))
+    k, s, d, pad = _pool_geometry(a)
+    total = _windows(x, k, s, d, pad, 0, (oh, ow)).sum(axis=(4, 5))
     # The divisor counts window cells inside the input (plus its padding when
     # count_include_pad); cells added only for ceil mode never count, as in torch.
     h, w = x.shape[2], x.shape[3]
-    inside = np.zeros((1, 1, h + pads[0] + pads[2], w + pads[1] + pads[3]), dtype=x.dtype)
+    inside = np.zeros((1, 1, h + pad[0] + pad[2], w + pad[1] + pad[3]), dtype=x.dtype)
     if a["count_include_pad"]:
         inside[:] = 1
     else:
-        inside[:, :, pads[0] : pads[0] + h, pads[1] : pads[1] + w] = 1
+        inside[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w] = 1
     count = _windows(inside, k, s, d, (0, 0, 0, 0), 0, (oh, ow)).sum(axis=(4, 5))
     return [total / count]
 
@@ -208,12 +191,12 @@ def _adaptive_infer(xs, a):
         raise ShapeError(f"adaptive_avg_pool2d takes NCHW (or NHWC) input, got {x.shape}")
     _check_layout(a, "adaptive_avg_pool2d")
     shape = _nchw_shape(x.shape, a)
-    return [(_in_layout((shape[0], shape[1], *pair(a["output_size"])), a), x.dtype)]
+    return [(_in_layout((shape[0], shape[1], *pair(a["output_size"], "output_size")), a), x.dtype)]
 
 
 def _adaptive_ref(xs, a):
     x = upcast(xs[0])
-    oh, ow = pair(a["output_size"])
+    oh, ow = pair(a["output_size"], "output_size")
     h, w = x.shape[2], x.shape[3]
     out = np.empty((*x.shape[:2], oh, ow), dtype=x.dtype)
     for i in range(oh):

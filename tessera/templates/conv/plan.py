@@ -34,6 +34,7 @@ from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import expr as E
 from tessera.ir.compute import Placeholder, compute
 from tessera.ir.dtypes import DataType
+from tessera.ops.geometry import pads, pair, window_output
 from tessera.templates.conv.im2col import col_width, make_im2col_nhwc
 from tessera.templates.epilogue import Epilogue
 from tessera.templates.gemm.plan import (
@@ -49,24 +50,6 @@ from tessera.templates.gemm.space import Config
 from tessera.templates.gemm.tma import ConvWindow, TmaConfig
 from tessera.templates.kernel import INPUT, WORKSPACE, AnchorKernel, AnchorPlan, Launch, Slot, ops_launches
 from tessera.templates.rewrite import i32, rename, specialize, unravel
-
-
-def pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
-    vals = (v, v) if isinstance(v, int) else tuple(v)
-    if len(vals) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
-        raise ArgumentError(f"conv2d: {what} must be an int or a pair of ints, got {v!r}")
-    return int(vals[0]), int(vals[1])
-
-
-def pads(padding: int | Sequence[int]) -> tuple[int, int, int, int]:
-    p = [padding] if isinstance(padding, int) else list(padding)
-    if len(p) == 1:
-        p = p * 4
-    elif len(p) == 2:
-        p = [p[0], p[1], p[0], p[1]]
-    if len(p) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p):
-        raise ArgumentError(f"conv2d: padding must be (top, left, bottom, right) non-negative ints, got {padding!r}")
-    return p[0], p[1], p[2], p[3]
 
 
 def _nchw(pixel: list[E.Expr], channel: E.Expr) -> tuple[E.Expr, ...]:
@@ -113,13 +96,15 @@ def _im2col_launches(plan: AnchorPlan, x_shape: tuple[int, ...], w_shape: tuple[
 
 
 def conv_geometry(x_hw: tuple[int, int], k_hw: tuple[int, int], stride, padding, dilation) -> dict[str, int]:
-    (sh, sw), (dh, dw) = pair(stride, "stride"), pair(dilation, "dilation")
+    """Output size, stride, padding (top, left, bottom, right) and dilation of a static conv2d
+    (tessera.ops.geometry reads them)."""
+    (sh, sw), (dh, dw) = pair(stride, "stride", "conv2d"), pair(dilation, "dilation", "conv2d")
     if min(sh, sw, dh, dw) < 1:
         raise ArgumentError(f"conv2d: stride and dilation must be >= 1, got {stride!r} and {dilation!r}")
-    pt, pl, pb, pr = pads(padding)
+    pt, pl, pb, pr = pads(padding, "conv2d")
     (h, w), (kh, kw) = x_hw, k_hw
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    oh = window_output(h, kh, sh, pt, pb, dh)
+    ow = window_output(w, kw, sw, pl, pr, dw)
     if oh <= 0 or ow <= 0:
         raise ArgumentError(f"conv2d: the output would be empty ({oh}x{ow}) for an input of {h}x{w} and a {kh}x{kw} kernel")
     return dict(oh=oh, ow=ow, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)

@@ -16,7 +16,7 @@ from typing import Any
 from tessera.backend.isa import vector_lanes
 from tessera.graph.operator import Operator
 from tessera.ir import dtypes
-from tessera.templates.conv.plan import pads, pair
+from tessera.ops.geometry import pads, pair
 from tessera.templates.cpu.conv import conv_space, plan_cpu_conv2d
 from tessera.templates.cpu.gemm import gemm_space, plan_cpu_linear, plan_cpu_matmul
 from tessera.templates.cpu.pool import plan_cpu_max_pool2d
@@ -41,8 +41,8 @@ def _constant_weight(op: Operator, ndim: int) -> Any:
 
 
 def _conv_geometry(attrs: dict[str, Any]) -> dict[str, Any]:
-    return {"stride": pair(attrs["stride"], "stride"), "padding": pads(attrs["padding"]),
-            "dilation": pair(attrs["dilation"], "dilation")}  # fmt: skip
+    return {"stride": pair(attrs["stride"], "stride", "conv2d"), "padding": pads(attrs["padding"], "conv2d"),
+            "dilation": pair(attrs["dilation"], "dilation", "conv2d")}  # fmt: skip
 
 
 class CpuGemm(Template):
@@ -92,9 +92,10 @@ class CpuMaxPool(Template):
 
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         a = op.opdef.normalize_attrs(op.attrs)
-        top, left, _, _ = pads(a["padding"])
-        return plan_cpu_max_pool2d(shapes[0], pair(a["kernel"], "kernel"), pair(a["stride"] or a["kernel"], "stride"),
-                                   (top, left), ceil_mode=bool(a["ceil_mode"]), epilogue=epilogue).load()  # fmt: skip
+        top, left, _, _ = pads(a["padding"], op.kind)
+        kernel = pair(a["kernel"], "kernel", op.kind)
+        return plan_cpu_max_pool2d(shapes[0], kernel, pair(a["stride"] or kernel, "stride", op.kind), (top, left),
+                                   ceil_mode=bool(a["ceil_mode"]), epilogue=epilogue).load()  # fmt: skip
 
 
 CPU_GEMM = register(CpuGemm())

@@ -34,6 +34,7 @@ from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.dtypes import DataType
 from tessera.ir.types import GLOBAL, TensorType
+from tessera.ops.geometry import window_output
 from tessera.templates.cpu import gemm_kernel as cpu_gemm_template
 from tessera.templates.cpu.gemm import (
     TILES,
@@ -58,10 +59,9 @@ Geometry = tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int]]  #
 
 
 def _output_size(x_shape: Sequence[int], w_shape: Sequence[int], geo: Geometry) -> tuple[int, int]:
+    """(OH, OW) of an NCHW x and OIHW weight (tessera.ops.geometry.window_output; <= 0: empty)."""
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = geo
-    oh = (x_shape[2] + pt + pb - dh * (w_shape[2] - 1) - 1) // sh + 1
-    ow = (x_shape[3] + pl + pr - dw * (w_shape[3] - 1) - 1) // sw + 1
-    return oh, ow
+    return window_output(x_shape[2], w_shape[2], sh, pt, pb, dh), window_output(x_shape[3], w_shape[3], sw, pl, pr, dw)
 
 
 def row_layout(cfg: CpuGemmConfig, ow: int) -> bool:

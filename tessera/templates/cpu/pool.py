@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
+from tessera.ops.geometry import window_output
 from tessera.templates.cpu.gemm import check_f32, cpu_threads
 from tessera.templates.cpu.pool_kernel import make_max_pool2d
 from tessera.templates.epilogue import Epilogue, fuse_epilogue, identity_epilogue
@@ -17,15 +18,6 @@ from tessera.templates.rewrite import i32, rename, specialize
 
 # Below this many output elements the pool runs on one thread (an OpenMP team's start and join cost more).
 MIN_PARALLEL_OUTPUTS = 1 << 15
-
-
-def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) -> int:
-    """torch's output size: with ceil_mode, the last window must start inside the input or its left padding."""
-    span = size + 2 * pad - kernel
-    out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if ceil_mode and (out - 1) * stride >= size + pad:
-        out -= 1
-    return out
 
 
 def plan_cpu_max_pool2d(x_shape: Sequence[int], kernel: tuple[int, int], stride: tuple[int, int],
@@ -42,7 +34,7 @@ def plan_cpu_max_pool2d(x_shape: Sequence[int], kernel: tuple[int, int], stride:
         raise ArgumentError(f"max_pool2d: kernel {kernel} and stride {stride} must be positive and padding "
                             f"{padding} between 0 and half the kernel")  # fmt: skip
     n, c, h, w = x_shape
-    oh, ow = pool_output_size(h, kh, sh, ph, ceil_mode), pool_output_size(w, kw, sw, pw, ceil_mode)
+    oh, ow = window_output(h, kh, sh, ph, ph, 1, ceil_mode), window_output(w, kw, sw, pw, pw, 1, ceil_mode)
     if oh < 1 or ow < 1:
         raise ArgumentError(f"max_pool2d: the output would be empty ({oh}x{ow}) for input {x_shape} and kernel {kernel}")
     out_shape = (n, c, oh, ow)
