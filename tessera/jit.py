@@ -1,24 +1,50 @@
-"""The `@tessera.kernel` decorator: parse, lower, generate, build and load on first call.
+"""The `@tessera.kernel` decorator, and the one build-and-load pipeline every kernel takes:
+lower (transforms), generate one source (backend), build it into the artifact cache (gcc or
+nvcc), load each function (runtime).
 
 This module sits on top of the layers (lang -> transforms -> backend -> runtime) and is the
-only place that strings them together for one kernel.
+only place that strings them together: `Kernel` for one decorated kernel, the ops layer for
+scheduled compute definitions and the templates for their plans all call `generate_source`,
+`build_source` and `load_function`.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
 from tessera.backend.codegen_c_like import symbol_name
 from tessera.backend.source_view import readable
-from tessera.ir.func import Function
+from tessera.ir.func import Function, LaunchConfig
 from tessera.lang.parser import parse_kernel
 from tessera.runtime.cpu import CpuKernel
 from tessera.runtime.cuda import CudaKernel
 from tessera.transforms.pipeline import lower
+
+
+def generate_source(lowered: Sequence[Function], target: str) -> str:
+    """One compilation unit: the C ("cpu") or CUDA ("cuda") source of lowered functions."""
+    return (generate_c if target == "cpu" else generate_cuda)(list(lowered))
+
+
+def build_source(source: str, target: str, arch: str | None = None) -> Path:
+    """Compile `source` with gcc ("cpu") or nvcc ("cuda", for `arch` or this machine's GPU), or
+    fetch the artifact the cache holds for it."""
+    if target == "cpu":
+        return Path(build_c(source))
+    return Path(build_cuda(source, arch or detect_cuda_arch()))
+
+
+def load_function(func: Function, path: Path, target: str, launch: LaunchConfig | None = None) -> Any:
+    """`func` from a built artifact: a CpuKernel, or a CudaKernel launched with `launch` (the
+    lowered function's configuration; passes may add a shared-memory pool) or func's own."""
+    if target == "cpu":
+        return CpuKernel(func, path, symbol_name(func))
+    return CudaKernel(func, path, symbol_name(func), launch)
 
 
 class Kernel:
@@ -53,8 +79,7 @@ class Kernel:
     def source_full(self) -> str:
         """The generated C or CUDA source as it is compiled: the whole prelude of helpers, then the kernel."""
         if self._source is None:
-            gen = generate_c if self.target == "cpu" else generate_cuda
-            self._source = gen([self.lowered])
+            self._source = generate_source([self.lowered], self.target)
         return self._source
 
     @property
@@ -65,9 +90,7 @@ class Kernel:
 
     def build(self) -> str:
         """Compile (or fetch from the cache) and return the artifact path."""
-        if self.target == "cpu":
-            return str(build_c(self.source_full))
-        return str(build_cuda(self.source_full, self.arch))
+        return str(build_source(self.source_full, self.target, None if self.target == "cpu" else self.arch))
 
     def compile(self) -> Any:
         """Build and load; returns the loaded runtime kernel."""
@@ -76,13 +99,8 @@ class Kernel:
 
     def _compile_locked(self) -> Any:
         if self._compiled is None:
-            from pathlib import Path
-
-            path = Path(self.build())
-            if self.target == "cpu":
-                self._compiled = CpuKernel(self.ir, path, symbol_name(self.ir))
-            else:
-                self._compiled = CudaKernel(self.ir, path, symbol_name(self.ir), self.lowered.launch)
+            launch = None if self.target == "cpu" else self.lowered.launch
+            self._compiled = load_function(self.ir, Path(self.build()), self.target, launch)
         return self._compiled
 
     def __call__(self, *args: Any, stream: int | None = None) -> None:

@@ -15,18 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
-from tessera.backend.codegen_c_like import symbol_name
 from tessera.errors import ArgumentError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import Compute, Placeholder, TensorNode, topological_order
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, numpy_dtype
 from tessera.ir.evaluate import evaluate
+from tessera.jit import build_source, generate_source, load_function
 from tessera.ops.schedule import KernelSpec, schedule
-from tessera.runtime.cpu import CpuKernel
-from tessera.runtime.cuda import CudaKernel, DeviceArray
-from tessera.runtime.tensor import as_view, numpy_dtype, view_of
+from tessera.runtime.cuda import DeviceArray
+from tessera.runtime.tensor import as_view, view_of
 from tessera.transforms.pipeline import lower
 
 
@@ -43,25 +41,12 @@ class Generated:
     @property
     def source(self) -> str:
         if self._source is None:
-            self._source = _generate_source(self.lowered, self.target)
+            self._source = generate_source(self.lowered, self.target)
         return self._source
 
 
-def _generate_source(funcs: list, target: str) -> str:
-    return (generate_c if target == "cpu" else generate_cuda)(funcs)
-
-
-def _compile(source: str, target: str, arch: str | None) -> Path:
-    if target == "cpu":
-        return Path(build_c(source))
-    return Path(build_cuda(source, arch or detect_cuda_arch()))
-
-
 def _load(gen: Generated, path: Path) -> list[Any]:
-    if gen.target == "cpu":
-        return [CpuKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
-
-    return [CudaKernel(k.func, path, symbol_name(k.func)) for k in gen.kernels]
+    return [load_function(k.func, path, gen.target) for k in gen.kernels]
 
 
 def _check_graph(outputs: list[TensorNode], inputs: list[Placeholder]) -> list[TensorNode]:
@@ -129,7 +114,7 @@ def build(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placehold
           name: str = "op", arch: str | None = None) -> CompiledOp:  # fmt: skip
     """Compile the computation of `outputs` from `inputs` for `target` ("cpu" or "cuda")."""
     gen = generate(outputs, inputs, target, name)
-    path = _compile(gen.source, target, arch)
+    path = build_source(gen.source, target, arch)
     return CompiledOp(gen, _load(gen, path), path)
 
 
@@ -143,15 +128,15 @@ def build_many(graphs: Sequence[tuple[TensorNode | Sequence[TensorNode], Sequenc
     gens = [generate(outs, ins, target, f"{name}{k}") for k, (outs, ins) in enumerate(graphs)]
     if not gens:
         return []
-    path = _compile(_generate_source([f for g in gens for f in g.lowered], target), target, arch)
+    path = build_source(generate_source([f for g in gens for f in g.lowered], target), target, arch)
     return [CompiledOp(g, _load(g, path), path) for g in gens]
 
 
 def torch_dtype(dt: DataType) -> Any:
-    """The torch dtype of a tessera DataType (same names: float16, bfloat16, int64, bool...)."""
+    """The torch dtype of a tessera DataType (`dtypes.torch_name`: float16, bfloat16, int64, bool...)."""
     import torch
 
-    return getattr(torch, dt.name)
+    return getattr(torch, dtypes.torch_name(dt))
 
 
 def torch_to_numpy(t: Any) -> np.ndarray:

@@ -17,16 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from tessera.backend import build_c, build_cuda, detect_cuda_arch, generate_c, generate_cuda
-from tessera.backend.codegen_c_like import symbol_name
 from tessera.errors import ArgumentError
 from tessera.ir import expr as E
 from tessera.ir.dtypes import DataType
 from tessera.ir.evaluate import evaluate
 from tessera.ir.func import Function
+from tessera.jit import build_source, generate_source, load_function
 from tessera.ops import generate
-from tessera.runtime.cpu import CpuKernel
-from tessera.runtime.cuda import CudaKernel, DeviceArray, current_stream
+from tessera.runtime.cuda import DeviceArray, current_stream
 from tessera.runtime.tensor_map import Im2colWindow, TensorMap
 from tessera.templates.rewrite import rename
 from tessera.transforms.pipeline import lower
@@ -127,24 +125,23 @@ class AnchorPlan:
     def source(self) -> str:
         """The CUDA (or C) source of every kernel of the anchor (one compilation unit)."""
         if self._source is None:
-            self._source = (generate_c if self.target == "cpu" else generate_cuda)(self.lowered)
+            self._source = generate_source(self.lowered, self.target)
         return self._source
 
     def build(self, arch: str | None = None) -> str:
         """Compile (or fetch from the artifact cache) and return the cubin's path."""
 
-        return str(build_cuda(self.source, arch or detect_cuda_arch()))
+        return str(build_source(self.source, "cuda", arch))
 
     def load(self, arch: str | None = None) -> Any:
         """Compile, load the kernels and allocate the workspaces on the current CUDA device
         (a CPU plan: gcc, and 64-byte aligned numpy workspaces; see CpuAnchorKernel)."""
 
         if self.target == "cpu":
-            return CpuAnchorKernel(self, Path(build_c(self.source)))
+            return CpuAnchorKernel(self, build_source(self.source, "cpu"))
 
         path = Path(self.build(arch))
-        kernels = [CudaKernel(launch.func, path, symbol_name(launch.func), low.launch)
-                   for launch, low in zip(self.launches, self.lowered)]  # fmt: skip
+        kernels = [load_function(launch.func, path, "cuda", low.launch) for launch, low in zip(self.launches, self.lowered)]
         # Workspaces are tessera device arrays, whatever arrays the kernel is called on: torch
         # is not needed, and their memory lives as long as the kernel.
         ws = [DeviceArray.from_numpy(np.zeros(shape, dt.name)) if i in self.zeroed else DeviceArray(shape, dt)
@@ -303,7 +300,7 @@ class CpuAnchorKernel(PreparedAnchor):
         # What a saved graph ships: the library, and the kernels the plan ran (packing a constant
         # weight), which a graph loaded without a compiler runs again.
         self.artifacts = [str(library), *plan.helpers]
-        kernels = [CpuKernel(launch.func, library, symbol_name(launch.func)) for launch in plan.launches]
+        kernels = [load_function(launch.func, library, "cpu") for launch in plan.launches]
         self._steps = [(k, list(launch.slots), [_static_shape(q) for q in launch.func.params])
                        for k, launch in zip(kernels, plan.launches)]  # fmt: skip
 

@@ -33,7 +33,6 @@ from math import prod
 from typing import Any
 
 from tessera import ops
-from tessera.backend import build_cuda, detect_cuda_arch
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
@@ -225,9 +224,8 @@ class FlashAnchorKernel:
         self.out_dtype = dtype
         self._num_inputs = 3 if spec is None else 4
 
-        arch = detect_cuda_arch()
         self._kernels = self._plan.kernels
-        self.artifacts = [str(build_cuda(k.source, arch)) for k in self._kernels]  # (cached: the plan built them)
+        self.artifacts = [k.build() for k in self._kernels]  # (cached: the plan built them)
         self.artifact = self.artifacts[0]
 
     @property

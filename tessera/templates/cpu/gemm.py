@@ -170,6 +170,7 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
         return plan_cpu_gemm("tune", p, (batch, m, n), 2 + extras, None, bias_slot, -1, weight=weight, config=cfg).load()
 
     check, bench = tuning_probes(data, time.perf_counter)
+    threads = gemm_threads(m, n, k, batch)
     key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
     return tuner.tune(key, cands, build, bench, check=check, template=inspect.getsource(cpu_gemm_template), workers=cpu_threads()).best
 
