@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from graph_form import form
 
 from tessera.graph import GraphBuilder
 from tessera.graph.passes import fuse_gelu
@@ -87,3 +88,72 @@ def test_chains_that_are_not_gelu_stay():
     b.output(b.op("mul", b.op("mul", y, t), b.constant(np.float32(0.5))))
     g = b.build()
     assert fuse_gelu(g) == 0 and "gelu" not in g.summary()
+
+
+_TAILS = {  # 0.5 * x * t as exporters associate it
+    "(0.5*x)*t": lambda b, x, t, c: b.op("mul", b.op("mul", c(0.5), x), t),
+    "0.5*(x*t)": lambda b, x, t, c: b.op("mul", c(0.5), b.op("mul", x, t)),
+    "(x*t)*0.5": lambda b, x, t, c: b.op("mul", b.op("mul", x, t), c(0.5)),
+    "(x*t)/2": lambda b, x, t, c: b.op("div", b.op("mul", t, x), c(2.0)),
+    "(x*0.5)*t": lambda b, x, t, c: b.op("mul", t, b.op("mul", x, c(0.5))),
+    "(t*0.5)*x": lambda b, x, t, c: b.op("mul", b.op("mul", t, c(0.5)), x),
+}
+_SCALED = {  # x / sqrt(2) or x * sqrt(0.5)
+    "/sqrt2": lambda b, x, c: b.op("div", x, c(math.sqrt(2))),
+    "*sqrt.5": lambda b, x, c: b.op("mul", c(math.sqrt(0.5)), x),
+}
+
+
+def _expected(shape, dt, approximate):
+    b = GraphBuilder()
+    x = b.input("x", shape, dt)
+    b.output(b.op("add", b.op("gelu", b.op("add", x, x), approximate=approximate), x))
+    return b.build()
+
+
+@pytest.mark.parametrize("tail", list(_TAILS))
+@pytest.mark.parametrize("scaled", list(_SCALED))
+def test_erf_forms_before_and_after(rng, tail, scaled):
+    shape = (3, 5, 7)
+
+    def chain(b, x, dt):
+        c = lambda v: b.constant(np.asarray(v, dtype=dt))  # noqa: E731
+        t = b.op("add", c(1.0), b.op("erf", _SCALED[scaled](b, x, c)))
+        return _TAILS[tail](b, x, t, c)
+
+    g = _graph(chain, shape)
+    xs = [rng.standard_normal(shape).astype(np.float32) * 3 + 0.1 for _ in range(2)]
+    before = [g.run(x)[0] for x in xs]
+    assert fuse_gelu(g) == 1
+    assert form(g.verify()) == form(_expected(shape, "float32", "none"))
+    for x, want in zip(xs, before):
+        np.testing.assert_allclose(g.run(x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cube_first", [False, True])
+def test_tanh_form_before_and_after(rng, cube_first):
+    shape, dt = (2, 9, 3), "float16"
+
+    def chain(b, x, dt):
+        c = lambda v: b.constant(np.asarray(v, dtype=dt))  # noqa: E731
+        cube = b.op("mul", c(0.044715), b.op("pow", x, c(3.0)))
+        inner = b.op("add", cube, x) if cube_first else b.op("add", x, cube)
+        t = b.op("add", b.op("tanh", b.op("mul", c(math.sqrt(2 / math.pi)), inner)), c(1.0))
+        return b.op("mul", c(0.5), b.op("mul", t, x))
+
+    g = _graph(chain, shape, dt)
+    x = (rng.standard_normal(shape) * 2 + 0.1).astype(dt)
+    before = g.run(x)[0].astype(np.float32)
+    assert fuse_gelu(g) == 1
+    assert form(g.verify()) == form(_expected(shape, dt, "tanh"))
+    np.testing.assert_allclose(g.run(x)[0].astype(np.float32), before, rtol=4e-3, atol=4e-3)
+
+
+def test_rounding_division_is_not_gelu():
+    def chain(b, x, dt, rounding="floor"):
+        c = lambda v: b.constant(np.asarray(v, dtype=dt))  # noqa: E731
+        t = b.op("add", b.op("erf", b.op("div", x, c(math.sqrt(2)), rounding=rounding)), c(1.0))
+        return b.op("mul", b.op("mul", x, t), c(0.5))
+
+    assert fuse_gelu(_graph(chain, (4,))) == 0
+    assert fuse_gelu(_graph(chain, (4,), rounding=None)) == 1

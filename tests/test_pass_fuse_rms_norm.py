@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graph_form import form
 
 from tessera.graph import GraphBuilder
 from tessera.graph.passes import fuse_rms_norm
@@ -182,3 +183,32 @@ def test_transformers_llama_rms_norm_compiles_to_one_rms_norm(dtype):
             torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
     kinds = [op.kind for cg in collected for graph in cg.graphs for op in graph.operators]
     assert kinds.count("rms_norm") == 1 and "reduce_mean" not in kinds and "rsqrt" not in kinds
+
+
+def _expected(shape, dt, k=1, weight_dt=None, up=None, down=None):
+    """h = x + x; y = rms_norm(h or cast(h, up), w) (then cast to down); y + h."""
+    b = GraphBuilder()
+    x = b.input("x", shape, dt)
+    h = b.op("add", x, x)
+    w = b.input("w", shape[len(shape) - k :], weight_dt or dt)
+    y = b.op("rms_norm", b.op("cast", h, dtype=up) if up else h, w, num_axes=k, eps=float(np.float32(EPS)))
+    b.output(b.op("add", b.op("cast", y, dtype=down) if down else y, h))
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    "case, written, expected",
+    [
+        ("llama", dict(up="float32", down="float16"), dict()),  # the up-cast goes: rms_norm reads x
+        ("gemma", dict(up="float32", down="float16", order="weight_first", weight_dt="float32"),
+         dict(up="float32", down="float16", weight_dt="float32")),  # the weight multiplies in float32
+        ("t5", dict(up="float32", down="float16", t5=True, square="mul", inv="sqrt"), dict()),
+        ("two_axes", dict(k=2, square="mul", inv="sqrt"), dict(k=2)),
+    ],
+)  # fmt: skip
+def test_forms_before_and_after(rng, case, written, expected):
+    shape = (3, 5, 7)
+    dt = "float32" if case == "two_axes" else "float16"
+    g = _graph(shape, dt, **written)
+    _check(g, rng, shape, dt, k=written.get("k", 1), weight_dt=written.get("weight_dt"), tol=1e-2 if dt == "float16" else 1e-5)
+    assert form(g) == form(_expected(shape, dt, **expected))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graph_form import form
 
 from tessera.graph import GraphBuilder, Sym
 from tessera.graph.passes import eliminate_dead_code, head_views
@@ -113,3 +114,20 @@ def test_column_slices_become_head_views(rng):
     assert "slice" not in g.summary()
     for a, want in zip(xs, before):
         np.testing.assert_allclose(g.run(a)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_block_before_and_after(rng):
+    batch, seq, h, hk, d = 3, 5, 2, 1, 3
+    g = _attention_block(batch, seq, h, hk, d)
+    xs = [rng.standard_normal((batch, seq, (h + 2 * hk) * d)).astype(np.float32) + 0.1 for _ in range(2)]
+    before = [g.run(x)[0] for x in xs]
+    assert head_views(g) == 4
+    eliminate_dead_code(g)
+    b = GraphBuilder()
+    x = b.input("x", [batch, seq, (h + 2 * hk) * d])
+    qkv = b.op("add", x, x)
+    heads = [b.op("split_heads", qkv, heads=n, head_dim=d, offset=o) for n, o in ((h, 0), (hk, h * d), (hk, (h + hk) * d))]
+    b.output(b.op("exp", b.op("merge_heads", b.op("scaled_dot_product_attention", *heads, causal=True))))
+    assert form(g.verify()) == form(b.build())
+    for x, want in zip(xs, before):
+        np.testing.assert_allclose(g.run(x)[0], want, rtol=1e-5, atol=1e-6)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.opdefs.shape import slice_window
 from tessera.graph.operator import Operator
-from tessera.graph.passes._match import Uses, rewrite
+from tessera.graph.passes.pattern import Match, Op, Rule, Var, rewrite_with
 from tessera.graph.tensor import Tensor
 
 _SWAP = [0, 2, 1, 3]
@@ -47,55 +47,39 @@ def _column_slice(op: Operator) -> bool:
     return len(axes) == 1 and axes[0] in (-1, x.ndim - 1) and list(steps) == [1]
 
 
-def _split_chain(permute: Operator, uses: Uses) -> tuple[Operator, list[Operator]] | None:
+def _swaps_heads(permute: Operator) -> bool:
+    return permute.inputs[0].ndim == 4 and list(permute.attrs.get("perm", ())) == _SWAP
+
+
+def _split(m: Match) -> Operator | None:
     """split_heads for permute(reshape(columns of x, [B, S, H, D]), [0, 2, 1, 3])."""
-    if list(permute.attrs.get("perm", ())) != _SWAP or permute.inputs[0].producer is None:
-        return None
-    reshape = permute.inputs[0].producer
-    if reshape.kind != "reshape" or uses.only_user(reshape.outputs[0]) is not permute:
-        return None
-    piece = reshape.inputs[0]
-    b, s, h, d = reshape.outputs[0].shape
+    piece, heads = m["piece"], m["heads"]
+    b, s, h, d = heads.shape
     if piece.ndim != 3 or not (isinstance(h, int) and isinstance(d, int)) or tuple(piece.shape) != (b, s, h * d):
         return None
-    if piece.producer is not None and piece.producer.kind in ("split", "slice") and uses.only_user(piece) is not reshape:
+    cut = piece.producer is not None and piece.producer.kind in ("split", "slice")
+    if cut and m.uses.only_user(piece) is not m.op("heads"):
         return None
     found = _column_source(piece)
     if found is None:
         return None
-    x, offset = found
-    attrs = {"heads": h, "head_dim": d, "offset": offset}
-    return Operator("split_heads", [x], [permute.outputs[0]], attrs, permute.name), [reshape, permute]
+    attrs = {"heads": h, "head_dim": d, "offset": found[1]}
+    return Operator("split_heads", [found[0]], [m.root.outputs[0]], attrs, m.root.name)
 
 
-def _merge_chain(permute: Operator, uses: Uses) -> tuple[Operator, list[Operator]] | None:
+def _merge(m: Match) -> Operator | None:
     """merge_heads for reshape(permute(y [B, H, S, D], [0, 2, 1, 3]), [B, S, H * D])."""
-    if list(permute.attrs.get("perm", ())) != _SWAP:
+    y, out = m["y"], m.root.outputs[0]
+    b, h, s, d = y.shape
+    if tuple(out.shape) != (b, s, h * d):
         return None
-    reshape = uses.only_user(permute.outputs[0])
-    if reshape is None or reshape.kind != "reshape":
-        return None
-    b, h, s, d = permute.inputs[0].shape
-    if tuple(reshape.outputs[0].shape) != (b, s, h * d):
-        return None
-    return Operator("merge_heads", [permute.inputs[0]], [reshape.outputs[0]], {}, reshape.name), [permute, reshape]
+    return Operator("merge_heads", [y], [out], {}, m.root.name)
+
+
+RULES = (Rule(Op("permute", Op("reshape", Var("piece"), name="heads"), where=_swaps_heads), _split),
+         Rule(Op("reshape", Op("permute", Var("y"), where=_swaps_heads)), _merge))  # fmt: skip
 
 
 def head_views(graph: FlowGraph) -> int:
     """Rewrite in place; returns the number of head splits and merges rewritten."""
-    uses = Uses(graph)
-    drop: list[Operator] = []
-    new: list[Operator] = []
-    taken: set[Operator] = set()
-    for op in graph.operators:
-        if op.kind != "permute" or op.inputs[0].ndim != 4:
-            continue
-        found = _split_chain(op, uses) or _merge_chain(op, uses)
-        if found is None or taken.intersection(found[1]):
-            continue
-        taken.update(found[1])
-        drop += found[1]
-        new.append(found[0])
-    if new:
-        rewrite(graph, drop, new)
-    return len(new)
+    return rewrite_with(graph, RULES)
