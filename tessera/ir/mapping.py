@@ -20,7 +20,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Atom:
+class MappingAtom:
     """One spatial or repeat mapping: shape and dimension order (ranks)."""
 
     kind: str  # "spatial" or "repeat"
@@ -56,13 +56,13 @@ class Atom:
 class TaskMapping:
     """A composition of spatial and repeat atoms, outermost first."""
 
-    def __init__(self, atoms: Sequence[Atom]):
+    def __init__(self, atoms: Sequence[MappingAtom]):
         if not atoms:
             raise ValueError("a task mapping needs at least one atom")
         ranks = {len(a.shape) for a in atoms}
         if len(ranks) != 1:
             raise ValueError(f"cannot compose task mappings of different ranks: {[a.shape for a in atoms]}")
-        self.atoms: tuple[Atom, ...] = tuple(atoms)
+        self.atoms: tuple[MappingAtom, ...] = tuple(atoms)
 
     @property
     def rank(self) -> int:
@@ -145,7 +145,7 @@ def _atom(kind: str, shape: tuple[int, ...], ranks: Sequence[int] | None) -> Tas
     r = tuple(range(len(shape))) if ranks is None else tuple(ranks)
     if sorted(r) != list(range(len(shape))):
         raise ValueError(f"ranks must be a permutation of 0..{len(shape) - 1}, got {list(r)}")
-    return TaskMapping([Atom(kind, tuple(shape), r)])
+    return TaskMapping([MappingAtom(kind, tuple(shape), r)])
 
 
 def spatial(*shape: int, ranks: Sequence[int] | None = None) -> TaskMapping:

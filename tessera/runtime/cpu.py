@@ -21,7 +21,7 @@ def _load(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(path)
 
 
-class Launch:
+class RecordedCall:
     """One recorded call of a CPU kernel: the kernel and its checked C argument values (the
     status word excluded); `views` keep the arrays the pointers point into alive."""
 
@@ -35,10 +35,10 @@ _RECORDER = threading.local()
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[Launch]]:
+def recording() -> Iterator[list[RecordedCall]]:
     """Record every CpuKernel call this thread makes inside the block (they run as usual), in
     call order: what `tessera.graph.compiler.cpu_replay` replays without re-checking."""
-    launches: list[Launch] = []
+    launches: list[RecordedCall] = []
     outer = getattr(_RECORDER, "launches", None)
     _RECORDER.launches = launches
     try:
@@ -71,4 +71,4 @@ class CpuKernel:
             raise_for_status(status.value, self.func.name)
         launches = getattr(_RECORDER, "launches", None)
         if launches is not None:
-            launches.append(Launch(self, values, views))
+            launches.append(RecordedCall(self, values, views))

@@ -15,7 +15,7 @@ from tessera.ir import expr as E
 from tessera.ir import stmt as S
 from tessera.ir.func import Function
 from tessera.ir.functor import IRMutator, IRVisitor
-from tessera.ir.mapping import Atom
+from tessera.ir.mapping import MappingAtom
 
 # Repeat loops with at most this many tasks per worker are unrolled (register-array indices
 # then become constants on the GPU).
@@ -26,7 +26,7 @@ def _const(v: int) -> E.Const:
     return E.Const(v, dtypes.int32)
 
 
-def _unravel(index: E.Expr, atom: Atom, outermost_known: bool) -> list[E.Expr]:
+def _unravel(index: E.Expr, atom: MappingAtom, outermost_known: bool) -> list[E.Expr]:
     """Coordinates of `index` in atom.shape, honouring the atom's dimension order."""
     coords: list[E.Expr] = [_const(0)] * len(atom.shape)
     order = atom.dims_outer_to_inner()

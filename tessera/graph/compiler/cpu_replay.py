@@ -26,7 +26,7 @@ import numpy as np
 
 from tessera.errors import raise_for_status
 from tessera.graph.compiler.cpu_runner import NativeRun, runnable
-from tessera.runtime.cpu import Launch, recording
+from tessera.runtime.cpu import RecordedCall, recording
 
 
 def _address(a: np.ndarray) -> int:
@@ -37,7 +37,7 @@ class Replay:
     """The C calls of one plan, with the argument slots that take this call's input and output
     addresses."""
 
-    def __init__(self, launches: Sequence[Launch], regions: Sequence[np.ndarray]):
+    def __init__(self, launches: Sequence[RecordedCall], regions: Sequence[np.ndarray]):
         spans = [(_address(a), a.nbytes) for a in regions]
         self._keep = [launch.views for launch in launches]  # what the fixed addresses point into
         self._calls: list[tuple[Any, list[Any], list[tuple[int, int, int]], str]] = []
