@@ -9,10 +9,10 @@ from graph_form import form
 
 from tessera.graph import GraphBuilder
 from tessera.graph.operator import Operator
-from tessera.graph.passes.pattern import Const, Match, Op, Rule, Var, any_of, rewrite_with
+from tessera.graph.passes.pattern import Bound, Match, Op, Rule, Scalar, any_of, rewrite_with
 from tessera.graph.tensor import Tensor
 
-A, B = Var("a"), Var("b")
+A, B = Bound("a"), Bound("b")
 SHAPE = (3, 5, 7)
 
 
@@ -106,8 +106,8 @@ def test_exact_constants_and_predicates():
         return rewrite_with(b.build(), [Rule(pattern, _same)])
 
     assert count(Op("pow", A, 3.0)) == 2
-    assert count(Op("pow", A, Const(3.0, exact=True))) == 1
-    assert count(Op("pow", Var("a", where=lambda t: t.ndim == 3), 3.0)) == 0
+    assert count(Op("pow", A, Scalar(3.0, exact=True))) == 1
+    assert count(Op("pow", Bound("a", where=lambda t: t.ndim == 3), 3.0)) == 0
     assert count(Op(("exp", "pow"), A, 3.0)) == 2  # exp has one input: not this pattern
     assert count(Op(("exp", "pow"), A)) == 1
     assert count(Op(("exp", "pow"), A, where=lambda op: op.name != "e")) == 0

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.operator import Operator
-from tessera.graph.passes.pattern import Const, Match, Op, Pattern, Rule, Var, any_of, rewrite_with
+from tessera.graph.passes.pattern import Bound, Match, Op, Pattern, Rule, Scalar, any_of, rewrite_with
 
-X = Var("x")
+X = Bound("x")
 
 
 def _half_x_times(t: Pattern) -> Pattern:
@@ -27,7 +27,7 @@ def _half_x_times(t: Pattern) -> Pattern:
 
 
 ERF = _half_x_times(1.0 + Op("erf", any_of(X / math.sqrt(2.0), X * math.sqrt(0.5))))
-TANH = _half_x_times(1.0 + Op("tanh", math.sqrt(2 / math.pi) * (X + 0.044715 * Op("pow", X, Const(3.0, exact=True)))))
+TANH = _half_x_times(1.0 + Op("tanh", math.sqrt(2 / math.pi) * (X + 0.044715 * Op("pow", X, Scalar(3.0, exact=True)))))
 
 
 def _gelu(approximate: str) -> Callable[[Match], Operator | None]:

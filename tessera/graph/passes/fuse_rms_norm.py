@@ -21,7 +21,7 @@ from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.opdefs._common import norm_axes
 from tessera.graph.operator import Operator
 from tessera.graph.passes._match import scalar
-from tessera.graph.passes.pattern import Const, Match, Op, Pattern, Rule, Var, any_of, rewrite_with
+from tessera.graph.passes.pattern import Bound, Match, Op, Pattern, Rule, Scalar, any_of, rewrite_with
 from tessera.graph.tensor import Tensor
 
 
@@ -46,16 +46,16 @@ def _eps(t: Tensor) -> bool:
 def _norm(xf: Pattern) -> Pattern:
     """y = nx * rsqrt(mean(xf^2) + eps) or nx / sqrt(...), where the builder checks that nx is xf
     or (T5) the x that xf up-casts."""
-    ms = Op("reduce_mean", any_of(Op("pow", xf, Const(2.0, exact=True)), xf * xf), name="mean", where=_last_axes_kept)
-    ms = ms + Var("eps", where=_eps)
-    nx = Var("nx")
+    ms = Op("reduce_mean", any_of(Op("pow", xf, Scalar(2.0, exact=True)), xf * xf), name="mean", where=_last_axes_kept)
+    ms = ms + Bound("eps", where=_eps)
+    nx = Bound("nx")
     return any_of((nx * Op("rsqrt", ms)).named("y"), (nx / Op("sqrt", ms)).named("y"))
 
 
 def _with_tail(y: Pattern) -> Pattern:
     """y, then a weight multiply (its operands of one dtype) and a cast to a float, either, both
     in either order, or neither: the longest first."""
-    w = Var("w")
+    w = Bound("w")
 
     def cast(p: Pattern) -> Pattern:
         return Op("cast", p, where=lambda op: op.outputs[0].dtype.is_float)
@@ -83,8 +83,8 @@ def _build(m: Match) -> Operator | None:
 
 
 # the up-cast goes with the norm when only the norm reads it; else xf is any tensor (the cast stays)
-RULES = (Rule(_with_tail(_norm(Op("cast", Var(), name="xf", where=_exact_up_cast))), _build),
-         Rule(_with_tail(_norm(Var("xf"))), _build))  # fmt: skip
+RULES = (Rule(_with_tail(_norm(Op("cast", Bound(), name="xf", where=_exact_up_cast))), _build),
+         Rule(_with_tail(_norm(Bound("xf"))), _build))  # fmt: skip
 
 
 def fuse_rms_norm(graph: FlowGraph) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.opdefs.shape import slice_window
 from tessera.graph.operator import Operator
-from tessera.graph.passes.pattern import Match, Op, Rule, Var, rewrite_with
+from tessera.graph.passes.pattern import Bound, Match, Op, Rule, rewrite_with
 from tessera.graph.tensor import Tensor
 
 _SWAP = [0, 2, 1, 3]
@@ -76,8 +76,8 @@ def _merge(m: Match) -> Operator | None:
     return Operator("merge_heads", [y], [out], {}, m.root.name)
 
 
-RULES = (Rule(Op("permute", Op("reshape", Var("piece"), name="heads"), where=_swaps_heads), _split),
-         Rule(Op("reshape", Op("permute", Var("y"), where=_swaps_heads)), _merge))  # fmt: skip
+RULES = (Rule(Op("permute", Op("reshape", Bound("piece"), name="heads"), where=_swaps_heads), _split),
+         Rule(Op("reshape", Op("permute", Bound("y"), where=_swaps_heads)), _merge))  # fmt: skip
 
 
 def head_views(graph: FlowGraph) -> int:

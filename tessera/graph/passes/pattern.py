@@ -2,15 +2,15 @@
 
 A pattern describes the tensor an operator produces, from the root down:
 
-    x = Var("x")
+    x = Bound("x")
     x * (1.0 + Op("erf", x / math.sqrt(2.0))) * 0.5      # mul(mul(x, add(1, erf(div(x, c)))), 0.5)
 
 - `Op(kind, *args)`: a tensor computed by an operator of that kind (or one of a tuple of kinds)
   whose inputs match args, in either order for `add` and `mul`; `where` tests the operator.
   `name` binds the tensor it produces, so a second use of the name refers to the same tensor.
-- `Var(name)`: any tensor (`where` tests it), bound to the name; the same name binds the same
-  tensor everywhere in one match.  `Var()` matches anything and binds nothing.
-- `Const(value)`: a one-element constant equal to value to a few units in the last place of the
+- `Bound(name)`: any tensor (`where` tests it), bound to the name; the same name binds the same
+  tensor everywhere in one match.  `Bound()` matches anything and binds nothing.
+- `Scalar(value)`: a one-element constant equal to value to a few units in the last place of the
   dtype its reader computes in (`exact=True`: equal).
 - `any_of(*patterns)`: the first alternative that leads to a match, trying the next ones after.
 - `+`, `*`, `/` between patterns and numbers build `add`, `mul` and true-division `div` patterns.
@@ -76,10 +76,10 @@ class Pattern:
 
 
 def _lift(p: Pattern | float) -> Pattern:
-    return p if isinstance(p, Pattern) else Const(float(p))
+    return p if isinstance(p, Pattern) else Scalar(float(p))
 
 
-class Var(Pattern):
+class Bound(Pattern):
     def __init__(self, name: str | None = None, where: Callable[[Tensor], bool] | None = None):
         self.name, self.where = name, where
 
@@ -89,10 +89,10 @@ class Var(Pattern):
             yield bound
 
     def __repr__(self) -> str:
-        return f"Var({self.name!r})"
+        return f"Bound({self.name!r})"
 
 
-class Const(Pattern):
+class Scalar(Pattern):
     def __init__(self, value: float, exact: bool = False):
         self.value, self.exact = value, exact
 
@@ -104,7 +104,7 @@ class Const(Pattern):
             yield s
 
     def __repr__(self) -> str:
-        return f"Const({self.value})"
+        return f"Scalar({self.value})"
 
 
 class Op(Pattern):
