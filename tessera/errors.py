@@ -54,6 +54,11 @@ class UnsupportedError(TesseraError):
     """A feature that tessera (or this backend) does not support yet."""
 
 
+class DataTypeError(UnsupportedError, TypeError):
+    """A data type with no counterpart where one is needed (numpy has no int4, ONNX no e4m3):
+    an UnsupportedError, and a TypeError as numpy and torch raise for a dtype they lack."""
+
+
 class ArgumentError(TesseraError, TypeError):
     """A kernel was called with arguments of the wrong dtype, shape, device or layout."""
 

@@ -28,7 +28,7 @@ from tessera.frontend import onnx as tessera_onnx
 from tessera.graph import load
 from tessera.graph.compiler import compile_graph, load_compiled
 from tessera.graph.symbolic import Sym, bind_shape, evaluate, format_shape
-from tessera.graph.tensor import numpy_dtype
+from tessera.ir.dtypes import numpy_dtype
 from tessera.runtime import cuda
 
 

@@ -23,9 +23,9 @@ from tessera.graph.lowering import (
 )
 from tessera.graph.registry import all_ops
 from tessera.graph.symbolic import Sym
-from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
 from tessera.ir import expr as E
+from tessera.ir.dtypes import numpy_dtype
 
 SIZES = {"b": 3, "s": 5}  # symbolic sizes and the values they take in a run (odd, never 1)
 SIZES2 = {"b": 2, "s": 7}  # the same builds run again at other sizes

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.runtime.tensor import numpy_dtype
+from tessera.ir.dtypes import numpy_dtype
 
 
 def _bare_factory(dtype, step):

@@ -10,7 +10,7 @@ import pytest
 
 import tessera as ts
 from tessera import f32, i32, i64, u32, u64
-from tessera.runtime.tensor import numpy_dtype
+from tessera.ir.dtypes import numpy_dtype
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 

@@ -33,7 +33,7 @@ def _torch() -> Any:
 
 
 _PLANS: dict[tuple, FlashPlan] = {}
-_TORCH_DTYPES = ("float16", "bfloat16")
+_ATTENTION_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
 def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None, mask: Any = None,
@@ -57,7 +57,8 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
             raise ArgumentError(f"flash_attention: {name} must be a torch CUDA tensor")
         if t.ndim != 4:
             raise ArgumentError(f"flash_attention: {name} must be [B, heads, S, D], got shape {list(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or str(q.dtype).removeprefix("torch.") not in _TORCH_DTYPES:
+    dtype = dtypes.from_torch(q.dtype)
+    if not (q.dtype == k.dtype == v.dtype) or dtype not in _ATTENTION_DTYPES:
         raise UnsupportedError(f"flash_attention takes float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     b, h, sq, d = q.shape
     bk, hk, sk, dk = k.shape
@@ -68,7 +69,6 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: floa
         raise ArgumentError(f"flash_attention: {h} query heads are not a multiple of {hk} key/value heads")
     if min(b, h, sq, sk) == 0:
         raise ArgumentError("flash_attention: empty operands")
-    dtype = dtypes.dtype(str(q.dtype).removeprefix("torch."))
     shape = AttentionShape(b, h, hk, sq, sk, d)
     spec = None
     if mask is not None:

@@ -26,7 +26,7 @@ def _torch() -> Any:
     return torch
 
 
-_TORCH_DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+_MATMUL_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
 def _check(a: Any, b: Any, b_layout: str) -> tuple[Any, int, int, int, int]:
@@ -35,8 +35,8 @@ def _check(a: Any, b: Any, b_layout: str) -> tuple[Any, int, int, int, int]:
         raise ArgumentError("matmul takes torch tensors")
     if not (a.is_cuda and b.is_cuda) or a.device != b.device:
         raise ArgumentError(f"matmul needs both operands on one CUDA device, got {a.device} and {b.device}")
-    name = str(a.dtype).removeprefix("torch.")
-    if name not in _TORCH_DTYPES or a.dtype != b.dtype:
+    dtype = dtypes.from_torch(a.dtype)
+    if dtype not in _MATMUL_DTYPES or a.dtype != b.dtype:
         raise UnsupportedError(f"matmul takes float16 or bfloat16 operands of one dtype, got {a.dtype} and {b.dtype}")
     if a.dim() not in (2, 3) or b.dim() != a.dim():
         raise ArgumentError(f"matmul takes two 2-D or two 3-D (batched) tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
@@ -47,7 +47,7 @@ def _check(a: Any, b: Any, b_layout: str) -> tuple[Any, int, int, int, int]:
         raise ArgumentError(f"matmul shapes do not match: A {tuple(a.shape)}, B {tuple(b.shape)} (b_layout={b_layout!r})")
     if min(m, n, k, batch) == 0:
         raise ArgumentError(f"matmul of empty tensors: A {tuple(a.shape)}, B {tuple(b.shape)}")
-    return _TORCH_DTYPES[name], batch, m, n, k
+    return dtype, batch, m, n, k
 
 
 def _vector_ok(a: Any, b: Any, n: int, k: int, b_layout: str) -> bool:

@@ -13,7 +13,8 @@ from tessera.graph.operator import Operator
 from tessera.graph.registry import OpDef, all_ops, get_op, has_op, register
 from tessera.graph.serialize import load, save
 from tessera.graph.symbolic import ShapeError, Sym
-from tessera.graph.tensor import Tensor, from_numpy_dtype, numpy_dtype
+from tessera.graph.tensor import Tensor
+from tessera.ir.dtypes import from_numpy_dtype, numpy_dtype
 
 __all__ = [
     "GraphBuilder", "Backend", "Executor", "NumpyBackend", "OpKernel", "FlowGraph", "GraphError",

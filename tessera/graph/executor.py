@@ -21,7 +21,8 @@ from tessera.graph.operator import Operator
 from tessera.graph.registry import get_op
 from tessera.graph.shape_check import propagate_shapes
 from tessera.graph.symbolic import bind_shapes, contains_sym, evaluate
-from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.graph.tensor import Tensor
+from tessera.ir.dtypes import numpy_dtype
 
 
 class NumpyBackend:

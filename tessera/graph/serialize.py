@@ -33,9 +33,9 @@ from tessera.errors import FileFormatError, TesseraError
 from tessera.graph.flow_graph import FlowGraph, provide
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, parse_dim
-from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, numpy_dtype
 
 FORMAT, VERSION = "tessera.flowgraph", 1
 

@@ -8,10 +8,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tessera.errors import UnsupportedError
 from tessera.graph.symbolic import Dim, Shape, as_shape, format_shape, is_static, numel
 from tessera.ir import dtypes
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, from_numpy_dtype, numpy_dtype
 
 
 class Producer(Protocol):
@@ -25,36 +24,6 @@ class Producer(Protocol):
     attrs: dict[str, Any]
 
 DEVICES = ("cpu", "cuda")
-
-_NUMPY_NAMES = {
-    "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "float16": "float16", "float32": "float32", "float64": "float64",
-}  # fmt: skip
-
-
-def numpy_dtype(dt: DataType) -> np.dtype:
-    """The numpy dtype that holds dt; bfloat16 needs the optional ml_dtypes package."""
-    if dt.name in _NUMPY_NAMES:
-        return np.dtype(_NUMPY_NAMES[dt.name])
-    if dt.name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise UnsupportedError("bfloat16 tensors on the numpy path need the ml_dtypes package") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    raise UnsupportedError(f"no numpy dtype holds {dt.name}")
-
-
-def from_numpy_dtype(dt: np.dtype | type) -> DataType:
-    dt = np.dtype(dt)
-    if dt.name == "bfloat16":
-        return dtypes.bfloat16
-    for name, np_name in _NUMPY_NAMES.items():
-        if dt == np.dtype(np_name):
-            return dtypes.dtype(name)
-    raise UnsupportedError(f"numpy dtype {dt} has no tessera equivalent")
-
 
 _names = itertools.count()
 

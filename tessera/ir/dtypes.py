@@ -9,10 +9,15 @@ integers, as C promotes char, float32 for the small floats.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from tessera.errors import DataTypeError, UnsupportedError
 
 # What `float32["M", "N"]` builds (a TensorType): tessera.ir.types, which imports this module,
 # registers its builder when it loads (`register_tensor_annotation`); tessera.ir imports types,
@@ -192,8 +197,21 @@ def compute_type(t: DataType) -> DataType:
     return float32 if t.is_float else int32
 
 
+# ---- promotion policies: one definition each ---------------------------------------------------
+def _promote_floats(a: DataType, b: DataType) -> DataType:
+    """Floats win over non-floats; between floats the wider wins, and float16 with bfloat16 gives
+    float32 (neither holds the other).  The part every promotion policy below shares."""
+    if not b.is_float:
+        return a
+    if not a.is_float:
+        return b
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if a.nbits >= b.nbits else b
+
+
 def promote(a: DataType, b: DataType) -> DataType:
-    """The type of a binary arithmetic result, following C-like rules.
+    """C's arithmetic promotion: the type of a binary arithmetic result in kernel IR.
 
     Floats win over integers; between floats the wider wins (float16 with bfloat16 gives
     float32, since neither holds the other); between integers the wider wins and, at equal
@@ -208,14 +226,127 @@ def promote(a: DataType, b: DataType) -> DataType:
     if b.is_bool:
         b = int32
     if a.is_float or b.is_float:
-        if not b.is_float:
-            return a
-        if not a.is_float:
-            return b
-        if {a, b} == {float16, bfloat16}:
-            return float32
-        return a if a.nbits >= b.nbits else b
+        return _promote_floats(a, b)
     bits = max(a.nbits, b.nbits, 32)
     if (a.kind == "uint" and a.nbits >= bits) or (b.kind == "uint" and b.nbits >= bits):
         return _uint(bits)
     return _int(bits)
+
+
+def promote_graph(a: DataType, b: DataType) -> DataType:
+    """The graph's promotion: the dtype both operands of a FlowGraph arithmetic operator or
+    comparison are converted to, and its result's.  C's (`promote`), except that two bools stay
+    bool.  Shape inference and lowering both use it: one rule for both sides."""
+    return promote(a, b) if not (a.is_bool and b.is_bool) else boolean
+
+
+def promote_torch(a: DataType, b: DataType, op: str = "promote") -> DataType:
+    """torch's promotion between two tensor dtypes (`torch.promote_types`), as `tessera.ops`
+    applies it: bool < integers < floats, whatever the widths (int64 with float16 gives
+    float16); the wider float wins (float16 with bfloat16 gives float32); integers of one
+    signedness give the wider; a signed and an unsigned integer give the signed one if it is
+    wider, else the signed type twice the unsigned's width (uint8 with int8 gives int16; numpy's
+    rule for the uint16..uint64 pairs torch leaves undefined).  uint64 with a signed integer,
+    which no integer type holds, raises UnsupportedError (`op` names the operation)."""
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        return _promote_floats(a, b)
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.kind == b.kind:
+        return a if a.nbits >= b.nbits else b
+    signed, unsigned = (a, b) if a.kind == "int" else (b, a)
+    if signed.nbits > unsigned.nbits:
+        return signed
+    if unsigned.nbits >= 64:
+        raise UnsupportedError(f"{op}: no integer type holds both {a} and {b}; cast one of them first")
+    return _int(unsigned.nbits * 2)
+
+
+def result_type_torch(tensors: Sequence[DataType], scalars: Iterable[str] = (), op: str = "promote") -> DataType:
+    """torch's result type of an elementwise operation: the tensors' dtypes promote
+    (`promote_torch`); Python numbers, given by kind ("bool", "int", "float"), only lift the
+    category: a float makes a non-float result float32, an int makes a bool result int64.  So
+    ``x_f16 * 2.0`` stays float16 and ``x_int32 * 2.5`` becomes float32."""
+    t = tensors[0]
+    for x in tensors[1:]:
+        t = promote_torch(t, x, op)
+    kinds = set(scalars)
+    if "float" in kinds and not t.is_float:
+        return float32
+    if "int" in kinds and t.is_bool:
+        return int64
+    return t
+
+
+# ---- counterparts in numpy, torch and ONNX: one table each ---------------------------------------
+# numpy and torch name these types as tessera does (numpy's bfloat16 is the ml_dtypes package's);
+# the storage types have none (torch's float8 and int1..int7 dtypes hold one value per byte, not
+# tessera's packed fields).
+NUMPY_DTYPES: tuple[DataType, ...] = (
+    boolean, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64,
+)  # fmt: skip
+TORCH_DTYPES: tuple[DataType, ...] = NUMPY_DTYPES  # the same set today, by coincidence of the two libraries
+_FROM_NUMPY = {d.name: d for d in NUMPY_DTYPES}
+_FROM_TORCH = {d.name: d for d in TORCH_DTYPES}
+_TORCH_NAME = {d: d.name for d in TORCH_DTYPES}
+
+
+@functools.cache  # called per array on the CPU path: a scan with dataclass equality cost ~20 us
+def numpy_dtype(dt: DataType) -> np.dtype:
+    """The numpy dtype that holds `dt`; bfloat16 needs the optional ml_dtypes package.  A type
+    numpy lacks raises DataTypeError (an UnsupportedError and a TypeError)."""
+    if _FROM_NUMPY.get(dt.name) != dt:
+        raise DataTypeError(f"no numpy dtype holds {dt.name}")
+    if dt == bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise DataTypeError("bfloat16 numpy arrays need the ml_dtypes package (or use torch tensors)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dt.name)
+
+
+def from_numpy_dtype(dt: np.dtype | type) -> DataType:
+    """The DataType of a numpy dtype (or scalar type) in the machine's byte order; others raise
+    DataTypeError (an UnsupportedError and a TypeError)."""
+    dt = np.dtype(dt)
+    out = _FROM_NUMPY.get(dt.name) if dt.isnative else None
+    if out is None:
+        raise DataTypeError(f"numpy dtype {dt} has no tessera equivalent")
+    return out
+
+
+def torch_name(dt: DataType) -> str:
+    """The name of `dt`'s torch dtype (`getattr(torch, torch_name(dt))` is it): "float16" for
+    float16.  A type torch lacks raises DataTypeError."""
+    try:
+        return _TORCH_NAME[dt]
+    except KeyError:
+        raise DataTypeError(f"no torch dtype holds {dt.name}") from None
+
+
+def from_torch(torch_dtype: Any) -> DataType | None:
+    """The DataType of a torch dtype (or its str, "torch.float16"), None for one tessera lacks
+    (complex, quantized, float8...).  Reads the name: this layer imports no torch."""
+    return _FROM_TORCH.get(str(torch_dtype).removeprefix("torch."))
+
+
+# ONNX's TensorProto element types (onnx.proto's DataType enum) that tessera has; the others
+# (string, complex, float8...) are refused on import.
+ONNX_ELEMENT_TYPES: dict[int, DataType] = {
+    1: float32, 2: uint8, 3: int8, 4: uint16, 5: int16, 6: int32, 7: int64, 9: boolean,
+    10: float16, 11: float64, 12: uint32, 13: uint64, 16: bfloat16,
+}  # fmt: skip
+_ONNX_OF = {d: code for code, d in ONNX_ELEMENT_TYPES.items()}
+
+
+def onnx_element_type(dt: DataType) -> int:
+    """The ONNX element type of `dt`; a type ONNX's table here lacks raises DataTypeError."""
+    try:
+        return _ONNX_OF[dt]
+    except KeyError:
+        raise DataTypeError(f"no ONNX element type holds {dt.name}") from None

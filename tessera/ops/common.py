@@ -179,34 +179,9 @@ def broadcast_read(x: TensorNode, out_shape: Sequence[E.Expr], axes: Sequence[E.
 
 
 # ---- dtypes ----------------------------------------------------------------------------------------------------------
-def _int_type(bits: int, signed: bool) -> DataType:
-    return dtypes.dtype(("int" if signed else "uint") + str(bits))
-
-
-def promote_types(a: DataType, b: DataType, op: str = "promote") -> DataType:
-    """numpy/torch promotion between two tensor dtypes (bool < integers < floats)."""
-    if a == b:
-        return a
-    if a.is_float or b.is_float:
-        if not b.is_float:
-            return a
-        if not a.is_float:
-            return b
-        if {a, b} == {dtypes.float16, dtypes.bfloat16}:
-            return dtypes.float32
-        return a if a.nbits >= b.nbits else b
-    if a.is_bool:
-        return b
-    if b.is_bool:
-        return a
-    if a.kind == b.kind:
-        return a if a.nbits >= b.nbits else b
-    signed, unsigned = (a, b) if a.kind == "int" else (b, a)
-    if signed.nbits > unsigned.nbits:
-        return signed
-    if unsigned.nbits >= 64:
-        raise UnsupportedError(f"{op}: no integer type holds both {a} and {b}; cast one of them first")
-    return _int_type(unsigned.nbits * 2, True)
+# torch's promotion between two tensor dtypes: tessera.ir.dtypes holds it, with the kernel IR's C
+# rule and the graph's.
+promote_types = dtypes.promote_torch
 
 
 def scalar_kind(v: Any) -> str:
@@ -224,18 +199,10 @@ def result_type(args: Sequence[TensorOrScalar], op: str) -> DataType:
 
     As in torch, ``x_f16 * 2.0`` stays float16 and ``x_int32 * 2.5`` becomes float32.
     """
-    tensors = [a for a in args if isinstance(a, TensorNode)]
+    tensors = [a.dtype for a in args if isinstance(a, TensorNode)]
     if not tensors:
         raise ArgumentError(f"{op}: needs at least one tensor argument")
-    t = tensors[0].dtype
-    for x in tensors[1:]:
-        t = promote_types(t, x.dtype, op)
-    kinds = {scalar_kind(a) for a in args if not isinstance(a, TensorNode)}
-    if "float" in kinds and not t.is_float:
-        return dtypes.float32
-    if "int" in kinds and t.is_bool:
-        return dtypes.int64
-    return t
+    return dtypes.result_type_torch(tensors, (scalar_kind(a) for a in args if not isinstance(a, TensorNode)), op)
 
 
 def compute_type(t: DataType) -> DataType:

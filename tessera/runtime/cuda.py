@@ -19,7 +19,7 @@ import numpy as np
 
 from tessera import settings
 from tessera.errors import ArgumentError, DeviceError
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, numpy_dtype
 from tessera.ir.func import Function, LaunchConfig
 from tessera.ir.functor import instruction_names, written_buffers
 from tessera.ir.types import TensorMapType
@@ -27,7 +27,7 @@ from tessera.runtime import dlpack
 from tessera.runtime.args import bind, ctype_of, eval_dynamic_smem, eval_launch_dims, scalar_env
 from tessera.runtime.driver import _driver, check, context, ensure_current
 from tessera.runtime.lru import LRUCache
-from tessera.runtime.tensor import ArrayView, as_view, numpy_dtype, view_of
+from tessera.runtime.tensor import ArrayView, as_view, view_of
 from tessera.runtime.tensor_map import TensorMap
 from tessera.target import PLANNING_TARGET, SM90, Target, architecture
 

@@ -8,16 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from tessera.errors import ArgumentError
+from tessera.errors import ArgumentError, DataTypeError
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.runtime import dlpack
-
-_NUMPY_TO_DTYPE = {
-    "bool": dtypes.boolean, "int8": dtypes.int8, "int16": dtypes.int16, "int32": dtypes.int32, "int64": dtypes.int64,
-    "uint8": dtypes.uint8, "uint16": dtypes.uint16, "uint32": dtypes.uint32, "uint64": dtypes.uint64,
-    "float16": dtypes.float16, "float32": dtypes.float32, "float64": dtypes.float64, "bfloat16": dtypes.bfloat16,
-}  # fmt: skip
 
 
 @dataclass
@@ -33,27 +27,6 @@ class ArrayView:
     writable: bool = True  # False for read-only numpy arrays and CUDA-array-interface views
 
 
-@functools.cache  # per call on the CPU path: a scan with dataclass equality cost ~20 us per array
-def numpy_dtype(dt: DataType) -> np.dtype:
-    """The numpy dtype that stores `dt` (bfloat16 needs the ml_dtypes package)."""
-    if dt == dtypes.bfloat16:
-        try:
-            import ml_dtypes
-
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:
-            raise TypeError("bfloat16 numpy arrays need the ml_dtypes package; or pass torch tensors") from None
-    for name, d in _NUMPY_TO_DTYPE.items():
-        if d == dt:
-            return np.dtype(name)
-    raise TypeError(f"{dt} has no numpy equivalent")
-
-
-def _torch_dtype(t: Any) -> DataType | None:
-    name = str(t).removeprefix("torch.")
-    return _NUMPY_TO_DTYPE.get(name)
-
-
 def as_view(obj: Any) -> ArrayView | None:
     """An ArrayView of `obj`, or None when it is not an array."""
     if isinstance(obj, np.ndarray):
@@ -62,7 +35,7 @@ def as_view(obj: Any) -> ArrayView | None:
                          bool(obj.flags.writeable))  # fmt: skip
     mod = type(obj).__module__
     if mod.startswith("torch") and hasattr(obj, "data_ptr"):
-        dt = _torch_dtype(obj.dtype)
+        dt = dtypes.from_torch(obj.dtype)
         if dt is None:
             raise ArgumentError(f"torch dtype {obj.dtype} is not supported")
         device = "cuda" if obj.is_cuda else "cpu" if obj.device.type == "cpu" else obj.device.type
@@ -114,10 +87,10 @@ def _dtype_of(dt: np.dtype) -> DataType:
     if not dt.isnative:
         raise ArgumentError(f"dtype {dt.str} is not in the machine's byte order, which kernels would misread; "
                             "convert it first: x.astype(x.dtype.newbyteorder('='))")  # fmt: skip
-    out = _NUMPY_TO_DTYPE.get(dt.name)
-    if out is None:
-        raise ArgumentError(f"array dtype {dt} is not supported")
-    return out
+    try:
+        return dtypes.from_numpy_dtype(dt)
+    except DataTypeError:
+        raise ArgumentError(f"array dtype {dt} is not supported") from None
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

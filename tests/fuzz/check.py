@@ -206,7 +206,7 @@ class _Guards:
         compiled._alloc_arena = lambda nbytes: self._guarded(max(nbytes, 1), np.uint8, (max(nbytes, 1),), "the arena")
 
     def _empty(self, shape: tuple[int, ...], dt: Any) -> np.ndarray:
-        from tessera.graph.tensor import numpy_dtype
+        from tessera.ir.dtypes import numpy_dtype
 
         npdt = numpy_dtype(dt)
         return self._guarded(int(np.prod(shape, dtype=np.int64)) * npdt.itemsize, npdt, shape, f"an output {dt.name}{list(shape)}")

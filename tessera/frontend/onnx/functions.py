@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from tessera.errors import UnsupportedError
-from tessera.frontend.onnx.importer import ONNX_TYPE_OF, Importer, Known, function_expander
+from tessera.frontend.onnx.importer import Importer, Known, function_expander
 from tessera.graph import Tensor
+from tessera.ir import dtypes
 
 
 def function_body(im: Importer, node: Any, opset: int) -> Any | None:
@@ -78,10 +79,10 @@ def _type_proto(im: Importer, name: str) -> Any:
         return TypeProto()
     value = im.values.get(name)
     if isinstance(value, Known):
-        return helper.make_tensor_type_proto(7, [] if value.scalar else [len(value.values)])
+        return helper.make_tensor_type_proto(dtypes.onnx_element_type(dtypes.int64), [] if value.scalar else [len(value.values)])
     if isinstance(value, Tensor):
         shape = [d if isinstance(d, int) else None for d in value.shape]
-        return helper.make_tensor_type_proto(ONNX_TYPE_OF[value.dtype.name], shape)
+        return helper.make_tensor_type_proto(dtypes.onnx_element_type(value.dtype), shape)
     return TypeProto()
 
 

@@ -32,14 +32,14 @@ from tessera.errors import ArgumentError, FileFormatError, UnsupportedError
 from tessera.graph import FlowGraph, Operator, Tensor
 from tessera.graph.registry import get_op
 from tessera.graph.symbolic import Dim, ShapeError, Sym, contains_sym, fresh_dim
-from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
+from tessera.ir.dtypes import numpy_dtype
 
 log = logging.getLogger("tessera")
 
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}  # fmt: skip
-ONNX_TYPE_OF = {v: k for k, v in ONNX_DTYPES.items()}
+# ONNX element type -> tessera dtype name, as the rules read attributes ("to", "dtype"): a view of
+# the one table, tessera.ir.dtypes.ONNX_ELEMENT_TYPES.
+ONNX_DTYPES = {code: dt.name for code, dt in dtypes.ONNX_ELEMENT_TYPES.items()}
 MIN_NATIVE_OPSET = 13  # older models are converted to this opset on import
 # Folding at import time is bounded like the constant-folding pass: a broadcast of a few bytes
 # to megabytes stays an operator.

@@ -15,7 +15,7 @@ from tessera.frontend.onnx.importer import ALL_ATTRS, ONNX_DTYPES, Known, rule
 from tessera.graph import Tensor
 from tessera.graph.opdefs.shape import BIG
 from tessera.graph.symbolic import Sym, dim_mul
-from tessera.graph.tensor import numpy_dtype
+from tessera.ir.dtypes import numpy_dtype
 
 
 @rule("Identity")

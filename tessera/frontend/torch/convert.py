@@ -27,8 +27,8 @@ from tessera.errors import UnsupportedError
 from tessera.frontend.torch.symbols import dim_from_sym
 from tessera.graph import FlowGraph, Operator, Tensor
 from tessera.graph.symbolic import Sym
-from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
+from tessera.ir.dtypes import numpy_dtype
 
 Rule = Callable[["Converter", dict], Any]
 RULES: dict[str, Rule] = {}
@@ -60,12 +60,10 @@ def rule_for(target: Any) -> Rule | None:
 
 
 def dtype_of(dt: torch.dtype) -> dtypes.DataType:
-    name = str(dt).removeprefix("torch.")
-    try:
-        return dtypes.dtype({"bool": "bool", "half": "float16", "float": "float32", "double": "float64",
-                             "long": "int64", "int": "int32"}.get(name, name))  # fmt: skip
-    except ValueError:
-        raise UnsupportedError(f"torch dtype {dt} is not supported") from None
+    out = dtypes.from_torch(dt)
+    if out is None:
+        raise UnsupportedError(f"torch dtype {dt} is not supported")
+    return out
 
 
 def scalar_from_meta(value: Any) -> Any:

@@ -23,11 +23,11 @@ import numpy as np
 
 from tessera.errors import ArgumentError, DeviceError
 from tessera.ir import dtypes
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, numpy_dtype
 from tessera.ops.compiled import numpy_to_torch, torch_dtype, torch_to_numpy
 from tessera.runtime.cuda import DeviceArray, use_stream
 from tessera.runtime.cuda_graph import Stream, capture
-from tessera.runtime.tensor import numpy_dtype, view_of
+from tessera.runtime.tensor import view_of
 
 ARRAY_KINDS = ("auto", "torch", "native")
 

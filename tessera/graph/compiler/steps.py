@@ -21,8 +21,8 @@ from tessera.graph.operator import Operator
 from tessera.graph.symbolic import ShapeError, evaluate
 from tessera.graph.tensor import Tensor
 from tessera.ir.compute import Placeholder, TensorNode, inputs_of
+from tessera.ir.dtypes import numpy_dtype
 from tessera.ops.compiled import numpy_to_torch, torch_to_numpy
-from tessera.runtime.tensor import numpy_dtype
 from tessera.templates.kernel import CpuAnchorKernel
 
 

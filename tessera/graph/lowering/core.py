@@ -28,11 +28,10 @@ from tessera import ops
 from tessera.errors import UnsupportedError
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Dim, Sym
-from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.ir.compute import TensorNode, compute, fresh_name
-from tessera.ir.dtypes import DataType
+from tessera.ir.dtypes import DataType, numpy_dtype
 from tessera.ir.shapes import to_expr
 from tessera.ops.common import same_dim, static
 

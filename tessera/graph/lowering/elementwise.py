@@ -14,7 +14,6 @@ from typing import Any
 
 from tessera import ops
 from tessera.graph.lowering.core import Ctx, cast, copy, python_value
-from tessera.graph.opdefs.elementwise import arith_type
 from tessera.graph.operator import Operator
 from tessera.graph.symbolic import Sym, contains_sym
 from tessera.ir import dtypes
@@ -127,7 +126,7 @@ def compare(ctx: Ctx) -> list[TensorNode]:
     # Comparisons take both operands in their promoted dtype (the graph's C-like promotion, as
     # the reference does); logical ops take each operand's truth value as it is.
     ins = ctx.op.inputs
-    dt = None if ctx.kind.startswith("logical") else arith_type(ins[0].dtype, ins[1].dtype)
+    dt = None if ctx.kind.startswith("logical") else dtypes.promote_graph(ins[0].dtype, ins[1].dtype)
     a, b = _operands(ctx, dt)
     return ctx.finish([COMPARE[ctx.kind](a, b)])
 

@@ -9,8 +9,8 @@ import numpy as np
 
 from tessera.graph.registry import REQUIRED, register
 from tessera.graph.symbolic import ShapeError, Sym
-from tessera.graph.tensor import numpy_dtype
 from tessera.ir import dtypes
+from tessera.ir.dtypes import numpy_dtype
 from tessera.ir.symbolic import floordiv, sym_max
 
 

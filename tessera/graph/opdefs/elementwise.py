@@ -11,9 +11,8 @@ from tessera.errors import DivisionByZeroError
 from tessera.graph.opdefs._common import float_result, upcast
 from tessera.graph.registry import register
 from tessera.graph.symbolic import ShapeError, broadcast_shapes
-from tessera.graph.tensor import from_numpy_dtype, numpy_dtype
 from tessera.ir import dtypes
-from tessera.ir.dtypes import promote
+from tessera.ir.dtypes import from_numpy_dtype, numpy_dtype, promote_graph
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -123,14 +122,8 @@ register("cast", infer=lambda xs, a: [(xs[0].shape, dtypes.dtype(a["dtype"]))], 
 
 
 # ---- binary ------------------------------------------------------------------------------
-def arith_type(a, b):
-    """The dtype both operands of an arithmetic operator or comparison are converted to (C-like
-    promotion; two bools stay bool).  Lowering uses it too: one rule for both sides."""
-    return promote(a, b) if not (a.is_bool and b.is_bool) else dtypes.boolean
-
-
 def _infer_arith(inputs, attrs):
-    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), arith_type(inputs[0].dtype, inputs[1].dtype))]
+    return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), promote_graph(inputs[0].dtype, inputs[1].dtype))]
 
 
 def _infer_sub(inputs, attrs):
@@ -157,7 +150,7 @@ def _promoted_ref(fn):
     # Operands converted to the promoted dtype first, as the graph's result dtype says (and as
     # torch does): numpy would compute int64 % float16 in float64, where 2**40 is finite.
     def ref(xs, attrs):
-        dt = numpy_dtype(arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype)))
+        dt = numpy_dtype(promote_graph(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype)))
         return [fn(upcast(xs[0].astype(dt, copy=False)), upcast(xs[1].astype(dt, copy=False)))]
 
     return ref
@@ -213,7 +206,7 @@ def _infer_div(inputs, attrs):
 
 
 def _div_ref(xs, a):
-    dt = arith_type(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype))
+    dt = promote_graph(from_numpy_dtype(xs[0].dtype), from_numpy_dtype(xs[1].dtype))
     if a["rounding"] is None and not dt.is_float:
         dt = dtypes.float32  # true division of integers is float32 division, as torch does it
     x, y = (upcast(v.astype(numpy_dtype(dt), copy=False)) for v in xs)
@@ -234,7 +227,7 @@ register("div", infer=_infer_div, reference=_div_ref, category="elementwise", nu
 
 def _infer_where(inputs, attrs):
     shape = broadcast_shapes(inputs[0].shape, inputs[1].shape, inputs[2].shape)
-    return [(shape, arith_type(inputs[1].dtype, inputs[2].dtype))]
+    return [(shape, promote_graph(inputs[1].dtype, inputs[2].dtype))]
 
 
 register("where", infer=_infer_where, category="elementwise", num_inputs=3,

@@ -7,7 +7,8 @@ from tessera.errors import DivisionByZeroError
 from tessera.graph.flow_graph import FlowGraph
 from tessera.graph.registry import get_op
 from tessera.graph.symbolic import contains_sym
-from tessera.graph.tensor import Tensor, numpy_dtype
+from tessera.graph.tensor import Tensor
+from tessera.ir.dtypes import numpy_dtype
 
 # Folding a broadcast (expand, full) can turn a few bytes into megabytes of file and memory;
 # such results stay computed at run time.

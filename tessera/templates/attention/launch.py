@@ -123,14 +123,14 @@ def launch_arguments(shape: AttentionShape, dtype: Any, scale: float, mask: Mask
     "dummy"); `maps` are the three tensor maps (q, k, v)."""
     torch = _torch()
     s = shape
-    tdt = getattr(torch, dtype.name)
+    tdt = getattr(torch, dtypes.torch_name(dtype))
     q = torch.empty((s.b, s.h, s.sq, s.d), dtype=tdt, device=device)
     o = torch.empty((s.b, s.sq, s.h, s.d) if heads_last else (s.b, s.h, s.sq, s.d), dtype=tdt, device=device)
     kv = torch.empty((s.b, s.hk, s.sk, s.d), dtype=tdt, device=device)
     keep: dict[str, Any] = {"dummy": torch.zeros(1, dtype=torch.bool, device=device)}
     if mask is not None:
         mshape = tuple(f if full else 1 for f, full in zip((s.b, s.h, s.sq, s.sk)[4 - mask.rank:], mask.full))
-        m = torch.empty(mshape, dtype=getattr(torch, mask.dtype.name), device=device)
+        m = torch.empty(mshape, dtype=getattr(torch, dtypes.torch_name(mask.dtype)), device=device)
     else:
         m = keep["dummy"]
     scale_log2 = float(scale) * LOG2E
