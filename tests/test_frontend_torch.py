@@ -178,3 +178,17 @@ def test_options_reach_the_backend_and_outputs_are_fresh():
         kept = first.clone()
         second = compiled(torch.randn(2, 13, 40))
     assert torch.equal(first, kept) and first.data_ptr() != second.data_ptr()
+
+
+def test_python_scalars_become_constants_of_their_own_kind():
+    """A bool, int or float reaching the converter without a dtype keeps its kind (bool was an
+    AttributeError: the dtype's name was wrong)."""
+    import numpy as np
+
+    from tessera.frontend.torch.convert import Converter
+    from tessera.ir import dtypes
+
+    cv = Converter()
+    for value, dtype in ((True, dtypes.boolean), (3, dtypes.int64), (2.5, dtypes.float32)):
+        t = cv.tensor(value)
+        assert t.dtype == dtype and t.is_constant and np.asarray(t.data).item() == value

@@ -177,7 +177,7 @@ class Converter:
             raise UnsupportedError(value.reason)
         if isinstance(value, (bool, int, float, Sym)):
             if dtype is None:
-                dtype = dtypes.bool_ if isinstance(value, bool) else dtypes.float32 if isinstance(value, float) \
+                dtype = dtypes.boolean if isinstance(value, bool) else dtypes.float32 if isinstance(value, float) \
                     else dtypes.int64  # fmt: skip
             return self.const(value, dtype)
         raise UnsupportedError(f"expected a tensor, got {type(value).__name__}")
