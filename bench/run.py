@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Timer, copy_bandwidth_gbs, rel_err, write_results  # noqa: E402
 
 import tessera as ts  # noqa: E402
-from tessera.templates.row import reduce_ops  # noqa: E402
+from tessera.templates.row import kinds as reduce_ops  # noqa: E402
 
 _DT = {"fp16": (torch.float16, ts.f16), "bf16": (torch.bfloat16, ts.bf16), "fp32": (torch.float32, ts.f32)}
 EPS = 1e-5

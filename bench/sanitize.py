@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tessera.templates.row import reduce_ops  # noqa: E402
+from tessera.templates.row import kinds as reduce_ops  # noqa: E402
 
 F = torch.nn.functional
 
