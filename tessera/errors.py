@@ -111,3 +111,8 @@ def raise_for_status(status: int, kernel: str) -> None:
                                  "and ONNX refuse it on the CPU; cast the base to a float type for such powers)")
     if status:
         raise TesseraError(f"{kernel}: reported an unknown status {status}")
+
+
+class RequestError(TesseraError, ValueError):
+    """A generation request tessera.llm cannot serve as asked: a prompt past the context length,
+    a sampling parameter out of range, an unknown model.  The server answers it with HTTP 400."""

@@ -350,11 +350,13 @@ def _by_group(tag: str) -> list:
 
 
 @pytest.mark.parametrize("name", _by_group("fp32"))
+@pytest.mark.slow
 def test_op_fp32_cpu(name):
     _check(name, torch.float32, "cpu")
 
 
 @pytest.mark.parametrize("name", _by_group("fp32-dynamic"))
+@pytest.mark.slow
 def test_op_fp32_cpu_symbolic_sizes(name):
     """The same cases with every input size symbolic (dynamic=True): the lowerings' symbolic paths."""
     _check(name, torch.float32, "cpu", dynamic=True)

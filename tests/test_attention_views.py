@@ -242,6 +242,7 @@ def _hf_graph(family):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.slow
 def test_transformers_attention_runs_on_head_views(hopper, family):
     """HF GPT-2 and Llama (grouped heads, rotary q and k) as the front end lowers them: no copy
     around attention is left to a kernel of its own (Llama's rotary embedding writes q and k)."""

@@ -91,6 +91,7 @@ def test_second_build_is_a_cache_hit(cache_dir, counting_run):
     assert len(entries(cache_dir)) == 1
 
 
+@pytest.mark.slow
 def test_cache_key_covers_source_and_flags(cache_dir, counting_run, monkeypatch):
     path1 = Path(ts.Kernel(scale_add).build())
 
@@ -106,6 +107,7 @@ def test_cache_key_covers_source_and_flags(cache_dir, counting_run, monkeypatch)
 
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete", "bad_meta", "no_meta"])
+@pytest.mark.slow
 def test_corrupt_entry_is_detected_and_rebuilt(cache_dir, counting_run, damage):
     path = Path(ts.Kernel(scale_add).build())  # built, not loaded: no stale handle in this process
     good = path.read_bytes()
@@ -165,6 +167,7 @@ def _concurrent_worker(cache_dir: str, barrier, results) -> None:
 
 
 @pytest.mark.parametrize("round_", range(2))
+@pytest.mark.slow
 def test_concurrent_builds_from_two_processes(cache_dir, round_):
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
@@ -268,6 +271,7 @@ def cuda_narrow(a: f64["n"], h: f16["n"], half: f32["n"]):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_cuda_source_compiles_to_cubin(cache_dir, counting_run):
     k = ts.Kernel(cuda_narrow, target="cuda", name="exp")  # a name that clashes with CUDA's math library
     path = Path(k.build())

@@ -81,6 +81,7 @@ def _run_fails(capsys, args: list[str], expected: str) -> None:
     ("missing_artifact.tsr", "missing member artifacts/"), ("missing_compiled.tsr", "missing member compiled.json"),
     ("truncated.tsr", "compiled"), ("corrupt.tsr", "Bad CRC-32"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_run_refuses_a_bad_model_file_in_one_line(files, capsys, name, expected):
     _run_fails(capsys, [str(files[name]), "--device", "cpu"], expected)
 
@@ -97,6 +98,7 @@ def test_run_refuses_a_bad_model_file_in_one_line(files, capsys, name, expected)
     (["--repeat", "0"], "--repeat must be at least 1"),
     (["--save", "{missing}/model.tsr"], "does not exist"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_run_refuses_inputs_it_would_ignore(files, capsys, args, expected):
     d = files["dir"]
     paths = {"x3": d / "x3.npy", "x64": d / "x64.npy", "obj": d / "obj.npy", "missing": d / "missing"}
@@ -220,6 +222,7 @@ def _reshape_model(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_run_specialises_on_shape_like_inputs(tmp_path, capsys):
     """`tessera run` compiles ONNX models with tessera.onnx.compile: a shape fed as an input works."""
     path = _reshape_model(tmp_path)

@@ -42,6 +42,7 @@ def expected_bytes(bits: int | None, group: int, kv: int, elem: int = 4) -> dict
     return {"weights": weights, "kv_cache": cache, "total": weights + cache}
 
 
+@pytest.mark.slow
 def test_quantized_decode_case_runs_on_a_tiny_llama_through_tessera():
     opts = argparse.Namespace(repeats=3, warmup=1, system_timeout=600.0, max_call_s=60.0)
     kv, spec = 20, dc.WeightSpec("int4", 32)
@@ -83,6 +84,7 @@ def test_quantized_decode_case_runs_on_a_tiny_llama_through_tessera():
     assert "## Decode:" not in md  # the fp16 decode table leaves quantized rows to their own
 
 
+@pytest.mark.slow
 def test_quantized_float16_decode_step_is_one_tessera_graph_of_lowbit_operators():
     """float16, as on the GPU: the quantized step compiles to one tessera graph whose linears are
     lowbit_linear operators (the GPU's anchor; on the CPU the row kernel), nothing left to torch;

@@ -271,6 +271,7 @@ def test_decode_cases_are_models_of_the_suite():
     assert ms.parse_args(["--models", "llama-decode-2048"]).models == ["llama-decode-2048"]
 
 
+@pytest.mark.slow
 def test_decode_case_runs_end_to_end_on_a_tiny_llama():
     """The decode case's code path on the CPU: a tiny float32 Llama, eager and tessera; tessera's
     steps (4 different tokens) agree with eager's, and the timed steps ran."""
@@ -350,6 +351,7 @@ def test_hung_child_is_killed(tmp_path):
     assert all("--model-timeout" in e for e in row["errors"].values())
 
 
+@pytest.mark.slow
 def test_suite_appends_rows_and_rewrites_markdown(tmp_path, monkeypatch):
     row = synthetic_row("placeholder")
     script = """
@@ -378,6 +380,7 @@ def test_suite_appends_rows_and_rewrites_markdown(tmp_path, monkeypatch):
     assert all(ms.MODELS[m].case in md for m in ("gpt2", "resnet50", "bert"))
 
 
+@pytest.mark.slow
 def test_run_py_routes_the_models_suite():
     """bench/run.py --suite models hands its own options to models_suite (bad ones exit with usage)."""
     proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--suite", "models", "--models", "nope"],

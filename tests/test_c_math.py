@@ -76,6 +76,7 @@ def test_special_values(kernels):
     np.testing.assert_allclose(f[13:15], x[13:15] * (2 / np.sqrt(np.pi)), rtol=2e-7)
 
 
+@pytest.mark.slow
 def test_gelu_forms_match_float64(rng):
     """Both GELUs (erf and tanh) through the helpers, on an odd shape, fresh inputs each call."""
     x = ops.placeholder((37, 131), "float32", "x")
@@ -89,6 +90,7 @@ def test_gelu_forms_match_float64(rng):
         np.testing.assert_allclose(approx, 0.5 * x64 * (1 + np.tanh(inner)), rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_loops_calling_them_use_the_helpers():
     """float32 calls go to the helpers (which gcc inlines and vectorises); float64 stays on libm."""
     x32, x64 = ops.placeholder((5, 7), "float32", "x"), ops.placeholder((5, 7), "float64", "y")

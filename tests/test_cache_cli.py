@@ -47,6 +47,7 @@ def _entry_of(name: str) -> cache.Entry:
     return entry
 
 
+@pytest.mark.slow
 def test_list_and_size(rng, cache_dir, capsys):
     _fresh_kernels()
     _run_both(rng)
@@ -62,6 +63,7 @@ def test_list_and_size(rng, cache_dir, capsys):
     assert cache.total_size() >= sum(e.size for e in cache.entries())
 
 
+@pytest.mark.slow
 def test_verify_finds_corrupt_and_mislabelled_entries(rng, cache_dir, capsys):
     _fresh_kernels()
     _run_both(rng)
@@ -88,6 +90,7 @@ def test_verify_finds_corrupt_and_mislabelled_entries(rng, cache_dir, capsys):
     assert len(cache.entries()) == 2
 
 
+@pytest.mark.slow
 def test_clear_older_than_and_all(rng, cache_dir, capsys):
     _fresh_kernels()
     _run_both(rng)

@@ -391,6 +391,7 @@ def test_f16_arithmetic_rounds_like_numpy(rng):
 # ---- names that C reserves -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_names_that_clash_with_c_are_renamed(rng):
     """Kernel, parameter and variable names that are C keywords, libm functions or prelude helpers."""
 

@@ -102,6 +102,7 @@ def _cuda_clashes(a: f32["n"], half: f32["n"], warpSize: i32["n"]):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_cuda_kernel_named_like_a_cuda_math_function_compiles(cache_dir):
     for name in ("normcdf", "rsqrtf", "__syncthreads", "threadIdx"):
         k = ts.Kernel(_cuda_clashes, "cuda", name=name, arch="sm_90")

@@ -23,6 +23,7 @@ def _f32(rng, *shape):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("lead,n,k", [((1,), 1, 1), ((2, 5), 19, 37), ((33,), 70, 16)])
+@pytest.mark.slow
 def test_linear_bias_residual_relu(rng, packed, lead, n, k):
     out_shape = (*lead, n)
     acc, res_p = ops.placeholder(out_shape, "float32", "acc"), ops.placeholder(out_shape, "float32", "res")
@@ -37,6 +38,7 @@ def test_linear_bias_residual_relu(rng, packed, lead, n, k):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_matmul_broadcast_batch_and_vectors(rng):
     for a_shape, b_shape in [((3, 4, 9, 17), (4, 17, 23)), ((9, 17), (17,)), ((17,), (3, 17, 5)), ((1, 1), (1, 1))]:
         a, b = _f32(rng, *a_shape), _f32(rng, *b_shape)
@@ -48,6 +50,7 @@ def test_matmul_broadcast_batch_and_vectors(rng):
 
 @pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (1, 1, 1, 1), (1, 1)), ((2, 2), (0, 0, 0, 0), (1, 1)),
                                                      ((2, 1), (1, 0, 2, 1), (1, 2)), ((1, 1), (0, 0, 0, 0), (1, 1))])
+@pytest.mark.slow
 def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
     x, w, bias = _f32(rng, 2, 5, 11, 13), _f32(rng, 7, 5, 3, 3), _f32(rng, 7)
     t = torch.nn.functional.pad(torch.from_numpy(x).double(), (padding[1], padding[3], padding[0], padding[2]))
@@ -80,6 +83,7 @@ def test_call_errors_are_clear_and_a_scalar_extra_is_one_element(rng):
 @pytest.mark.parametrize("kernel_hw,stride,padding,dilation", [((2, 3), (1, 2), (1, 2, 0, 1), (2, 1)),
                                                                ((7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
                                                                ((1, 1), (2, 2), (0, 0, 0, 0), (1, 1))])
+@pytest.mark.slow
 def test_conv2d_im2col_offsets_for_other_kernel_shapes(rng, kernel_hw, stride, padding, dilation):
     """The per-column offset table (channel, kernel row, kernel column) for non-square kernels,
     the 7x7 stride-2 stem and 1x1s, over three images."""
@@ -95,6 +99,7 @@ def test_conv2d_im2col_offsets_for_other_kernel_shapes(rng, kernel_hw, stride, p
 
 
 @pytest.mark.parametrize("tile", [(4, 2), (6, 2), (14, 2)], ids=str)
+@pytest.mark.slow
 def test_conv2d_row_and_pixel_layouts(rng, tile):
     """Both row layouts of the implicit GEMM (one GEMM batch per output row when a row is at
     least MR pixels, else all pixels as M): rows shorter than, equal to and longer than MR
@@ -133,6 +138,7 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
     assert layouts == ({True, False} if mr == 14 else {True}) and orders == {True, False}  # ow = 15, 15, 6, 16
 
 
+@pytest.mark.slow
 def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch):
     from tessera.templates.cpu import conv as cpu_conv
 
@@ -160,6 +166,7 @@ def test_other_dtypes_are_refused():
         plan_cpu_linear((4, 8), (3, 8), "float16")
 
 
+@pytest.mark.slow
 def test_graph_anchors_run_on_the_cpu_gemm(rng):
     from tessera.graph import GraphBuilder
     from tessera.graph.compiler import compile_graph
@@ -178,6 +185,7 @@ def test_graph_anchors_run_on_the_cpu_gemm(rng):
     assert summary["steps"] == {"anchor": 2} and summary["fused_ops"] == 2, summary
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_torch(rng):
     """conv + batchnorm + relu + residual and a linear head through torch.compile."""
     class Net(torch.nn.Module):
@@ -227,6 +235,7 @@ def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
         assert cpu_gemm.spill_free(kernel.config)  # the bias epilogue keeps the tile's B vectors in registers
 
 
+@pytest.mark.toolchain
 def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
     """The tile chosen for a GEMM whose epilogue reads a bias compiles to a K loop whose FMAs
     take every operand from registers.  Only the rule's own tile is checked: what gcc does with
@@ -253,6 +262,7 @@ def test_bias_epilogue_tiles_keep_the_k_loop_in_registers(tmp_path):
 
 @pytest.mark.parametrize("shape,causal,mask", [((1, 4, 4, 9, 9, 16), True, None), ((2, 4, 2, 7, 11, 8), False, (2, 1, 1, 11)),
                                                ((1, 2, 1, 5, 5, 3), True, (5, 5))])
+@pytest.mark.slow
 def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
     from tessera.templates.attention.plan import plan_attention
 
@@ -271,6 +281,7 @@ def test_attention_on_the_cpu_gemm(rng, shape, causal, mask):
     np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_zero_dim_tensor_from_a_torch_segment():
     """A 0-d tensor made by an op that runs in torch (new_ones) feeds a compiled segment
     (GPT-2's attention mask does this): it must arrive 0-d, not as shape (1,)."""

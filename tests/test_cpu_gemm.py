@@ -29,6 +29,7 @@ def _run(cfg, src, a, b, rc, full_rows=False, panel_major=False):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("src", ["kn", "nk", "packed"])
+@pytest.mark.slow
 def test_gemm_matches_numpy(cfg, src):
     rng = np.random.default_rng(0)
     for batch, m, n, k in SHAPES:
@@ -41,6 +42,7 @@ def test_gemm_matches_numpy(cfg, src):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("src", ["kn", "packed"])
+@pytest.mark.slow
 def test_full_rows_shifts_the_last_row_tile(cfg, src):
     """With full_rows (M >= MR) the last row tile ends at row M: M = MR, a multiple of MR and
     ragged M, over several row chunks (chunks meet inside the shifted tile's rows)."""
@@ -55,6 +57,7 @@ def test_full_rows_shifts_the_last_row_tile(cfg, src):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("src", ["kn", "nk", "packed"])
+@pytest.mark.slow
 def test_panel_major_work_order(cfg, src):
     """Work units ordered column panel first cover every tile once: several batches and
     panels, ragged rows and columns, with and without full_rows, several row chunks."""
@@ -87,6 +90,7 @@ def test_config_checks_registers():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.slow
 def test_pad2d_matches_numpy(threads):
     """Zero padding for the CPU conv: asymmetric and zero margins, size-1 dims, more workers than
     rows; the output starts as NaN, so every element must be written; fresh inputs per call."""

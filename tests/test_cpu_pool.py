@@ -21,6 +21,7 @@ GEOMETRIES = [((3, 3), (2, 2), (1, 1), False), ((2, 2), (2, 2), (0, 0), False), 
 
 
 @pytest.mark.parametrize("kernel,stride,padding,ceil_mode", GEOMETRIES)
+@pytest.mark.slow
 def test_max_pool2d_matches_torch(rng, kernel, stride, padding, ceil_mode):
     for x_shape in [(2, 3, 11, 13), (1, 1, 1, 1), (1, 4, 5, 2), (3, 1, 4, 40)]:
         if x_shape[2] + 2 * padding[0] < kernel[0] or x_shape[3] + 2 * padding[1] < kernel[1]:
@@ -60,6 +61,7 @@ def test_bad_geometry_is_refused():
         plan_cpu_max_pool2d((1, 1, 1, 1), (3, 3), (1, 1), (0, 0))
 
 
+@pytest.mark.slow
 def test_compiled_graph_runs_max_pool_as_an_anchor(rng):
     class Net(torch.nn.Module):
         def forward(self, x):

@@ -54,6 +54,7 @@ def replay_kind(request, monkeypatch):
 
 
 @pytest.mark.parametrize("batch", [5, "batch"])
+@pytest.mark.slow
 def test_replay_matches_the_steps_call_after_call(rng, batch, replay_kind):
     graph = _block(rng, batch)
     compiled = compile_graph(graph, "cpu")
@@ -73,6 +74,7 @@ def test_replay_matches_the_steps_call_after_call(rng, batch, replay_kind):
         assert plan.replay.native == (replay_kind == "native")
 
 
+@pytest.mark.slow
 def test_replay_per_plan_of_a_dynamic_graph(rng, replay_kind):
     graph = _block(rng)
     compiled = compile_graph(graph, "cpu")
@@ -83,6 +85,7 @@ def test_replay_per_plan_of_a_dynamic_graph(rng, replay_kind):
     assert len(_plans(compiled)) == 3 and all(p.replay is not None for p in _plans(compiled))
 
 
+@pytest.mark.slow
 def test_profiling_runs_the_steps_and_agrees(rng):
     graph = _block(rng)
     compiled = compile_graph(graph, "cpu")
@@ -97,6 +100,7 @@ def test_profiling_runs_the_steps_and_agrees(rng):
     assert compiled.step_times is None
 
 
+@pytest.mark.slow
 def test_overlapping_inputs_are_not_recorded_until_they_are_apart(rng, replay_kind):
     """One array passed as both inputs: an address inside it could belong to either, so that call
     runs the steps and records nothing; a later call with separate arrays records."""
@@ -116,6 +120,7 @@ def test_overlapping_inputs_are_not_recorded_until_they_are_apart(rng, replay_ki
     np.testing.assert_allclose(compiled(a, a)[0], graph.run(a, a)[0], rtol=2e-6, atol=1e-6)  # the replay, aliased
 
 
+@pytest.mark.slow
 def test_replayed_kernel_raises_its_error(rng, replay_kind):
     b = GraphBuilder("div")
     x, y = b.input("x", [3, 5], "int32"), b.input("y", [3, 5], "int32")
@@ -133,6 +138,7 @@ def test_replayed_kernel_raises_its_error(rng, replay_kind):
     np.testing.assert_array_equal(compiled(x, y)[0], np.floor_divide(x, y))
 
 
+@pytest.mark.slow
 def test_a_python_step_keeps_the_plan_on_the_steps(rng, monkeypatch):
     """A numpy-reference step is no C call: a plan with one is never replayed (it would be skipped)."""
     from tessera.graph import lowering

@@ -175,6 +175,7 @@ def test_vfloat16_reads_every_half_bit_pattern(lanes):
     np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
 
 
+@pytest.mark.slow
 def test_avx512_integer_vectors_compile_with_gcc(monkeypatch, tmp_path):
     """The 16-lane C of the integer vectors (AVX-512: masked epi32 loads and stores, vpermps,
     vpmovdw + vcvtph2ps) builds with gcc, also on a machine that cannot run it."""

@@ -63,6 +63,7 @@ def test_update_is_written_into_the_input_and_returned_as_it():
         np.testing.assert_allclose(read, want_read, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_in_place_update_has_no_copy_kernel():
     """The functional update copies the cache (an init kernel) before writing the rows; in place,
     the kernel writes the rows alone."""
@@ -156,6 +157,7 @@ def _decode(model, cache_len: int, prompt_len: int, steps: int, device: str = "c
     return eager_out, compiled_out, caches[0], caches[1], collect, ptrs
 
 
+@pytest.mark.slow
 def test_static_cache_decode_matches_eager_and_updates_the_cache_in_place(monkeypatch):
     from tessera.frontend.torch import stats
 

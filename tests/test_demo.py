@@ -8,6 +8,7 @@ import re
 import pytest
 
 
+@pytest.mark.slow
 def test_demo_on_the_cpu_checks_and_times_honestly(capsys):
     pytest.importorskip("torch")
     from tessera.examples.demo import REPEAT, run_demo

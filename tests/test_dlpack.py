@@ -58,6 +58,7 @@ def test_kernels_take_dlpack_only_producers(rng):
     np.testing.assert_allclose(out.numpy(), a * 2 + x, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_export_goes_to_torch_and_numpy_without_copy(rng):
     for dt, np_dt in ((ts.float32, np.float32), (ts.int64, np.int64), (ts.boolean, np.bool_), (ts.float16, np.float16)):
         host = (rng.standard_normal((3, 1, 5)) * 10).astype(np_dt)

@@ -38,6 +38,7 @@ def _count_breaks_and_graphs():
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+@pytest.mark.slow
 def test_transformers_dynamic_shapes_match_eager(name):
     torch.manual_seed(0)
     torch._dynamo.reset()
@@ -82,6 +83,7 @@ class KVAttention(torch.nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, d)), k, v
 
 
+@pytest.mark.slow
 def test_kv_cache_model_with_dynamic_past_and_sequence():
     torch.manual_seed(0)
     torch._dynamo.reset()
@@ -134,6 +136,7 @@ def _check_generate(kind: str, cache: str, device: str = "cpu", dtype: torch.dty
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("kind", ["llama", "mistral"])
+@pytest.mark.slow
 def test_generate_greedy_matches_eager_tokens(kind, cache):
     """model.generate(max_new_tokens=32, greedy) with the forward compiled by tessera: the default
     dynamic cache (growing `past + 1` sizes) and the static cache (index_copy_ into fixed buffers)."""
@@ -165,6 +168,7 @@ def test_transformers_dynamic_shapes_match_eager_cuda(name):
     assert tb.stats["eager_nodes"] == breaks0
 
 
+@pytest.mark.slow
 def test_automatic_dynamic_shapes_recompile_once():
     """Without dynamic=True dynamo compiles the first size statically, then marks the changed sizes
     dynamic (automatic dynamic shapes): one more graph serves every later size."""
@@ -217,6 +221,7 @@ def _compare_dynamic(model, make_inputs, sizes) -> None:
     assert tb.stats["graphs"] - before["graphs"] < len(sizes), "a graph per size: the sizes did not stay symbolic"
 
 
+@pytest.mark.slow
 def test_vit_dynamic_batch():
     import zoo
 

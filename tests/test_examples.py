@@ -46,6 +46,7 @@ def test_examples_cuda_compile(factory):
     assert "__global__" in kernel.source
 
 
+@pytest.mark.slow
 def test_main_job_cpu(capsys, monkeypatch):
     from tessera.cli import main
     from tessera.examples import run

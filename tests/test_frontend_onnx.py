@@ -41,6 +41,7 @@ def export(model, inputs, dynamic_axes) -> bytes:
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_exported_model_matches_torch(name):
     make, inputs, dyn = CASES[name]
     torch.manual_seed(0)
@@ -59,6 +60,7 @@ def test_exported_model_matches_torch(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_exported_model_compiles_and_matches_torch(name, cache_dir):
     """The same models through the graph compiler (generated C): every operator compiled,
     three batch/sequence sizes from one build."""

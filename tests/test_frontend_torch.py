@@ -32,6 +32,7 @@ def _check(out, ref, rtol=1e-5):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_model_matches_torch_with_dynamic_batch(name):
     make, inputs = CASES[name]
     torch.manual_seed(0)
@@ -65,6 +66,7 @@ class WithSort(torch.nn.Module):
         return torch.tanh(self.b(y * 2.0))
 
 
+@pytest.mark.slow
 def test_op_without_lowering_runs_in_torch_with_logged_reason(caplog):
     torch.manual_seed(0)
     model = WithSort().eval()
@@ -83,6 +85,7 @@ def test_op_without_lowering_runs_in_torch_with_logged_reason(caplog):
 
 
 @pytest.mark.parametrize("bias", [True, False])  # two folded tensors, and one
+@pytest.mark.slow
 def test_changed_weights_are_not_ignored(bias):
     model = torch.nn.Sequential(torch.nn.Linear(5, 3, bias=bias), torch.nn.ReLU()).eval()
     torch._dynamo.reset()
@@ -115,6 +118,7 @@ class DataDependent(torch.nn.Module):
         return (idx.float().sum() + z.sum() + (1.0 if flag else -1.0)) * y.mean()
 
 
+@pytest.mark.slow
 def test_graph_breaks_only_for_data_dependent_shapes_logged_once(caplog):
     from torch._dynamo.utils import counters
 
@@ -145,6 +149,7 @@ def _graphs(model, *inputs):
     return [g for cg in collected for g in cg.graphs]
 
 
+@pytest.mark.slow
 def test_graph_passes_apply_to_the_aten_graph():
     """The ATen graph keeps the operators the passes and anchors expect: batch norm folds into the
     convolution, the q/k/v projections (permute + mm in ATen) merge into one wide linear, and the
@@ -161,6 +166,7 @@ def test_graph_passes_apply_to_the_aten_graph():
     assert all(op.inputs[0].ndim == 3 for op in linears)  # on the [batch, seq, hidden] input, not a 2-D view
 
 
+@pytest.mark.slow
 def test_options_reach_the_backend_and_outputs_are_fresh():
     """torch.compile(..., options={...}) arrives nested under "options"; every call returns new tensors."""
     collected = []

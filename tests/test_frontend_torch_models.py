@@ -82,12 +82,14 @@ BLOCKS = {
 
 
 @pytest.mark.parametrize("name", list(BLOCKS))
+@pytest.mark.slow
 def test_block_fp32(name):
     make, inputs = BLOCKS[name]
     torch.manual_seed(0)
     _compile_and_compare(make().eval(), inputs)
 
 
+@pytest.mark.slow
 def test_transformer_encoder_layer_takes_the_fast_path():
     """The fused op is lowered whole (not left to torch): the case above covers what we think it does."""
     from tessera.frontend.torch import backend
@@ -103,6 +105,7 @@ def test_transformer_encoder_layer_takes_the_fast_path():
 
 
 @pytest.mark.parametrize("name", zoo.HF_MODELS)
+@pytest.mark.slow
 def test_transformers_tiny_fp32(name):
     pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -211,6 +214,7 @@ DYNAMIC_IN_TEST_DYNAMIC_MODELS = {"bert", "gpt2", "llama", "vit"}
 
 
 @pytest.mark.parametrize("name", [n for n in zoo.HF_MODELS if n not in DYNAMIC_IN_TEST_DYNAMIC_MODELS])
+@pytest.mark.slow
 def test_transformers_tiny_dynamic_lengths(name):
     pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -234,6 +238,7 @@ def test_transformers_tiny_dynamic_lengths(name):
 
 
 @pytest.mark.parametrize("name", list(BLOCKS))
+@pytest.mark.slow
 def test_block_dynamic_batch(name):
     """dynamic=True over three batch sizes: results match, nothing runs in torch."""
     make, inputs = BLOCKS[name]

@@ -29,6 +29,7 @@ def _rel(out, ref):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_inference_mode(name, dynamic):
     make, inputs = CASES[name]
     torch.manual_seed(0)
@@ -49,6 +50,7 @@ def test_inference_mode(name, dynamic):
     assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
 
 
+@pytest.mark.slow
 def test_model_built_in_inference_mode_sees_in_place_updates(caplog):
     """Parameters made under inference_mode have no version counter: they must still never be
     stale (they are read as graph inputs, which is logged)."""
@@ -67,6 +69,7 @@ def test_model_built_in_inference_mode_sees_in_place_updates(caplog):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_bfloat16_module_compiles_to_kernels(name):
     """A bf16 module compiles (constants in bf16, kernels generated) and matches torch's bf16
     result to bf16 precision; the fp32 model is the reference."""

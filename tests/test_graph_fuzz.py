@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fuzz.driver import generate, now, report, run_many
 from fuzz.spec import python_source
 
@@ -21,6 +22,7 @@ LEGITIMATE_REFUSALS = [re.compile(p) for p in (
 )]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fuzzed_graphs_match_the_reference(cache_dir):
     start = now()
     specs = generate(600, seed_value=2024)

@@ -303,6 +303,7 @@ def _program_graphs():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_program_kernels_cuda_source_compiles():
     from tessera.backend import build_cuda
     from tessera.graph.lowering import lower_graph

@@ -286,6 +286,7 @@ def test_every_lowerable_kind_has_a_case():
 
 
 @pytest.mark.parametrize("part", [0, 1])
+@pytest.mark.slow
 def test_cases_match_references(rng, part):
     half = len(CASES) // 2
     build_and_check(rng, CASES[:half] if part == 0 else CASES[half:])
@@ -442,6 +443,7 @@ def model_graphs(name):
 
 
 @pytest.mark.parametrize("name", list(MODEL_CASES))
+@pytest.mark.slow
 def test_model_graphs_lower_and_match(name):
     graphs, make_inputs = model_graphs(name)
     assert len(graphs) == 1  # the whole model is one graph (no graph break)

@@ -348,6 +348,7 @@ def stmatrix_reference(num: int, trans: bool) -> np.ndarray:
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_stmatrix_stores_mma_fragments_as_rows_on_the_host(tmp_path):
     """Every count and both orientations against the fragment layout, on the host model (the
     register-A low-bit GEMM's epilogue uses x4 .trans); rows past num matrices stay zero."""
@@ -408,6 +409,7 @@ def test_tma_load_and_mbarrier_phases(r, c):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_tma_store_writes_the_box_inside_the_tensor_on_the_host(rng, tmp_path):
     from cuda_on_host import HostTensorMap, run_on_host
 
@@ -490,6 +492,7 @@ def test_cluster_blocks_read_each_others_shared_memory():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_multicast_tma_fills_both_blocks_of_a_cluster_on_the_host(rng, tmp_path):
     """Rows past the tensor (the last cluster's second half) arrive as zeros in both blocks."""
     from cuda_on_host import HostTensorMap, run_on_host
@@ -557,6 +560,7 @@ def make_suffix_sums():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_flags_pass_sums_between_blocks_on_the_host(rng, tmp_path):
     from cuda_on_host import run_on_host
 

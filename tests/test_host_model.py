@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 @pytest.mark.parametrize("config", [TmaConfig(128, 128, 3, 2, epilogue="staged"), TmaConfig(64, 64, 2, 1),
                                     TmaConfig(64, 64, 4, 1, split_k=3, persistent=False, split_reduce="cluster")],
                          ids=str)  # fmt: skip
+@pytest.mark.slow
 def test_tma_gemm_on_the_host_matches_numpy(rng, tmp_path, config):
     """Odd M, N and K (TMA's zero fill past the edges), several tiles per block (persistent), or
     split-k over a cluster whose blocks add their partial tiles through distributed shared memory."""
@@ -39,6 +40,7 @@ def test_tma_gemm_on_the_host_matches_numpy(rng, tmp_path, config):
         assert np.abs(got[0] - ref).max() <= 2e-3 * np.abs(ref).max()
 
 
+@pytest.mark.slow
 def test_an_arrival_past_the_count_is_reported(tmp_path):
     @ts.kernel(target="cuda")
     def arrives_twice(Out: f16["n"]):
@@ -55,6 +57,7 @@ def test_an_arrival_past_the_count_is_reported(tmp_path):
         run_on_host(tmp_path, [(arrives_twice, {"Out": np.zeros(32, np.float16), "n": 32}, "Out", 1, 32)])
 
 
+@pytest.mark.slow
 def test_a_register_increase_beyond_the_block_is_reported(tmp_path):
     """384 threads start with 168 registers each: 96 + 2 x 208 per warpgroup needs more than
     the block has, so the consumers' setmaxnreg.inc would wait forever on the GPU."""
@@ -86,6 +89,7 @@ def decode_values(c: dict, x: np.ndarray) -> dict:
     ("int4", 128, False, 1, "default"), ("uint3", 32, True, 5, "default"), ("e4m3", 64, False, 16, "default"),
     ("int8", None, True, 40, "default"), ("int2", 128, False, 1, "r16"), ("e2m1", 32, False, 3, "r16"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, group, bias, m, path):
     """The low-bit decode kernel (mma.sync, cp.async, dequant) without split-k (the model runs
     no clusters): the default config at M = 1, 5, 16 and 40 (the register path with folded
@@ -113,6 +117,7 @@ def test_decode_kernel_on_the_host_matches_the_reference(rng, tmp_path, name, gr
 
 
 @pytest.mark.parametrize("name, m", [("int4", 1), ("uint3", 16)])
+@pytest.mark.slow
 def test_decode_kernel_split_over_a_cluster_on_the_host(rng, tmp_path, name, m):
     """The decode kernel's default config as it runs in models: split-k over a cluster of 2-4
     blocks whose partial tiles are added through distributed shared memory."""

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tessera"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -135,6 +137,7 @@ def test_no_import_cycles():
         raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
 
 
+@pytest.mark.slow
 def test_imports_inside_functions_only_for_optional_dependencies():
     mods = modules()
     unexplained = []

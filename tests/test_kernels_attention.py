@@ -153,6 +153,7 @@ def test_fold_scale_refuses_a_float_mask():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_flash_attention_variants_compile():
     """One kernel of each family builds with nvcc: both dtypes, head dims 64/80/96/128, causal,
     bool and float masks of several ranks, split-KV (decode) and the combine."""

@@ -147,6 +147,7 @@ def test_large_shared_tensors_move_to_a_dynamic_pool():
 @needs_nvcc
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [ts.f16, ts.bf16])
+@pytest.mark.slow
 def test_gemm_cuda_compiles(layout, dtype):
     for cfg in CONFIGS[:3]:
         make_gemm(dtype, cfg, layout).build()
@@ -365,6 +366,7 @@ def test_tma_gemm_kernels_keep_the_element_store_form():
 
 @needs_nvcc
 @pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.slow
 def test_tma_gemm_cuda_compiles(layout):
     from tessera.templates.gemm.tma import make_gemm_tma
 

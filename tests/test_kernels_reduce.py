@@ -117,6 +117,7 @@ def _build_all(kernels: list[ts.Kernel]) -> list[str]:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.slow
 def test_reduce_kernels_compile():
     kernels = [_make(op, dt, s) for s, dt in FAMILIES for op in ("sum", "max", "softmax", "layernorm", "rmsnorm")]
     kernels += [make_row_reduce("max", f16), make_softmax(f16), make_layernorm(f16), make_rmsnorm(f16)]
@@ -140,6 +141,7 @@ def _ptxas_usage(source: str, tmp_path, name: str) -> str:
 
 
 @pytest.mark.cuda
+@pytest.mark.toolchain
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_benchmark_schedules_do_not_spill(tmp_path):
     """The cached kernels keep the row in registers: a spill would put it in local memory.  GPU

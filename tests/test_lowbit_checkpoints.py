@@ -133,6 +133,7 @@ class _Tiny(torch.nn.Module):
 
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.slow
 def test_load_model_from_a_compressed_tensors_state_dict(rng, symmetric):
     """An llm-compressor-style W4A16 checkpoint (up and down quantized, lm_head ignored) loaded
     into a fresh model: the same outputs as torch Linear layers with the dequantised weights."""

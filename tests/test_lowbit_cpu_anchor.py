@@ -51,6 +51,7 @@ def _lowbit_graph(consts, attrs, m, epilogue=False):
 
 
 @pytest.mark.parametrize("weight,group,zp", CASES, ids=[f"{w}-g{g}-{'z' if z else 'nz'}" for w, g, z in CASES])
+@pytest.mark.slow
 def test_cpu_lowbit_anchor_matches_the_reference(rng, weight, group, zp):
     n, k = (37, 300) if weight != "int8" else (20, 70)  # N, K not multiples of 16 nor 256
     consts, attrs, w = _operands(rng, weight, group, zp, n, k)
@@ -63,6 +64,7 @@ def test_cpu_lowbit_anchor_matches_the_reference(rng, weight, group, zp):
             np.testing.assert_allclose(compiled(x)[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
     consts, attrs, w = _operands(rng, "int4", 64, False, 40, 264)
     bias = np.linspace(-1, 1, 40)
@@ -87,6 +89,7 @@ def test_cpu_lowbit_anchor_fuses_its_epilogue_and_takes_symbolic_rows(rng):
 
 @pytest.mark.parametrize("weight,group,zp", [("int4", 128, False), ("uint3", 64, True), ("e2m1", 32, None),
                                              ("e4m3", 128, None)])  # fmt: skip
+@pytest.mark.slow
 def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, weight, group, zp):
     """Up to CPU_DECODE_ROWS rows of x the anchor runs make_linear_decode (no float32 copy of W),
     beyond them the row kernel; both against the reference, split over 3 workers (N = 1031 rows
@@ -111,6 +114,7 @@ def test_decode_steps_decode_in_registers_on_several_workers(rng, monkeypatch, w
     ("int5", 12, 300, None), ("int5", 384, 1000, None), ("int4", 100, 1000, None),  # groups straddling blocks
     ("uint3", 1, 40, None), ("int4", 4, 264, None),  # groups under 8 codes
     ("int6", None, 70, "decode"), ("e2m3", 512, 700, "decode"), ("uint2", 8, 300, "decode")])  # fmt: skip
+@pytest.mark.slow
 def test_group_sizes_the_row_layout_cannot_cut_run_on_the_reference(rng, caplog, weight, group, k, kernel):
     """The row-layout kernels cut their segments once for all 256-k blocks: groups that neither
     divide 256 nor are multiples of it start elsewhere in each block, so those layers run on the
@@ -133,6 +137,7 @@ def test_group_sizes_the_row_layout_cannot_cut_run_on_the_reference(rng, caplog,
 
 
 @pytest.mark.parametrize("weight,group", [("int4", 16), ("uint5", 64), ("e2m1", None), ("e4m3", 32), ("int3", 12)])
+@pytest.mark.slow
 def test_eager_quantized_linear_on_the_cpu_runs_the_simd_kernels(rng, caplog, weight, group):
     """QuantizedLinear called outside torch.compile on CPU tensors: the anchor's kernels (decode
     rows and more), the reference kernel only for group sizes they do not take (logged once);
@@ -245,6 +250,7 @@ def _tiny_llama():
 
 
 @pytest.mark.parametrize("weight,group", [("int4", 32), ("uint3", None)])
+@pytest.mark.slow
 def test_quantized_llama_compiles_whole_on_the_cpu(weight, group):
     q = ts.quantize(_tiny_llama(), weight=weight, group_size=group, skip=["lm_head"])
     torch._dynamo.reset()
@@ -263,6 +269,7 @@ def test_quantized_llama_compiles_whole_on_the_cpu(weight, group):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.slow
 def test_half_precision_activations_run_the_cpu_kernel_in_float32(dtype):
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.ReLU(), torch.nn.Linear(40, 24))

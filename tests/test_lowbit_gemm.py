@@ -63,6 +63,7 @@ def close(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_fused_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """Types, group sizes (32, 128, 8, per channel), zero points and every tile rotated over odd
     shapes (M past a tile, N not a multiple of 16 or 8, K not of 256), two calls each."""
@@ -95,6 +96,7 @@ class _Source:
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_fused_anchor_with_an_epilogue_run_on_the_host(rng, tmp_path):
     """plan_lowbit_linear past DECODE_MAX_M with prefill=<tile>: x [2, 35, K] read through its
     tensor map, residual + silu fused into the staged stores, one launch, no temporaries."""
@@ -219,6 +221,8 @@ def test_the_dequantisers_store_order_and_bank_conflicts(spread):
 
 
 @needs_nvcc
+@pytest.mark.toolchain
+@pytest.mark.slow
 def test_no_register_spills_at_the_common_groups():
     """ptxas spills nothing for the default tile at group 128 and per channel, int1 to int8 and
     the small floats (measured at 32 with zero points too: 7 and 8 bits spill <= 16 bytes)."""

@@ -63,6 +63,7 @@ def host_values(c: dict, x: np.ndarray, config: rs.RegisterAConfig) -> dict:
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_register_a_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """Types, groups (128, 32, 16, 64, per channel), zero points and every config at odd shapes
     (M past a tile or 1, N not a multiple of 16, K not of 256), two calls each; the host's
@@ -131,6 +132,7 @@ def test_stream_k_is_tuned_only_where_every_tile_is_cut_and_never_deterministic(
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_stream_k_kernel_run_on_the_host_matches_the_reference(rng, tmp_path):
     """The last round's tiles cut among the host's 4 "SMs": a tile in 4 shares (one 256-k block
     each, after a whole tile each), tiles in 2 and 3 shares with a block whose share holds a

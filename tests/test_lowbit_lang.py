@@ -292,6 +292,7 @@ def test_unit_layout_whole_fields_and_stage_words(bits):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_cuda_dequant_helpers_match_reference_on_the_host(rng, tmp_path):
     """The generated CUDA dequant helpers (tessera.backend.codegen_lowbit.cuda_helper), built
     for the host by nvcc (cuda_fp16's half2 arithmetic runs there too): every type, every step,
@@ -400,6 +401,7 @@ def test_bad_low_bit_uses_are_refused():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_low_bit_cuda_kernels_build_with_nvcc():
     @ts.kernel(target="cuda")
     def widen(W: ts.e3m2["N"], U: ts.int5["N"], out: ts.f32["N"]):

@@ -100,6 +100,7 @@ def test_the_tile_swizzle_avoids_bank_conflicts():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_dequantiser_run_on_the_host_matches_the_reference(rng, tmp_path):
     """The generated CUDA run on the host (tests/cuda_on_host.py): every weight type once, the
     group size, zero points, k order, block size and shape rotated over the types, bit for bit."""

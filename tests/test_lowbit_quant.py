@@ -138,6 +138,7 @@ def _reference(torch, q, x):
 
 
 @pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1", "int8"])
+@pytest.mark.slow
 def test_quantize_torch_module_eager_and_compiled(weight):
     torch = pytest.importorskip("torch")
     model = _mlp(torch)
@@ -480,6 +481,7 @@ def test_layout_spans_cover_the_unit_once():
 
 
 @pytest.mark.parametrize("weight", ["int4", "uint3", "e2m1"])
+@pytest.mark.slow
 def test_compiled_float16_model_uses_the_lowbit_graph_operator(weight, monkeypatch):
     """float16 activations: torch.compile turns the layers into lowbit_linear operators (the CUDA
     anchor on a GPU; on the CPU the row kernel in float32, cast there and back as the eager op

@@ -111,6 +111,7 @@ class _FixedMask(torch.nn.Module):
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.slow
 def test_onnx_with_a_padding_mask_matches_eager(name):
     """Through the rewritten attention (scale and padding mask) the compiled ONNX model gives
     eager's results.  (The mask is fixed: with the mask as a graph input, the TorchScript

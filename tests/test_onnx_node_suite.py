@@ -54,6 +54,7 @@ def subset_rows(tmp_path_factory):
     return _run(tmp_path_factory, "cpu")
 
 
+@pytest.mark.slow
 def test_onnx_node_tests_pass(subset_rows):
     failed = {r["test"]: f"{r['cause']}: {r.get('detail', '')}" for r in subset_rows
               if r["status"] != "pass" and r["test"] not in suite.KNOWN_FAILURES}  # fmt: skip

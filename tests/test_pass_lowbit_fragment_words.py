@@ -113,6 +113,7 @@ STREAM_K = rs_config.STREAM_K_CONFIGS[2]  # 128 tokens a tile: 300 rows of N=100
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_register_a_anchor_run_on_the_host_matches_the_reference(rng, tmp_path):
     """plan_lowbit_linear past DECODE_MAX_M with a register-A config and the fifth input: x [2,
     150, K] through its tensor map, the words of the fifth input (with the word ring through

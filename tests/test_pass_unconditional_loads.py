@@ -255,6 +255,7 @@ SHAPES = [(3, 4, 5), (2, 3, 7), (5, 13), (1, 9), (6, 9), (4, 1, 3), (1,)]
 
 
 @pytest.mark.parametrize("name", sorted(SELECTS))
+@pytest.mark.slow
 def test_compiled_selects_match_torch_at_odd_shapes(name, cache_dir):
     """The issue's reproductions: silent wrong values at these shapes before the pass."""
     fn = SELECTS[name]

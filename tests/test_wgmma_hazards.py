@@ -14,8 +14,9 @@ from sass_hazards import cuobjdump, hazards, kernel_hazards
 import tessera as ts
 from tessera.ir import dtypes
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None or cuobjdump() is None,
-                                reason="needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")  # fmt: skip
+pytestmark = [pytest.mark.toolchain,
+              pytest.mark.skipif(shutil.which("nvcc") is None or cuobjdump() is None,
+                                 reason="needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")]  # fmt: skip
 
 
 def test_the_scan_finds_an_accumulator_read_before_the_wait():
@@ -55,6 +56,7 @@ def _kernels() -> list[tuple[str, object]]:
     return out
 
 
+@pytest.mark.slow
 def test_no_sm90_kernel_touches_registers_of_a_wgmma_in_flight():
     kernels = _kernels()
     with ThreadPoolExecutor(2) as ex:
