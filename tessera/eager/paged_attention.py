@@ -1,0 +1,199 @@
+"""Paged attention over a block-paged KV cache, on torch tensors: `write_kv_cache` and `paged_attention`.
+
+The KV cache of a layer is two tensors [num_blocks, block_size, KVH, D]; a sequence's keys live in
+the blocks its row of `block_tables` lists, in order (token p in block block_tables[b, p // bs] at
+offset p % bs).  One `paged_attention` call serves a mixed batch: decode sequences (one new token)
+and prefill/extend ones (several new tokens against the blocks cached so far, chunked prefill).
+
+This first version is the reference path: it gathers each sequence's blocks and runs a masked
+softmax in float32 with torch.  The arguments are checked here once, for every path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tessera.errors import ArgumentError, DataTypeError, ShapeError, UnsupportedError
+
+_INDEX_DTYPES = ("torch.int32", "torch.int64")
+_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+
+
+def _torch() -> Any:
+    try:
+        import torch  # optional: torch
+    except ImportError:  # pragma: no cover
+        raise UnsupportedError("paged attention works on torch tensors; install torch") from None
+    return torch
+
+
+def _check_tensor(torch: Any, name: str, t: Any, ndim: int, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch tensor {what}, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise ShapeError(f"{name} must be {what} ({ndim}-D), got shape {list(t.shape)}")
+
+
+def _check_index(torch: Any, name: str, t: Any, ndim: int, what: str, device: Any) -> None:
+    _check_tensor(torch, name, t, ndim, what)
+    if str(t.dtype) not in _INDEX_DTYPES:
+        raise DataTypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
+    if t.device != device:
+        raise ArgumentError(f"{name} is on {t.device}, the cache on {device}: one device")
+
+
+def _check_cache(torch: Any, key_cache: Any, value_cache: Any) -> None:
+    _check_tensor(torch, "key_cache", key_cache, 4, "[num_blocks, block_size, KVH, D]")
+    _check_tensor(torch, "value_cache", value_cache, 4, "[num_blocks, block_size, KVH, D]")
+    if key_cache.shape != value_cache.shape:
+        raise ShapeError(f"key_cache {list(key_cache.shape)} and value_cache {list(value_cache.shape)} differ in shape")
+    if key_cache.dtype != value_cache.dtype:
+        raise DataTypeError(f"key_cache is {key_cache.dtype}, value_cache {value_cache.dtype}: one dtype")
+    if str(key_cache.dtype) not in _DTYPES:
+        raise DataTypeError(f"the KV cache must be float32, float16 or bfloat16, got {key_cache.dtype}")
+    if key_cache.device != value_cache.device:
+        raise ArgumentError(f"key_cache is on {key_cache.device}, value_cache on {value_cache.device}: one device")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ArgumentError("key_cache and value_cache must be contiguous (the blocks are addressed by index)")
+
+
+def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
+    """Write this step's keys and values into their cache slots, in place.
+
+    key/value: [T, KVH, D]; key_cache/value_cache: [num_blocks, block_size, KVH, D] of key's dtype
+    and device; slot_mapping: [T] int32 or int64, slot = block * block_size + offset; a negative
+    slot skips that token (padding).  On CPU tensors, slots past the cache raise ArgumentError
+    (on CUDA they are not checked: that would synchronise the stream)."""
+    torch = _torch()
+    _check_cache(torch, key_cache, value_cache)
+    num_blocks, block_size, kvh, d = key_cache.shape
+    for name, t in (("key", key), ("value", value)):
+        _check_tensor(torch, name, t, 3, "[T, KVH, D]")
+        if tuple(t.shape[1:]) != (kvh, d):
+            raise ShapeError(f"{name} {list(t.shape)} does not match the cache's KVH, D = {kvh}, {d}")
+        if t.dtype != key_cache.dtype:
+            raise DataTypeError(f"{name} is {t.dtype}, the cache {key_cache.dtype}: one dtype")
+        if t.device != key_cache.device:
+            raise ArgumentError(f"{name} is on {t.device}, the cache on {key_cache.device}: one device")
+    if key.shape[0] != value.shape[0]:
+        raise ShapeError(f"key has {key.shape[0]} tokens, value {value.shape[0]}")
+    _check_index(torch, "slot_mapping", slot_mapping, 1, "[T]", key_cache.device)
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ShapeError(f"slot_mapping has {slot_mapping.shape[0]} slots for {key.shape[0]} tokens")
+    slots = num_blocks * block_size
+    if not slot_mapping.is_cuda and slot_mapping.numel() and int(slot_mapping.max()) >= slots:
+        raise ArgumentError(f"slot_mapping holds slot {int(slot_mapping.max())}; the cache has {slots} slots")
+    keep = slot_mapping >= 0
+    index = slot_mapping[keep].long()
+    key_cache.view(slots, kvh, d).index_copy_(0, index, key[keep])
+    value_cache.view(slots, kvh, d).index_copy_(0, index, value[keep])
+
+
+def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+                     query_start_loc: Any, scale: float, sliding_window: int, softcap: float, out: Any) -> None:  # fmt: skip
+    _check_cache(torch, key_cache, value_cache)
+    _check_tensor(torch, "query", query, 3, "[T, H, D]")
+    _, _, kvh, d = key_cache.shape
+    t, h, dq = query.shape
+    if dq != d:
+        raise ShapeError(f"query's head dim {dq} differs from the cache's {d}")
+    if h == 0 or h % kvh:
+        raise ShapeError(f"query has {h} heads, not a positive multiple of the cache's {kvh} KV heads")
+    if query.dtype != key_cache.dtype:
+        raise DataTypeError(f"query is {query.dtype}, the KV cache {key_cache.dtype}: one dtype")
+    if query.device != key_cache.device:
+        raise ArgumentError(f"query is on {query.device}, the KV cache on {key_cache.device}: one device")
+    device = query.device
+    _check_index(torch, "block_tables", block_tables, 2, "[B, max_blocks]", device)
+    b = block_tables.shape[0]
+    _check_index(torch, "seq_lens", seq_lens, 1, "[B]", device)
+    _check_index(torch, "query_start_loc", query_start_loc, 1, "[B + 1]", device)
+    if seq_lens.shape[0] != b or query_start_loc.shape[0] != b + 1:
+        raise ShapeError(f"block_tables has {b} sequences: seq_lens must be [{b}] and query_start_loc [{b + 1}], "
+                         f"got {list(seq_lens.shape)} and {list(query_start_loc.shape)}")  # fmt: skip
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ArgumentError(f"scale must be a finite number, got {scale!r}")
+    if not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ArgumentError(f"sliding_window must be an int >= 0 (0: none), got {sliding_window!r}")
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise ArgumentError(f"softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+    if out is not None:
+        if not (isinstance(out, torch.Tensor) and out.shape == query.shape and out.dtype == query.dtype
+                and out.device == device and out.is_contiguous()):  # fmt: skip
+            raise ArgumentError(f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}")
+    if not query.is_cuda:
+        _check_values(block_tables, seq_lens, query_start_loc, key_cache.shape[0], key_cache.shape[1], t)
+
+
+def _check_values(block_tables: Any, seq_lens: Any, query_start_loc: Any, num_blocks: int, block_size: int,
+                  tokens: int) -> None:  # fmt: skip
+    """The index tensors' contents (CPU only: on CUDA reading them would synchronise the stream)."""
+    b, max_blocks = block_tables.shape
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    if b and (qsl[0] != 0 or qsl[-1] > tokens):
+        raise ArgumentError(f"query_start_loc must start at 0 and end at most at T = {tokens}, got {qsl[0]} .. {qsl[-1]}")
+    for i in range(b):
+        n = qsl[i + 1] - qsl[i]
+        if n < 0:
+            raise ArgumentError(f"query_start_loc decreases at sequence {i}: {qsl[i]} > {qsl[i + 1]}")
+        if not n <= lens[i] <= max_blocks * block_size:
+            raise ArgumentError(f"sequence {i}: seq_lens {lens[i]} must be at least its {n} new tokens and at most "
+                                f"max_blocks * block_size = {max_blocks * block_size}")  # fmt: skip
+        used = block_tables[i, : -(-lens[i] // block_size)]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
+            raise ArgumentError(f"sequence {i}: block_tables holds block ids outside 0..{num_blocks - 1}")
+
+
+def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+                    query_start_loc: Any, scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                    out: Any = None) -> Any:  # fmt: skip
+    """Causal attention of packed new tokens against a paged KV cache (decode and prefill/extend).
+
+    query: [T, H, D] (all new tokens of all sequences, packed); H a multiple of KVH (grouped-query:
+    head h reads KV head h // (H / KVH)).  key_cache/value_cache: [num_blocks, block_size, KVH, D].
+    block_tables: [B, max_blocks] int32 (block ids of each sequence, in order); seq_lens: [B] int32,
+    each sequence's context length including this step's new tokens; query_start_loc: [B + 1]
+    int32, sequence b's new tokens are query rows [query_start_loc[b], query_start_loc[b + 1]).
+    New token j of sequence b sits at position seq_lens[b] - n_b + j and attends cached keys at
+    positions <= its own (and > position - sliding_window when sliding_window > 0).  softcap > 0:
+    scores = softcap * tanh(scores / softcap) (Gemma 2).  Rows past query_start_loc[B] are left
+    untouched in `out` (zero in a new one).  Returns out [T, H, D] in query's dtype; accumulates in
+    float32.  On CPU tensors the index tensors' contents are checked too (not on CUDA: that would
+    synchronise the stream)."""
+    torch = _torch()
+    _check_attention(torch, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                     sliding_window, softcap, out)  # fmt: skip
+    if out is None:
+        out = torch.zeros_like(query)
+    _reference(torch, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, float(scale),
+               sliding_window, float(softcap), out)  # fmt: skip
+    return out
+
+
+def _reference(torch: Any, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+               query_start_loc: Any, scale: float, window: int, softcap: float, out: Any) -> None:  # fmt: skip
+    """The torch path: per sequence, gather its blocks, masked softmax in float32."""
+    _, block_size, kvh, d = key_cache.shape
+    group = query.shape[1] // kvh
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b in range(block_tables.shape[0]):
+        q0, q1, length = qsl[b], qsl[b + 1], lens[b]
+        if q1 == q0:
+            continue
+        ids = block_tables[b, : -(-length // block_size)].long()
+        k = key_cache[ids].reshape(-1, kvh, d)[:length].float().repeat_interleave(group, dim=1)
+        v = value_cache[ids].reshape(-1, kvh, d)[:length].float().repeat_interleave(group, dim=1)
+        q = query[q0:q1].float()
+        scores = torch.einsum("nhd,khd->hnk", q, k) * scale
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        pos = torch.arange(length - (q1 - q0), length, device=query.device)[:, None]
+        keys = torch.arange(length, device=query.device)[None, :]
+        visible = keys <= pos
+        if window > 0:
+            visible &= keys > pos - window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[q0:q1] = torch.einsum("hnk,khd->nhd", torch.softmax(scores, dim=-1), v).to(out.dtype)

@@ -1,0 +1,257 @@
+"""Paged attention (tessera.eager.paged_attention) against dense float64 attention computed from
+the unpaged keys and values: decode, extend and mixed batches, GQA, block sizes, sliding
+window, softcap, padding rows; write_kv_cache; bad inputs raise clearly."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from tessera.eager.paged_attention import paged_attention, write_kv_cache
+from tessera.errors import ArgumentError, DataTypeError, ShapeError
+
+torch = pytest.importorskip("torch")
+
+
+@dataclass
+class Batch:
+    """A paged batch and the dense keys and values it was made from."""
+
+    query: torch.Tensor  # [T, H, D]
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    keys: list[torch.Tensor]  # per sequence [L, KVH, D], float64
+    values: list[torch.Tensor]
+
+
+def make_batch(new_tokens: list[int], lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int,
+               dtype=torch.float32, seed: int = 0, pad_rows: int = 0, spare_blocks: int = 3) -> Batch:  # fmt: skip
+    """Sequences with `new_tokens[b]` new tokens and context `lens[b]`, blocks placed at random
+    (shuffled ids, spare blocks of garbage between them); `pad_rows` extra query rows at the end."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + spare_blocks
+    ids = torch.randperm(num_blocks, generator=g).tolist()
+    max_blocks = max(need, default=0) + 1
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)  # garbage everywhere
+    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    tables = torch.full((len(lens), max_blocks), -1, dtype=torch.int32)
+    keys, values = [], []
+    for b, length in enumerate(lens):
+        k = torch.randn(length, kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(length, kv_heads, head_dim, generator=g).to(dtype)
+        mine = [ids.pop() for _ in range(need[b])]
+        tables[b, : need[b]] = torch.tensor(mine, dtype=torch.int32)
+        for p in range(length):
+            key_cache[mine[p // block_size], p % block_size] = k[p]
+            value_cache[mine[p // block_size], p % block_size] = v[p]
+        keys.append(k.double())
+        values.append(v.double())
+    total = sum(new_tokens)
+    query = torch.randn(total + pad_rows, heads, head_dim, generator=g).to(dtype)
+    qsl = torch.tensor([0, *torch.tensor(new_tokens).cumsum(0).tolist()], dtype=torch.int32)
+    return Batch(query, key_cache, value_cache, tables, torch.tensor(lens, dtype=torch.int32), qsl, keys, values)
+
+
+def reference(batch: Batch, scale: float, sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """Dense causal attention per sequence in float64, from the unpaged K/V; padding rows 0."""
+    out = torch.zeros(batch.query.shape, dtype=torch.float64)
+    heads = batch.query.shape[1]
+    qsl = batch.query_start_loc.tolist()
+    for b, (k, v) in enumerate(zip(batch.keys, batch.values)):
+        q = batch.query[qsl[b] : qsl[b + 1]].double()
+        n, length, group = q.shape[0], k.shape[0], heads // k.shape[1]
+        for j in range(n):
+            pos = length - n + j
+            lo = max(0, pos - sliding_window + 1) if sliding_window > 0 else 0
+            for h in range(heads):
+                s = k[lo : pos + 1, h // group] @ q[j, h] * scale
+                if softcap > 0:
+                    s = softcap * torch.tanh(s / softcap)
+                out[qsl[b] + j, h] = torch.softmax(s, 0) @ v[lo : pos + 1, h // group]
+    return out
+
+
+def run(batch: Batch, scale: float, **kw) -> torch.Tensor:
+    return paged_attention(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
+                           batch.query_start_loc, scale, **kw)  # fmt: skip
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def check(batch: Batch, scale: float | None = None, **kw) -> None:
+    scale = batch.query.shape[2] ** -0.5 if scale is None else scale
+    got = run(batch, scale, **kw)
+    assert got.dtype == batch.query.dtype and got.shape == batch.query.shape
+    want = reference(batch, scale, kw.get("sliding_window", 0), kw.get("softcap", 0.0))
+    tol = TOL[batch.query.dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+# ---- shapes -----------------------------------------------------------------------------------
+
+CASES = [  # (new tokens, context lengths, H, KVH, D, block size)
+    ([1], [1], 1, 1, 16, 16),  # the smallest: one token, no cache
+    ([1, 1, 1], [5, 17, 33], 4, 4, 32, 16),  # decode
+    ([1, 1], [40, 7], 8, 2, 64, 8),  # decode, GQA 4
+    ([7], [7], 4, 2, 32, 16),  # prefill, no cache
+    ([5, 3], [21, 3], 6, 3, 16, 32),  # extend against cached blocks
+    ([1, 6, 1, 9], [30, 6, 1, 50], 8, 4, 80, 16),  # mixed decode + extend, GQA 2, head dim 80
+    ([2, 1], [19, 64], 4, 1, 96, 1),  # block size 1, MQA
+    ([3, 1], [3, 17], 2, 2, 128, 8),
+    ([1, 2], [9, 33], 4, 2, 256, 16),
+]
+
+
+@pytest.mark.parametrize("new_tokens,lens,heads,kv_heads,head_dim,block_size", CASES)
+def test_matches_dense_attention(new_tokens, lens, heads, kv_heads, head_dim, block_size):
+    check(make_batch(new_tokens, lens, heads, kv_heads, head_dim, block_size, seed=len(lens) * head_dim))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    check(make_batch([1, 4, 1], [33, 20, 2], 8, 2, 64, 16, dtype=dtype, seed=3))
+
+
+@pytest.mark.parametrize("window", [1, 4, 16, 100])
+def test_sliding_window(window):
+    check(make_batch([1, 5, 1, 12], [40, 9, 3, 30], 4, 2, 32, 8, seed=window), sliding_window=window)
+
+
+@pytest.mark.parametrize("softcap", [0.5, 30.0])
+def test_softcap(softcap):
+    check(make_batch([1, 3], [25, 11], 4, 4, 64, 16, seed=7), scale=0.4, softcap=softcap)
+
+
+def test_softcap_with_window_and_odd_scale():
+    check(make_batch([2, 1, 7], [18, 45, 7], 6, 2, 16, 8, seed=11), scale=1.7, softcap=5.0, sliding_window=6)
+
+
+def test_padding_rows_zero_or_untouched():
+    batch = make_batch([1, 4], [10, 4], 4, 2, 32, 16, seed=5, pad_rows=3)
+    got = run(batch, 0.2)
+    assert torch.equal(got[5:], torch.zeros_like(got[5:]))
+    out = torch.full_like(batch.query, 7.0)
+    assert run(batch, 0.2, out=out) is out
+    assert torch.equal(out[5:], torch.full_like(out[5:], 7.0))
+    torch.testing.assert_close(out[:5], got[:5], rtol=0, atol=0)
+
+
+def test_empty_sequences_and_batch():
+    batch = make_batch([0, 2, 0], [6, 9, 4], 2, 1, 16, 8, seed=2)  # sequences with no new token this step
+    check(batch)
+    empty = make_batch([], [], 2, 1, 16, 8)
+    assert run(empty, 0.5).shape == (0, 2, 16)
+
+
+def test_many_sequences_random_blocks():
+    g = torch.Generator().manual_seed(9)
+    lens = torch.randint(1, 70, (13,), generator=g).tolist()
+    new = [1 if i % 3 else min(n, int(torch.randint(1, 9, (1,), generator=g))) for i, n in enumerate(lens)]
+    check(make_batch(new, lens, 8, 2, 32, 8, seed=9, spare_blocks=10))
+
+
+# ---- write_kv_cache ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_write_kv_cache_scatters_and_skips_negative_slots(dtype, slot_dtype):
+    g = torch.Generator().manual_seed(1)
+    cache_k = torch.randn(5, 4, 2, 16, generator=g).to(dtype)
+    cache_v = torch.randn(5, 4, 2, 16, generator=g).to(dtype)
+    want_k, want_v = cache_k.clone(), cache_v.clone()
+    key = torch.randn(6, 2, 16, generator=g).to(dtype)
+    value = torch.randn(6, 2, 16, generator=g).to(dtype)
+    slots = torch.tensor([17, 3, -1, 0, 19, -1], dtype=slot_dtype)
+    write_kv_cache(key, value, cache_k, cache_v, slots)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want_k[s // 4, s % 4] = key[t]
+            want_v[s // 4, s % 4] = value[t]
+    assert torch.equal(cache_k, want_k) and torch.equal(cache_v, want_v)
+
+
+def test_written_cache_feeds_attention():
+    """The engine's step: write the new tokens' K/V, then attend."""
+    batch = make_batch([3, 1], [8, 12], 4, 2, 32, 4, seed=4)
+    g = torch.Generator().manual_seed(4)
+    new_k = torch.randn(4, 2, 32, generator=g)
+    new_v = torch.randn(4, 2, 32, generator=g)
+    slots = []
+    for b, (n, length) in enumerate(((3, 8), (1, 12))):
+        for p in range(length - n, length):
+            slots.append(int(batch.block_tables[b, p // 4]) * 4 + p % 4)
+        first = sum((3, 1)[:b])
+        batch.keys[b][length - n :] = new_k[first : first + n].double()
+        batch.values[b][length - n :] = new_v[first : first + n].double()
+    write_kv_cache(new_k, new_v, batch.key_cache, batch.value_cache, torch.tensor(slots, dtype=torch.int32))
+    check(batch)
+
+
+# ---- bad inputs -------------------------------------------------------------------------------
+
+
+def _args(batch: Batch) -> dict:
+    return dict(query=batch.query, key_cache=batch.key_cache, value_cache=batch.value_cache,
+                block_tables=batch.block_tables, seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc,
+                scale=0.125)  # fmt: skip
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a: a.update(query=a["query"][0]), ShapeError, "query must be"),
+    (lambda a: a.update(key_cache=a["key_cache"][0]), ShapeError, "key_cache must be"),
+    (lambda a: a.update(query=a["query"][:, :3]), ShapeError, "multiple of"),
+    (lambda a: a.update(query=a["query"][..., :8]), ShapeError, "head dim"),
+    (lambda a: a.update(value_cache=a["value_cache"][:2]), ShapeError, "differ in shape"),
+    (lambda a: a.update(query=a["query"].half()), DataTypeError, "one dtype"),
+    (lambda a: a.update(value_cache=a["value_cache"].half()), DataTypeError, "one dtype"),
+    (lambda a: a.update(key_cache=a["key_cache"].double(), value_cache=a["value_cache"].double(),
+                        query=a["query"].double()), DataTypeError, "float32, float16 or bfloat16"),  # fmt: skip
+    (lambda a: a.update(block_tables=a["block_tables"].float()), DataTypeError, "block_tables must be an int32"),
+    (lambda a: a.update(seq_lens=a["seq_lens"].float()), DataTypeError, "seq_lens must be an int32"),
+    (lambda a: a.update(query_start_loc=a["query_start_loc"][:-1]), ShapeError, "query_start_loc \\[3\\]"),
+    (lambda a: a.update(seq_lens=a["seq_lens"][None]), ShapeError, "seq_lens must be"),
+    (lambda a: a.update(block_tables=a["block_tables"].numpy()), ArgumentError, "torch tensor"),
+    (lambda a: a.update(scale=math.nan), ArgumentError, "scale"),
+    (lambda a: a.update(sliding_window=-1), ArgumentError, "sliding_window"),
+    (lambda a: a.update(softcap=-1.0), ArgumentError, "softcap"),
+    (lambda a: a.update(out=torch.empty(3)), ArgumentError, "out must be"),
+    (lambda a: a.update(key_cache=a["key_cache"].transpose(1, 2), value_cache=a["value_cache"].transpose(1, 2)),
+     ArgumentError, "contiguous"),  # fmt: skip
+    (lambda a: a.update(query=a["query"].to("meta")), ArgumentError, "device"),
+    (lambda a: a.update(seq_lens=a["seq_lens"] + 100), ArgumentError, "seq_lens"),
+    (lambda a: a.update(seq_lens=torch.zeros_like(a["seq_lens"])), ArgumentError, "new tokens"),
+    (lambda a: a.update(query_start_loc=a["query_start_loc"].flip(0)), ArgumentError, "query_start_loc"),
+    (lambda a: a.update(block_tables=a["block_tables"] + 1000), ArgumentError, "block ids"),
+])  # fmt: skip
+def test_bad_attention_inputs_raise(change, error, match):
+    args = _args(make_batch([1, 3], [9, 5], 4, 2, 16, 4, seed=1))
+    change(args)
+    with pytest.raises(error, match=match):
+        paged_attention(**args)
+
+
+def test_bad_cache_writes_raise():
+    cache_k = torch.randn(3, 4, 2, 16)
+    cache_v = torch.randn(3, 4, 2, 16)
+    key = torch.randn(2, 2, 16)
+    slots = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ShapeError, match="KVH, D"):
+        write_kv_cache(key[:, :1], key[:, :1], cache_k, cache_v, slots)
+    with pytest.raises(DataTypeError, match="one dtype"):
+        write_kv_cache(key.half(), key.half(), cache_k, cache_v, slots)
+    with pytest.raises(DataTypeError, match="int32 or int64"):
+        write_kv_cache(key, key, cache_k, cache_v, slots.float())
+    with pytest.raises(ShapeError, match="slots for"):
+        write_kv_cache(key, key, cache_k, cache_v, slots[:1])
+    with pytest.raises(ArgumentError, match="the cache has 12 slots"):
+        write_kv_cache(key, key, cache_k, cache_v, torch.tensor([0, 12]))
+    with pytest.raises(ShapeError, match="differ in shape"):
+        write_kv_cache(key, key, cache_k, cache_v[:1], slots)
