@@ -5,6 +5,7 @@
     tessera run MODEL           compile an ONNX model (or a saved compiled graph) and run it
     tessera bench [--suite S]   run a benchmark suite (bench/run.py of a source checkout)
     tessera cache ACTION        list, size, verify or clear the artifact cache
+    tessera serve MODEL_DIR     serve an LLM over an OpenAI-compatible HTTP API (the serve extra)
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="further arguments for bench/run.py")
 
     add_cache_parser(sub)
+    serve = sub.add_parser("serve", help="serve a Hugging Face model directory over an OpenAI-compatible HTTP API")
+    serve.add_argument("model_dir", help="a local Hugging Face model directory (config.json, safetensors, tokenizer)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when there is a GPU")
+    serve.add_argument("--dtype", help="weights' and activations' dtype (float16, bfloat16, float32)")
+    serve.add_argument("--quantization", help="low-bit weights, e.g. int4")
+    serve.add_argument("--max-model-len", type=int, help="context length (prompt and output tokens)")
+    serve.add_argument("--max-num-seqs", type=int, help="sequences batched together at most")
+    serve.add_argument("--max-queue", type=int, default=256, help="requests in flight beyond which new ones get 503")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1")
+    serve.add_argument("--served-model-name", help="the name clients pass as model (default: the model's)")
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
@@ -69,6 +82,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         run_model(args.model, args.device, args.input, args.dim, args.repeat, args.int_high, args.save, args.explain)
     elif args.command == "cache":
         return run_cache(args)
+    elif args.command == "serve":
+        try:
+            from tessera.llm.server.main import serve  # optional: fastapi, uvicorn
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("fastapi", "uvicorn", "starlette", "pydantic"):
+                raise
+            print(f'tessera serve needs {exc.name}: pip install "tessera[serve]"', file=sys.stderr)
+            return 1
+        return serve(args)
     elif args.command == "bench":
         script = Path(__file__).resolve().parents[1] / "bench" / "run.py"
         if not script.exists():
