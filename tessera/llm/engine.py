@@ -1,0 +1,199 @@
+"""The engine loop: requests in, one scheduled step at a time, RequestOutputs out.
+
+`LLMEngine` is synchronous and single-threaded: the caller adds requests, calls `step()` until
+`has_unfinished_requests()` is False, and reads each step's outputs (the offline `LLM` and the
+server both drive it this way).  A step schedules (scheduler), runs the packed forward
+(model_runner), samples (sampler), and applies the stop rules (tokenizer).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from tessera.errors import RequestError
+from tessera.llm.block_manager import BlockManager
+from tessera.llm.loader import load_model
+from tessera.llm.model_runner import ModelRunner
+from tessera.llm.outputs import RequestOutput
+from tessera.llm.sampler import Sampler
+from tessera.llm.sampling_params import SamplingParams
+from tessera.llm.scheduler import Scheduler
+from tessera.llm.sequence import Request, Sequence
+from tessera.llm.tokenizer import IncrementalDetokenizer, append_token
+
+# Tokens one step computes at most when max_num_batched_tokens is not given (longer prompts are
+# prefilled in chunks of this many tokens).
+DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load and counters (the server's /metrics reads it)."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_kv_blocks_used: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_preemptions: int
+    num_requests_finished: int
+
+
+class LLMEngine:
+    """Serves generation requests over a paged KV cache with continuous batching.
+
+    model: a local Hugging Face model directory or a transformers model object (see loader.py).
+    max_model_len: the context length (default: the config's max_position_embeddings).
+    num_kv_blocks: the KV pool's size in blocks of block_size tokens (default: sized from memory).
+    The other arguments are LLM's, documented there.
+    """
+
+    def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,
+                 dtype: str | torch.dtype = "auto", quantization: str | None = None,
+                 device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
+                 block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
+                 seed: int = 0) -> None:  # fmt: skip
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        loaded = load_model(model, tokenizer, dtype, device, quantization)
+        self.tokenizer = loaded.tokenizer
+        self.model_name: str = loaded.name
+        self.eos_token_ids = loaded.eos_token_ids
+        self.sampling_defaults = loaded.sampling_defaults
+        config = loaded.model.config.get_text_config()
+        limit = getattr(config, "max_position_embeddings", None)
+        if max_model_len is not None and limit is not None and max_model_len > limit:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
+        self.max_model_len: int = max_model_len or limit or 2048
+        batched = max_num_batched_tokens or DEFAULT_BATCHED_TOKENS.get(device.type, 2048)
+        self.runner = ModelRunner(loaded, device=device, block_size=block_size, max_model_len=self.max_model_len,
+                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
+                                  num_kv_blocks=num_kv_blocks, gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+        if self.runner.num_kv_blocks * block_size < self.max_model_len:
+            raise ValueError(f"the KV cache holds {self.runner.num_kv_blocks} blocks x {block_size} tokens = "
+                             f"{self.runner.num_kv_blocks * block_size} tokens, less than one sequence of "
+                             f"max_model_len={self.max_model_len}: raise num_kv_blocks or lower max_model_len")  # fmt: skip
+        self.enforce_eager = enforce_eager
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, batched)
+        self.sampler = Sampler(seed, device)
+        self.requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature, top_p, ...)."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a request; RequestError when it cannot be served as asked (nothing is queued then)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        text, token_ids = self._prompt_tokens_of(prompt)
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
+        request = Request(request_id, text, token_ids, params, next(self._arrivals))
+        for index in range(params.n):
+            generator = self.sampler.make_generator(params.sample_seed(index))
+            detokenizer = None
+            if self.tokenizer is not None:
+                detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+            request.seqs.append(Sequence(request, index, generator, detokenizer))
+        self.requests[request_id] = request
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+        self._prompt_tokens += len(token_ids)
+
+    def _prompt_tokens_of(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
+            if not prompt:
+                raise RequestError("the prompt is empty")
+            token_ids = list(self.tokenizer(prompt)["input_ids"])
+            text: str | None = prompt
+        elif isinstance(prompt, SequenceOf) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            token_ids, text = list(prompt), None
+            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RequestError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+        else:
+            raise RequestError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}, "
+                               "which must hold the prompt and at least one new token")  # fmt: skip
+        return text, token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request and free its blocks at once; no output follows.  Unknown ids: no-op."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run and sample one step; the outputs of requests that produced tokens."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampling = [entry.seq for entry in scheduled if entry.samples]
+        logits = self.runner.execute(scheduled)
+        for entry in scheduled:
+            entry.seq.num_computed_tokens += entry.num_tokens
+        if not sampling:
+            return []
+        sampled = self.sampler(logits, sampling, self.eos_token_ids)
+        progressed: dict[str, Request] = {}
+        for seq, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
+            if seq.logprobs is not None and logprob is not None:
+                seq.logprobs.append(logprob)
+            append_token(seq, token_id, self.eos_token_ids, self.max_model_len)
+            self._generation_tokens += 1
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+            progressed[seq.request.request_id] = seq.request
+        outputs = []
+        for request in progressed.values():
+            outputs.append(request.output())
+            for seq in request.seqs:
+                seq.step_token_ids, seq.step_text = [], ""
+            if request.finished:
+                del self.requests[request.request_id]
+                self._finished += 1
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+                           num_kv_blocks=self.block_manager.num_blocks,
+                           num_kv_blocks_used=self.block_manager.num_used_blocks,
+                           prompt_tokens_total=self._prompt_tokens, generation_tokens_total=self._generation_tokens,
+                           num_preemptions=self.scheduler.num_preemptions,
+                           num_requests_finished=self._finished)  # fmt: skip

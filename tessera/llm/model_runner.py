@@ -1,0 +1,135 @@
+"""Runs one scheduled step through the model over the paged KV cache.
+
+All scheduled tokens of all sequences are packed into one row: input_ids [1, T] and position_ids
+[1, T], with each token's cache slot (slot_mapping), each sequence's block table, context length
+(seq_lens) and first row (query_start_loc) passed to the attention layers as a `PagedStep`.  The
+LM head runs only on the rows whose next token is sampled (`logits_to_keep` with their indices).
+
+The KV cache is one (key, value) pair per layer, each [num_blocks, block_size, KVH, D].  On the
+CPU the pool has `num_kv_blocks` blocks, or as many as a memory budget holds; on CUDA, as many as
+fit in `gpu_memory_utilization` of the GPU's memory after a profiling forward of the largest step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tessera.llm.attention import PagedStep
+from tessera.llm.loader import LoadedModel
+from tessera.llm.scheduler import ScheduledSequence
+
+log = logging.getLogger("tessera")
+
+# The CPU pool's size when num_kv_blocks is not given: enough for max_num_seqs sequences of
+# max_model_len tokens, but no more than this.
+CPU_KV_CACHE_BYTES = 4 << 30
+
+
+class ModelRunner:
+    """The model, its paged KV cache, and the packing of a step into one forward call."""
+
+    def __init__(self, loaded: LoadedModel, *, device: torch.device, block_size: int, max_model_len: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, num_kv_blocks: int | None = None,
+                 gpu_memory_utilization: float = 0.9) -> None:  # fmt: skip
+        self.model = loaded.model
+        self.device = device
+        self.block_size = block_size
+        config = self.model.config.get_text_config()
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab_size = config.vocab_size
+        self.dtype = self.model.dtype
+        self.forward = self.model.forward
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if num_kv_blocks is None:
+            num_kv_blocks = self._blocks_that_fit(max_model_len, max_num_seqs, max_num_batched_tokens,
+                                                  gpu_memory_utilization)  # fmt: skip
+        self.num_kv_blocks = num_kv_blocks
+        self.kv_caches = self._allocate_cache(num_kv_blocks)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block over all layers, keys and values."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+    def _allocate_cache(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]  # fmt: skip
+
+    def _blocks_that_fit(self, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+                         gpu_memory_utilization: float) -> int:  # fmt: skip
+        wanted = max_num_seqs * -(-max_model_len // self.block_size)
+        if self.device.type != "cuda":
+            return max(1, min(wanted, CPU_KV_CACHE_BYTES // self.block_bytes))
+        # Profile the largest step with a cache just big enough for it, then size the pool from
+        # what is left under the utilisation cap.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tokens = max_num_batched_tokens
+        self.kv_caches = self._allocate_cache(-(-tokens // self.block_size))
+        self.execute_dummy(tokens)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        in_use_elsewhere = total - free - torch.cuda.memory_allocated(self.device)
+        available = int(total * gpu_memory_utilization) - peak - in_use_elsewhere
+        blocks = available // self.block_bytes
+        if blocks < 1:
+            raise MemoryError(f"no GPU memory left for the KV cache: the model's step peaks at {peak / 2**30:.2f} GiB "
+                              f"of {total / 2**30:.2f} GiB x gpu_memory_utilization={gpu_memory_utilization}")  # fmt: skip
+        log.info("tessera.llm: KV cache of %d blocks (%.2f GiB)", blocks, blocks * self.block_bytes / 2**30)
+        return int(min(blocks, wanted))
+
+    def execute_dummy(self, num_tokens: int) -> None:
+        """One forward of `num_tokens` tokens as a single prefill over blocks 0.. (profiling)."""
+        num_blocks = -(-num_tokens // self.block_size)
+        step = PagedStep(self.kv_caches, self._int_tensor(range(num_tokens)),
+                         self._int_tensor(range(num_blocks)).view(1, -1),
+                         self._int_tensor([num_tokens]), self._int_tensor([0, num_tokens]))  # fmt: skip
+        ids = torch.zeros(1, num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device).view(1, -1)
+        with torch.inference_mode():
+            self.forward(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1, tessera_step=step)
+
+    def _int_tensor(self, values: object) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int32, device=self.device)
+
+    def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
+        """Run the step; the logits [num_sampling, vocab] of the sequences that sample, in order."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        query_start_loc = [0]
+        logits_rows: list[int] = []
+        bs = self.block_size
+        for entry in scheduled:
+            seq = entry.seq
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + entry.num_tokens
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            seq_lens.append(end)
+            query_start_loc.append(query_start_loc[-1] + entry.num_tokens)
+            if entry.samples:
+                logits_rows.append(query_start_loc[-1] - 1)
+        max_blocks = max(len(e.seq.block_table) for e in scheduled)
+        tables = [e.seq.block_table + [0] * (max_blocks - len(e.seq.block_table)) for e in scheduled]
+        step = PagedStep(self.kv_caches, self._int_tensor(slots),
+                         torch.tensor(tables, dtype=torch.int32, device=self.device),
+                         self._int_tensor(seq_lens), self._int_tensor(query_start_loc))  # fmt: skip
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
+        keep = torch.tensor(logits_rows or [0], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.forward(input_ids=ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep,
+                               tessera_step=step)  # fmt: skip
+        return out.logits[0, : len(logits_rows)]
