@@ -5,8 +5,14 @@ the blocks its row of `block_tables` lists, in order (token p in block block_tab
 offset p % bs).  One `paged_attention` call serves a mixed batch: decode sequences (one new token)
 and prefill/extend ones (several new tokens against the blocks cached so far, chunked prefill).
 
-This first version is the reference path: it gathers each sequence's blocks and runs a masked
-softmax in float32 with torch.  The arguments are checked here once, for every path.
+Both run tessera's kernels (tessera.templates.paged_attention), built once per (dtype, head dim,
+block size, group size, softcap on/off) and cached; every size that changes between steps is a
+run-time argument.  CPU tensors run the generated C kernels (float32, float16, bfloat16); CUDA
+tensors the decode kernel (split over the keys when few tokens would leave SMs idle) when the batch
+has as many tokens as sequences, else the extend kernel; both kernels compute any batch, so the
+choice is one of speed only.  Other devices raise UnsupportedError.  `paged_attention_reference`
+is the torch path the kernels replaced (gather the blocks, masked softmax in float32), kept to
+compare against.
 """
 
 from __future__ import annotations
@@ -15,6 +21,17 @@ import math
 from typing import Any
 
 from tessera.errors import ArgumentError, DataTypeError, ShapeError, UnsupportedError
+from tessera.ir import dtypes
+from tessera.runtime.cuda import multiprocessor_count
+from tessera.templates.paged_attention import (
+    choose_splits,
+    make_paged_attention_cpu,
+    make_paged_combine,
+    make_paged_decode,
+    make_paged_extend,
+    make_write_kv_cache_cpu,
+    make_write_kv_cache_cuda,
+)
 
 _INDEX_DTYPES = ("torch.int32", "torch.int64")
 _DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
@@ -56,6 +73,8 @@ def _check_cache(torch: Any, key_cache: Any, value_cache: Any) -> None:
         raise ArgumentError(f"key_cache is on {key_cache.device}, value_cache on {value_cache.device}: one device")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ArgumentError("key_cache and value_cache must be contiguous (the blocks are addressed by index)")
+    if key_cache.device.type not in ("cpu", "cuda"):
+        raise UnsupportedError(f"paged attention runs on CPU and CUDA tensors, not {key_cache.device.type}")
 
 
 def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
@@ -84,10 +103,11 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     slots = num_blocks * block_size
     if not slot_mapping.is_cuda and slot_mapping.numel() and int(slot_mapping.max()) >= slots:
         raise ArgumentError(f"slot_mapping holds slot {int(slot_mapping.max())}; the cache has {slots} slots")
-    keep = slot_mapping >= 0
-    index = slot_mapping[keep].long()
-    key_cache.view(slots, kvh, d).index_copy_(0, index, key[keep])
-    value_cache.view(slots, kvh, d).index_copy_(0, index, value[keep])
+    if key.shape[0] == 0 or slots == 0 or kvh == 0 or d == 0:
+        return
+    make = make_write_kv_cache_cuda if key_cache.is_cuda else make_write_kv_cache_cpu
+    kernel = make(dtypes.from_torch(key_cache.dtype), d, block_size, dtypes.from_torch(slot_mapping.dtype))
+    kernel(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
 
 
 def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
@@ -162,6 +182,50 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
     untouched in `out` (zero in a new one).  Returns out [T, H, D] in query's dtype; accumulates in
     float32.  On CPU tensors the index tensors' contents are checked too (not on CUDA: that would
     synchronise the stream)."""
+    torch = _torch()
+    _check_attention(torch, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                     sliding_window, softcap, out)  # fmt: skip
+    if out is None:
+        out = torch.zeros_like(query)
+    num_blocks, block_size, kvh, d = key_cache.shape
+    if min(query.shape[0], block_tables.shape[0], block_tables.shape[1], num_blocks, d) == 0:
+        return out  # no token attends to anything (the runtime takes no empty arrays)
+    group = query.shape[1] // kvh
+    dtype = dtypes.from_torch(query.dtype)
+    cap = float(softcap) > 0
+    args = (query.contiguous(), key_cache, value_cache, _int32(torch, block_tables), _int32(torch, seq_lens),
+            _int32(torch, query_start_loc))  # fmt: skip
+    scalars = (float(scale), int(sliding_window), float(softcap))
+    if not query.is_cuda:
+        make_paged_attention_cpu(dtype, d, block_size, group, cap)(*args, out, *scalars)
+        return out
+    tokens, batch = query.shape[0], block_tables.shape[0]
+    if tokens > batch:  # some sequence has several new tokens (prefill, extend, or a mixed batch)
+        make_paged_extend(dtype, d, block_size, group, cap)(*args, out, *scalars)
+        return out
+    splits = choose_splits(tokens * kvh, block_tables.shape[1], multiprocessor_count())
+    if splits == 1:
+        none = torch.empty(1, dtype=torch.float32, device=query.device)
+        make_paged_decode(dtype, d, block_size, group, cap, False)(*args, out, none, none, *scalars)
+        return out
+    partial = torch.empty((splits, *query.shape), dtype=torch.float32, device=query.device)
+    lse = torch.empty((splits, *query.shape[:2]), dtype=torch.float32, device=query.device)
+    make_paged_decode(dtype, d, block_size, group, cap, True)(*args, out, partial, lse, *scalars)
+    make_paged_combine(dtype, d)(partial, lse, args[5], out)
+    return out
+
+
+def _int32(torch: Any, t: Any) -> Any:
+    """An index tensor as the kernels take it: contiguous int32 (int64 lengths and ids fit)."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def paged_attention_reference(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+                              query_start_loc: Any, scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                              out: Any = None) -> Any:  # fmt: skip
+    """`paged_attention` computed with torch (gather each sequence's blocks, masked softmax in
+    float32), on any device; the reference the kernels are compared with.  Reads the lengths on
+    the host (a CUDA synchronisation per call)."""
     torch = _torch()
     _check_attention(torch, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                      sliding_window, softcap, out)  # fmt: skip
