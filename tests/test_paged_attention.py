@@ -1,18 +1,36 @@
-"""Paged attention (tessera.eager.paged_attention) against dense float64 attention computed from
-the unpaged keys and values: decode, extend and mixed batches, GQA, block sizes, sliding
-window, softcap, padding rows; write_kv_cache; bad inputs raise clearly."""
+"""Paged attention (tessera.eager.paged_attention, the kernels of tessera.templates.paged_attention)
+against dense float64 attention computed from the unpaged keys and values: decode, extend and
+mixed batches, GQA, block sizes, sliding window, softcap, padding rows; write_kv_cache; bad inputs
+raise clearly.  CPU tier: the generated C kernels, their reads (issue 36), narrower ISAs, nvcc
+builds of the CUDA kernels.  GPU tier (-m cuda): the CUDA kernels against the same reference."""
 
 from __future__ import annotations
 
 import math
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from tessera.eager.paged_attention import paged_attention, write_kv_cache
-from tessera.errors import ArgumentError, DataTypeError, ShapeError
+from tessera import bf16, f16, f32, i32, i64
+from tessera.eager.paged_attention import paged_attention, paged_attention_reference, write_kv_cache
+from tessera.errors import ArgumentError, DataTypeError, ShapeError, UnsupportedError
+from tessera.templates.paged_attention import (
+    MAX_SPLITS,
+    choose_splits,
+    extend_tile,
+    make_paged_attention_cpu,
+    make_paged_combine,
+    make_paged_decode,
+    make_paged_extend,
+    make_write_kv_cache_cpu,
+    make_write_kv_cache_cuda,
+)
+from tessera.transforms.unconditional_loads import unconditional_loads
 
 torch = pytest.importorskip("torch")
+NVCC = shutil.which("nvcc")
 
 
 @dataclass
@@ -255,3 +273,142 @@ def test_bad_cache_writes_raise():
         write_kv_cache(key, key, cache_k, cache_v, torch.tensor([0, 12]))
     with pytest.raises(ShapeError, match="differ in shape"):
         write_kv_cache(key, key, cache_k, cache_v[:1], slots)
+
+
+# ---- kernels: generated code, other paths ----------------------------------------------------
+
+
+def test_reference_path_matches_dense_attention():
+    batch = make_batch([1, 6, 1], [30, 6, 13], 8, 4, 32, 8, seed=21)
+    got = paged_attention_reference(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+                                    batch.seq_lens, batch.query_start_loc, 0.3, sliding_window=5, softcap=2.0)  # fmt: skip
+    torch.testing.assert_close(got.double(), reference(batch, 0.3, 5, 2.0), rtol=2e-5, atol=2e-5)
+
+
+def test_cache_garbage_outside_the_context_is_never_read():
+    """Slots past a sequence's length and blocks it does not own may hold NaN (torch.empty)."""
+    batch = make_batch([1, 3], [13, 7], 4, 2, 32, 8, seed=8)
+    for b, length in enumerate(batch.seq_lens.tolist()):
+        last = int(batch.block_tables[b, (length - 1) // 8])
+        batch.key_cache[last, length % 8 or 8 :] = math.nan
+        batch.value_cache[last, length % 8 or 8 :] = math.nan
+    used = set(batch.block_tables[batch.block_tables >= 0].tolist())
+    for i in set(range(batch.key_cache.shape[0])) - used:
+        batch.key_cache[i] = math.nan
+        batch.value_cache[i] = math.nan
+    check(batch, sliding_window=3)
+    check(batch)
+
+
+def test_index_tensors_may_be_int64_and_non_contiguous():
+    batch = make_batch([2, 1], [9, 20], 4, 2, 16, 4, seed=6)
+    want = run(batch, 0.25)
+    wide = torch.zeros(batch.block_tables.shape[0], 2 * batch.block_tables.shape[1], dtype=torch.int64)
+    wide[:, ::2] = batch.block_tables
+    batch.block_tables = wide[:, ::2]
+    batch.seq_lens, batch.query_start_loc = batch.seq_lens.long(), batch.query_start_loc.long()
+    query = batch.query
+    batch.query = torch.cat([query, query], dim=2)[..., :16]  # a strided view
+    torch.testing.assert_close(run(batch, 0.25), want, rtol=0, atol=0)
+
+
+def test_cpu_kernels_read_memory_unconditionally():
+    """No memory read of the generated C sits in a conditional arm (issue 36): the
+    unconditional_loads pass finds nothing to move in the kernels as written."""
+    kernels = [make_paged_attention_cpu(dt, 64, 16, 4, cap) for dt in (f32, bf16) for cap in (False, True)]
+    kernels += [make_write_kv_cache_cpu(f16, 32, 8, i32), make_write_kv_cache_cpu(f32, 32, 8, i64)]
+    for k in kernels:
+        assert str(unconditional_loads(k.ir)) == str(k.ir), k.ir.name
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_cpu_kernel_under_narrower_isas(isa, monkeypatch):
+    """The same C built for AVX2 and for no vector unit gives the same answers."""
+    monkeypatch.setenv("TESSERA_CPU_ISA", isa)
+    batch = make_batch([1, 5, 2], [21, 5, 40], 6, 2, 32, 8, seed=13)
+    want = run(batch, 0.2, sliding_window=9)
+    fresh = make_paged_attention_cpu.__wrapped__(f32, 32, 8, 3, False)
+    out = torch.zeros_like(batch.query)
+    fresh(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+          out, 0.2, 9, 0.0)  # fmt: skip
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+
+
+def test_other_devices_are_unsupported():
+    batch = make_batch([1], [3], 2, 1, 16, 4)
+    args = _args(batch)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(UnsupportedError, match="CPU and CUDA"):
+        paged_attention(**meta)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.slow
+def test_cuda_kernels_compile():
+    """nvcc -arch=sm_90a builds every CUDA kernel family (GQA, odd head dims, softcap, splits)."""
+    kernels = [make_paged_decode(f16, 128, 16, 4, False, False), make_paged_decode(bf16, 80, 16, 1, True, True),
+               make_paged_decode(f16, 256, 32, 8, False, True), make_paged_combine(bf16, 80),
+               make_paged_extend(f16, 128, 16, 4, False), make_paged_extend(bf16, 96, 1, 2, True),
+               make_paged_extend(f16, 256, 32, 8, False), make_paged_extend(f16, 16, 8, 1, False),
+               make_write_kv_cache_cuda(bf16, 64, 16, i64), make_write_kv_cache_cuda(f16, 80, 16, i32)]  # fmt: skip
+    with ThreadPoolExecutor(2) as ex:
+        paths = list(ex.map(lambda k: k.build(), kernels))
+    assert all(p.endswith(".cubin") for p in paths)
+    assert all(k.arch == "sm_90a" for k in kernels)  # no GPU here: the default target
+
+
+def test_splits_and_tiles():
+    assert choose_splits(8 * 8, 512, 132) == 5  # batch 8 decode, 8 KV heads: ~2 waves
+    assert choose_splits(2, 512, 132) == MAX_SPLITS
+    assert choose_splits(2, 3, 132) == 3  # never more splits than blocks
+    assert choose_splits(256 * 8, 512, 132) == 1
+    assert choose_splits(1, 1, 132) == 1
+    assert extend_tile(64, 1) == 16 and extend_tile(128, 4) == 8 and extend_tile(256, 8) == 2 and extend_tile(512, 16) == 1
+
+
+# ---- GPU tier ---------------------------------------------------------------------------------
+
+GPU_CASES = [  # (new tokens, context lengths, H, KVH, D, block size): decode, split decode, extend, mixed
+    ([1] * 6, [5, 17, 33, 1, 300, 64], 8, 2, 64, 16),
+    ([1, 1], [2000, 700], 32, 8, 128, 16),  # few long contexts: the split decode kernel
+    ([1], [4097], 16, 2, 80, 32),
+    ([1, 1, 1], [40, 7, 129], 8, 8, 256, 16),
+    ([37, 5], [37, 90], 16, 4, 128, 16),  # prefill and extend
+    ([1, 6, 1, 9, 40], [30, 6, 1, 50, 300], 8, 4, 96, 8),  # mixed
+    ([3, 1], [19, 64], 4, 1, 16, 1),  # block size 1, MQA, a tiny head
+    ([20, 1], [25, 33], 4, 2, 32, 32),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("new_tokens,lens,heads,kv_heads,head_dim,block_size", GPU_CASES)
+def test_gpu_matches_dense_attention(dtype, new_tokens, lens, heads, kv_heads, head_dim, block_size):
+    batch = make_batch(new_tokens, lens, heads, kv_heads, head_dim, block_size, dtype=dtype, seed=head_dim, pad_rows=2)
+    _check_on_gpu(batch)
+    _check_on_gpu(batch, sliding_window=7, softcap=3.0, scale=0.3)
+
+
+def _check_on_gpu(batch: Batch, scale: float | None = None, **kw) -> None:
+    scale = batch.query.shape[2] ** -0.5 if scale is None else scale
+    cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _args(batch).items()}
+    cuda["scale"] = scale
+    got = paged_attention(**cuda, **kw)
+    want = reference(batch, scale, kw.get("sliding_window", 0), kw.get("softcap", 0.0))
+    tol = TOL[batch.query.dtype]
+    torch.testing.assert_close(got.cpu().double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_gpu_write_kv_cache(slot_dtype):
+    g = torch.Generator().manual_seed(2)
+    cache_k = torch.randn(7, 16, 2, 80, generator=g).half()
+    cache_v = torch.randn(7, 16, 2, 80, generator=g).half()
+    key = torch.randn(9, 2, 80, generator=g).half()
+    value = torch.randn(9, 2, 80, generator=g).half()
+    slots = torch.tensor([100, -1, 3, 4, 5, 111, -1, 0, 16], dtype=slot_dtype)
+    gk, gv = cache_k.cuda(), cache_v.cuda()
+    write_kv_cache(key.cuda(), value.cuda(), gk, gv, slots.cuda())
+    write_kv_cache(key, value, cache_k, cache_v, slots)
+    assert torch.equal(gk.cpu(), cache_k) and torch.equal(gv.cpu(), cache_v)
