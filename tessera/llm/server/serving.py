@@ -247,12 +247,16 @@ class Serving:
         """The legacy shape for tokens [start:] of `c`; text offsets count from `offset`."""
         if c.logprobs is None:
             return None
-        result = CompletionLogprobs()
+        # Fields set explicitly: streamed chunks are dumped with exclude_unset.
+        result = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for lp in c.logprobs[start:]:
             text = self.token_text(lp.token_id)
             result.tokens.append(text)
             result.token_logprobs.append(lp.logprob)
-            result.top_logprobs.append({self.token_text(t): v for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1])})
+            top: dict[str, float] = {}
+            for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1]):
+                top.setdefault(self.token_text(t), v)  # tokens whose texts collide (U+FFFD) keep the likeliest
+            result.top_logprobs.append(top)
             result.text_offset.append(offset)
             offset += len(text)
         return result
