@@ -349,7 +349,8 @@ def test_cuda_kernels_compile():
     kernels = [make_paged_decode(f16, 128, 16, 4, False, False), make_paged_decode(bf16, 80, 16, 1, True, True),
                make_paged_decode(f16, 256, 32, 8, False, True), make_paged_combine(bf16, 80),
                make_paged_extend(f16, 128, 16, 4, False), make_paged_extend(bf16, 96, 1, 2, True),
-               make_paged_extend(f16, 256, 32, 8, False), make_paged_extend(f16, 16, 8, 1, False),
+               make_paged_extend(f16, 256, 32, 8, False), make_paged_extend(f16, 16, 8, 1, False, True),
+               make_paged_decode(bf16, 64, 8, 2, False, True, True),
                make_write_kv_cache_cuda(bf16, 64, 16, i64), make_write_kv_cache_cuda(f16, 80, 16, i32)]  # fmt: skip
     with ThreadPoolExecutor(2) as ex:
         paths = list(ex.map(lambda k: k.build(), kernels))
@@ -377,6 +378,8 @@ GPU_CASES = [  # (new tokens, context lengths, H, KVH, D, block size): decode, s
     ([1, 6, 1, 9, 40], [30, 6, 1, 50, 300], 8, 4, 96, 8),  # mixed
     ([3, 1], [19, 64], 4, 1, 16, 1),  # block size 1, MQA, a tiny head
     ([20, 1], [25, 33], 4, 2, 32, 32),
+    ([0, 2, 1], [9, 40, 17], 8, 2, 64, 16),  # as many tokens as sequences, not all decodes: the decode kernel
+    ([1, 5], [3000, 40], 16, 4, 128, 16),  # mixed, the decode share split over the keys
 ]
 
 

@@ -7,10 +7,11 @@ and prefill/extend ones (several new tokens against the blocks cached so far, ch
 
 Both run tessera's kernels (tessera.templates.paged_attention), built once per (dtype, head dim,
 block size, group size, softcap on/off) and cached; every size that changes between steps is a
-run-time argument.  CPU tensors run the generated C kernels (float32, float16, bfloat16); CUDA
-tensors the decode kernel (split over the keys when few tokens would leave SMs idle) when the batch
-has as many tokens as sequences, else the extend kernel; both kernels compute any batch, so the
-choice is one of speed only.  Other devices raise UnsupportedError.  `paged_attention_reference`
+run-time argument.  CPU tensors run the generated C kernels (float32, float16, bfloat16).  CUDA
+tensors run the decode kernel (split over the keys when few tokens would leave SMs idle) on the
+tokens of sequences with one new token and, when the batch has more tokens than sequences, the
+extend kernel on the others (without reading the lengths on the host: each kernel skips the other's
+sequences).  Other devices raise UnsupportedError.  `paged_attention_reference`
 is the torch path the kernels replaced (gather the blocks, masked softmax in float32), kept to
 compare against.
 """
@@ -200,17 +201,19 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
         make_paged_attention_cpu(dtype, d, block_size, group, cap)(*args, out, *scalars)
         return out
     tokens, batch = query.shape[0], block_tables.shape[0]
-    if tokens > batch:  # some sequence has several new tokens (prefill, extend, or a mixed batch)
-        make_paged_extend(dtype, d, block_size, group, cap)(*args, out, *scalars)
-        return out
-    splits = choose_splits(tokens * kvh, block_tables.shape[1], multiprocessor_count())
+    # As many tokens as sequences: a decode step (any other split of the tokens is right too).
+    # More: prefill/extend sequences go to the extend kernel, single tokens to the decode kernel.
+    mixed = tokens > batch
+    if mixed:
+        make_paged_extend(dtype, d, block_size, group, cap, True)(*args, out, *scalars)
+    splits = choose_splits(min(tokens, batch) * kvh, block_tables.shape[1], multiprocessor_count())
     if splits == 1:
         none = torch.empty(1, dtype=torch.float32, device=query.device)
-        make_paged_decode(dtype, d, block_size, group, cap, False)(*args, out, none, none, *scalars)
+        make_paged_decode(dtype, d, block_size, group, cap, False, mixed)(*args, out, none, none, *scalars)
         return out
     partial = torch.empty((splits, *query.shape), dtype=torch.float32, device=query.device)
-    lse = torch.empty((splits, *query.shape[:2]), dtype=torch.float32, device=query.device)
-    make_paged_decode(dtype, d, block_size, group, cap, True)(*args, out, partial, lse, *scalars)
+    lse = torch.full((splits, *query.shape[:2]), float("-inf"), dtype=torch.float32, device=query.device)
+    make_paged_decode(dtype, d, block_size, group, cap, True, mixed)(*args, out, partial, lse, *scalars)
     make_paged_combine(dtype, d)(partial, lse, args[5], out)
     return out
 

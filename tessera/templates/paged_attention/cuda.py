@@ -11,12 +11,13 @@ size, group size and softcap on/off):
   The warps merge through shared memory.  With `partial`, a split writes its float32 output and
   log-sum-exp per head and `make_paged_combine` merges the splits (flash-decoding: a few
   sequences with long contexts fill the GPU only when their keys are split).  It serves any
-  token, so it also covers the decode rows of a mixed batch.
+  token; with `single` only those of sequences with one new token.
 * `make_paged_extend`: a thread block per (tile of QT (`extend_tile`) new tokens of one sequence, KV head).
   It stages each cache block's keys and values in shared memory once for the tile's QT * G
   query rows, a warp per row at a time with the same lane layout.  The tiles of all sequences
   are numbered in order; a block finds its own by walking query_start_loc, and the blocks past
-  the last tile (the grid is sized from T / QT + B, an upper bound) return.
+  the last tile (the grid is sized from T / QT + B, an upper bound) return.  With `multi` it
+  leaves sequences with one new token out: a mixed batch runs both kernels, each on its rows.
 
 Every thread accumulates in float32; the scores use the natural exp.
 """
@@ -48,19 +49,21 @@ def extend_tile(head_dim: int, group: int) -> int:
 
 
 @functools.cache
-def make_paged_decode(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool,
-                      partial: bool) -> ts.Kernel:  # fmt: skip
+def make_paged_decode(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool, partial: bool,
+                      single: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(Q, KC, VC, BT, SL, QSL, Out, OP, LSE, scale, window, cap).
 
     Q and Out [T, H, D]; KC and VC [NB, BS, KVH, D]; BT [B, MB], SL [B], QSL [B + 1] int32.
     Not partial: writes Out (OP and LSE are [1] placeholders), grid (T, KVH, 1).  Partial: writes
     OP float32 [S, T, H, D] and LSE float32 [S, T, H] of S splits (Out is not written), grid
-    (T, KVH, S).  Rows past QSL[B] are not written."""
+    (T, KVH, S).  Rows past QSL[B] are not written; with `single`, neither are the rows of
+    sequences with several new tokens (the extend kernel's share of a mixed batch)."""
     T, D, BS, G, CAP, PARTIAL, E = dtype, head_dim, block_size, group, softcap, partial, lane_columns(head_dim)
+    SINGLE = single
     OP_SHAPE = ("S", "NT", "H", D) if partial else (1,)
     LSE_SHAPE = ("S", "NT", "H") if partial else (1,)
 
-    @ts.kernel(target="cuda", name=kernel_name("paged_decode", T, D, BS, G, CAP) + ("_split" if PARTIAL else ""))
+    @ts.kernel(target="cuda", name=kernel_name("paged_decode", T, D, BS, G, CAP) + ("_split" if PARTIAL else "") + ("_single" if SINGLE else ""))
     def decode(Q: T["NT", "H", D], KC: T["NB", BS, "KVH", D], VC: T["NB", BS, "KVH", D], BT: i32["B", "MB"],
                SL: i32["B"], QSL: i32["B1"], Out: T["NT", "H", D], OP: f32[OP_SHAPE], LSE: f32[LSE_SHAPE],
                scale: f32, window: i32, cap: f32):  # fmt: skip
@@ -77,13 +80,14 @@ def make_paged_decode(dtype: DataType, head_dim: int, block_size: int, group: in
         warp = tid // 32
         lane = tid % 32
         tokens = QSL[B]
-        live = t < tokens
         b = 0
         for s in range(B):
             b += ts.select(QSL[s + 1] <= t, 1, 0)
         b = min(b, B - 1)
         first = QSL[b]
-        pos = SL[b] - (QSL[b + 1] - first) + (t - first)
+        n_new = QSL[b + 1] - first
+        live = t < tokens and (n_new == 1 or not SINGLE)
+        pos = SL[b] - n_new + (t - first)
         lo = ts.select(window > 0, max(pos - window + 1, 0), 0)
         hi = ts.select(live, pos + 1, lo)  # padding rows see no key
         # This split's share of the cache blocks the token sees.
@@ -169,7 +173,8 @@ def make_paged_decode(dtype: DataType, head_dim: int, block_size: int, group: in
 @functools.cache
 def make_paged_combine(dtype: DataType, head_dim: int) -> ts.Kernel:
     """kernel(OP, LSE, QSL, Out): Out[t, h] = sum_s exp(lse_s - max) OP[s, t, h] / sum_s exp(lse_s - max)
-    for the rows t < QSL[B] (a live row has a key in some split, so the sum is positive)."""
+    for the rows t < QSL[B] the decode kernel wrote: LSE starts at -inf, and a row it computed has
+    keys in some split (a finite maximum, a positive sum)."""
     T, D = dtype, head_dim
 
     @ts.kernel(target="cuda", name=f"paged_combine_{T.short}_d{D}")
@@ -185,27 +190,30 @@ def make_paged_combine(dtype: DataType, head_dim: int) -> ts.Kernel:
             mx = NEG_INF
             for s in range(S):
                 mx = ts.fmax(mx, LSE[s, t, h])
-            num = 0.0
-            tot = 0.0
-            for s in range(S):
-                wt = ts.exp(LSE[s, t, h] - mx)
-                num += wt * OP[s, t, h, d]
-                tot += wt
-            Out[t, h, d] = num / tot
+            if mx > NEG_INF:
+                num = 0.0
+                tot = 0.0
+                for s in range(S):
+                    wt = ts.exp(LSE[s, t, h] - mx)
+                    num += wt * OP[s, t, h, d]
+                    tot += wt
+                Out[t, h, d] = num / tot
 
     return combine
 
 
 @functools.cache
-def make_paged_extend(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool) -> ts.Kernel:
+def make_paged_extend(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool,
+                      multi: bool = False) -> ts.Kernel:  # fmt: skip
     """kernel(Q, KC, VC, BT, SL, QSL, Out, scale, window, cap), grid (T // QT + B, KVH): the tiles
-    of QT = extend_tile(head_dim, group) new tokens of each sequence in turn, for one KV head per block."""
-    T, D, BS, G, CAP, E = dtype, head_dim, block_size, group, softcap, lane_columns(head_dim)
+    of QT = extend_tile(head_dim, group) new tokens of each sequence in turn, for one KV head per
+    block.  With `multi`, sequences with a single new token have no tile (the decode kernel's)."""
+    T, D, BS, G, CAP, E, MULTI = dtype, head_dim, block_size, group, softcap, lane_columns(head_dim), multi
     QT = extend_tile(head_dim, group)
     ROWS = QT * G  # query rows of a tile: token-major, the G heads of a token together
     RPW = ROWS // WARPS if ROWS % WARPS == 0 else ROWS // WARPS + 1  # rows per warp
 
-    @ts.kernel(target="cuda", name=kernel_name("paged_extend", T, D, BS, G, CAP))
+    @ts.kernel(target="cuda", name=kernel_name("paged_extend", T, D, BS, G, CAP) + ("_multi" if MULTI else ""))
     def extend(Q: T["NT", "H", D], KC: T["NB", BS, "KVH", D], VC: T["NB", BS, "KVH", D], BT: i32["B", "MB"],
                SL: i32["B"], QSL: i32["B1"], Out: T["NT", "H", D], scale: f32, window: i32, cap: f32):  # fmt: skip
         ts.attrs.grid = (NT // QT + B, KVH)
@@ -223,6 +231,8 @@ def make_paged_extend(dtype: DataType, head_dim: int, block_size: int, group: in
         seen = 0
         for s in range(B):
             n_tiles = ts.ceil_div(QSL[s + 1] - QSL[s], QT)
+            if MULTI:
+                n_tiles = ts.select(QSL[s + 1] - QSL[s] == 1, 0, n_tiles)
             mine = b == B and tile < seen + n_tiles
             start = ts.select(mine, QSL[s] + (tile - seen) * QT, start)
             b = ts.select(mine, s, b)
