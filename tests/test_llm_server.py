@@ -103,11 +103,11 @@ def greedy(served, prompt, max_tokens: int = 12, **extra):
     return served.client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **extra)
 
 
-def post(served, path: str, body, key: str | None = KEY) -> httpx.Response:
+def post(served, path: str, body, key: str | None = KEY, timeout: float | httpx.Timeout = 60) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return httpx.post(f"{served.url}{path}", content=content, headers={**headers, "Content-Type": "application/json"},
-                      timeout=60)  # fmt: skip
+                      timeout=timeout)  # fmt: skip
 
 
 def test_health_models_and_metrics(served):
@@ -301,6 +301,18 @@ def test_dropped_stream_frees_its_blocks(served):
     after = served.wait_idle()
     assert after["tessera_generation_tokens_total"] - before["tessera_generation_tokens_total"] < body["max_tokens"]
     assert greedy(served, "Hello").choices[0].text  # and the server goes on
+
+
+@pytest.mark.slow
+def test_dropped_request_frees_its_blocks(served):
+    before = served.wait_idle()
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": MAX_MODEL_LEN - 8, "ignore_eos": True}
+    start = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and closes the connection
+        post(served, "/v1/completions", body, timeout=httpx.Timeout(60, read=0.2))
+    after = served.wait_idle()
+    print(f"aborted after {time.monotonic() - start:.2f} s")
+    assert after["tessera_generation_tokens_total"] - before["tessera_generation_tokens_total"] < body["max_tokens"]
 
 
 @pytest.mark.slow

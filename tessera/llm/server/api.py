@@ -13,6 +13,7 @@ Endpoints: POST /v1/completions and /v1/chat/completions (JSON, or server-sent e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hmac
 import time
@@ -55,7 +56,8 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
     async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine, max_pending=max_queue)
     llm_engine = async_engine.engine
     name = served_model_name or llm_engine.model_name
-    serving = Serving(async_engine, copy.deepcopy(llm_engine.tokenizer), name, llm_engine.max_model_len)
+    serving = Serving(async_engine, copy.deepcopy(llm_engine.tokenizer), name, llm_engine.max_model_len,
+                      getattr(llm_engine, "sampling_defaults", None))  # fmt: skip
     created = int(time.time())
 
     @asynccontextmanager
@@ -202,10 +204,14 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | JSON
     watcher = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler itself was cancelled (shutdown)
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():  # nobody is listening; the status is for the access log only
-        return JSONResponse(error_body("client disconnected"), status_code=499)
-    return task.result()
+    if task.done():
+        return task.result()
+    task.cancel()  # its cleanup aborts the engine requests
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return JSONResponse(error_body("client disconnected"), status_code=499)  # for the access log only

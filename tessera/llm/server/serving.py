@@ -39,13 +39,18 @@ from tessera.llm.server.protocol import (
 )
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Sampling fields a request may leave out, with OpenAI's (or vLLM's) defaults; the model's
+# generation_config.json overrides these, as vLLM's server does.
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 class Serving:
     """What the endpoints share: the engine, a tokenizer of the event loop's own, the model's name."""
 
-    def __init__(self, engine: AsyncLLMEngine, tokenizer, model_name: str, max_model_len: int):
+    def __init__(self, engine: AsyncLLMEngine, tokenizer, model_name: str, max_model_len: int,
+                 model_defaults: dict | None = None):  # fmt: skip
         self.engine = engine
+        self.defaults = {k: (model_defaults or {}).get(k, v) for k, v in SAMPLING_DEFAULTS.items()}
         self.tokenizer = tokenizer  # a copy: the engine thread uses its own, and tokenizers are not thread-safe
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -100,12 +105,10 @@ class Serving:
             raise RequestError("logit_bias is not supported")
         if max_tokens is None:
             raise RequestError("max_tokens is required")
+        given = {k: getattr(req, k) for k in SAMPLING_DEFAULTS if getattr(req, k) is not None}
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            **{**self.defaults, **given},
             seed=req.seed,
             stop=req.stop or (),
             stop_token_ids=req.stop_token_ids or (),
@@ -115,7 +118,6 @@ class Serving:
             logprobs=logprobs,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             skip_special_tokens=req.skip_special_tokens,
         )
 
