@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from tiny_llm import train_tokenizer
 
 from tessera.llm.sampling_params import SamplingParams
 from tessera.llm.sequence import Request, Sequence
 from tessera.llm.tokenizer import IncrementalDetokenizer, append_token
-from tiny_llm import train_tokenizer
 
 EOS = 2
 _IDS = itertools.count()
