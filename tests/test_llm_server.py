@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
 from tiny_llm import make_model_dir  # noqa: E402
 
 from tessera.llm.llm import LLM  # noqa: E402
@@ -36,6 +37,7 @@ MODEL = "tiny-llama"
 KEY = "test-key"
 MAX_MODEL_LEN = 256
 MAX_QUEUE = 20
+MAX_BODY = 1 << 20
 PROMPTS = ["The quick brown fox", "Hello, how are you", "A paged KV cache keeps", "Once upon a time there",
            "Numbers like 12345", "The user asks a question", "Continuous batching admits", "Café, naïve, über",
            "The lazy dog", "I am fine, thank", "Keys and values in", "A little compiler that",
@@ -76,7 +78,7 @@ def served(tmp_path_factory):
         mp.setenv("TESSERA_CACHE_DIR", str(root / "cache"))
         model_dir = make_model_dir(root / "model", "llama")
         llm = LLM(model_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
-        app = build_app(llm.engine, MODEL, api_key=KEY, max_queue=MAX_QUEUE)
+        app = build_app(llm.engine, MODEL, api_key=KEY, max_queue=MAX_QUEUE, max_body_bytes=MAX_BODY)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -264,6 +266,13 @@ def test_malformed_bodies_are_400(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     with pytest.raises(openai.BadRequestError):
         served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], top_logprobs=2)
+    # Bodies past the bound: 413 from Content-Length, 400 when a chunked body outgrows it.
+    big = {"model": MODEL, "prompt": "x" * MAX_BODY}
+    r = post(served, "/v1/completions", big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    chunked = httpx.post(f"{served.url}/v1/completions", content=iter([json.dumps(big).encode()]),
+                         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+    assert chunked.status_code == 400, chunked.text
     # Unknown fields are ignored (as vLLM does); vLLM's extras are taken.
     r = post(served, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 3, "no_such_field": 1,
                                          "top_k": 5, "ignore_eos": True, "min_tokens": 3})  # fmt: skip
@@ -409,3 +418,24 @@ def test_tessera_serve_command(served, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_dead_engine_thread_is_reported(served):
+    """An engine that cannot be stepped or emptied stops its thread: the request in flight gets 500,
+    /health 503, later requests 500 at once (a second engine, so the module's server lives on)."""
+    llm = LLM(served.model_dir, device="cpu", max_model_len=64)
+    engine = llm.engine
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    engine.step = broken_step
+    engine.abort_request = lambda request_id: None  # nor can it let go of the request
+    with TestClient(build_app(engine, MODEL)) as client:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
+        first = client.post("/v1/completions", json=body)
+        assert first.status_code == 500 and "device lost" in first.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        later = client.post("/v1/completions", json=body)
+        assert later.status_code == 500 and "not running" in later.json()["error"]["message"]
+        assert "tessera_engine_up{" in client.get("/metrics").text

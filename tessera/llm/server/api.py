@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import hmac
 import time
 from collections.abc import Awaitable
@@ -44,19 +43,19 @@ class Unauthorized(TesseraError):
 
 
 def build_app(engine, served_model_name: str | None = None, api_key: str | None = None,
-              max_queue: int = 256) -> FastAPI:  # fmt: skip
+              max_queue: int = 256, max_body_bytes: int = 16 << 20) -> FastAPI:  # fmt: skip
     """The app serving `engine` (an `LLMEngine`, or an `AsyncLLMEngine` already wrapping one).
 
     served_model_name: the name clients put in "model" (default: the engine's model_name).
     api_key: when set, /v1 answers only requests with `Authorization: Bearer <api_key>`.
     max_queue: requests in flight (queued and running) at most; more get 503 (an
-    `AsyncLLMEngine` passed in keeps its own bound).  The app starts the engine thread when it
-    starts and stops it when it shuts down.
+    `AsyncLLMEngine` passed in keeps its own bound).  max_body_bytes: larger request bodies get
+    413.  The app starts the engine thread when it starts and stops it when it shuts down.
     """
     async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine, max_pending=max_queue)
     llm_engine = async_engine.engine
     name = served_model_name or llm_engine.model_name
-    serving = Serving(async_engine, copy.deepcopy(llm_engine.tokenizer), name, llm_engine.max_model_len,
+    serving = Serving(async_engine, llm_engine.tokenizer, name, llm_engine.max_model_len,
                       getattr(llm_engine, "sampling_defaults", None))  # fmt: skip
     created = int(time.time())
 
@@ -66,9 +65,11 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
         try:
             yield
         finally:
+            serving.close()
             await asyncio.to_thread(async_engine.shutdown)
 
     app = FastAPI(title="tessera.llm", lifespan=lifespan)
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
     app.state.engine = async_engine
     app.state.serving = serving
 
@@ -139,7 +140,7 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        prompts = serving.completion_prompts(body)
+        prompts = await serving.completion_prompts(body)
         params = serving.completion_params(body)
         request_id = new_request_id("cmpl")
         streams = serving.submit(request_id, prompts, params)
@@ -152,7 +153,7 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
-        prompt = serving.chat_prompt(body)
+        prompt = await serving.chat_prompt(body)
         params = serving.chat_params(body, len(prompt))
         request_id = new_request_id("chatcmpl")
         streams = serving.submit(request_id, [prompt], params)
@@ -175,6 +176,34 @@ async def _accepted(streams) -> None:
         for stream in streams:
             stream.abort()
         raise
+
+
+class _BodyLimit:
+    """Refuses request bodies over `limit` bytes, so memory per request stays bounded: 413 when
+    Content-Length says so; a chunked body that grows past it fails while being read (400)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.limit:
+            response = JSONResponse(error_body(f"the request body is larger than {self.limit} bytes", code=413),
+                                    status_code=413)  # fmt: skip
+            return await response(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise RequestError(f"the request body is larger than {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
 
 
 class _EventStream(StreamingResponse):

@@ -10,10 +10,12 @@ the call ends (done, an error, the client gone) the engine requests still runnin
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from tessera.errors import RequestError
 from tessera.llm.outputs import CompletionOutput, RequestOutput
@@ -45,20 +47,36 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0
 
 
 class Serving:
-    """What the endpoints share: the engine, a tokenizer of the event loop's own, the model's name."""
+    """What the endpoints share: the engine, tokenizers of the server's own, the model's name.
+
+    Tokenizers are not thread-safe, so the server holds two copies of the engine's, one per
+    thread: prompts are tokenized on a worker thread (neither the event loop nor the engine's
+    steps wait for a long prompt; the engine gets token ids), and the event loop decodes single
+    tokens for log-probabilities.
+    """
 
     def __init__(self, engine: AsyncLLMEngine, tokenizer, model_name: str, max_model_len: int,
                  model_defaults: dict | None = None):  # fmt: skip
         self.engine = engine
         self.defaults = {k: (model_defaults or {}).get(k, v) for k, v in SAMPLING_DEFAULTS.items()}
-        self.tokenizer = tokenizer  # a copy: the engine thread uses its own, and tokenizers are not thread-safe
+        self.tokenizer = copy.deepcopy(tokenizer)
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self._encoder = copy.deepcopy(tokenizer)
+        self._encoding = ThreadPoolExecutor(1, thread_name_prefix="tessera-tokenize")
         self._token_text: dict[int, str] = {}
 
+    def close(self) -> None:
+        """Stop the tokenizing thread."""
+        self._encoding.shutdown(wait=False, cancel_futures=True)
+
+    async def _on_encoder(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._encoding, fn, *args)
+
     # -- requests ----------------------------------------------------------------------------
-    def completion_prompts(self, req: CompletionRequest) -> list[str | list[int]]:
-        """The engine prompts of a completions body: one per string or token-id list."""
+    async def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        """The token ids of each prompt of a completions body (strings are tokenized as the
+        engine would, special tokens such as BOS included)."""
         if req.echo:
             raise RequestError("echo is not supported")
         if req.suffix:
@@ -66,15 +84,18 @@ class Serving:
         if req.best_of is not None and req.best_of != req.n:
             raise RequestError("best_of other than n is not supported")
         prompt = req.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if not prompt:
-            raise RequestError("prompt is empty")
-        if all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]
-        return [p if isinstance(p, str) else list(p) for p in prompt]
+        prompts: list = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise RequestError("the prompt is empty")
+        texts = [p for p in prompts if isinstance(p, str)]
+        if texts:
+            if self._encoder is None:
+                raise RequestError("the model has no tokenizer: send the prompt as token ids")
+            encoded = iter(await self._on_encoder(lambda: self._encoder(texts)["input_ids"]))
+            prompts = [list(next(encoded)) if isinstance(p, str) else p for p in prompts]
+        return [list(p) for p in prompts]
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         """The chat template applied to the messages, as token ids."""
         if req.tools:
             raise RequestError("tools are not supported")
@@ -88,15 +109,17 @@ class Serving:
                     raise RequestError("only text content parts are supported")
                 content = "".join(part.text or "" for part in content)
             messages.append({"role": m.role, "content": content or ""})
-        if getattr(self.tokenizer, "chat_template", None) is None:
+        if getattr(self._encoder, "chat_template", None) is None:
             raise RequestError("the model's tokenizer has no chat template; use /v1/completions")
+        return await self._on_encoder(self._render_chat, messages, req.add_generation_prompt)
+
+    def _render_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=req.add_generation_prompt)  # fmt: skip
+            text = self._encoder.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # the template's own checks (roles must alternate, ...) raise
             raise RequestError(f"the chat template refused the messages: {exc}") from exc
         # The template writes the special tokens it wants (BOS included), so add none.
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        return list(self._encoder(text, add_special_tokens=False)["input_ids"])
 
     def sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
                         logprobs: int | None) -> SamplingParams:  # fmt: skip
@@ -136,7 +159,7 @@ class Serving:
                                    f"{self.max_model_len}")  # fmt: skip
         return self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
 
-    def submit(self, request_id: str, prompts: list[str | list[int]], params: SamplingParams) -> list[RequestStream]:
+    def submit(self, request_id: str, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
         """One engine request per prompt; on an error the ones already submitted are aborted."""
         streams: list[RequestStream] = []
         try:
@@ -242,7 +265,8 @@ class Serving:
         """A token's text on its own (partial UTF-8 shows as U+FFFD), cached."""
         text = self._token_text.get(token_id)
         if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+            decoded = self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"<{token_id}>"
+            text = self._token_text[token_id] = decoded
         return text
 
     def completion_logprobs(self, c: CompletionOutput, start: int, offset: int) -> CompletionLogprobs | None:
