@@ -245,7 +245,7 @@ def make_paged_extend(dtype: DataType, head_dim: int, block_size: int, group: in
         inv_cap = 1.0 / ts.select(CAP, cap, 1.0)
         # The keys some token of the tile sees: from the first token's window start to the last token.
         lo = ts.select(window > 0, max(base + start - window + 1, 0), 0)
-        hi = base + end
+        hi = ts.select(live, base + end, lo)  # a block past the last tile reads no key
         q = ts.register_tensor(f32, [RPW, E])
         acc = ts.register_tensor(f32, [RPW, E])
         m = ts.register_tensor(f32, [RPW])
