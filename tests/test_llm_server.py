@@ -132,15 +132,15 @@ def test_health_models_and_metrics(served):
 def test_completion_equals_transformers_generate(served, reference):
     model, tokenizer = reference
     for prompt in PROMPTS[:3]:
-        out = greedy(served, prompt, max_tokens=16)
+        out = greedy(served, prompt, max_tokens=32)
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            ref = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:]
+            ref = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:]
         assert out.choices[0].text == tokenizer.decode(ref, skip_special_tokens=True), prompt
         assert out.usage.prompt_tokens == ids.shape[1] and out.usage.completion_tokens == len(ref)
         assert out.usage.total_tokens == ids.shape[1] + len(ref)
         assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
-        assert out.choices[0].finish_reason == ("length" if len(ref) == 16 else "stop")
+        assert out.choices[0].finish_reason == ("length" if len(ref) == 32 else "stop")
 
 
 def test_prompt_forms_and_n(served):
@@ -190,6 +190,37 @@ def test_streaming_completion(served):
         events = [line for line in r.iter_lines() if line]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     assert json.loads(events[0][6:])["object"] == "text_completion"
+
+
+def test_streaming_several_prompts_and_samples(served):
+    kwargs = dict(model=MODEL, prompt=PROMPTS[3:5], max_tokens=12, temperature=0.8, seed=7, n=2)
+    expected = served.client.completions.create(**kwargs)
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    for chunk in served.client.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert texts == {c.index: c.text for c in expected.choices}  # seeded: the same samples
+    assert finish == {c.index: c.finish_reason for c in expected.choices}
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, n=2, seed=3)
+    expected = served.client.chat.completions.create(**chat)
+    content: dict[int, str] = {}
+    for chunk in served.client.chat.completions.create(**chat, stream=True):
+        for c in chunk.choices:
+            content[c.index] = content.get(c.index, "") + (c.delta.content or "")
+    assert content == {c.index: c.message.content for c in expected.choices}
+
+
+def test_stop_and_seed(served):
+    text = greedy(served, PROMPTS[5], max_tokens=20).choices[0].text
+    stop = next(text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].isalnum())
+    out = greedy(served, PROMPTS[5], max_tokens=20, stop=["no such text", stop])
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == text[: text.index(stop)]
+    sampled = [served.client.completions.create(model=MODEL, prompt=PROMPTS[5], max_tokens=10, temperature=1.0,
+                                                seed=1234).choices[0].text for _ in range(2)]  # fmt: skip
+    assert sampled[0] == sampled[1]
 
 
 def test_streaming_chat(served):

@@ -88,10 +88,9 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
     async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        field = ".".join(loc) or None
-        message = first.get("msg", "malformed request")
-        where = field or "the request body"
-        return JSONResponse(error_body(f"{where}: {message}", param=field), status_code=400)
+        where = ".".join(loc) or "the request body"
+        message = f"{where}: {first.get('msg', 'malformed request')}"
+        return JSONResponse(error_body(message, param=loc[0] if loc else None), status_code=400)
 
     @app.exception_handler(RequestError)
     async def bad_request(request: Request, exc: RequestError) -> JSONResponse:
