@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import time
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from tessera.llm.server.protocol import ChatCompletionRequest, CompletionRequest
 from tessera.llm.server.serving import Serving, new_request_id
 
 T = TypeVar("T")
+log = logging.getLogger("tessera.llm.server")
 
 
 class UnknownModel(RequestError):
@@ -106,6 +108,12 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
     @app.exception_handler(EngineFailure)
     async def engine_failed(request: Request, exc: EngineFailure) -> JSONResponse:
         return JSONResponse(error_body(str(exc), type="server_error", code=500), status_code=500)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: still OpenAI's shape
+        log.exception("unexpected error serving %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", type="server_error", code=500),
+                            status_code=500)  # fmt: skip
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -128,6 +128,7 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()  # guards _streams and the counters
         self._thread: threading.Thread | None = None
         self._rate_samples: deque[tuple[float, int]] = deque()  # (time, generation tokens so far)
+        self._rate_snapshot: tuple[tuple[float, int], ...] = ()
 
     # -- the event loop's side --------------------------------------------------------------
     def start(self) -> None:
@@ -182,7 +183,7 @@ class AsyncLLMEngine:
     def generation_tokens_per_s(self, now: float | None = None) -> float:
         """Generated tokens per second over the last RATE_WINDOW_S seconds."""
         now = time.monotonic() if now is None else now
-        samples = [s for s in list(self._rate_samples) if s[0] >= now - RATE_WINDOW_S]
+        samples = [s for s in self._rate_snapshot if s[0] >= now - RATE_WINDOW_S]
         if len(samples) < 2:
             return 0.0
         (t0, n0), (_, n1) = samples[0], samples[-1]
@@ -290,6 +291,7 @@ class AsyncLLMEngine:
             samples.append((now, stats.generation_tokens_total))
         while len(samples) > 2 and samples[1][0] < now - RATE_WINDOW_S:
             samples.popleft()
+        self._rate_snapshot = tuple(samples)  # what other threads read
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
