@@ -124,6 +124,7 @@ CASES = [  # (new tokens, context lengths, H, KVH, D, block size)
     ([2, 1], [19, 64], 4, 1, 96, 1),  # block size 1, MQA
     ([3, 1], [3, 17], 2, 2, 128, 8),
     ([1, 2], [9, 33], 4, 2, 256, 16),
+    ([40, 1, 19], [45, 20, 19], 2, 2, 32, 16),  # several tiles of tokens per sequence
 ]
 
 
@@ -140,6 +141,7 @@ def test_half_precision(dtype):
 @pytest.mark.parametrize("window", [1, 4, 16, 100])
 def test_sliding_window(window):
     check(make_batch([1, 5, 1, 12], [40, 9, 3, 30], 4, 2, 32, 8, seed=window), sliding_window=window)
+    check(make_batch([33, 1], [50, 9], 2, 2, 16, 8, seed=window), sliding_window=window)  # windows across tiles
 
 
 @pytest.mark.parametrize("softcap", [0.5, 30.0])
