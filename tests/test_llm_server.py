@@ -71,27 +71,38 @@ class Served:
             time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm-server")
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory):
+    """One artifact cache for the module, in place of conftest's cache per test: the server's
+    engine thread builds kernels when a test first needs them, and reads the cache's place then."""
+    d = tmp_path_factory.mktemp("tessera-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TESSERA_CACHE_DIR", str(root / "cache"))
-        model_dir = make_model_dir(root / "model", "llama")
-        llm = LLM(model_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
-        app = build_app(llm.engine, MODEL, api_key=KEY, max_queue=MAX_QUEUE, max_body_bytes=MAX_BODY)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", app, model_dir)
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        mp.setenv("TESSERA_CACHE_DIR", str(d))
+        mp.setenv("TESSERA_TUNE", "0")
+        yield d
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, cache_dir):
+    root = tmp_path_factory.mktemp("llm-server")
+    model_dir = make_model_dir(root / "model", "llama")
+    llm = LLM(model_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
+    app = build_app(llm.engine, MODEL, api_key=KEY, max_queue=MAX_QUEUE, max_body_bytes=MAX_BODY)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    served = Served(f"http://127.0.0.1:{sock.getsockname()[1]}", app, model_dir)
+    greedy(served, PROMPTS[0])  # the engine builds its kernels here, not in the first test
+    yield served
+    server.should_exit = True
+    thread.join(30)
+    sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +154,7 @@ def test_completion_equals_transformers_generate(served, reference):
         assert out.choices[0].finish_reason == ("length" if len(ref) == 32 else "stop")
 
 
+@pytest.mark.slow
 def test_prompt_forms_and_n(served):
     tokenizer = transformers.AutoTokenizer.from_pretrained(served.model_dir)
     text = greedy(served, PROMPTS[0]).choices[0].text
@@ -416,12 +428,12 @@ def test_serve_without_fastapi_names_the_extra():
 
 
 @pytest.mark.slow
-def test_tessera_serve_command(served, tmp_path):
+def test_tessera_serve_command(served, tmp_path, cache_dir):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache_dir)}  # the kernels the module's server built
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "tessera", "serve", str(served.model_dir), "--port", str(port),
                              "--device", "cpu", "--max-model-len", "128", "--served-model-name", "cli-model"],
