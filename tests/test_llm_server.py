@@ -30,8 +30,11 @@ import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from tiny_llm import make_model_dir  # noqa: E402
 
+from tessera.cli import main  # noqa: E402
 from tessera.llm.llm import LLM  # noqa: E402
 from tessera.llm.server.api import build_app  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("llm-server")  # one worker, one server (--dist loadgroup)
 
 MODEL = "tiny-llama"
 KEY = "test-key"
@@ -417,6 +420,11 @@ def test_engine_error_is_500_and_the_server_goes_on(served):
     assert httpx.get(f"{served.url}/health").status_code == 200
     assert greedy(served, "Hello").choices[0].text is not None
     assert served.metrics()["tessera_requests_failed_total"] >= 1
+
+
+def test_serve_a_missing_directory(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "no-such-model"), "--device", "cpu"]) == 1
+    assert "tessera serve: cannot serve" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 
+from tessera.errors import TesseraError
 from tessera.llm.llm import LLM
 from tessera.llm.server.api import build_app
 
@@ -15,7 +16,11 @@ def serve(args: argparse.Namespace) -> int:
     """Serve `args.model_dir` as the `tessera serve` arguments say (tessera/cli.py declares them)."""
     options = {"device": args.device, "dtype": args.dtype, "quantization": args.quantization,
                "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
-    llm = LLM(args.model_dir, **{k: v for k, v in options.items() if v is not None})
+    try:
+        llm = LLM(args.model_dir, **{k: v for k, v in options.items() if v is not None})
+    except (TesseraError, ValueError, OSError) as exc:  # a wrong path or option: a message, not a traceback
+        print(f"tessera serve: cannot serve {args.model_dir}: {exc}", file=sys.stderr)
+        return 1
     app = build_app(llm.engine, args.served_model_name, api_key=args.api_key, max_queue=args.max_queue)
     name = args.served_model_name or llm.engine.model_name
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
