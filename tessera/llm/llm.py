@@ -32,6 +32,8 @@ class LLM:
     gpu_memory_utilization: the share of GPU memory the model and KV cache may take.
     block_size, num_kv_blocks: the paged KV cache's block size in tokens and size in blocks.
     enforce_eager: run the model eagerly (no compilation).  seed: the seed of unseeded requests' sampling.
+    compile_model: compile the model with torch.compile(backend=tessera) (None: on CUDA only, unless
+    enforce_eager; on the CPU eager torch is faster for now).
     """
 
     def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,
@@ -39,12 +41,13 @@ class LLM:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None) -> None:  # fmt: skip
         self.engine = LLMEngine(model, tokenizer=tokenizer, dtype=dtype, quantization=quantization, device=device,
                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                                num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed)  # fmt: skip
+                                num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed,
+                                compile_model=compile_model)  # fmt: skip
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:

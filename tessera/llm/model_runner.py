@@ -16,7 +16,8 @@ import logging
 
 import torch
 
-from tessera.llm.attention import PagedStep
+from tessera.frontend.torch import backend as tessera_backend
+from tessera.llm.attention import PagedStep, register_kv_caches, release_kv_caches
 from tessera.llm.loader import LoadedModel
 from tessera.llm.scheduler import ScheduledSequence
 
@@ -32,7 +33,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, *, device: torch.device, block_size: int, max_model_len: int,
                  max_num_seqs: int, max_num_batched_tokens: int, num_kv_blocks: int | None = None,
-                 gpu_memory_utilization: float = 0.9) -> None:  # fmt: skip
+                 gpu_memory_utilization: float = 0.9, compile_model: bool = False) -> None:  # fmt: skip
         self.model = loaded.model
         self.device = device
         self.block_size = block_size
@@ -43,12 +44,18 @@ class ModelRunner:
         self.vocab_size = config.vocab_size
         self.dtype = self.model.dtype
         self.forward = self.model.forward
+        self.compiled = compile_model
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         if num_kv_blocks is None:
             num_kv_blocks = self._blocks_that_fit(max_model_len, max_num_seqs, max_num_batched_tokens,
                                                   gpu_memory_utilization)  # fmt: skip
         self.num_kv_blocks = num_kv_blocks
         self.kv_caches = self._allocate_cache(num_kv_blocks)
+        self.cache_handle = register_kv_caches(self, self.kv_caches)
+        if compile_model:
+            # Symbolic sizes, and sizes padded to powers of two (see execute) so that steps reuse
+            # the compiled graph and its plans; the paged ops stay torch custom ops between segments.
+            self.forward = torch.compile(self.model.forward, backend=tessera_backend, dynamic=True)
 
     @property
     def block_bytes(self) -> int:
@@ -72,9 +79,11 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         tokens = max_num_batched_tokens
         self.kv_caches = self._allocate_cache(-(-tokens // self.block_size))
+        self.cache_handle = register_kv_caches(self, self.kv_caches)
         self.execute_dummy(tokens)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
+        release_kv_caches(self.cache_handle)
         self.kv_caches = []
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
@@ -90,7 +99,7 @@ class ModelRunner:
     def execute_dummy(self, num_tokens: int) -> None:
         """One forward of `num_tokens` tokens as a single prefill over blocks 0.. (profiling)."""
         num_blocks = -(-num_tokens // self.block_size)
-        step = PagedStep(self.kv_caches, self._int_tensor(range(num_tokens)),
+        step = PagedStep(self.cache_handle, self._int_tensor(range(num_tokens)),
                          self._int_tensor(range(num_blocks)).view(1, -1),
                          self._int_tensor([num_tokens]), self._int_tensor([0, num_tokens]))  # fmt: skip
         ids = torch.zeros(1, num_tokens, dtype=torch.long, device=self.device)
@@ -121,9 +130,21 @@ class ModelRunner:
             query_start_loc.append(query_start_loc[-1] + entry.num_tokens)
             if entry.samples:
                 logits_rows.append(query_start_loc[-1] - 1)
+        num_tokens, num_rows = len(input_ids), len(logits_rows)
         max_blocks = max(len(e.seq.block_table) for e in scheduled)
         tables = [e.seq.block_table + [0] * (max_blocks - len(e.seq.block_table)) for e in scheduled]
-        step = PagedStep(self.kv_caches, self._int_tensor(slots),
+        if self.compiled:  # padding: tokens that write nowhere, empty sequences, repeated rows
+            padded = _bucket(num_tokens, 8)
+            input_ids += [0] * (padded - num_tokens)
+            positions += [0] * (padded - num_tokens)
+            slots += [-1] * (padded - num_tokens)
+            max_blocks = _bucket(max_blocks)
+            tables = [t + [0] * (max_blocks - len(t)) for t in tables]
+            tables += [[0] * max_blocks] * (_bucket(len(tables)) - len(tables))
+            seq_lens += [0] * (len(tables) - len(seq_lens))
+            query_start_loc += [query_start_loc[-1]] * (len(tables) + 1 - len(query_start_loc))
+            logits_rows += [0] * (_bucket(max(num_rows, 1)) - num_rows)
+        step = PagedStep(self.cache_handle, self._int_tensor(slots),
                          torch.tensor(tables, dtype=torch.int32, device=self.device),
                          self._int_tensor(seq_lens), self._int_tensor(query_start_loc))  # fmt: skip
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
@@ -132,4 +153,9 @@ class ModelRunner:
         with torch.inference_mode():
             out = self.forward(input_ids=ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep,
                                tessera_step=step)  # fmt: skip
-        return out.logits[0, : len(logits_rows)]
+        return out.logits[0, :num_rows]
+
+
+def _bucket(n: int, smallest: int = 1) -> int:
+    """The power of two at or above n (at least `smallest`)."""
+    return max(smallest, 1 << (n - 1).bit_length())
