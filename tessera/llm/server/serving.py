@@ -192,7 +192,7 @@ class Serving:
     async def completion_events(self, request_id: str, streams: list[RequestStream], n: int,
                                 include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
         """The SSE events of a streamed completion, `data: [DONE]` last."""
-        sent: dict[int, tuple[int, int]] = {}  # choice index -> (characters, tokens) sent
+        sent: dict[int, tuple[int, int, bool]] = {}  # choice index -> (characters, tokens, the end) sent
         created = int(time.time())
         latest: list[RequestOutput | None] = [None] * len(streams)
         extra = {"usage": None} if include_usage else {}
@@ -202,10 +202,10 @@ class Serving:
                 choices = []
                 for c in out.outputs:
                     index = i * n + c.index
-                    chars, tokens = sent.get(index, (0, 0))
-                    if not _news(c, chars, tokens):
+                    chars, tokens, ended = sent.get(index, (0, 0, False))
+                    if not _news(c, chars, tokens, ended):
                         continue
-                    sent[index] = (len(c.text), len(c.token_ids))
+                    sent[index] = (len(c.text), len(c.token_ids), c.finished)
                     choices.append(CompletionChoice(index=index, text=c.text[chars:], finish_reason=c.finish_reason,
                                                     logprobs=self.completion_logprobs(c, tokens, chars)))  # fmt: skip
                 if choices:
@@ -234,7 +234,7 @@ class Serving:
                                        model=self.model_name, choices=choices, **fields)  # fmt: skip
             return sse(body.model_dump_json(exclude_unset=True))
 
-        sent: dict[int, tuple[int, int]] = {}
+        sent: dict[int, tuple[int, int, bool]] = {}
         final: RequestOutput | None = None
         try:
             yield chunk([ChatChunkChoice(index=k, delta=Delta(role="assistant", content=""), logprobs=None,
@@ -243,10 +243,10 @@ class Serving:
                 final = out
                 choices = []
                 for c in out.outputs:
-                    chars, tokens = sent.get(c.index, (0, 0))
-                    if not _news(c, chars, tokens):
+                    chars, tokens, ended = sent.get(c.index, (0, 0, False))
+                    if not _news(c, chars, tokens, ended):
                         continue
-                    sent[c.index] = (len(c.text), len(c.token_ids))
+                    sent[c.index] = (len(c.text), len(c.token_ids), c.finished)
                     delta = Delta(content=c.text[chars:]) if len(c.text) > chars else Delta()
                     choices.append(ChatChunkChoice(index=c.index, delta=delta, finish_reason=c.finish_reason,
                                                    logprobs=self.chat_logprobs(c, tokens)))  # fmt: skip
@@ -313,8 +313,11 @@ def usage(finals: list[RequestOutput]) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _news(c: CompletionOutput, chars_sent: int, tokens_sent: int) -> bool:
-    """Whether a chunk has something to tell: text, log-probabilities or the end."""
+def _news(c: CompletionOutput, chars_sent: int, tokens_sent: int, end_sent: bool) -> bool:
+    """Whether a sample has something to tell the client: text, log-probabilities or its end
+    (a request's outputs carry its finished samples too, until the last one ends)."""
+    if end_sent:
+        return False
     return c.finished or len(c.text) > chars_sent or (c.logprobs is not None and len(c.token_ids) > tokens_sent)
 
 
