@@ -336,6 +336,27 @@ def test_cpu_kernel_under_narrower_isas(isa, monkeypatch):
     torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_parallel_and_serial_kernels_agree():
+    """Small calls run on one thread (SERIAL_WORK), larger ones on the OpenMP team: same answers."""
+    batch = make_batch([1, 1, 30, 1], [2000, 700, 60, 1500], 8, 2, 64, 16, seed=17)
+    check(batch)  # large enough for the parallel kernel
+    outs = []
+    for parallel in (True, False):
+        out = torch.zeros_like(batch.query)
+        make_paged_attention_cpu(f32, 64, 16, 4, False, parallel)(
+            batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
+            batch.query_start_loc, out, 0.125, 0, 0.0)  # fmt: skip
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    cache = [torch.zeros(40, 16, 8, 64) for _ in range(4)]
+    key = torch.randn(600, 8, 64)
+    slots = torch.randperm(640)[:600]
+    for parallel, (kc, vc) in ((True, cache[:2]), (False, cache[2:])):
+        make_write_kv_cache_cpu(f32, 64, 16, i64, parallel)(key, key, kc, vc, slots)
+    assert torch.equal(cache[0], cache[2]) and torch.equal(cache[0].view(-1, 8, 64)[slots], key)
+
+
 def test_other_devices_are_unsupported():
     batch = make_batch([1], [3], 2, 1, 16, 4)
     args = _args(batch)

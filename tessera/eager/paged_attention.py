@@ -25,6 +25,7 @@ from tessera.errors import ArgumentError, DataTypeError, ShapeError, Unsupported
 from tessera.ir import dtypes
 from tessera.runtime.cuda import multiprocessor_count
 from tessera.templates.paged_attention import (
+    SERIAL_WORK,
     choose_splits,
     make_paged_attention_cpu,
     make_paged_combine,
@@ -106,8 +107,11 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
         raise ArgumentError(f"slot_mapping holds slot {int(slot_mapping.max())}; the cache has {slots} slots")
     if key.shape[0] == 0 or slots == 0 or kvh == 0 or d == 0:
         return
-    make = make_write_kv_cache_cuda if key_cache.is_cuda else make_write_kv_cache_cpu
-    kernel = make(dtypes.from_torch(key_cache.dtype), d, block_size, dtypes.from_torch(slot_mapping.dtype))
+    dtype, slot_dtype = dtypes.from_torch(key_cache.dtype), dtypes.from_torch(slot_mapping.dtype)
+    if key_cache.is_cuda:
+        kernel = make_write_kv_cache_cuda(dtype, d, block_size, slot_dtype)
+    else:
+        kernel = make_write_kv_cache_cpu(dtype, d, block_size, slot_dtype, 2 * key.numel() * key.element_size() > SERIAL_WORK)
     kernel(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
 
 
@@ -144,25 +148,39 @@ def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, b
                 and out.device == device and out.is_contiguous()):  # fmt: skip
             raise ArgumentError(f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}")
     if not query.is_cuda:
-        _check_values(block_tables, seq_lens, query_start_loc, key_cache.shape[0], key_cache.shape[1], t)
+        _check_values(torch, block_tables, seq_lens, query_start_loc, key_cache.shape[0], key_cache.shape[1], t)
 
 
-def _check_values(block_tables: Any, seq_lens: Any, query_start_loc: Any, num_blocks: int, block_size: int,
-                  tokens: int) -> None:  # fmt: skip
-    """The index tensors' contents (CPU only: on CUDA reading them would synchronise the stream)."""
+def _check_values(torch: Any, block_tables: Any, seq_lens: Any, query_start_loc: Any, num_blocks: int,
+                  block_size: int, tokens: int) -> None:  # fmt: skip
+    """The index tensors' contents (CPU only: on CUDA reading them would synchronise the stream).
+    Whole-tensor checks: the engine calls this once per layer and step; the loop below only
+    names the first bad sequence."""
     b, max_blocks = block_tables.shape
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    if b and (qsl[0] != 0 or qsl[-1] > tokens):
-        raise ArgumentError(f"query_start_loc must start at 0 and end at most at T = {tokens}, got {qsl[0]} .. {qsl[-1]}")
-    for i in range(b):
+    if b == 0:
+        return
+    first, last = int(query_start_loc[0]), int(query_start_loc[-1])
+    if first != 0 or last > tokens:
+        raise ArgumentError(f"query_start_loc must start at 0 and end at most at T = {tokens}, got {first} .. {last}")
+    new = query_start_loc[1:] - query_start_loc[:-1]
+    needed = (seq_lens.long() + block_size - 1) // block_size
+    used = torch.arange(max_blocks)[None, :] < needed[:, None]
+    ids = block_tables[used]
+    bad_ids = ids.numel() > 0 and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks)
+    if not (bool((new >= 0).all()) and bool((new <= seq_lens).all()) and int(needed.max()) <= max_blocks) or bad_ids:
+        _name_bad_sequence(block_tables, seq_lens.tolist(), query_start_loc.tolist(), num_blocks, block_size)
+
+
+def _name_bad_sequence(block_tables: Any, lens: list[int], qsl: list[int], num_blocks: int, block_size: int) -> None:
+    max_blocks = block_tables.shape[1]
+    for i, length in enumerate(lens):
         n = qsl[i + 1] - qsl[i]
         if n < 0:
             raise ArgumentError(f"query_start_loc decreases at sequence {i}: {qsl[i]} > {qsl[i + 1]}")
-        if not n <= lens[i] <= max_blocks * block_size:
-            raise ArgumentError(f"sequence {i}: seq_lens {lens[i]} must be at least its {n} new tokens and at most "
+        if not n <= length <= max_blocks * block_size:
+            raise ArgumentError(f"sequence {i}: seq_lens {length} must be at least its {n} new tokens and at most "
                                 f"max_blocks * block_size = {max_blocks * block_size}")  # fmt: skip
-        used = block_tables[i, : -(-lens[i] // block_size)]
+        used = block_tables[i, : -(-length // block_size)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
             raise ArgumentError(f"sequence {i}: block_tables holds block ids outside 0..{num_blocks - 1}")
 
@@ -198,7 +216,10 @@ def paged_attention(query: Any, key_cache: Any, value_cache: Any, block_tables: 
             _int32(torch, query_start_loc))  # fmt: skip
     scalars = (float(scale), int(sliding_window), float(softcap))
     if not query.is_cuda:
-        make_paged_attention_cpu(dtype, d, block_size, group, cap)(*args, out, *scalars)
+        # The keys attended to, summed over the new tokens (an upper bound: windows not counted).
+        pairs = int((args[4].long() * (args[5][1:] - args[5][:-1])).sum())
+        parallel = pairs * query.shape[1] * d * 2 > SERIAL_WORK
+        make_paged_attention_cpu(dtype, d, block_size, group, cap, parallel)(*args, out, *scalars)
         return out
     tokens, batch = query.shape[0], block_tables.shape[0]
     # As many tokens as sequences: a decode step (any other split of the tokens is right too).

@@ -23,7 +23,7 @@ tensors) can later wrap these kernels in a Template, should the compiled model t
 
 from __future__ import annotations
 
-from tessera.templates.paged_attention.cpu import make_paged_attention_cpu, make_write_kv_cache_cpu
+from tessera.templates.paged_attention.cpu import SERIAL_WORK, make_paged_attention_cpu, make_write_kv_cache_cpu
 from tessera.templates.paged_attention.cuda import (
     MAX_SPLITS,
     extend_tile,
@@ -35,6 +35,7 @@ from tessera.templates.paged_attention.cuda import (
 
 __all__ = [
     "MAX_SPLITS",
+    "SERIAL_WORK",
     "choose_splits",
     "extend_tile",
     "make_paged_attention_cpu",

@@ -21,6 +21,11 @@ from tessera import f32, i32, i64
 from tessera.ir.dtypes import DataType
 
 NEG_INF = float("-inf")
+# Multiply-adds (or bytes copied) below which a call runs on one thread: waking the OpenMP team
+# and its closing barrier cost more than that much work, and on a loaded machine a descheduled
+# worker holds the barrier for a whole time slice (measured: 12 ms for a 256-token write on a
+# busy 2-core machine, 0.2 ms on one thread).
+SERIAL_WORK = 1 << 20
 
 
 def kernel_name(kind: str, dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool) -> str:
@@ -34,26 +39,29 @@ def cpu_tile(group: int) -> int:
 
 
 @functools.cache
-def make_paged_attention_cpu(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool) -> ts.Kernel:
+def make_paged_attention_cpu(dtype: DataType, head_dim: int, block_size: int, group: int, softcap: bool,
+                             parallel: bool = True) -> ts.Kernel:  # fmt: skip
     """kernel(Q, KC, VC, BT, SL, QSL, Out, scale, window, cap).
 
     Q and Out [T, H, D]; KC and VC [NB, BS, KVH, D] (H = KVH * group); BT [B, MB], SL [B] and
     QSL [B + 1] int32.  window 0: none; with `softcap`, scores are cap * tanh(scores / cap).
-    Rows of Out past QSL[B] are not written."""
+    Rows of Out past QSL[B] are not written.  `parallel`: the items run on OpenMP threads (else
+    in one, for calls too small to pay for waking them: `SERIAL_WORK`)."""
     T, D, BS, G, CAP, QT = dtype, head_dim, block_size, group, softcap, cpu_tile(group)
+    items = ts.parallel if parallel else range
     R = QT * G  # query rows of an item, token-major
     # The dot products run in W independent lanes (summed at the end), which gcc vectorises
     # where one running sum would stay scalar (float addition does not reassociate).
     W = 8 if D % 8 == 0 else 1
 
-    @ts.kernel(target="cpu", name=kernel_name("paged_attention", T, D, BS, G, CAP))
+    @ts.kernel(target="cpu", name=kernel_name("paged_attention", T, D, BS, G, CAP) + ("" if parallel else "_serial"))
     def paged_attention(Q: T["NT", "H", D], KC: T["NB", BS, "KVH", D], VC: T["NB", BS, "KVH", D],
                         BT: i32["B", "MB"], SL: i32["B"], QSL: i32["B1"], Out: T["NT", "H", D],
                         scale: f32, window: i32, cap: f32):  # fmt: skip
         inv_cap = 1.0 / ts.select(CAP, cap, 1.0)
         # Items: (tile, KV head); the tiles of every sequence in turn (T // QT + B bounds their
         # number; the items past the last tile have no row).
-        for item in ts.parallel((NT // QT + B) * KVH):
+        for item in items((NT // QT + B) * KVH):
             tile = item // KVH
             kvh = item % KVH
             b = B
@@ -142,15 +150,18 @@ def make_paged_attention_cpu(dtype: DataType, head_dim: int, block_size: int, gr
 
 
 @functools.cache
-def make_write_kv_cache_cpu(dtype: DataType, head_dim: int, block_size: int, slot_dtype: DataType = i64) -> ts.Kernel:
+def make_write_kv_cache_cpu(dtype: DataType, head_dim: int, block_size: int, slot_dtype: DataType = i64,
+                            parallel: bool = True) -> ts.Kernel:  # fmt: skip
     """kernel(K, V, KC, VC, SLOT): KC[slot // BS, slot % BS] = K[t] (and V) for every t whose
-    slot is >= 0; K and V [T, KVH, D], KC and VC [NB, BS, KVH, D], SLOT [T] int32 or int64."""
+    slot is >= 0; K and V [T, KVH, D], KC and VC [NB, BS, KVH, D], SLOT [T] int32 or int64;
+    `parallel` as in make_paged_attention_cpu."""
     T, D, BS, IDX = dtype, head_dim, block_size, slot_dtype
+    tokens = ts.parallel if parallel else range
 
-    @ts.kernel(target="cpu", name=f"write_kv_cache_{T.short}_d{D}_bs{BS}_{IDX.short}")
+    @ts.kernel(target="cpu", name=f"write_kv_cache_{T.short}_d{D}_bs{BS}_{IDX.short}{'' if parallel else '_serial'}")
     def write_kv_cache(K: T["NT", "KVH", D], V: T["NT", "KVH", D], KC: T["NB", BS, "KVH", D],
                        VC: T["NB", BS, "KVH", D], SLOT: IDX["NT"]):  # fmt: skip
-        for t in ts.parallel(NT):
+        for t in tokens(NT):
             slot = SLOT[t]
             # A negative slot (padding) copies nothing: its loop is empty, no read is conditional.
             rows = ts.select(slot >= 0, KVH, 0)
