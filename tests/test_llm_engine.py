@@ -198,3 +198,14 @@ def test_bad_engine_arguments(llama_dir):
         LLMEngine(llama_dir, device="cpu", dtype="float8")
     with pytest.raises(Exception, match="no config.json"):
         LLMEngine(llama_dir / "missing", device="cpu")
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_sliding_window_attention_equals_transformers(tmp_path, family):
+    overrides = {"sliding_window": 6} if family == "mistral" else {"sliding_window": 6, "use_sliding_window": True,
+                                                                     "max_window_layers": 0}  # fmt: skip
+    model_dir = make_model_dir(tmp_path / family, family, **overrides)
+    expected = hf_greedy(model_dir, PROMPTS, 12, ignore_eos=True)
+    llm = LLM(model_dir, device="cpu", max_num_batched_tokens=8, block_size=4, enforce_eager=True)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
