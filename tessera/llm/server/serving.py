@@ -347,9 +347,12 @@ async def collect(streams: list[RequestStream]) -> list[RequestOutput]:
             raise EngineFailure("the request ended without output")
         return final
 
+    tasks = [asyncio.ensure_future(last(s)) for s in streams]
     try:
-        return list(await asyncio.gather(*(last(s) for s in streams)))
-    finally:
+        return list(await asyncio.gather(*tasks))
+    finally:  # one failed, or the caller was cancelled: the others must not wait on forever
+        for task in tasks:
+            task.cancel()
         abort_all(streams)
 
 
