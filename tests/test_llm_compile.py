@@ -21,6 +21,6 @@ def test_compiled_greedy_tokens_equal_transformers_generate(tmp_path):
     assert llm.engine.stats().num_kv_blocks_used == 0
 
 
-def test_the_cpu_runs_eagerly_by_default(tmp_path):
+def test_the_model_runs_eagerly_by_default(tmp_path):
     model_dir = make_model_dir(tmp_path / "llama", "llama")
     assert LLM(model_dir, device="cpu").engine.enforce_eager

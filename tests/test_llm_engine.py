@@ -7,6 +7,7 @@ import torch
 import transformers
 from tiny_llm import FAMILIES, make_model, make_model_dir, train_tokenizer
 
+from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
 from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams
 
@@ -209,3 +210,19 @@ def test_sliding_window_attention_equals_transformers(tmp_path, family):
     llm = LLM(model_dir, device="cpu", max_num_batched_tokens=8, block_size=4, enforce_eager=True)
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+@pytest.mark.slow
+def test_quantized_weights_equal_transformers_on_the_same_quantized_model(llama_dir):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    quantize(model, weight="int4", skip=("lm_head",), inplace=True)
+    expected = []
+    for prompt in PROMPTS[:2]:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected.append(model.generate(ids, do_sample=False, max_new_tokens=8, pad_token_id=3)[0, ids.shape[1] :].tolist())
+    llm = LLM(llama_dir, device="cpu", quantization="int4", enforce_eager=True)
+    outputs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    with pytest.raises(TypeError, match="'int3x' is not a low-bit weight type"):
+        LLM(llama_dir, device="cpu", quantization="int3x")

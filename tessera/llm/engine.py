@@ -33,14 +33,12 @@ from tessera.llm.tokenizer import IncrementalDetokenizer, append_token
 DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
 
 
-def _compiles(device: torch.device, enforce_eager: bool, compile_model: bool | None) -> bool:
-    """Whether the model runs through torch.compile(backend=tessera).
+def _compiles(enforce_eager: bool, compile_model: bool | None) -> bool:
+    """Whether the model runs through torch.compile(backend=tessera): only when asked for.
 
-    enforce_eager wins; compile_model=None (auto) compiles on CUDA only: on the CPU the compiled
-    step measured slower than eager torch (tiny Llama: 810 vs 2,400 tokens/s) after ~20 s of compiling."""
-    if enforce_eager:
-        return False
-    return device.type == "cuda" if compile_model is None else compile_model
+    On the CPU the compiled step measured slower than eager torch (tiny Llama: 810 vs 2,400
+    tokens/s, after ~20 s of compiling), and the CUDA path has not been measured yet."""
+    return bool(compile_model) and not enforce_eager
 
 
 @dataclass
@@ -90,7 +88,7 @@ class LLMEngine:
         self.runner = ModelRunner(loaded, device=device, block_size=block_size, max_model_len=self.max_model_len,
                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
                                   num_kv_blocks=num_kv_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                                  compile_model=_compiles(device, enforce_eager, compile_model))  # fmt: skip
+                                  compile_model=_compiles(enforce_eager, compile_model))  # fmt: skip
         if self.runner.num_kv_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache holds {self.runner.num_kv_blocks} blocks x {block_size} tokens = "
                              f"{self.runner.num_kv_blocks * block_size} tokens, less than one sequence of "

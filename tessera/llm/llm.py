@@ -32,8 +32,8 @@ class LLM:
     gpu_memory_utilization: the share of GPU memory the model and KV cache may take.
     block_size, num_kv_blocks: the paged KV cache's block size in tokens and size in blocks.
     enforce_eager: run the model eagerly (no compilation).  seed: the seed of unseeded requests' sampling.
-    compile_model: compile the model with torch.compile(backend=tessera) (None: on CUDA only, unless
-    enforce_eager; on the CPU eager torch is faster for now).
+    compile_model: compile the model with torch.compile(backend=tessera), unless enforce_eager (default
+    off: on the CPU eager torch is faster for now, and the CUDA path is not measured yet).
     """
 
     def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,

@@ -19,6 +19,7 @@ import transformers
 from tessera.eager.quantize import quantize
 from tessera.errors import FileFormatError, UnsupportedError
 from tessera.llm.attention import ATTN_IMPLEMENTATION
+from tessera.quant import codecs
 
 log = logging.getLogger("tessera")
 
@@ -56,6 +57,8 @@ def load_model(model: str | Path | transformers.PreTrainedModel, tokenizer: Any 
                device: torch.device | None = None, quantization: str | None = None) -> LoadedModel:  # fmt: skip
     """The model on `device` in its dtype with paged attention, its tokenizer and its EOS ids."""
     device = device or torch.device("cpu")
+    if quantization is not None:
+        codecs.weight_type(quantization)  # an unknown type fails before the weights load
     if isinstance(model, str | Path):
         path = Path(model)
         if not (path / "config.json").is_file():
