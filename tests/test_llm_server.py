@@ -291,6 +291,12 @@ def test_over_length_prompt_is_400(served):
     assert body["type"] == "invalid_request_error" and "message" in body
     with pytest.raises(openai.BadRequestError, match="context length"):
         served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "fox " * 300}])
+    # One prompt of several too long: 400, and the others are not left running.
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        greedy(served, ["Hello", "The quick brown fox " * 100], max_tokens=200, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        served.client.completions.create(model=MODEL, prompt="The quick brown fox " * 100, stream=True)
+    served.wait_idle()
 
 
 @pytest.mark.parametrize("field", [{"temperature": -1}, {"top_p": 2}, {"n": 0}, {"max_tokens": 0}, {"top_k": -5},
