@@ -226,3 +226,21 @@ def test_quantized_weights_equal_transformers_on_the_same_quantized_model(llama_
     assert [o.outputs[0].token_ids for o in outputs] == expected
     with pytest.raises(TypeError, match="'int3x' is not a low-bit weight type"):
         LLM(llama_dir, device="cpu", quantization="int3x")
+
+
+def test_sharded_checkpoints_and_generation_config_defaults(tmp_path, llama_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir)
+    model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                                                            do_sample=True, temperature=0.5, top_k=5,
+                                                            max_new_tokens=7)  # fmt: skip
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    transformers.AutoTokenizer.from_pretrained(llama_dir).save_pretrained(sharded)
+    assert (sharded / "model.safetensors.index.json").is_file()
+    llm = LLM(sharded, device="cpu", enforce_eager=True)
+    assert llm.engine.model_name == "sharded"
+    defaults = llm.engine.default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.5, 5, 7)
+    assert len(llm.generate(PROMPTS[0])[0].outputs[0].token_ids) <= 7  # generation_config's max_new_tokens
+    greedy = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in greedy] == hf_greedy(llama_dir, PROMPTS, GREEDY.max_tokens)

@@ -14,6 +14,7 @@ from tessera.errors import RequestError
 from tessera.llm.engine import LLMEngine
 from tessera.llm.outputs import RequestOutput
 from tessera.llm.sampling_params import SamplingParams
+from tessera.progress import bar, progress
 
 Prompt = str | list[int]
 
@@ -58,7 +59,7 @@ class LLM:
         """Generate for every prompt (a string, token ids, or a list of either); outputs in prompt order.
 
         sampling_params: one for all prompts, one per prompt, or None for the model's defaults.
-        use_tqdm: accepted for vLLM compatibility; progress is not shown."""
+        use_tqdm: show a progress bar of finished requests on stderr (when tqdm is installed)."""
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.engine.default_sampling_params()
@@ -71,10 +72,14 @@ class LLM:
                 ids.append(f"generate-{next(self._ids)}")
                 self.engine.add_request(ids[-1], prompt, p)
             finals: dict[str, RequestOutput] = {}
+            with progress(use_tqdm):
+                finished_bar = bar(total=len(ids), desc="generate", unit="req")
             while len(finals) < len(ids):
                 for out in self.engine.step():
                     if out.finished:
                         finals[out.request_id] = out
+                        finished_bar.update()
+            finished_bar.close()
         finally:  # a bad prompt or an interrupt leaves nothing behind in the engine
             for request_id in ids:
                 self.engine.abort_request(request_id)
