@@ -214,14 +214,26 @@ class _BodyLimit:
 
 
 class _EventStream(StreamingResponse):
-    """Server-sent events whose generator is closed however the response ends, so a client
-    that goes away mid-stream aborts its engine requests at once, not when the generator is
-    garbage-collected."""
+    """Server-sent events that stop as soon as the client goes away: the body is sent while
+    `receive` is watched for the disconnect (whatever ASGI version the server speaks; starlette
+    watches only below 2.4), and the generator is closed however the response ends, so its
+    engine requests are aborted at once, not when it is garbage-collected."""
 
     async def __call__(self, scope, receive, send) -> None:
+        async def disconnected() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        sending = asyncio.ensure_future(self.stream_response(send))
+        watcher = asyncio.ensure_future(disconnected())
         try:
-            await super().__call__(scope, receive, send)
+            await asyncio.wait({sending, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if sending.done() and not isinstance(sending.exception(), OSError):  # OSError: the client left
+                sending.result()  # another failure while streaming propagates
         finally:
+            for task in (sending, watcher):
+                task.cancel()
+            await asyncio.gather(sending, watcher, return_exceptions=True)
             await self.body_iterator.aclose()
 
 
