@@ -87,6 +87,13 @@ def test_preemption_loses_nothing(llama_dir):
     assert stats.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert stats.num_kv_blocks_used == 0 and stats.num_requests_finished == len(PROMPTS)
+    # Seeded sampling too: a preempted sample resumes its draws where it stopped.
+    sampled = SamplingParams(max_tokens=40, temperature=0.8, seed=3, n=2, ignore_eos=True)
+    roomy = LLM(llama_dir, device="cpu", enforce_eager=True).generate(PROMPTS, sampled)
+    before = llm.engine.stats().num_preemptions
+    tight = llm.generate(PROMPTS, sampled)
+    assert llm.engine.stats().num_preemptions > before
+    assert [[c.token_ids for c in o.outputs] for o in tight] == [[c.token_ids for c in o.outputs] for o in roomy]
 
 
 def test_a_transformers_model_object_and_the_context_length(tmp_path):

@@ -173,6 +173,9 @@ class LLMEngine:
         """Schedule, run and sample one step; the outputs of requests that produced tokens."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.scheduler.has_unfinished():  # cannot happen while the pool holds one max_model_len sequence
+                raise RuntimeError(f"no sequence could be scheduled: {self.block_manager.num_free_blocks} of "
+                                   f"{self.block_manager.num_blocks} KV blocks free")  # fmt: skip
             return []
         sampling = [entry.seq for entry in scheduled if entry.samples]
         logits = self.runner.execute(scheduled)
