@@ -157,7 +157,6 @@ def test_completion_equals_transformers_generate(served, reference):
         assert out.choices[0].finish_reason == ("length" if len(ref) == 32 else "stop")
 
 
-@pytest.mark.slow
 def test_prompt_forms_and_n(served):
     tokenizer = transformers.AutoTokenizer.from_pretrained(served.model_dir)
     text = greedy(served, PROMPTS[0]).choices[0].text
@@ -274,7 +273,6 @@ def test_logprobs(served):
     assert all(t.bytes == list(t.token.encode()) for t in content)
 
 
-@pytest.mark.slow
 def test_concurrent_requests_equal_one_at_a_time(served):
     alone = [greedy(served, p, max_tokens=16).choices[0].text for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -349,7 +347,6 @@ def test_api_key(served):
     assert httpx.get(f"{served.url}/metrics").status_code == 200
 
 
-@pytest.mark.slow
 def test_dropped_stream_frees_its_blocks(served):
     before = served.wait_idle()
     body = {"model": MODEL, "prompt": "Once", "max_tokens": MAX_MODEL_LEN - 8, "ignore_eos": True, "stream": True}
@@ -364,7 +361,6 @@ def test_dropped_stream_frees_its_blocks(served):
     assert greedy(served, "Hello").choices[0].text  # and the server goes on
 
 
-@pytest.mark.slow
 def test_dropped_request_frees_its_blocks(served):
     before = served.wait_idle()
     body = {"model": MODEL, "prompt": "Once", "max_tokens": MAX_MODEL_LEN - 8, "ignore_eos": True}
@@ -376,7 +372,6 @@ def test_dropped_request_frees_its_blocks(served):
     assert after["tessera_generation_tokens_total"] - before["tessera_generation_tokens_total"] < body["max_tokens"]
 
 
-@pytest.mark.slow
 def test_overload_is_503_and_the_server_recovers(served):
     served.wait_idle()
     engine = served.engine.engine
