@@ -7,6 +7,7 @@ engine error) slow down or break the real engine's `step` for a moment instead o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -113,6 +114,24 @@ def reference(served):
     """transformers' own model and tokenizer from the same directory."""
     model = transformers.AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32).eval()
     return model, transformers.AutoTokenizer.from_pretrained(served.model_dir)
+
+
+@contextlib.contextmanager
+def slowed(served, seconds: float):
+    """The real engine with each step taking `seconds` longer (so a request is surely still
+    running when the client leaves)."""
+    engine = served.engine.engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(seconds)
+        return step()
+
+    engine.step = slow_step
+    try:
+        yield
+    finally:
+        engine.step = step
 
 
 def greedy(served, prompt, max_tokens: int = 12, **extra):
@@ -350,13 +369,14 @@ def test_api_key(served):
 def test_dropped_stream_frees_its_blocks(served):
     before = served.wait_idle()
     body = {"model": MODEL, "prompt": "Once", "max_tokens": MAX_MODEL_LEN - 8, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=60) as r:  # fmt: skip
+    with slowed(served, 0.02), httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60,
+                                            headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
         lines = r.iter_lines()
         events = [line for line in (next(lines) for _ in range(6)) if line]
         assert events and served.metrics()["tessera_kv_blocks_used"] > 0
-    # The connection is closed: the request is aborted, its blocks freed, long before it could finish.
-    after = served.wait_idle()
+        r.close()
+        # The connection is closed: the request is aborted, its blocks freed, long before it could finish.
+        after = served.wait_idle()
     assert after["tessera_generation_tokens_total"] - before["tessera_generation_tokens_total"] < body["max_tokens"]
     assert greedy(served, "Hello").choices[0].text  # and the server goes on
 
@@ -365,9 +385,10 @@ def test_dropped_request_frees_its_blocks(served):
     before = served.wait_idle()
     body = {"model": MODEL, "prompt": "Once", "max_tokens": MAX_MODEL_LEN - 8, "ignore_eos": True}
     start = time.monotonic()
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and closes the connection
-        post(served, "/v1/completions", body, timeout=httpx.Timeout(60, read=0.2))
-    after = served.wait_idle()
+    with slowed(served, 0.02):
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and closes the connection
+            post(served, "/v1/completions", body, timeout=httpx.Timeout(60, read=0.2))
+        after = served.wait_idle()
     print(f"aborted after {time.monotonic() - start:.2f} s")
     assert after["tessera_generation_tokens_total"] - before["tessera_generation_tokens_total"] < body["max_tokens"]
 
