@@ -202,6 +202,8 @@ def test_bad_engine_arguments(llama_dir):
         LLMEngine(llama_dir, device="cpu", block_size=4, num_kv_blocks=8, max_model_len=64)
     with pytest.raises(ValueError, match="max_position_embeddings=512"):
         LLMEngine(llama_dir, device="cpu", max_model_len=4096)
+    with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
+        LLMEngine(llama_dir, device="cpu", block_size=0)
     with pytest.raises(ValueError, match="dtype must be"):
         LLMEngine(llama_dir, device="cpu", dtype="float8")
     with pytest.raises(Exception, match="no config.json"):
