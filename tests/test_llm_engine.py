@@ -253,3 +253,15 @@ def test_sharded_checkpoints_and_generation_config_defaults(tmp_path, llama_dir)
     assert len(llm.generate(PROMPTS[0])[0].outputs[0].token_ids) <= 7  # generation_config's max_new_tokens
     greedy = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in greedy] == hf_greedy(llama_dir, PROMPTS, GREEDY.max_tokens)
+
+
+def test_without_a_tokenizer_prompts_are_token_ids():
+    llm = LLM(make_model("llama"), device="cpu", max_model_len=64, enforce_eager=True)
+    assert llm.engine.tokenizer is None
+    with pytest.raises(RequestError, match="a text prompt needs a tokenizer"):
+        llm.generate("Hello", SamplingParams(max_tokens=2))
+    with pytest.raises(RequestError, match="stop strings need a tokenizer"):
+        llm.generate([1, 5, 6], SamplingParams(max_tokens=2, stop=["x"]))
+    out = llm.generate([[1, 5, 6], [1, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [3, 3] and out[0].outputs[0].text == ""
+    assert not llm.engine.has_unfinished_requests()  # the refused requests left nothing behind
