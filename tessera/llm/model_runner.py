@@ -134,16 +134,18 @@ class ModelRunner:
         max_blocks = max(len(e.seq.block_table) for e in scheduled)
         tables = [e.seq.block_table + [0] * (max_blocks - len(e.seq.block_table)) for e in scheduled]
         if self.compiled:  # padding: tokens that write nowhere, empty sequences, repeated rows
+            # At least 2 everywhere: dynamo specialises sizes 0 and 1, which would cost a recompile each
+            # (sizes that happen to be equal when it compiles cost one more: dynamo's duck sizing).
             padded = _bucket(num_tokens, 8)
             input_ids += [0] * (padded - num_tokens)
             positions += [0] * (padded - num_tokens)
             slots += [-1] * (padded - num_tokens)
-            max_blocks = _bucket(max_blocks)
+            max_blocks = _bucket(max_blocks, 2)
             tables = [t + [0] * (max_blocks - len(t)) for t in tables]
-            tables += [[0] * max_blocks] * (_bucket(len(tables)) - len(tables))
+            tables += [[0] * max_blocks] * (_bucket(len(tables), 2) - len(tables))
             seq_lens += [0] * (len(tables) - len(seq_lens))
             query_start_loc += [query_start_loc[-1]] * (len(tables) + 1 - len(query_start_loc))
-            logits_rows += [0] * (_bucket(max(num_rows, 1)) - num_rows)
+            logits_rows += [0] * (len(tables) - num_rows)  # as many as sequences: one size fewer to vary
         step = PagedStep(self.cache_handle, self._int_tensor(slots),
                          torch.tensor(tables, dtype=torch.int32, device=self.device),
                          self._int_tensor(seq_lens), self._int_tensor(query_start_loc))  # fmt: skip
@@ -158,4 +160,4 @@ class ModelRunner:
 
 def _bucket(n: int, smallest: int = 1) -> int:
     """The power of two at or above n (at least `smallest`)."""
-    return max(smallest, 1 << (n - 1).bit_length())
+    return max(smallest, 1 << max(n - 1, 0).bit_length())
