@@ -117,6 +117,12 @@ def test_streaming_adds_up_to_the_offline_output(llama_dir):
     assert sum((s.outputs[0].new_token_ids for s in steps), []) == offline.token_ids
     assert "".join(s.outputs[0].new_text for s in steps) == offline.text == steps[-1].outputs[0].text
     assert len(steps[-1].outputs[0].logprobs) == 12 and all(len(lp.top) == 2 for lp in offline.logprobs)
+    # A consumer that stops early (a dropped client) aborts the request: its blocks are free at once.
+    stream = llm.stream(PROMPTS[1], params)
+    next(stream)
+    assert llm.engine.stats().num_kv_blocks_used > 0
+    stream.close()
+    assert llm.engine.stats().num_kv_blocks_used == 0 and not llm.engine.has_unfinished_requests()
 
 
 def test_logprobs_equal_the_models_log_softmax(llama_dir):
