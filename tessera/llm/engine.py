@@ -9,6 +9,7 @@ server both drive it this way).  A step schedules (scheduler), runs the packed f
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,16 @@ class LLMEngine:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished = 0
+        # Per-step (tokens computed, KV positions read) for rooflines (bench/serving_suite.py);
+        # None until enable_step_log, so serving pays one `is None` test per step.
+        self.step_log: deque[tuple[int, int]] | None = None
+
+    def enable_step_log(self, maxlen: int = 1 << 20) -> deque[tuple[int, int]]:
+        """Record every later step as (tokens computed, KV positions read) in a fresh deque of the
+        latest `maxlen` steps, and return it.  KV positions read = the sum over the step's sequences
+        of their context length after the step (what its attention reads from the cache)."""
+        self.step_log = deque(maxlen=maxlen)
+        return self.step_log
 
     @property
     def vocab_size(self) -> int:
@@ -186,6 +197,9 @@ class LLMEngine:
         logits = self.runner.execute(scheduled)
         for entry in scheduled:
             entry.seq.num_computed_tokens += entry.num_tokens
+        if self.step_log is not None:
+            self.step_log.append((sum(e.num_tokens for e in scheduled),
+                                  sum(e.seq.num_computed_tokens for e in scheduled)))  # fmt: skip
         if not sampling:
             return []
         sampled = self.sampler(logits, sampling, self.eos_token_ids)

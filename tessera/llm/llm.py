@@ -51,6 +51,11 @@ class LLM:
                                 compile_model=compile_model)  # fmt: skip
         self._ids = itertools.count()
 
+    @property
+    def device(self) -> torch.device:
+        """The device the model and its KV cache live on."""
+        return self.engine.runner.device
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
