@@ -1,0 +1,330 @@
+"""The `serving` suite: tessera.llm against transformers' own generation paths, in one run.
+
+    python3 bench/run.py --suite serving [--parts startup,offline,online,batch1] [--weights fp16,int4]
+                         [--peers hf-generate-batch,hf-generate,hf-generate:tessera] [--n 256]
+                         [--rates 2,8,32] [--online-n 64] [--out DIR]
+    python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, < 1 min)
+
+Model: the Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads over 8 KV heads, intermediate 8192,
+vocab 128256, tied embeddings) with random weights, saved to a temporary directory so that startup
+is timed from disk.  Weights fp16 and int4 (`LLM(..., quantization="int4")`, the LM head stays
+fp16); the peers run fp16 (`peers_weights`).  On the CPU the model is float32 (rows say "fp32").
+The engine is compiled by tessera on CUDA and eager on the CPU (`--compile`, the engine's advice).
+Rows, appended to `<out>/<date>-<gpu>-serving.jsonl` (a GPU run may be split over several commands
+by `--parts`), with a markdown table per part and a plot (bench/plot.py: peer or floor time per
+output token over tessera's) rebuilt from the whole file:
+
+- `offline`: the nano-vllm workload, `workload=random-100-1024,n=256` (prompt and output lengths
+  uniform in 100-1024, random ids, EOS ignored, greedy).  `tessera_tok_s` = output tokens/s of
+  `LLM.generate` after a warm-up; `peers_tok_s`: `hf-generate-batch` (transformers' continuous
+  batching, paged SDPA, per-request lengths) and `hf-generate` (static cache, eager, batches of
+  `--hf-batch` left-padded prompts: a batch runs to its longest request, only requested tokens
+  count).  `hf-generate:tessera` is batch-1 only: offline, every batch's new prompt width would
+  recompile its forward.  `roofline_tok_s` = output tokens / the bound of tessera's own schedule:
+  over the engine's logged steps (tokens computed, KV positions read), the sum of max((weight + KV
+  bytes) / copy bandwidth, matmul FLOPs / GEMM peak), both measured in this run (`copy_gbs`,
+  `gemm_tflops`).  `tokens` / `tokens_asked` check that every requested token was made.
+- `online`: Poisson arrivals at each of `--rates` requests/s (`inf`: all at once) of `--online-n`
+  requests of the same random workload, through `AsyncLLMEngine` in-process: the engine's own
+  latency, without HTTP and SSE framing (`vllm bench serve` goes through HTTP; our server's
+  framing is a per-chunk JSON dump, small beside a step).  TTFT, TPOT = (E2E - TTFT) / (output
+  tokens - 1) per request, ITL = every gap between streamed chunks; p50 and p99 in ms.
+- `batch1`: one request (128-token prompt, 256 new tokens, greedy): ms per output token after the
+  first (`tessera_ms_per_token`), its HBM floor (`floor_ms`: weight + KV bytes of each decode step
+  over copy bandwidth), `frac_floor` = floor / measured, and `peers_ms_per_token` of `hf-generate`
+  (static cache, eager) and `hf-generate:tessera` (the same with `model.forward` compiled by
+  `torch.compile(backend="tessera")`), from two output lengths' time difference.
+- `startup`: a fresh process importing tessera, building `LLM(model_dir)` and returning its first
+  token: `cold_s` with an empty tessera artifact cache, `warm_s` with the cache it left
+  (the weights are in the OS page cache both times).
+
+Every tessera row carries `peak_memory_gib` (torch's peak allocation on CUDA, with the KV pool
+sized by `--gpu-memory-utilization`; the process's peak RSS on the CPU) and `kv_cache_gib`; a
+peer that fails leaves `errors[peer]` and the suite goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+import serving_workloads as sw  # noqa: E402
+from harness import current_commit  # noqa: E402
+
+import tessera  # noqa: E402, F401  (registers torch.compile's "tessera" backend)
+from tessera.llm import LLM, SamplingParams  # noqa: E402
+
+PEERS = ("hf-generate-batch", "hf-generate", "hf-generate:tessera")
+
+
+def peak_memory_gib(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def reset_peak(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def try_peer(errors: dict[str, str], name: str, fn: Any) -> Any:
+    """fn(), or None with errors[name] set: a failing peer is recorded and the suite goes on."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        errors[name] = f"{type(exc).__name__}: {exc}"[:400]
+        print(f"peer {name} failed: {errors[name]}", file=sys.stderr, flush=True)
+        return None
+
+
+def run_peers(args: argparse.Namespace, model_dir: Path, dtype: torch.dtype, offline_load: tuple[list, list] | None,
+              batch1_load: tuple[list[int], int] | None) -> dict[str, Any]:  # fmt: skip
+    """The fp16 peers, once for every weight type: offline tok/s and batch-1 ms/token, before the engine
+    takes its share of device memory."""
+    peers, errors = set(args.peers.split(",")) - {""}, {}
+    res: dict[str, Any] = {"offline": {}, "offline_tokens": {}, "batch1": {}, "errors": errors, "peak": {}}
+    if not peers:
+        return res
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    ref = ref.to(args.device).eval()
+    jobs = []
+    if offline_load is not None:
+        prompts, lens = offline_load
+        jobs += [("offline", "hf-generate-batch", lambda: sw.hf_generate_batch(ref, prompts, lens)),
+                 ("offline", "hf-generate", lambda: sw.hf_generate(ref, prompts, lens, args.hf_batch))]  # fmt: skip
+    if batch1_load is not None:
+        jobs.append(("batch1", "hf-generate", lambda: sw.hf_batch1_ms(ref, *batch1_load)))
+    for part, name, fn in jobs:
+        if name in peers:
+            reset_peak(args.device)
+            r = try_peer(errors, name if part == "offline" else f"{name} (batch1)", fn)
+            if r is not None and part == "offline":
+                res["offline"][name], res["offline_tokens"][name] = r["tokens"] / r["seconds"], r["tokens"]
+            elif r is not None:
+                res["batch1"][name] = r
+            res["peak"][f"{part}:{name}"] = peak_memory_gib(args.device)
+    if batch1_load is not None and "hf-generate:tessera" in peers:
+        ref.forward = torch.compile(ref.forward, backend="tessera", dynamic=False)
+        r = try_peer(errors, "hf-generate:tessera (batch1)", lambda: sw.hf_batch1_ms(ref, *batch1_load))
+        if r is not None:
+            res["batch1"]["hf-generate:tessera"] = r
+    return res  # the reference model goes with this frame; the caller's reset_peak frees its memory
+
+
+def startup(model_dir: Path, args: argparse.Namespace, quantization: str | None, cache: Path) -> dict[str, float]:
+    """A fresh process's seconds to import, to build the LLM, and to its first token, with cache as
+    the tessera artifact cache."""
+    child = (f"import time; t0 = time.perf_counter()\nimport json, torch\nfrom tessera.llm import LLM, SamplingParams\n"
+             f"t1 = time.perf_counter()\nllm = LLM({str(model_dir)!r}, device={args.device!r}, dtype={args.dtype!r}, "
+             f"quantization={quantization!r}, compile_model={args.compile_model})\nt2 = time.perf_counter()\n"
+             f"llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))\n"
+             f"torch.cuda.synchronize() if {args.device!r} == 'cuda' else None\nt3 = time.perf_counter()\n"
+             f"print(json.dumps({{'import_s': t1 - t0, 'build_s': t2 - t1, 'total_s': t3 - t0}}))\n")  # fmt: skip
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache), "PYTHONPATH": str(BENCH.parent)}
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"startup child failed: {proc.stderr[-600:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def offline(llm: LLM, prompts: list[list[int]], lens: list[int], costs: tuple[int, int, int],
+            limits: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    """tessera's offline tok/s (after a warm-up) and the roofline of the steps it ran."""
+    greedy = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in lens]
+    llm.generate(prompts[:4], [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * len(prompts[:4]))
+    preempted = llm.engine.scheduler.num_preemptions
+    log = llm.engine.enable_step_log()
+    sw.synchronize(llm.device)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, greedy)
+    sw.synchronize(llm.device)
+    seconds = time.perf_counter() - start
+    llm.engine.step_log = None
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    bound = sw.roofline_seconds(list(log), *costs, *limits)
+    return {"tessera_tok_s": tokens / seconds, "roofline_tok_s": tokens / bound, "frac_roofline": bound / seconds,
+            "seconds": seconds, "tokens": tokens, "tokens_asked": sum(lens), "steps": len(log),
+            "preemptions": llm.engine.scheduler.num_preemptions - preempted}  # fmt: skip
+
+
+def batch1(
+    llm: LLM, prompt: list[int], new_tokens: int, costs: tuple[int, int, int], bandwidth: float
+) -> dict[str, Any]:
+    """ms per output token after the first, streamed alone, and the HBM floor of those decode steps."""
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate([prompt], params)  # warm up
+    log = llm.engine.enable_step_log()
+    stamps = []
+    for _ in llm.stream(prompt, params):
+        sw.synchronize(llm.device)  # the token is on the host already; this only makes the clock honest
+        stamps.append(time.perf_counter())
+    llm.engine.step_log = None
+    decode = list(log)[1:]  # the first step is the prefill
+    floor_s = sum((costs[0] + kv * costs[1]) / bandwidth for _, kv in decode) / len(decode)
+    ms = (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3
+    return {"tessera_ms_per_token": ms, "floor_ms": floor_s * 1e3, "frac_floor": floor_s * 1e3 / ms,
+            "tokens": len(stamps), "tokens_asked": new_tokens}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--parts", default="startup,offline,online,batch1")
+    ap.add_argument("--weights", default="fp16,int4", help="fp16 (float32 on the CPU) and/or int4")
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--n", type=int, default=256, help="requests of the offline workload")
+    ap.add_argument("--low", type=int, default=100)
+    ap.add_argument("--high", type=int, default=1024)
+    ap.add_argument("--rates", default="2,8,32", help="online request rates per second (inf: all at once)")
+    ap.add_argument("--online-n", type=int, default=64, help="requests per online rate")
+    ap.add_argument("--hf-batch", type=int, default=64, help="hf-generate's batch size (offline)")
+    ap.add_argument("--batch1", default="128,256", help="batch-1 prompt length and new tokens")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument(
+        "--compile", choices=["auto", "on", "off"], default="auto", help="auto: on for CUDA, off on the CPU"
+    )
+    ap.add_argument("--tiny", action="store_true", help="a tiny Llama and small workloads (smoke runs)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(BENCH / "results"))
+    args = ap.parse_args(argv)
+    if args.tiny:  # small enough for ~1 min on 2 CPU cores, every code path still taken
+        args.low, args.high, args.n, args.online_n = (
+            min(args.low, 8),
+            min(args.high, 24),
+            min(args.n, 8),
+            min(args.online_n, 6),
+        )
+        args.rates, args.batch1 = ("50,inf" if args.rates == "2,8,32" else args.rates), "8,16"
+    args.compile_model = args.compile == "on" or (args.compile == "auto" and args.device == "cuda")
+    dtype = torch.float16 if args.device == "cuda" else torch.float32
+    args.dtype = str(dtype).removeprefix("torch.")
+    parts, b1_prompt_len, b1_new = set(args.parts.split(",")), *map(int, args.batch1.split(","))
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    env = {"gpu": gpu, "date": time.strftime("%Y-%m-%d"), "commit": current_commit(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "transformers": transformers.__version__, "compiled": args.compile_model,
+           "model": "tiny-llama" if args.tiny else "llama-3.2-1b-shape"}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = sw.build_model_dir(sw.TINY if args.tiny else sw.LLAMA_1B, dtype, Path(tmp) / "model")
+        vocab = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
+        env["copy_gbs"] = (bandwidth := sw.copy_bandwidth(args.device)) / 1e9
+        env["gemm_tflops"] = (peak := sw.gemm_peak(args.device, dtype)) / 1e12
+        load = sw.workload(args.n, args.low, args.high, vocab)
+        online_load = sw.workload(args.online_n, args.low, args.high, vocab, seed=1)
+        b1_prompt = sw.workload(1, b1_prompt_len, b1_prompt_len, vocab, seed=2)[0][0]
+        peers = run_peers(args, model_dir, dtype, load if "offline" in parts else None,
+                          (b1_prompt, b1_new) if "batch1" in parts else None)  # fmt: skip
+        reset_peak(args.device)
+        for weights in args.weights.split(","):
+            quant = None if weights == "fp16" else weights
+            label = {"weights": weights if quant else ("fp16" if dtype == torch.float16 else "fp32"),
+                     "peers_weights": "fp16" if dtype == torch.float16 else "fp32"}  # fmt: skip
+            if "startup" in parts and not (args.tiny and rows):  # tiny: one weight type's startup (~20 s)
+                cache = Path(tmp) / f"cache-{weights}"
+                cold, warm = (startup(model_dir, args, quant, cache) for _ in range(2))
+                rows.append({"case": f"startup {label['weights']}", "part": "startup", **label, "cold_s": cold["total_s"],
+                             "warm_s": warm["total_s"], "cold": cold, "warm": warm})  # fmt: skip
+            if not parts & {"offline", "online", "batch1"}:
+                continue
+            reset_peak(args.device)
+            llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
+                      gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
+            runner = llm.engine.runner
+            mem = {"kv_cache_gib": runner.num_kv_blocks * runner.block_bytes / 2**30}
+            costs = sw.model_costs(llm)
+            label["weight_gib"] = costs[0] / 2**30
+            if "offline" in parts:
+                r = offline(llm, *load, costs, (bandwidth, peak))
+                pt = peers["offline"]
+                rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
+                             "part": "offline", **label, **r, "peers_tok_s": dict(pt),
+                             "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
+                             "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
+                             "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
+                             "peers_us": {p: 1e6 / v for p, v in pt.items()},
+                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+            for rate in (float(x) for x in args.rates.split(",")) if "online" in parts else ():
+                r = sw.online(llm, *online_load, rate)
+                rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
+                             **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(online_load[1]),
+                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+            if "batch1" in parts:
+                r = batch1(llm, b1_prompt, b1_new, costs, bandwidth)
+                pb = peers["batch1"]
+                rows.append({"case": f"batch1 decode prompt={b1_prompt_len},new={b1_new} {label['weights']}",
+                             "part": "batch1", **label, **r, "peers_ms_per_token": dict(pb),
+                             "errors": {k: v for k, v in peers["errors"].items() if "batch1" in k},
+                             "tessera_us": r["tessera_ms_per_token"] * 1e3, "floor_us": r["floor_ms"] * 1e3,
+                             "peers_us": {p: v * 1e3 for p, v in pb.items()},
+                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+            del llm
+            reset_peak(args.device)
+    rows = [{"suite": "serving", **r, **env} for r in rows]
+    write(rows, Path(args.out), env)
+    return rows
+
+
+COLUMNS = {
+    "offline": ["tessera_tok_s", "peers_tok_s", "roofline_tok_s", "frac_roofline", "vs_hf_generate_batch", "steps",
+                "preemptions", "peak_memory_gib", "errors"],
+    "online": ["request_rate", "tessera_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "duration_s"],
+    "batch1": ["tessera_ms_per_token", "floor_ms", "frac_floor", "peers_ms_per_token", "peak_memory_gib", "errors"],
+    "startup": ["cold_s", "warm_s"],
+}  # fmt: skip
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_cell(x)}" for k, x in v.items()) or "-"
+    return str(v)
+
+
+def write(rows: list[dict[str, Any]], out: Path, env: dict[str, Any]) -> Path:
+    """Append rows to <date>-<gpu>-serving.jsonl, rebuild its markdown (a table per part) and plot."""
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in env["gpu"] else env["gpu"].lower().replace(" ", "-")
+    jsonl = out / f"{env['date']}-{tag}-serving.jsonl"
+    with jsonl.open("a") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+    every = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    lines = [f"# serving — {env['gpu']}, {env['date']}, torch {env['torch']}, transformers {env['transformers']}\n"]
+    for part, cols in COLUMNS.items():
+        mine = [r for r in every if r.get("part") == part]
+        if mine:
+            lines += [f"\n## {part}\n", "| case | " + " | ".join(cols) + " | commit |", "|---" * (len(cols) + 2) + "|"]
+            lines += ["| " + " | ".join([r["case"], *(_cell(r.get(c, "")) for c in cols), r["commit"][:10]]) + " |"
+                      for r in mine]  # fmt: skip
+    jsonl.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    try:
+        from plot import plot_file
+
+        plot_file(jsonl)
+    except Exception as exc:  # noqa: BLE001  (a plot is a convenience; the table is the result)
+        print(f"no plot: {exc}", file=sys.stderr)
+    return jsonl
+
+
+if __name__ == "__main__":
+    main()

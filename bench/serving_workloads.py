@@ -1,0 +1,261 @@
+"""Helpers of the `serving` suite (bench/serving_suite.py): the model, the workloads, the device's
+measured limits, the roofline, the transformers peers and the online (Poisson) client.
+
+Everything here takes token ids (the model has no tokenizer) and times with `time.perf_counter`
+after a device synchronize, so a figure covers the whole request path as a user meets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from tessera.llm import LLM, SamplingParams
+from tessera.llm.server.async_engine import AsyncLLMEngine
+
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096,
+                rope_theta=500000.0)  # fmt: skip
+# K = 256 and 512 so that the CPU int4 kernels (groups dividing 256) take every linear layer.
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, tie_word_embeddings=True, max_position_embeddings=2048)  # fmt: skip
+
+
+def build_model_dir(shape: dict[str, Any], dtype: torch.dtype, path: Path, seed: int = 0) -> Path:
+    """A random-weight Llama of `shape` saved as a Hugging Face directory (no tokenizer: prompts are ids)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, dtype=str(dtype).removeprefix("torch."))
+    model = transformers.LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def workload(n: int, low: int, high: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's workload: n prompts of random ids; prompt and output lengths uniform in [low, high]."""
+    rnd = random.Random(seed)
+    prompts = [[rnd.randrange(10, vocab) for _ in range(rnd.randint(low, high))] for _ in range(n)]
+    return prompts, [rnd.randint(low, high) for _ in range(n)]
+
+
+def synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_time(fn: Any, device: str, repeats: int = 12) -> float:
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Bytes read + written per second by one large device copy (median of 10): the bandwidth floor's rate."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return nbytes / _median_time(lambda: dst.copy_(src), device)
+
+
+def gemm_peak(device: str, dtype: torch.dtype) -> float:
+    """FLOP/s of a large square torch matmul (cuBLAS on the GPU), median of 10."""
+    n = 8192 if device == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    return 2 * n**3 / _median_time(lambda: a @ b, device)
+
+
+def model_costs(llm: LLM) -> tuple[int, int, int]:
+    """(weight bytes one step reads, KV bytes per cached position, matmul FLOPs per token) of the
+    engine's live model.  Bytes are those of its unique parameter and buffer storages (int4 packs and
+    scales as stored; the tied embedding counted once, as the LM head that reads all of it).
+    FLOPs are the linear layers' and the head's; attention's are left out (<= 5% for the 1B shape
+    at <= 2k positions), so the bound errs towards fewer seconds."""
+    model = llm.engine.runner.model
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    config = model.config.get_text_config()
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or h // config.num_attention_heads)
+    dense = layers * (h * (h + 2 * kv) + h * h + 3 * h * inter) + config.vocab_size * h
+    kv_bytes = layers * 2 * kv * torch.finfo(llm.engine.runner.dtype).bits // 8
+    return sum(seen.values()), kv_bytes, 2 * dense
+
+
+def roofline_seconds(steps: list[tuple[int, int]], weight_bytes: int, kv_bytes_per_position: int,
+                     flops_per_token: int, bandwidth: float, peak: float) -> float:  # fmt: skip
+    """The bound of a schedule: the sum over its steps (tokens computed, KV positions read) of
+    max((weight + KV bytes read) / copy bandwidth, FLOPs / GEMM peak)."""
+    return sum(max((weight_bytes + kv * kv_bytes_per_position) / bandwidth, tokens * flops_per_token / peak)
+               for tokens, kv in steps)  # fmt: skip
+
+
+def hf_generate_batch(model: Any, prompts: list[list[int]], out_lens: list[int]) -> dict[str, Any]:
+    """transformers' continuous batching (paged SDPA: `attn_implementation="sdpa"`, which transformers
+    5 pages under continuous batching; flash is not switched to).  Requests go through the manager's
+    `add_request`, each with its own max_new_tokens and no EOS (eos_token_id=-1), as generate_batch
+    would do with one length for all; the clock starts after a warm-up request (CUDA graph capture)."""
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    config = transformers.GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, pad_token_id=0)
+    # On the GPU transformers sizes its cache from free memory, as tessera does; on the CPU it would
+    # take most of the RAM (minutes of allocation), so it gets blocks enough for the whole workload.
+    sizes = {} if model.device.type == "cuda" else {
+        "num_blocks": sum(-(-(len(p) + m) // 256) for p, m in zip(prompts, out_lens, strict=True)) + 2,
+        "max_batch_tokens": 2048}  # fmt: skip
+    cb = transformers.ContinuousBatchingConfig(auto_switch_to_flash=False, **sizes)
+    hints = WorkloadHints(max(map(len, prompts)), max(out_lens), len(prompts))
+    with torch.no_grad(), model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
+                                                                    workload_hints=hints, timeout=30) as manager:  # fmt: skip
+        _collect(manager, [manager.add_request(prompts[0], max_new_tokens=4, eos_token_id=-1)])
+        synchronize(model.device)
+        start = time.perf_counter()
+        ids = [
+            manager.add_request(p, max_new_tokens=m, eos_token_id=-1) for p, m in zip(prompts, out_lens, strict=True)
+        ]
+        results = _collect(manager, ids)
+        synchronize(model.device)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": sum(len(results[i].generated_tokens) for i in ids)}
+
+
+def _collect(manager: Any, ids: list[str | None], timeout_s: float = 1800.0) -> dict[str, Any]:
+    """The finished results of `ids`; RuntimeError when a request was dropped, failed or the loop died."""
+    if None in ids:
+        raise RuntimeError("transformers' continuous batching refused a request")
+    results: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(ids):
+        result = manager.get_result(timeout=1)
+        if result is not None and result.is_finished():
+            if result.error is not None:
+                raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+            results[result.request_id] = result
+        elif result is None and (not manager.is_running() or time.monotonic() > deadline):
+            raise RuntimeError(f"continuous batching stopped with {len(ids) - len(results)} requests unfinished")
+    return results
+
+
+def hf_generate(model: Any, prompts: list[list[int]], out_lens: list[int], batch: int) -> dict[str, Any]:
+    """transformers' generate, static cache, eager (disable_compile: generate would otherwise
+    torch.compile a static-cache forward on its own), over batches of `batch` left-padded prompts in
+    workload order.  A batch runs to its longest requested length (min_new_tokens = max_new_tokens,
+    so no EOS stops it); only the requested tokens count as output."""
+    device = model.device
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        chunk, lens = prompts[i : i + batch], out_lens[i : i + batch]
+        width = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for r, p in enumerate(chunk):
+            ids[r, width - len(p) :], mask[r, width - len(p) :] = torch.tensor(p), 1
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=max(lens),
+                             min_new_tokens=max(lens), do_sample=False, cache_implementation="static", pad_token_id=0,
+                             disable_compile=True)  # fmt: skip
+        assert out.shape[1] - width == max(lens), f"generate made {out.shape[1] - width} tokens, not {max(lens)}"
+    synchronize(device)
+    return {"seconds": time.perf_counter() - start, "tokens": sum(out_lens)}
+
+
+def hf_batch1_ms(model: Any, prompt: list[int], new_tokens: int) -> float:
+    """Milliseconds per decoded token of transformers' generate (static cache), from the time
+    difference of two output lengths, so the prefill cancels out."""
+    ids = torch.tensor([prompt], device=model.device)
+
+    def run(n: int) -> float:
+        synchronize(model.device)
+        start = time.perf_counter()
+        model.generate(
+            ids,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            cache_implementation="static",
+            pad_token_id=0,
+            disable_compile=True,
+        )  # eager, or the forward the caller compiled
+        synchronize(model.device)
+        return time.perf_counter() - start
+
+    run(new_tokens)  # warm up (and compile, for a compiled forward) at both lengths
+    run(new_tokens // 4)
+    return (run(new_tokens) - run(new_tokens // 4)) / (new_tokens - new_tokens // 4) * 1e3
+
+
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 99)) -> dict[str, float]:
+    """{"p50": ..., "p99": ...} in milliseconds of values in seconds, linear interpolation as numpy's
+    default (what `vllm bench serve` uses); NaN for no values."""
+    out = {}
+    ordered = sorted(values)
+    for q in qs:
+        if not ordered:
+            out[f"p{q}"] = math.nan
+            continue
+        pos = (len(ordered) - 1) * q / 100
+        lo, hi = math.floor(pos), math.ceil(pos)
+        out[f"p{q}"] = (ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)) * 1e3
+    return out
+
+
+async def _one_request(engine: AsyncLLMEngine, request_id: str, prompt: list[int], max_tokens: int,
+                       delay: float) -> dict[str, Any]:  # fmt: skip
+    """Send one request after `delay` s; its TTFT, E2E latency, chunk gaps and output tokens."""
+    await asyncio.sleep(delay)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    sent = time.perf_counter()
+    last, ttft, gaps, tokens = sent, math.nan, [], 0
+    async for out in engine.submit(request_id, prompt, params):
+        now = time.perf_counter()
+        count = len(out.outputs[0].token_ids)
+        if count > tokens:  # one chunk: what arrived since the last wake-up, as an SSE chunk would
+            if tokens == 0:
+                ttft = now - sent
+            else:
+                gaps.append(now - last)
+            last, tokens = now, count
+    return {"ttft": ttft, "e2e": last - sent, "itl": gaps, "tokens": tokens}
+
+
+def online(llm: LLM, prompts: list[list[int]], out_lens: list[int], rate: float, seed: int = 0) -> dict[str, Any]:
+    """Poisson arrivals at `rate` requests/s (inf: all at once) through an in-process AsyncLLMEngine,
+    reported as `vllm bench serve` does: TTFT and TPOT = (E2E - TTFT) / (output tokens - 1) per
+    request, ITL = every gap between consecutive streamed chunks, each at p50 and p99 (ms)."""
+    rnd = random.Random(seed)
+    delays, t = [], 0.0
+    for _ in prompts:
+        delays.append(t)
+        t += 0.0 if math.isinf(rate) else rnd.expovariate(rate)
+    engine = AsyncLLMEngine(llm.engine, max_pending=len(prompts) + 1)
+
+    async def drive() -> list[dict[str, Any]]:
+        engine.start()
+        await _one_request(engine, "warmup", prompts[0][:16], 4, 0.0)
+        start = time.perf_counter()
+        done = await asyncio.gather(*(_one_request(engine, f"r{i}", p, m, d)
+                                      for i, (p, m, d) in enumerate(zip(prompts, out_lens, delays, strict=True))))  # fmt: skip
+        done.append({"duration": time.perf_counter() - start})
+        return done
+
+    try:
+        results = asyncio.run(drive())
+    finally:
+        engine.shutdown()
+    duration = results.pop()["duration"]
+    tokens = sum(r["tokens"] for r in results)
+    tpot = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
+    return {"request_rate": rate, "num_requests": len(results), "duration_s": duration, "output_tokens": tokens,
+            "output_tok_s": tokens / duration, "request_throughput": len(results) / duration,
+            "ttft_ms": percentiles([r["ttft"] for r in results]), "tpot_ms": percentiles(tpot),
+            "itl_ms": percentiles([g for r in results for g in r["itl"]])}  # fmt: skip
