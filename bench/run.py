@@ -9,7 +9,9 @@ torch.compile's modes; its own options follow, see `python3 bench/models_suite.p
 reduce (row sum/max/mean, softmax, layernorm, rmsnorm over the last axis, through the dispatch
 functions of tessera.templates.row.kinds, output allocation included) against
 torch eager and torch.compile (default mode), with the achieved bandwidth and its fraction
-of the device copy bandwidth measured in the same run.
+of the device copy bandwidth measured in the same run.  serving (bench/serving_suite.py: tessera.llm
+offline, online, batch-1 decode and startup vs transformers' generate_batch and generate; its
+own options follow, see `python3 bench/serving_suite.py --help`).
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ def reduce_suite(timer: Timer, copy_gbs: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu", "lowbit", "attention"],
-                    required=True)  # fmt: skip
+    ap.add_argument("--suite", choices=["reduce", "gemm", "gemm-graph", "models", "cpu", "lowbit", "attention",
+                                        "serving"], required=True)  # fmt: skip
     ap.add_argument("--quick", action="store_true",
                     help="gemm: the first six shapes only; lowbit: fewer M; attention: a few shapes")
     ap.add_argument("--shard", default="1/1", help="lowbit: run the I-th of N contiguous parts of the cases (I/N)")
@@ -111,6 +113,11 @@ def main() -> None:
         from cpu_suite import main as cpu_main
 
         cpu_main([*(["--out", args.out] if args.out else []), *rest])
+        return
+    if args.suite == "serving":  # tessera.llm vs transformers' generation; its own options follow
+        from serving_suite import main as serving_main
+
+        serving_main([*(["--out", args.out] if args.out else []), *rest])
         return
     if args.suite == "models":
         from models_suite import main as models_main

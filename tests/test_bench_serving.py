@@ -1,0 +1,73 @@
+"""The `serving` bench suite (bench/serving_suite.py): the engine's step log it builds its roofline
+on, its percentile and roofline arithmetic, and (slow) the whole `--tiny --device cpu` smoke run,
+its rows' fields and that every row made exactly the tokens it asked for."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import serving_workloads as sw  # noqa: E402
+
+from tessera.llm import LLM, SamplingParams  # noqa: E402
+
+
+def test_step_log_counts_tokens_and_kv_positions(tmp_path: Path) -> None:
+    model_dir = sw.build_model_dir(sw.TINY, torch.float32, tmp_path / "model")
+    llm = LLM(str(model_dir), device="cpu", enforce_eager=True, num_kv_blocks=64, max_model_len=256)
+    assert llm.device == torch.device("cpu") and llm.engine.step_log is None
+    log = llm.engine.enable_step_log(maxlen=1000)
+    prompts, new = [[5] * 7, [6] * 12], 5
+    llm.generate(prompts, SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
+    steps = list(log)
+    # Every prompt token and every output token but the last is computed once.
+    assert sum(t for t, _ in steps) == sum(len(p) + new - 1 for p in prompts)
+    # One step prefills both prompts (7 + 12 positions), then each decode step reads both contexts.
+    assert steps[0] == (19, 19)
+    assert steps[1:] == [(2, 19 + 2 * k) for k in range(1, new)]
+    assert len(llm.engine.enable_step_log(maxlen=2)) == 0
+
+
+def test_percentiles_and_roofline() -> None:
+    assert sw.percentiles([0.001, 0.002, 0.003]) == pytest.approx({"p50": 2.0, "p99": 2.98})
+    assert all(math.isnan(v) for v in sw.percentiles([]).values())
+    # One bandwidth-bound step (100 + 10 * 2 bytes at 10 B/s) and one compute-bound (4 * 50 FLOPs at 20/s).
+    assert sw.roofline_seconds([(1, 10), (4, 0)], 100, 2, 50, 10.0, 20.0) == pytest.approx(12.0 + 10.0)
+
+
+@pytest.mark.slow
+def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
+    import serving_suite as ss
+
+    rows = ss.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)])
+    (jsonl,) = tmp_path.glob("*-cpu-serving.jsonl")
+    assert [json.loads(line) for line in jsonl.read_text().splitlines()] == json.loads(json.dumps(rows, default=str))
+    assert jsonl.with_suffix(".md").exists()
+    parts = {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup")}
+    assert [len(parts[p]) for p in parts] == [2, 4, 2, 1]  # fp32 and int4; two rates each; startup once
+    for r in rows:
+        assert r["suite"] == "serving" and r["gpu"] == "cpu" and r["commit"] and r["model"] == "tiny-llama"
+    for r in parts["offline"]:
+        assert r["tokens"] == r["tokens_asked"] and r["steps"] > 0 and r["errors"] == {}
+        assert set(r["peers_tok_s"]) == {"hf-generate-batch", "hf-generate"}
+        assert all(v == r["tokens_asked"] for v in r["peers_tokens"].values())
+        assert 0 < r["tessera_tok_s"] < r["roofline_tok_s"] and r["peak_memory_gib"] > 0
+    for r in parts["online"]:
+        assert r["output_tokens"] == r["tokens_asked"] and r["num_requests"] == 6
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert 0 < r[key]["p50"] <= r[key]["p99"]
+    for r in parts["batch1"]:
+        assert r["tokens"] == r["tokens_asked"] == 16
+        assert 0 < r["floor_ms"] < r["tessera_ms_per_token"]
+        assert set(r["peers_ms_per_token"]) == {"hf-generate", "hf-generate:tessera"}
+    assert parts["startup"][0]["cold_s"] > 0 and parts["startup"][0]["warm_s"] > 0
