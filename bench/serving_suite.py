@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     env = {"gpu": gpu, "date": time.strftime("%Y-%m-%d"), "commit": current_commit(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__, "compiled": args.compile_model,
            "model": "tiny-llama" if args.tiny else "llama-3.2-1b-shape"}  # fmt: skip
-    rows: list[dict[str, Any]] = []
+    every: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = sw.build_model_dir(sw.TINY if args.tiny else sw.LLAMA_1B, dtype, Path(tmp) / "model")
         vocab = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
@@ -238,49 +239,58 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             quant = None if weights == "fp16" else weights
             label = {"weights": weights if quant else ("fp16" if dtype == torch.float16 else "fp32"),
                      "peers_weights": "fp16" if dtype == torch.float16 else "fp32"}  # fmt: skip
-            if "startup" in parts and not (args.tiny and rows):  # tiny: one weight type's startup (~20 s)
-                cache = Path(tmp) / f"cache-{weights}"
-                cold, warm = (startup(model_dir, args, quant, cache) for _ in range(2))
-                rows.append({"case": f"startup {label['weights']}", "part": "startup", **label, "cold_s": cold["total_s"],
-                             "warm_s": warm["total_s"], "cold": cold, "warm": warm})  # fmt: skip
-            if not parts & {"offline", "online", "batch1"}:
-                continue
+            rows: list[dict[str, Any]] = []
+            llm: LLM | None = None
+            try:
+                if "startup" in parts and not (
+                    args.tiny and any(r["part"] == "startup" for r in every)
+                ):  # tiny: one weight type's startup (~20 s)
+                    cache = Path(tmp) / f"cache-{weights}"
+                    cold, warm = (startup(model_dir, args, quant, cache) for _ in range(2))
+                    rows.append({"case": f"startup {label['weights']}", "part": "startup", **label, "cold_s": cold["total_s"],
+                                 "warm_s": warm["total_s"], "cold": cold, "warm": warm})  # fmt: skip
+                if parts & {"offline", "online", "batch1"}:
+                    reset_peak(args.device)
+                    llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
+                              gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
+                    runner = llm.engine.runner
+                    mem = {"kv_cache_gib": runner.num_kv_blocks * runner.block_bytes / 2**30}
+                    costs = sw.model_costs(llm)
+                    label["weight_gib"] = costs[0] / 2**30
+                    if "offline" in parts:
+                        r = offline(llm, *load, costs, (bandwidth, peak))
+                        pt = peers["offline"]
+                        rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
+                                     "part": "offline", **label, **r, "peers_tok_s": dict(pt),
+                                     "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
+                                     "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
+                                     "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
+                                     "peers_us": {p: 1e6 / v for p, v in pt.items()},
+                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+                    for rate in (float(x) for x in args.rates.split(",")) if "online" in parts else ():
+                        r = sw.online(llm, *online_load, rate)
+                        rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
+                                     **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(online_load[1]),
+                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+                    if "batch1" in parts:
+                        r = batch1(llm, b1_prompt, b1_new, costs, bandwidth)
+                        pb = peers["batch1"]
+                        rows.append({"case": f"batch1 decode prompt={b1_prompt_len},new={b1_new} {label['weights']}",
+                                     "part": "batch1", **label, **r, "peers_ms_per_token": dict(pb),
+                                     "errors": {k: v for k, v in peers["errors"].items() if "batch1" in k},
+                                     "tessera_us": r["tessera_ms_per_token"] * 1e3, "floor_us": r["floor_ms"] * 1e3,
+                                     "peers_us": {p: v * 1e3 for p, v in pb.items()},
+                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+            except Exception as exc:  # noqa: BLE001  (one weight type failing leaves the others' rows)
+                traceback.print_exc()
+                rows.append({"case": f"error {label['weights']}", "part": "error", **label,
+                             "error": f"{type(exc).__name__}: {exc}"[:600]})  # fmt: skip
+            llm = None
             reset_peak(args.device)
-            llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
-                      gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
-            runner = llm.engine.runner
-            mem = {"kv_cache_gib": runner.num_kv_blocks * runner.block_bytes / 2**30}
-            costs = sw.model_costs(llm)
-            label["weight_gib"] = costs[0] / 2**30
-            if "offline" in parts:
-                r = offline(llm, *load, costs, (bandwidth, peak))
-                pt = peers["offline"]
-                rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
-                             "part": "offline", **label, **r, "peers_tok_s": dict(pt),
-                             "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
-                             "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
-                             "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
-                             "peers_us": {p: 1e6 / v for p, v in pt.items()},
-                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
-            for rate in (float(x) for x in args.rates.split(",")) if "online" in parts else ():
-                r = sw.online(llm, *online_load, rate)
-                rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
-                             **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(online_load[1]),
-                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
-            if "batch1" in parts:
-                r = batch1(llm, b1_prompt, b1_new, costs, bandwidth)
-                pb = peers["batch1"]
-                rows.append({"case": f"batch1 decode prompt={b1_prompt_len},new={b1_new} {label['weights']}",
-                             "part": "batch1", **label, **r, "peers_ms_per_token": dict(pb),
-                             "errors": {k: v for k, v in peers["errors"].items() if "batch1" in k},
-                             "tessera_us": r["tessera_ms_per_token"] * 1e3, "floor_us": r["floor_ms"] * 1e3,
-                             "peers_us": {p: v * 1e3 for p, v in pb.items()},
-                             "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
-            del llm
-            reset_peak(args.device)
-    rows = [{"suite": "serving", **r, **env} for r in rows]
-    write(rows, Path(args.out), env)
-    return rows
+            rows = [{"suite": "serving", **r, **env} for r in rows]
+            write(rows, Path(args.out), env)  # after every weight type, so a later crash loses nothing
+            every += rows
+    return every
 
 
 COLUMNS = {
@@ -289,6 +299,7 @@ COLUMNS = {
     "online": ["request_rate", "tessera_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "duration_s"],
     "batch1": ["tessera_ms_per_token", "floor_ms", "frac_floor", "peers_ms_per_token", "peak_memory_gib", "errors"],
     "startup": ["cold_s", "warm_s"],
+    "error": ["error"],
 }  # fmt: skip
 
 
@@ -297,7 +308,7 @@ def _cell(v: Any) -> str:
         return f"{v:.4g}"
     if isinstance(v, dict):
         return ", ".join(f"{k}: {_cell(x)}" for k, x in v.items()) or "-"
-    return str(v)
+    return " ".join(str(v).split()).replace("|", "/")  # one table cell: no newlines, no column breaks
 
 
 def write(rows: list[dict[str, Any]], out: Path, env: dict[str, Any]) -> Path:
