@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
                                      "part": "offline", **label, **r, "peers_tok_s": dict(pt),
                                      "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
+                                     "peers_peak_memory_gib": {k[8:]: v for k, v in peers["peak"].items() if k.startswith("offline:")},
                                      "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
                                      "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
                                      "peers_us": {p: 1e6 / v for p, v in pt.items()},
