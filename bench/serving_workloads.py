@@ -8,6 +8,7 @@ after a device synchronize, so a figure covers the whole request path as a user 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import random
 import statistics
@@ -105,25 +106,35 @@ def hf_generate_batch(model: Any, prompts: list[list[int]], out_lens: list[int])
     """transformers' continuous batching (paged SDPA: `attn_implementation="sdpa"`, which transformers
     5 pages under continuous batching; flash is not switched to).  Requests go through the manager's
     `add_request`, each with its own max_new_tokens and no EOS (eos_token_id=-1), as generate_batch
-    would do with one length for all; the clock starts after a warm-up request (CUDA graph capture)."""
-    from transformers.generation.continuous_batching.utils import WorkloadHints
-
+    would do with one length for all; output tokens are counted from the results (a release without
+    eos_token_id there may stop at a random id equal to EOS, ~1 in 128k tokens); the clock starts
+    after a warm-up request (CUDA graph capture)."""
     config = transformers.GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, pad_token_id=0)
     # On the GPU transformers sizes its cache from free memory, as tessera does; on the CPU it would
     # take most of the RAM (minutes of allocation), so it gets blocks enough for the whole workload.
     sizes = {} if model.device.type == "cuda" else {
         "num_blocks": sum(-(-(len(p) + m) // 256) for p, m in zip(prompts, out_lens, strict=True)) + 2,
         "max_batch_tokens": 2048}  # fmt: skip
-    cb = transformers.ContinuousBatchingConfig(auto_switch_to_flash=False, **sizes)
-    hints = WorkloadHints(max(map(len, prompts)), max(out_lens), len(prompts))
-    with torch.no_grad(), model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
-                                                                    workload_hints=hints, timeout=30) as manager:  # fmt: skip
-        _collect(manager, [manager.add_request(prompts[0], max_new_tokens=4, eos_token_id=-1)])
+    # Written for transformers 5.25; older 5.x releases (the GPU image had 5.17) lack some of these
+    # arguments, so only those the installed one takes are passed.
+    takes = inspect.signature(model.continuous_batching_context_manager).parameters
+    kwargs: dict[str, Any] = {"generation_config": config, "timeout": 30}
+    if hasattr(transformers, "ContinuousBatchingConfig") and "continuous_batching_config" in takes:
+        kwargs["continuous_batching_config"] = transformers.ContinuousBatchingConfig(
+            auto_switch_to_flash=False, **sizes
+        )
+    else:
+        config.update(**sizes)  # where older releases read the cache sizes
+    if "workload_hints" in takes:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+
+        kwargs["workload_hints"] = WorkloadHints(max(map(len, prompts)), max(out_lens), len(prompts))
+    with torch.no_grad(), model.continuous_batching_context_manager(**kwargs) as manager:
+        no_eos = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
+        _collect(manager, [manager.add_request(prompts[0], max_new_tokens=4, **no_eos)])
         synchronize(model.device)
         start = time.perf_counter()
-        ids = [
-            manager.add_request(p, max_new_tokens=m, eos_token_id=-1) for p, m in zip(prompts, out_lens, strict=True)
-        ]
+        ids = [manager.add_request(p, max_new_tokens=m, **no_eos) for p, m in zip(prompts, out_lens, strict=True)]
         results = _collect(manager, ids)
         synchronize(model.device)
         seconds = time.perf_counter() - start
