@@ -26,7 +26,13 @@ class LLM:
     generation_config.json) or a transformers model object; nothing is downloaded.
     tokenizer: a tokenizer object or directory (default: the model directory's).
     dtype: "auto" (float32 on the CPU; the checkpoint's half type or bfloat16 on CUDA), a name or a torch.dtype.
-    quantization: None or a tessera.quantize weight type ("int4", ...).
+    quantization: None, or a tessera.quantize weight type to round a float checkpoint's linears to at
+    load time (lm_head stays float): "int4", "uint4", "int8", "e2m1", ... (tessera.quant.WEIGHT_TYPES),
+    with scales per 128 inputs, or "int4:g64" per 64, or "int4:channel" per output channel.  A
+    directory quantized with GPTQ, AWQ or compressed-tensors (config.json's quantization_config)
+    loads its low-bit weights as stored; quantization must then be None or that method's name
+    ("gptq", "awq", "compressed-tensors").  A conflict or a method tessera cannot load raises a
+    ValueError (tessera.llm.checkpoint's error types).
     device: "cpu" or "cuda" (default: cuda when available).
     max_num_seqs: sequences running at once; max_num_batched_tokens: tokens one step computes at most.
     max_model_len: the context length (default: the model's); a longer prompt is refused.

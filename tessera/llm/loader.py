@@ -3,7 +3,9 @@
 `model` is a local Hugging Face directory (config.json, model.safetensors or sharded safetensors
 with their index, tokenizer files, generation_config.json) or a transformers model object.
 Nothing is downloaded (local_files_only).  Either way the model's attention is switched to
-tessera's paged attention (attention.ATTN_IMPLEMENTATION).
+tessera's paged attention (attention.ATTN_IMPLEMENTATION).  A directory quantized with GPTQ, AWQ
+or compressed-tensors loads its low-bit weights as stored, and `quantization=` rounds a float
+model's linears to a tessera weight type (tessera.llm.checkpoint says which values it takes).
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import transformers
 from tessera.eager.quantize import quantize
 from tessera.errors import FileFormatError, UnsupportedError
 from tessera.llm.attention import ATTN_IMPLEMENTATION
-from tessera.quant import codecs
+from tessera.llm.checkpoint import (
+    check_quantization,
+    checkpoint_quantization,
+    load_quantized_checkpoint,
+    parse_quantization,
+)
 
 log = logging.getLogger("tessera")
 
@@ -57,35 +64,46 @@ def load_model(model: str | Path | transformers.PreTrainedModel, tokenizer: Any 
                device: torch.device | None = None, quantization: str | None = None) -> LoadedModel:  # fmt: skip
     """The model on `device` in its dtype with paged attention, its tokenizer and its EOS ids."""
     device = device or torch.device("cpu")
-    if quantization is not None:
-        codecs.weight_type(quantization)  # an unknown type fails before the weights load
     if isinstance(model, str | Path):
         path = Path(model)
         if not (path / "config.json").is_file():
             raise FileFormatError(f"{path} is not a Hugging Face model directory (no config.json); "
                                   "tessera.llm downloads nothing, pass a local directory")  # fmt: skip
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        qcfg = checkpoint_quantization(config)
+        method = check_quantization(quantization, qcfg)  # a conflict fails before the weights load
+        weight = parse_quantization(quantization) if quantization is not None and method is None else None
         torch_dtype = resolve_dtype(dtype, device, getattr(config, "dtype", None))
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION, local_files_only=True)
+        _check_cpu_dtype(method or quantization, device, torch_dtype)
+        if method is not None:
+            loaded = load_quantized_checkpoint(path, config, qcfg, method, torch_dtype, ATTN_IMPLEMENTATION)
+        else:
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION, local_files_only=True)
         name = path.resolve().name
         if tokenizer is None and any((path / f).is_file() for f in _TOKENIZER_FILES):
             tokenizer = path
     elif isinstance(model, transformers.PreTrainedModel):
+        check_quantization(quantization, None)
+        weight = parse_quantization(quantization) if quantization is not None else None
         loaded = model
         loaded.set_attn_implementation(ATTN_IMPLEMENTATION)
         torch_dtype = resolve_dtype(dtype, device, loaded.dtype)
         name = type(model).__name__
+        _check_cpu_dtype(quantization, device, torch_dtype)
     else:
         raise TypeError(f"model must be a model directory or a transformers PreTrainedModel, got {type(model).__name__}")
     loaded = loaded.to(device=device, dtype=torch_dtype).eval()
-    if quantization is not None:
-        if device.type != "cuda" and torch_dtype != torch.float32:
-            raise UnsupportedError(f"quantization={quantization!r} on the CPU needs dtype float32")
-        quantize(loaded, weight=quantization, skip=("lm_head",), inplace=True)
+    if weight is not None:
+        quantize(loaded, weight=weight[0], group_size=weight[1], skip=("lm_head",), inplace=True)
     if isinstance(tokenizer, str | Path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
     return LoadedModel(loaded, tokenizer, name, _eos_token_ids(loaded, tokenizer), _sampling_defaults(loaded))
+
+
+def _check_cpu_dtype(quantization: str | None, device: torch.device, dtype: torch.dtype) -> None:
+    if quantization is not None and device.type != "cuda" and dtype != torch.float32:
+        raise UnsupportedError(f"quantization={quantization!r} on the CPU needs dtype float32")
 
 
 def _eos_token_ids(model: transformers.PreTrainedModel, tokenizer: Any) -> set[int]:
