@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import shutil
 
 import pytest
 import torch
 import transformers
 from quantized_checkpoints import METHODS, make_quantized_dir
+from safetensors.torch import load_file, save_file
 from tiny_llm import make_model_dir
 
 from tessera.eager.quantize import QuantizedLinear, quantize
@@ -129,7 +131,7 @@ def test_bad_quantization_arguments_and_configs(checkpoints, float_dir, tmp_path
         LLM(gptq, device="cpu", quantization="int4")
     with pytest.raises(ValueError, match="quantization='awq' conflicts"):
         LLM(gptq, device="cpu", quantization="awq")
-    with pytest.raises(ValueError, match="quantization='gptq' but config.json has no quantization_config"):
+    with pytest.raises(ValueError, match="quantization='gptq' but the model's config has no quantization_config"):
         LLM(float_dir, device="cpu", quantization="gptq")
     with pytest.raises(ValueError, match="the group suffix must be"):
         LLM(float_dir, device="cpu", quantization="int4:g0")
@@ -153,4 +155,28 @@ def test_bad_quantization_arguments_and_configs(checkpoints, float_dir, tmp_path
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(FileFormatError, match="weight_packed"):
+        LLM(path, device="cpu")
+    # weight-and-activation schemes (W8A8 and the like) are refused: the engine keeps activations in float
+    path = _with_config(checkpoints, tmp_path / "w4a8", "compressed-tensors")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedError, match="activation quantization"):
+        LLM(path, device="cpu")
+
+
+def test_missing_and_extra_float_tensors(checkpoints, tmp_path, caplog):
+    """A float tensor the checkpoint lacks is an error; one the model has no place for (rotary
+    inv_freq of older exports) is skipped with a warning, as transformers does."""
+    path = shutil.copytree(checkpoints["awq"][0], tmp_path / "awq")
+    tensors = load_file(path / "model.safetensors")
+    extra = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    save_file({**tensors, extra: torch.ones(8)}, path / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        LLM(path, device="cpu", enforce_eager=True)
+    assert extra in caplog.text
+    del tensors["model.norm.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(FileFormatError, match=r"lacks \['model.norm.weight'\]"):
         LLM(path, device="cpu")

@@ -76,7 +76,7 @@ def check_quantization(quantization: str | None, qcfg: dict[str, Any] | None) ->
     (None or the method's name); None for an unquantized checkpoint."""
     if qcfg is None:
         if quantization in CHECKPOINT_METHODS:
-            raise QuantizationArgumentError(f"quantization={quantization!r} but config.json has no quantization_config; "
+            raise QuantizationArgumentError(f"quantization={quantization!r} but the model's config has no quantization_config; "
                                             "pass a tessera weight type such as 'int4' to quantize a float checkpoint")  # fmt: skip
         return None
     method = str(qcfg.get("quant_method", "")).lower().replace("_", "-")
