@@ -3,7 +3,10 @@
     python3 bench/run.py --suite serving [--parts startup,offline,online,batch1] [--weights fp16,int4]
                          [--peers hf-generate-batch,hf-generate,hf-generate:tessera] [--n 256]
                          [--rates 2,8,32] [--online-n 64] [--out DIR]
-    python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, < 1 min)
+    python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, ~1 min)
+
+A whole default run may outlast one 10-minute device command; split it by parts (rows append):
+`--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`.
 
 Model: the Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads over 8 KV heads, intermediate 8192,
 vocab 128256, tied embeddings) with random weights, saved to a temporary directory so that startup
@@ -16,7 +19,8 @@ output token over tessera's) rebuilt from the whole file:
 
 - `offline`: the nano-vllm workload, `workload=random-100-1024,n=256` (prompt and output lengths
   uniform in 100-1024, random ids, EOS ignored, greedy).  `tessera_tok_s` = output tokens/s of
-  `LLM.generate` after a warm-up; `peers_tok_s`: `hf-generate-batch` (transformers' continuous
+  `LLM.generate`, the second of two runs of the workload (`first_run_tok_s`: the first, which builds
+  the kernels of every new shape); `peers_tok_s`: `hf-generate-batch` (transformers' continuous
   batching, paged SDPA, per-request lengths) and `hf-generate` (static cache, eager, batches of
   `--hf-batch` left-padded prompts: a batch runs to its longest request, only requested tokens
   count).  `hf-generate:tessera` is batch-1 only: offline, every batch's new prompt width would
@@ -150,9 +154,14 @@ def startup(model_dir: Path, args: argparse.Namespace, quantization: str | None,
 
 def offline(llm: LLM, prompts: list[list[int]], lens: list[int], costs: tuple[int, int, int],
             limits: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
-    """tessera's offline tok/s (after a warm-up) and the roofline of the steps it ran."""
+    """tessera's offline tok/s and the roofline of the steps it ran.  The workload runs twice: the
+    first run builds the kernels and graphs of every new shape (on the CPU it ran 25x slower than
+    the second), so it is the warm-up, reported as `first_run_tok_s`; the second is timed."""
     greedy = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in lens]
-    llm.generate(prompts[:4], [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * len(prompts[:4]))
+    start = time.perf_counter()
+    llm.generate(prompts, greedy)
+    sw.synchronize(llm.device)
+    first = sum(lens) / (time.perf_counter() - start)
     preempted = llm.engine.scheduler.num_preemptions
     log = llm.engine.enable_step_log()
     sw.synchronize(llm.device)
@@ -163,9 +172,9 @@ def offline(llm: LLM, prompts: list[list[int]], lens: list[int], costs: tuple[in
     llm.engine.step_log = None
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     bound = sw.roofline_seconds(list(log), *costs, *limits)
-    return {"tessera_tok_s": tokens / seconds, "roofline_tok_s": tokens / bound, "frac_roofline": bound / seconds,
-            "seconds": seconds, "tokens": tokens, "tokens_asked": sum(lens), "steps": len(log),
-            "preemptions": llm.engine.scheduler.num_preemptions - preempted}  # fmt: skip
+    return {"tessera_tok_s": tokens / seconds, "first_run_tok_s": first, "roofline_tok_s": tokens / bound,
+            "frac_roofline": bound / seconds, "seconds": seconds, "tokens": tokens, "tokens_asked": sum(lens),
+            "steps": len(log), "preemptions": llm.engine.scheduler.num_preemptions - preempted}  # fmt: skip
 
 
 def batch1(
@@ -185,6 +194,48 @@ def batch1(
     ms = (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3
     return {"tessera_ms_per_token": ms, "floor_ms": floor_s * 1e3, "frac_floor": floor_s * 1e3 / ms,
             "tokens": len(stamps), "tokens_asked": new_tokens}  # fmt: skip
+
+
+def engine_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, label: dict[str, Any],
+                loads: dict[str, Any], peers: dict[str, Any],
+                limits: tuple[float, float]) -> list[dict[str, Any]]:  # fmt: skip
+    """The offline, online and batch-1 rows of one weight type, through one LLM."""
+    parts, rows = set(args.parts.split(",")), []
+    dtype = getattr(torch, args.dtype)
+    llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
+              gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
+    runner = llm.engine.runner
+    costs = sw.model_costs(llm)
+    label = {**label, "weight_gib": costs[0] / 2**30}
+    mem = {"kv_cache_gib": runner.num_kv_blocks * runner.block_bytes / 2**30}
+    if "offline" in parts:
+        r, pt = offline(llm, *loads["offline"], costs, limits), peers["offline"]
+        rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
+                     "part": "offline", **label, **r, "peers_tok_s": dict(pt),
+                     "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
+                     "peers_peak_memory_gib": {k[8:]: v for k, v in peers["peak"].items() if k.startswith("offline:")},
+                     "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
+                     "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
+                     "peers_us": {p: 1e6 / v for p, v in pt.items()},
+                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+    if "online" in parts:
+        prompts, lens = loads["online"]
+        llm.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in lens])  # warm every shape first
+        for rate in (float(x) for x in args.rates.split(",")):
+            r = sw.online(llm, prompts, lens, rate)
+            rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
+                         **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(lens),
+                         "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+    if "batch1" in parts:
+        (prompt, new), pb = loads["batch1"], peers["batch1"]
+        r = batch1(llm, prompt, new, costs, limits[0])
+        rows.append({"case": f"batch1 decode prompt={len(prompt)},new={new} {label['weights']}", "part": "batch1",
+                     **label, **r, "peers_ms_per_token": dict(pb),
+                     "errors": {k: v for k, v in peers["errors"].items() if "batch1" in k},
+                     "tessera_us": r["tessera_ms_per_token"] * 1e3, "floor_us": r["floor_ms"] * 1e3,
+                     "peers_us": {p: v * 1e3 for p, v in pb.items()},
+                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -232,6 +283,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         load = sw.workload(args.n, args.low, args.high, vocab)
         online_load = sw.workload(args.online_n, args.low, args.high, vocab, seed=1)
         b1_prompt = sw.workload(1, b1_prompt_len, b1_prompt_len, vocab, seed=2)[0][0]
+        loads = {"offline": load, "online": online_load, "batch1": (b1_prompt, b1_new)}
         peers = run_peers(args, model_dir, dtype, load if "offline" in parts else None,
                           (b1_prompt, b1_new) if "batch1" in parts else None)  # fmt: skip
         reset_peak(args.device)
@@ -240,53 +292,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             label = {"weights": weights if quant else ("fp16" if dtype == torch.float16 else "fp32"),
                      "peers_weights": "fp16" if dtype == torch.float16 else "fp32"}  # fmt: skip
             rows: list[dict[str, Any]] = []
-            llm: LLM | None = None
             try:
-                if "startup" in parts and not (
-                    args.tiny and any(r["part"] == "startup" for r in every)
-                ):  # tiny: one weight type's startup (~20 s)
-                    cache = Path(tmp) / f"cache-{weights}"
-                    cold, warm = (startup(model_dir, args, quant, cache) for _ in range(2))
-                    rows.append({"case": f"startup {label['weights']}", "part": "startup", **label, "cold_s": cold["total_s"],
-                                 "warm_s": warm["total_s"], "cold": cold, "warm": warm})  # fmt: skip
+                # tiny: one weight type's startup (each is ~20 s of imports on 2 cores)
+                if "startup" in parts and not (args.tiny and any(r["part"] == "startup" for r in every)):
+                    cold, warm = (startup(model_dir, args, quant, Path(tmp) / f"cache-{weights}") for _ in range(2))
+                    rows.append({"case": f"startup {label['weights']}", "part": "startup", **label,
+                                 "cold_s": cold["total_s"], "warm_s": warm["total_s"],
+                                 "cold": cold, "warm": warm})  # fmt: skip
                 if parts & {"offline", "online", "batch1"}:
-                    reset_peak(args.device)
-                    llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
-                              gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
-                    runner = llm.engine.runner
-                    mem = {"kv_cache_gib": runner.num_kv_blocks * runner.block_bytes / 2**30}
-                    costs = sw.model_costs(llm)
-                    label["weight_gib"] = costs[0] / 2**30
-                    if "offline" in parts:
-                        r = offline(llm, *load, costs, (bandwidth, peak))
-                        pt = peers["offline"]
-                        rows.append({"case": f"offline workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
-                                     "part": "offline", **label, **r, "peers_tok_s": dict(pt),
-                                     "peers_tokens": dict(peers["offline_tokens"]), "errors": dict(peers["errors"]),
-                                     "peers_peak_memory_gib": {k[8:]: v for k, v in peers["peak"].items() if k.startswith("offline:")},
-                                     "vs_hf_generate_batch": r["tessera_tok_s"] / pt.get("hf-generate-batch", math.nan),
-                                     "tessera_us": 1e6 / r["tessera_tok_s"], "floor_us": 1e6 / r["roofline_tok_s"],
-                                     "peers_us": {p: 1e6 / v for p, v in pt.items()},
-                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
-                    for rate in (float(x) for x in args.rates.split(",")) if "online" in parts else ():
-                        r = sw.online(llm, *online_load, rate)
-                        rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
-                                     **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(online_load[1]),
-                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
-                    if "batch1" in parts:
-                        r = batch1(llm, b1_prompt, b1_new, costs, bandwidth)
-                        pb = peers["batch1"]
-                        rows.append({"case": f"batch1 decode prompt={b1_prompt_len},new={b1_new} {label['weights']}",
-                                     "part": "batch1", **label, **r, "peers_ms_per_token": dict(pb),
-                                     "errors": {k: v for k, v in peers["errors"].items() if "batch1" in k},
-                                     "tessera_us": r["tessera_ms_per_token"] * 1e3, "floor_us": r["floor_ms"] * 1e3,
-                                     "peers_us": {p: v * 1e3 for p, v in pb.items()},
-                                     "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+                    rows += engine_rows(args, model_dir, quant, label, loads, peers, (bandwidth, peak))
             except Exception as exc:  # noqa: BLE001  (one weight type failing leaves the others' rows)
                 traceback.print_exc()
                 rows.append({"case": f"error {label['weights']}", "part": "error", **label,
                              "error": f"{type(exc).__name__}: {exc}"[:600]})  # fmt: skip
-            llm = None
             reset_peak(args.device)
             rows = [{"suite": "serving", **r, **env} for r in rows]
             write(rows, Path(args.out), env)  # after every weight type, so a later crash loses nothing
@@ -295,8 +313,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 COLUMNS = {
-    "offline": ["tessera_tok_s", "peers_tok_s", "roofline_tok_s", "frac_roofline", "vs_hf_generate_batch", "steps",
-                "preemptions", "peak_memory_gib", "errors"],
+    "offline": ["tessera_tok_s", "peers_tok_s", "roofline_tok_s", "frac_roofline", "vs_hf_generate_batch",
+                "first_run_tok_s", "steps", "preemptions", "peak_memory_gib", "errors"],
     "online": ["request_rate", "tessera_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "duration_s"],
     "batch1": ["tessera_ms_per_token", "floor_ms", "frac_floor", "peers_ms_per_token", "peak_memory_gib", "errors"],
     "startup": ["cold_s", "warm_s"],
