@@ -62,8 +62,10 @@ def _median_time(fn: Any, device: str, repeats: int = 12) -> float:
     return statistics.median(times[2:])
 
 
-def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
-    """Bytes read + written per second by one large device copy (median of 10): the bandwidth floor's rate."""
+def copy_bandwidth(device: str, nbytes: int | None = None) -> float:
+    """Bytes read + written per second by one large device copy (median of 10): the bandwidth floor's
+    rate.  1 GiB on the GPU (far past L2); 256 MiB on the CPU (past its caches, and not in the peak RSS)."""
+    nbytes = nbytes or (1 << 30 if device == "cuda" else 1 << 28)
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     return nbytes / _median_time(lambda: dst.copy_(src), device)
@@ -78,20 +80,31 @@ def gemm_peak(device: str, dtype: torch.dtype) -> float:
 
 def model_costs(llm: LLM) -> tuple[int, int, int]:
     """(weight bytes one step reads, KV bytes per cached position, matmul FLOPs per token) of the
-    engine's live model.  Bytes are those of its unique parameter and buffer storages (int4 packs and
-    scales as stored; the tied embedding counted once, as the LM head that reads all of it).
+    engine's live model.  Bytes are those of its unique parameter and buffer storages and of its
+    quantized weights' codes, scales and zeros (int4 packs and scales as stored; the tied embedding counted once, as the LM head that reads all of it).
     FLOPs are the linear layers' and the head's; attention's are left out (<= 5% for the 1B shape
     at <= 2k positions), so the bound errs towards fewer seconds."""
     model = llm.engine.runner.model
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for module in model.modules():  # tessera's QuantizedLinear keeps its packed weight as a plain attribute
+        for name, value in vars(module).items():
+            if not name.startswith("_") and hasattr(value, "codes") and hasattr(value, "scales"):
+                for part in (value.codes, value.scales, getattr(value, "zeros", None)):
+                    if part is not None:
+                        seen[id(part)] = _nbytes(part)
     config = model.config.get_text_config()
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or h // config.num_attention_heads)
     dense = layers * (h * (h + 2 * kv) + h * h + 3 * h * inter) + config.vocab_size * h
     kv_bytes = layers * 2 * kv * torch.finfo(llm.engine.runner.dtype).bits // 8
     return sum(seen.values()), kv_bytes, 2 * dense
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of a torch tensor, a numpy array or a tessera PackedTensor (its `nbytes` property)."""
+    return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else int(x.nbytes)
 
 
 def roofline_seconds(steps: list[tuple[int, int]], weight_bytes: int, kv_bytes_per_position: int,
