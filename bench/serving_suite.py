@@ -350,7 +350,10 @@ def write(rows: list[dict[str, Any]], out: Path, env: dict[str, Any]) -> Path:
     try:
         from plot import plot_file
 
-        plot_file(jsonl)
+        with tempfile.TemporaryDirectory() as tmp:  # only the rows with times (offline, batch1) are plotted
+            timed = Path(tmp) / jsonl.name
+            timed.write_text("".join(json.dumps(r) + "\n" for r in every if "tessera_us" in r))
+            plot_file(timed, jsonl.with_suffix(".png"))
     except Exception as exc:  # noqa: BLE001  (a plot is a convenience; the table is the result)
         print(f"no plot: {exc}", file=sys.stderr)
     return jsonl
