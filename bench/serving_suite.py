@@ -44,7 +44,9 @@ output token over tessera's) rebuilt from the whole file:
 
 Every tessera row carries `peak_memory_gib` (torch's peak allocation on CUDA, with the KV pool
 sized by `--gpu-memory-utilization`; the process's peak RSS on the CPU) and `kv_cache_gib`; a
-peer that fails leaves `errors[peer]` and the suite goes on.
+peer that fails leaves `errors[peer]` and the suite goes on; a weight type whose engine fails
+leaves an `error` row and the other's rows.  `--tiny`: 8 offline requests of 8-24 tokens, 6
+online ones at rates 50 and inf, batch-1 8 + 16 tokens, startup of the first weight type only.
 """
 
 from __future__ import annotations
