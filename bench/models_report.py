@@ -1,16 +1,22 @@
-"""Results of the `models` suite: the per-case summary, the JSONL file and its markdown table.
+"""The `models` suite's systems and results: how each system it times is built (the
+torch.compile arguments of a system name, the tessera backend made resolvable, a fresh inductor
+cache per torch.compile mode, eager torch captured in a CUDA graph for the `torch.eager+cudagraph`
+peer), the per-case summary, the JSONL file and its markdown table.
 
-Kept free of CUDA, transformers and torchvision so that the CPU test tier can check it on
-synthetic rows (tests/test_bench_models.py).
+Kept free of transformers and torchvision, and CUDA is touched only when a system is built, so
+that the CPU test tier can check it on synthetic rows (tests/test_bench_models.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 SUITE = "models"
 EAGER = "torch.eager"
@@ -293,3 +299,57 @@ NOTES = [
     "segments), the break is named in the note column and in `extra.graph_break`.",
     "- Each model runs in its own subprocess; a system that fails records `errors[system]` and the suite goes on.",
 ]
+
+def compile_kwargs(system: str) -> dict[str, Any]:
+    if system in TESSERA_SYSTEMS:
+        return {"backend": "tessera"}
+    mode = system.split(":", 1)[1]
+    return {} if mode == "default" else {"mode": mode}
+
+
+def ensure_tessera_backend() -> str:
+    """Make `backend="tessera"` resolvable; says whether the entry point or the import provided it."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    try:
+        lookup_backend("tessera")
+        return "entry point"
+    except Exception:  # noqa: BLE001  (not pip-installed: importing the front end registers the name)
+        import tessera.frontend.torch  # noqa: F401
+
+        lookup_backend("tessera")
+        return "registered on import of tessera.frontend.torch (no entry point: tessera is not pip-installed)"
+
+
+def fresh_inductor_cache(system: str) -> contextlib.AbstractContextManager:
+    """An empty inductor/Triton cache for each torch.compile mode, so that its cold compile is
+    not served by the previous mode's FX-graph cache; warm then means warm in this folder."""
+    if system not in COMPILE_PEERS:
+        return contextlib.nullcontext()
+    from torch._inductor import utils
+
+    fresh = getattr(utils, "fresh_cache", None) or getattr(utils, "fresh_inductor_cache", None)
+    return fresh() if fresh else contextlib.nullcontext()
+
+
+def cuda_graphed(model: torch.nn.Module, inputs: tuple) -> Callable[..., Any]:
+    """Eager `model` captured once in a CUDA graph: each call copies its inputs into the static
+    ones and replays (what tessera's compiled graphs do too), returning the static output."""
+    static = [x.clone() for x in inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the capture (cuBLAS workspaces, lazy inits)
+            model(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(*static)
+
+    def replay(*args: torch.Tensor) -> torch.Tensor:
+        for dst, src in zip(static, args):
+            dst.copy_(src)
+        graph.replay()
+        return out
+
+    return replay

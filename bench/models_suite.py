@@ -46,7 +46,7 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
 from decode_case import host_us  # noqa: E402
-from models_report import (  # noqa: E402
+from models_report import (  # noqa: E402, F401
     EAGER,
     EAGER_GRAPH,
     PEERS,
@@ -55,6 +55,10 @@ from models_report import (  # noqa: E402
     append_jsonl,
     case_systems,
     clean,
+    compile_kwargs,
+    cuda_graphed,
+    ensure_tessera_backend,
+    fresh_inductor_cache,
     new_row,
     read_jsonl,
     record,
@@ -63,7 +67,6 @@ from models_report import (  # noqa: E402
     summarize,
 )
 from plot import plot_file  # noqa: E402
-from systems import compile_kwargs, cuda_graphed, ensure_tessera_backend, fresh_inductor_cache  # noqa: E402,F401
 
 RESULTS = BENCH / "results"
 DEFAULT_PEERS = [EAGER, EAGER_GRAPH, "torch.compile:default", "torch.compile:reduce-overhead"]
