@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when there is a GPU")
     serve.add_argument("--dtype", help="weights' and activations' dtype (float16, bfloat16, float32)")
-    serve.add_argument("--quantization", help="low-bit weights, e.g. int4")
+    serve.add_argument("--quantization", help="low-bit weights of a float checkpoint: TYPE[:gN|:channel], e.g. int4 or int3:g64 (a GPTQ/AWQ/compressed-tensors directory needs none)")
     serve.add_argument("--max-model-len", type=int, help="context length (prompt and output tokens)")
     serve.add_argument("--max-num-seqs", type=int, help="sequences batched together at most")
     serve.add_argument("--max-queue", type=int, default=256, help="requests in flight beyond which new ones get 503")
