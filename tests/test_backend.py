@@ -64,6 +64,7 @@ def counting_run(monkeypatch):
 # ---- the cache -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_builds_go_to_the_configured_cache(cache_dir):
     path = Path(ts.Kernel(scale_add).build())
     assert cache_dir in path.parents
@@ -74,6 +75,7 @@ def test_builds_go_to_the_configured_cache(cache_dir):
     assert meta["key"] == entry.name and len(meta["sha256"]) == 64
 
 
+@pytest.mark.slow
 def test_second_build_is_a_cache_hit(cache_dir, counting_run):
     k1 = ts.Kernel(scale_add)
     path1 = Path(k1.build())
@@ -219,6 +221,7 @@ def test_invalid_c_source_reports_the_error_line(cache_dir):
     assert entries(cache_dir) == []
 
 
+@pytest.mark.slow
 def test_compiler_from_environment(monkeypatch, tmp_path):
     gcc = shutil.which("gcc")
     monkeypatch.setenv("TESSERA_CC", gcc)
@@ -286,6 +289,7 @@ def test_cuda_source_compiles_to_cubin(cache_dir, counting_run):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_nvcc_failure_is_a_compilation_error(cache_dir):
     with pytest.raises(ts.CompilationError) as info:
         build_cuda('extern "C" __global__ void k(float* x) { x[0] = undeclared_thing; }\n')

@@ -105,16 +105,19 @@ def test_run_refuses_inputs_it_would_ignore(files, capsys, args, expected):
     _run_fails(capsys, [str(files["good"]), "--device", "cpu", *[a.format(**paths) for a in args]], expected)
 
 
+@pytest.mark.slow
 def test_run_refuses_a_device_the_saved_graph_was_not_compiled_for(files, capsys):
     _run_fails(capsys, [str(files["tsr"]), "--device", "cuda"], "was compiled for cpu; --device cuda cannot apply")
 
 
+@pytest.mark.slow
 def test_run_takes_sizes_from_the_files(files, capsys):
     assert main(["run", str(files["good"]), "--device", "cpu", "--repeat", "1", "--input", str(files["dir"] / "x3.npy"),
                  "--dim", "batch=3"]) == 0  # fmt: skip
     assert "shape (3, 4)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_onnx_load_refuses_bad_files(files):
     from tessera.frontend import onnx as tessera_onnx
 
@@ -134,6 +137,7 @@ def test_onnx_load_refuses_bad_files(files):
         tessera_onnx.load(_onnx_bytes(outputs=("z",)))
 
 
+@pytest.mark.slow
 def test_graph_load_refuses_bad_files(files):
     from tessera.graph import load
 

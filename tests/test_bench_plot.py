@@ -37,6 +37,7 @@ def test_ratios_per_case_peer_and_floor():
     assert plot.FLOOR not in without_floor
 
 
+@pytest.mark.slow
 def test_plot_file_writes_a_png_next_to_the_results(tmp_path):
     pytest.importorskip("matplotlib")
     png = plot.plot_file(_write(tmp_path / "2026-11-22-h200-lowbit.jsonl", ROWS))

@@ -45,6 +45,7 @@ def kernels():
 
 
 @pytest.mark.parametrize("name", ["exp", "tanh", "erf"])
+@pytest.mark.slow
 def test_ulp_bound_over_float32_sweep(kernels, name):
     x = _sweep()
     got = dict(zip(["exp", "tanh", "erf"], kernels(x)))[name]

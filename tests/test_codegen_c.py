@@ -55,6 +55,7 @@ def divmod_i64(a: i64["n"], b: i64["n"], q: i64["n"], r: i64["n"]):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_int32_floordiv_mod_negative(rng, n):
     a = nonzero_ints(rng, n, -10_000, 10_000, np.int32)
     b = nonzero_ints(rng, n, -60, 60, np.int32)
@@ -73,6 +74,7 @@ def test_int32_floordiv_mod_negative(rng, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_int64_floordiv_mod_negative(rng, n):
     a = nonzero_ints(rng, n, -(2**62), 2**62, np.int64)
     b = nonzero_ints(rng, n, -(2**40), 2**40, np.int64)
@@ -83,6 +85,7 @@ def test_int64_floordiv_mod_negative(rng, n):
     assert [int(x) for x in r] == [int(x) % int(y) for x, y in zip(a, b)]
 
 
+@pytest.mark.slow
 def test_nonnegative_loop_index_division(rng):
     """Loop indices are non-negative, so plain C division is used; it must still be right."""
 
@@ -102,6 +105,7 @@ def test_nonnegative_loop_index_division(rng):
 BIG = 5_000_000_000
 
 
+@pytest.mark.slow
 def test_large_python_int_constant_widens(rng):
     """An int literal that does not fit int32 must not be squeezed into int32 arithmetic."""
 
@@ -129,6 +133,7 @@ def fmod_kernel(a: f32["n"], b: f32["n"], r: f32["n"], c: f64["n"], d: f64["n"],
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_float_mod_matches_numpy(rng, n):
     a = rng.uniform(-100, 100, n).astype(np.float32)
     b = (rng.uniform(0.5, 7, n) * rng.choice([-1, 1], n)).astype(np.float32)
@@ -145,6 +150,7 @@ def test_float_mod_matches_numpy(rng, n):
 
 
 @pytest.mark.parametrize("n", [3, 37])
+@pytest.mark.slow
 def test_int64_arithmetic(rng, n):
     @ts.kernel
     def arith64(a: i64["n"], b: i32["n"], s: i64, o: i64[5, "n"]):
@@ -169,6 +175,7 @@ def test_int64_arithmetic(rng, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_float_to_int_cast_truncates(rng, n):
     @ts.kernel
     def trunc(x: f32["n"], y: f64["n"], a: i32["n"], b: i64["n"], c: i32["n"], d: u8["n"], e: boolean["n"]):
@@ -240,6 +247,7 @@ def _inputs(rng, n, dtype):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_intrinsics_float32(rng, n):
     x, y, z = _inputs(rng, n, np.float32)
     o = sentinel((13, n), np.float32)
@@ -257,6 +265,7 @@ def test_intrinsics_float32(rng, n):
 
 
 @pytest.mark.parametrize("n", [5, 257])
+@pytest.mark.slow
 def test_intrinsics_float64(rng, n):
     x, y, z = _inputs(rng, n, np.float64)
     o = sentinel((10, n), np.float64)
@@ -269,6 +278,7 @@ def test_intrinsics_float64(rng, n):
         np.testing.assert_allclose(o[k], ref, rtol=1e-13, atol=1e-14, err_msg=f"row {k}")
 
 
+@pytest.mark.slow
 def test_integer_intrinsics(rng):
     @ts.kernel
     def int_intr(a: i32["n"], b: i32["n"], o: i32[3, "n"], f: f32["n"]):
@@ -333,6 +343,7 @@ def _same_half_bits(got: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_array_equal(got.view(np.uint16)[~nan], ref.view(np.uint16)[~nan])
 
 
+@pytest.mark.slow
 def test_f32_to_f16_special_values():
     b, c = sentinel(SPECIAL_F32.size, np.float16), sentinel(SPECIAL_F32.size, np.float16)
     f32_to_f16(SPECIAL_F32, b, c)
@@ -343,6 +354,7 @@ def test_f32_to_f16_special_values():
     assert np.signbit(b[SPECIAL_F32.tolist().index(0.0) + 1])  # -0.0 keeps its sign
 
 
+@pytest.mark.slow
 def test_f32_to_f16_random_bit_patterns(rng):
     """Every class of float32 (normals, subnormals, NaN, inf) rounds exactly like numpy."""
     n = 200_003
@@ -357,6 +369,7 @@ def test_f32_to_f16_random_bit_patterns(rng):
         _same_half_bits(c, ref)
 
 
+@pytest.mark.slow
 def test_f16_to_f32_all_bit_patterns():
     h = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     out = sentinel(h.size, np.float32)
@@ -367,6 +380,7 @@ def test_f16_to_f32_all_bit_patterns():
     np.testing.assert_array_equal(out.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])
 
 
+@pytest.mark.slow
 def test_f64_to_f16_rounds_once(rng):
     """float64 -> float16 must round directly, not through float32 (double rounding)."""
     tricky = np.array([1 + 2**-11 + 2**-40, -(1 + 2**-11 + 2**-40), 2**-25 + 2**-60, 65520 - 2**-30], np.float64)
@@ -378,6 +392,7 @@ def test_f64_to_f16_rounds_once(rng):
     _same_half_bits(b, ref)
 
 
+@pytest.mark.slow
 def test_f16_arithmetic_rounds_like_numpy(rng):
     a = rng.uniform(-30, 30, 999).astype(np.float16)
     b = rng.uniform(-30, 30, 999).astype(np.float16)
@@ -429,6 +444,7 @@ def test_names_that_clash_with_c_are_renamed(rng):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_bool_tensors(rng, n):
     @ts.kernel
     def masks(a: f32["n"], b: f32["n"], m: boolean["n"], out: boolean["n"], sel: f32["n"], cnt: i32[1]):
@@ -455,6 +471,7 @@ def test_bool_tensors(rng, n):
 
 
 @pytest.mark.parametrize("m, n", [(1, 1), (3, 129), (65, 17)])
+@pytest.mark.slow
 def test_parallel_2d(rng, m, n):
     @ts.kernel
     def scale_rows(a: f32["m", "n"], s: f32["m"], out: f32["m", "n"]):
@@ -494,6 +511,7 @@ def with_scalars(k: i32, big: i64, small: i8, flag: boolean, u: u32, x: f32["n"]
             x[i] = x[i] + k + big + small + u
 
 
+@pytest.mark.slow
 def test_axpy_runs(rng):
     x = rng.standard_normal(31).astype(np.float32)
     y = rng.standard_normal(31).astype(np.float32)
@@ -511,6 +529,7 @@ def _err(kernel, *args):
     return str(info.value)
 
 
+@pytest.mark.slow
 def test_wrong_dtype(rng):
     x = rng.standard_normal(8)  # float64
     y = np.ones(8, np.float32)
@@ -523,6 +542,7 @@ def test_wrong_rank(rng):
     assert "'x'" in msg and "rank 1" in msg
 
 
+@pytest.mark.slow
 def test_inconsistent_shape_symbol():
     msg = _err(axpy, 1.0, np.ones(8, np.float32), np.ones(9, np.float32))
     assert "'y'" in msg and "'n' = 8" in msg
@@ -532,6 +552,7 @@ def test_inconsistent_shape_symbol():
     assert "'y'" in msg and "'m' = 3" in msg
 
 
+@pytest.mark.slow
 def test_non_contiguous():
     x = np.ones(16, np.float32)[::2]
     msg = _err(axpy, 1.0, x, np.ones(8, np.float32))
@@ -560,6 +581,7 @@ def test_empty_array():
     assert "empty" in msg
 
 
+@pytest.mark.slow
 def test_scalar_checks():
     x = np.ones(4, np.float32)
     ok = (1, 2**40, -5, True, 2**32 - 1)
@@ -583,6 +605,7 @@ def test_scalar_checks():
     assert "'alpha'" in msg and "expects a number" in msg
 
 
+@pytest.mark.slow
 def test_explicit_shape_parameter():
     @ts.kernel
     def fill(n: i32, a: f32["n"]):
@@ -659,6 +682,7 @@ def test_torch_cpu_tensors(rng):
         mat_vec(a, v[:12].clone(), out)
 
 
+@pytest.mark.slow
 def test_torch_half_and_bfloat16(rng):
     torch = pytest.importorskip("torch")
 
@@ -681,6 +705,7 @@ def test_torch_half_and_bfloat16(rng):
     torch.testing.assert_close(back, b.float() + h.float(), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_torch_bool_and_int64(rng):
     torch = pytest.importorskip("torch")
 
@@ -696,6 +721,7 @@ def test_torch_bool_and_int64(rng):
     assert torch.equal(out, torch.where(m, a // 3, (-a) % 5))
 
 
+@pytest.mark.slow
 def test_max_min_propagate_nan(rng):
     @ts.kernel
     def maxmin(a: f32["n"], b: f32["n"], hi: f32["n"], lo: f32["n"]):
@@ -712,6 +738,7 @@ def test_max_min_propagate_nan(rng):
     np.testing.assert_array_equal(lo, np.minimum(a, b))
 
 
+@pytest.mark.slow
 def test_inline_mapping_loop():
     @ts.kernel
     def fill(out: i32[4, 8]):

@@ -14,6 +14,7 @@ from tessera.backend.codegen_c_like import c_identifier, symbol_name
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
+@pytest.mark.slow
 def test_cpu_kernel_named_like_a_math_macro_with_macro_named_locals(rng):
     @ts.kernel
     def isgreater(a: f32["n"], INT32_MAX: f32["n"], NAN: i32["n"]):
@@ -31,6 +32,7 @@ def test_cpu_kernel_named_like_a_math_macro_with_macro_named_locals(rng):
 
 
 @pytest.mark.parametrize("name", ["omp_get_thread_num", "omp_get_num_threads", "memcpy", "main", "exp", "malloc"])
+@pytest.mark.slow
 def test_cpu_kernel_named_like_a_library_function_runs(name, rng):
     """An exported kernel symbol named like a libgomp/libc function used to replace it (segfault)."""
 
@@ -45,6 +47,7 @@ def test_cpu_kernel_named_like_a_library_function_runs(name, rng):
     np.testing.assert_allclose(a, expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_names_in_the_generated_codes_own_namespace(rng):
     """Names like the preludes' helpers, reserved C names and non-ASCII names."""
 
@@ -62,6 +65,7 @@ def test_names_in_the_generated_codes_own_namespace(rng):
     np.testing.assert_array_equal(a, expected)
 
 
+@pytest.mark.slow
 def test_two_variables_of_one_name_get_distinct_c_names():
     @ts.kernel
     def twice(a: f32["n"]):

@@ -65,6 +65,7 @@ def test_conv2d_with_fused_epilogue(rng, stride, padding, dilation):
         np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_call_errors_are_clear_and_a_scalar_extra_is_one_element(rng):
     acc, s = ops.placeholder((5, 3), "float32", "acc"), ops.placeholder((), "float32", "s")
     kernel = plan_cpu_linear((5, 7), (3, 7), epilogue=Epilogue(acc, ops.mul(acc, s), [s])).load()
@@ -299,6 +300,7 @@ def test_zero_dim_tensor_from_a_torch_segment():
             np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_avx2_code_path(rng, monkeypatch):
     """With the ISA capped at AVX2 the anchors use 8-lane tiles, and stay correct."""
     monkeypatch.setenv("TESSERA_CPU_ISA", "avx2")

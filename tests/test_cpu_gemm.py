@@ -70,6 +70,7 @@ def test_panel_major_work_order(cfg, src):
             np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
+@pytest.mark.slow
 def test_pack_nk_matches_transpose():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((2, 37, 9)).astype(np.float32)  # [batch, N, K]

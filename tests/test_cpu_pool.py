@@ -38,6 +38,7 @@ def test_max_pool2d_matches_torch(rng, kernel, stride, padding, ceil_mode):
             np.testing.assert_array_equal(out, ref_fn(x).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_max_pool2d_with_a_fused_epilogue_and_many_rows(rng):
     """Enough rows for several workers; out = relu(pool(x)) * s + 1 with s per channel."""
     x_shape, out_shape = (2, 40, 30, 31), (2, 40, 15, 16)

@@ -34,6 +34,7 @@ def _axpy(lanes: int):
 
 @pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100])
+@pytest.mark.slow
 def test_axpy_with_tail(lanes, n):
     k = _axpy(lanes)
     rng = np.random.default_rng(n)
@@ -51,6 +52,7 @@ def test_axpy_with_tail(lanes, n):
 
 
 @pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.slow
 def test_vector_register_tensor_max_min_mul(lanes):
     vt = ts.f32x16 if lanes == 16 else ts.f32x8
 
@@ -135,6 +137,7 @@ def _word_ops(lanes: int):
 
 @pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("n", [1, 8, 13, 40])
+@pytest.mark.slow
 def test_integer_vectors_match_numpy(lanes, n):
     """uint32 / int32 lanes: masked loads and stores, shifts by constants and by a runtime amount
     (logical on uint32, arithmetic on int32), bit operations, wrapping add / sub, conversion to
@@ -157,6 +160,7 @@ def test_integer_vectors_match_numpy(lanes, n):
 
 
 @pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.slow
 def test_vfloat16_reads_every_half_bit_pattern(lanes):
     """vfloat16: each lane's low 16 bits as float16, exactly (subnormals, infinities, NaN),
     whatever the high 16 bits hold."""
@@ -257,6 +261,7 @@ def test_isa_cap(monkeypatch):
 
 
 @pytest.mark.parametrize("n", [1, 7, 769])
+@pytest.mark.slow
 def test_float_sums_are_simd_reductions(n):
     """The auto-scheduler's float sums become `omp simd` reductions (vectorised, reassociated);
     integer sums and maxima stay ordinary loops.  Results match numpy, tails included."""

@@ -46,6 +46,7 @@ def _inputs(rng, step):
     return pos, rng.standard_normal((2, 3, 2, 5)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_update_is_written_into_the_input_and_returned_as_it():
     rng = np.random.default_rng(0)
     g = _cache_graph()
@@ -72,6 +73,7 @@ def test_in_place_update_has_no_copy_kernel():
     assert in_place == functional - 1
 
 
+@pytest.mark.slow
 def test_update_of_an_input_read_elsewhere_is_computed_apart():
     rng = np.random.default_rng(1)
     compiled = compile_graph(_cache_graph(other_reader=True), "cpu", in_place={1: 0})
@@ -95,12 +97,14 @@ def test_in_place_indices_out_of_range_are_refused(pairs):
         compile_graph(_cache_graph(), "cpu", in_place=pairs)
 
 
+@pytest.mark.slow
 def test_an_update_that_is_no_index_copy_of_the_input_is_not_in_place():
     g = _cache_graph()
     compiled = compile_graph(g, "cpu", in_place={0: 0, 1: 1})  # output 0 is a sum; input 1 is not the cache
     assert compiled.in_place == {}
 
 
+@pytest.mark.slow
 def test_out_of_range_positions_raise():
     from tessera.errors import IndexOutOfRangeError
 
@@ -249,6 +253,7 @@ def _counter_graph(device: str):
     return b.build()
 
 
+@pytest.mark.slow
 def test_copy_back_is_for_captured_gpu_graphs_only():
     compiled = compile_graph(_counter_graph("cpu"), "cpu", in_place={1: 0, 2: 1}, static_inputs={1})
     assert compiled.in_place == {1: 0} and compiled.copy_back == {}

@@ -51,6 +51,7 @@ def axpy(a: f32["n"], x: f32["n"], out: f32["n"]):
         out[i] = a[i] * 2.0 + x[i]
 
 
+@pytest.mark.slow
 def test_kernels_take_dlpack_only_producers(rng):
     a, x = rng.standard_normal(29).astype(np.float32), rng.standard_normal(29).astype(np.float32)
     out = torch.empty(29)
@@ -87,6 +88,7 @@ def test_device_memory_through_dlpack_is_viewed_as_cuda():
         view_of(Exported(0x1000, (2,), ts.float32, 10, owner), "kernel f: argument 'x'")  # ROCm
 
 
+@pytest.mark.slow
 def test_compiled_graph_takes_dlpack_and_its_outputs_leave_through_dlpack(rng):
     from tessera.graph import GraphBuilder
     from tessera.graph.compiler import compile_graph

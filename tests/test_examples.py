@@ -21,6 +21,7 @@ def test_vector_add_cpu(rng, n):
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 300, 77), (33, 17, 65), (129, 63, 200)])
+@pytest.mark.slow
 def test_matmul_cpu(rng, m, k, n):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)

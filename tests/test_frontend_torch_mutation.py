@@ -115,6 +115,7 @@ class NegativeBounds(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.slow
 def test_updates_with_negative_bounds(dynamic):
     sizes = iter([(4, 9), (3, 7), (5, 11), (2, 6)])
 

@@ -51,6 +51,7 @@ def test_parse_options_validates_names_types_and_modes():
         parse_options(["tune"])
 
 
+@pytest.mark.slow
 def test_torch_compile_options_reach_the_compiler_and_explain_reports_them():
     torch.manual_seed(0)
     model = Mlp().eval()
@@ -83,6 +84,7 @@ def test_unknown_option_is_a_clear_error():
     assert isinstance(cause, ArgumentError) and "unknown option 'tunes'" in str(cause) and "tune:" in str(cause)
 
 
+@pytest.mark.slow
 def test_explain_lists_every_graph_of_a_model_with_graph_breaks():
     torch.manual_seed(1)
     model = Mlp(split=True).eval()

@@ -305,6 +305,7 @@ def test_tensor_map_arguments_are_checked():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_hopper_kernels_build_with_nvcc():
     make_tma_copy().build()
     make_cluster_exchange().build()

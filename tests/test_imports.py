@@ -114,6 +114,7 @@ def test_the_table_covers_every_module():
     assert not uncovered, f"modules in no row of docs/architecture.md's layer table: {uncovered}"
 
 
+@pytest.mark.slow
 def test_imports_follow_the_layer_table():
     layers = layer_table()
     mods = modules()
@@ -129,6 +130,7 @@ def test_imports_follow_the_layer_table():
     assert not wrong, "imports against the layer table:\n" + "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_no_import_cycles():
     sorter = graphlib.TopologicalSorter(edges())
     try:

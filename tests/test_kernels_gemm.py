@@ -281,6 +281,7 @@ def test_wgmma_gemm_matches_torch(dtype_name, m, n, k):
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_wgmma_gemm_cuda_compiles():
     from tessera.templates.gemm.wgmma import WgmmaConfig, make_gemm_wgmma
 

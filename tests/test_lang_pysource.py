@@ -6,6 +6,8 @@ import ast
 import gc
 import threading
 
+import pytest
+
 from tessera.lang import pysource
 
 # Big enough that the AST converter runs through thousands of garbage collections.
@@ -51,6 +53,7 @@ def _parse_with_a_second_parse_inside(at_fraction: float) -> tuple[Exception | N
     return error, isinstance(other.get("tree"), ast.Module)
 
 
+@pytest.mark.slow
 def test_a_parse_interleaved_with_another_threads_parse_succeeds():
     for fraction in (0.5, 0.75, 0.95):
         error, second_parsed = _parse_with_a_second_parse_inside(fraction)

@@ -69,6 +69,7 @@ def test_small_float_encoding_rounds_to_nearest_and_saturates():
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+@pytest.mark.slow
 def test_packed_loads_at_odd_sizes(rng, t):
     for n, k in ((1, 1), (3, 37), (5, 1), (2, 129)):
         values = random_values(rng, t, (n, k))
@@ -138,6 +139,7 @@ def _dequant_kernel(t, words, starts):
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=IDS)
+@pytest.mark.slow
 def test_dequant_instruction_matches_reference(rng, t):
     """Every lane's 128 values, unpacked with the bit tricks, equal (code - bias) * scale
     rounded once to fp16 (offset binary for signed ints, value * 2**-float_shift for floats)."""

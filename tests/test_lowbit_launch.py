@@ -89,6 +89,7 @@ def test_min_blocks_and_interleave_are_checked():
 @needs_nvcc
 @pytest.mark.toolchain
 @pytest.mark.parametrize("t, m, name", [("int4", 1, "xa"), ("int2", 16, "xa"), ("e4m3", 1, "xa"), ("int3", 1, "xa_il")])
+@pytest.mark.slow
 def test_streaming_kernel_builds_within_its_register_bound(t, m, name, tmp_path):
     """The cubin's register count (read from its ELF) is what ptxas reports, and within the
     bound that min_blocks sets; the staged activations are cp.async copies awaited once."""

@@ -189,6 +189,7 @@ def _pack_awq(codes_kn):
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "gptq-v2", "awq"])
+@pytest.mark.slow
 def test_int4_checkpoints_load(rng, fmt):
     torch = pytest.importorskip("torch")
     n, k, group = 24, 64, 16
@@ -334,6 +335,7 @@ def test_cuda_decode_folded_variants(rng, t):
     ("uint3", 32, False, FOLDED[3]), ("e4m3", 128, False, FOLDED[2]), ("int8", 8, True, FOLDED[1]),
     ("uint7", 1024, True, FOLDED[4]), ("int4", 128, False, FOLDED[0]), ("int4", 128, True, FOLDED[5]),
     ("e4m3", 64, False, FOLDED[6]), ("int3", 32, True, FOLDED[7])])  # fmt: skip
+@pytest.mark.slow
 def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
     """The folded kernels dequantise raw (no HSUB2/HMUL2 in the loop) and add a second mma per
     step where there is something to subtract (integers, zero points); group 8 keeps the
@@ -355,6 +357,7 @@ def test_decode_folded_variants_build_with_nvcc(t, group, bias, config):
 @pytest.mark.parametrize("t, group, bias, config", [
     ("int3", 32, True, PIPELINED[1]), ("uint4", 128, True, PIPELINED[2]), ("e2m1", 64, False, PIPELINED[3]),
     ("int8", 1024, False, PIPELINED[4]), ("e5m2", 8, False, PIPELINED[0])])  # fmt: skip
+@pytest.mark.slow
 def test_decode_pipelined_variants_build_with_nvcc(t, group, bias, config):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
@@ -519,6 +522,7 @@ def test_graph_operator_reference_matches_quantized_weight(rng):
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.slow
 def test_lowbit_anchor_with_fused_epilogue_builds():
     from tessera.ir import dtypes
     from tessera.ir import expr as E

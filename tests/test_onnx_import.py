@@ -111,6 +111,7 @@ def test_pad_modes_match_numpy(rng, mode):
 
 @pytest.mark.parametrize("rank", [1, 3])
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.slow
 def test_pooling_over_one_and_three_spatial_axes(rng, rank, op):
     shape = [2, 3] + [9, 8, 7][:rank]
     x = rng.standard_normal(shape).astype(np.float32)

@@ -83,6 +83,7 @@ def _inputs(model, batch, seq, seed, padded):
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.slow
 def test_onnx_graph_partitions_like_the_torch_graph(name):
     model = _Eager(name).half()
     inputs = _inputs(model, 1, 13, 0, padded=False)

@@ -221,6 +221,7 @@ def test_attention_plan_compiles_with_grouped_heads():
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_attention_mask_is_an_epilogue_operand():
     for mask_shape, mask_dtype, causal in (((2, 1, 1, 37), "float16", False), ((37, 37), "bool", True),
                                            ((1, 8, 37, 37), "float32", True)):  # fmt: skip

@@ -93,6 +93,7 @@ def test_projections_that_cannot_share_a_kernel_stay_apart(rng):
 
 
 @needs_simd
+@pytest.mark.slow
 def test_cpu_compiles_the_rewritten_block_into_fewer_kernels(rng):
     """The whole pipeline on the CPU: the residual add folds into down's stores, silu * up into one
     kernel after the merged gate/up, no reshape kernel, no numpy reference; fresh inputs per call."""

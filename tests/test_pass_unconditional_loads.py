@@ -165,6 +165,7 @@ def test_index_bounds_of_split_loops():
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.slow
 def test_kernels_match_numpy(rng, n):
     a, s = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     y = np.empty_like(a)

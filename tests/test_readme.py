@@ -18,6 +18,7 @@ def _tested_block() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_readme_onnx_example_runs_as_written(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("onnx")

@@ -84,6 +84,7 @@ def _runs_from_its_file_without_a_compiler(compiled: CompiledGraph, xv: np.ndarr
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_static_cpu_conv_model_runs_from_its_file_without_a_compiler(rng, tmp_path):
     """CPU anchors with constant weights (packed at plan time by a kernel the file must ship),
     a tuned convolution and the max-pool anchor, in a fresh process with no compiler."""
@@ -101,6 +102,7 @@ def test_a_static_cpu_conv_model_runs_from_its_file_without_a_compiler(rng, tmp_
                                            rng.standard_normal((1, 3, 20, 22)).astype(np.float32), 2, tmp_path)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_cpu_lowbit_model_runs_from_its_file_without_a_compiler(rng, tmp_path):
     """The CPU lowbit_linear anchor (its words re-laid at plan time, in numpy) with a fused bias
     and GELU, in a fresh process with no compiler."""
