@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny_llm import FAMILIES, make_model, make_model_dir, train_tokenizer
+from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, train_tokenizer
 
 from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
 from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams
 
-PROMPTS = [
-    "Hello, how are",
-    "The quick brown fox jumps over the lazy dog. A paged KV cache keeps attention keys",
-    "Café",
-    "Once upon a time there was a little compiler that",
-]
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
 

@@ -14,18 +14,12 @@ import torch
 import transformers
 from quantized_checkpoints import METHODS, make_quantized_dir
 from safetensors.torch import load_file, save_file
-from tiny_llm import make_model_dir
+from tiny_llm import PROMPTS, make_model_dir
 
 from tessera.eager.quantize import QuantizedLinear, quantize
 from tessera.errors import FileFormatError, UnsupportedError
 from tessera.llm import LLM, SamplingParams
 
-PROMPTS = [
-    "Hello, how are",
-    "The quick brown fox jumps over the lazy dog. A paged KV cache keeps attention keys",
-    "Café",
-    "Once upon a time there was a little compiler that",
-]
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
 

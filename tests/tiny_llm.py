@@ -32,6 +32,14 @@ CHAT_TEMPLATE = (
 )
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
 
+# Prompts of several lengths (one with non-ASCII text) for the engine's greedy comparisons.
+PROMPTS = [
+    "Hello, how are",
+    "The quick brown fox jumps over the lazy dog. A paged KV cache keeps attention keys",
+    "Café",
+    "Once upon a time there was a little compiler that",
+]
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 
 
