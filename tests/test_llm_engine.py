@@ -9,7 +9,7 @@ from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, train_tokeni
 
 from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
-from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams
+from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams, StepFailure
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
@@ -172,6 +172,30 @@ def test_abort_frees_blocks_and_stats_count(llama_dir):
     assert stats.generation_tokens_total == 4 and stats.num_requests_finished == 1
     assert stats.prompt_tokens_total == len(engine.tokenizer(PROMPTS[1])["input_ids"]) + len(
         engine.tokenizer(PROMPTS[0])["input_ids"])
+
+
+def test_a_failing_step_aborts_its_requests_and_the_engine_serves_on(llama_dir):
+    engine = LLMEngine(llama_dir, device="cpu", max_num_seqs=2, enforce_eager=True)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", enforce_eager=True).generate(PROMPTS[2:4], params)]
+    for i, prompt in enumerate(PROMPTS[:4]):  # at most 2 run at once: "2" and "3" wait
+        engine.add_request(str(i), prompt, params)
+    execute = engine.runner.execute
+
+    def fail_once(scheduled):
+        engine.runner.execute = execute
+        raise RuntimeError("injected kernel failure")
+
+    engine.runner.execute = fail_once
+    with pytest.raises(StepFailure, match="injected kernel failure") as failure:
+        engine.step()
+    assert failure.value.request_ids == ["0", "1"]
+    assert engine.stats().num_running == 0 and engine.stats().num_waiting == 2
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert [finals[r].outputs[0].token_ids for r in ("2", "3")] == expected
+    assert engine.stats().num_kv_blocks_used == 0
 
 
 def test_bad_requests_raise_request_error(llama_dir):

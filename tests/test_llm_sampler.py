@@ -117,3 +117,21 @@ def test_min_tokens_masks_eos_and_stop_token_ids():
     assert sampler(logits, [early], eos_token_ids={0}).token_ids == [2]
     late = make_seq(sampler, output=[3, 3], temperature=0, min_tokens=2, max_tokens=4)
     assert sampler(logits, [late], eos_token_ids={0}).token_ids == [0]
+
+
+def test_draws_follow_the_distribution_on_shared_and_own_generators():
+    """Frequencies over many draws match the filtered probabilities, for rows on the shared
+    generator (drawn together) and for seeded rows (each from its own generator)."""
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03, 0, 0, 0, 0, 0])
+    logits = probs.clamp_min(1e-30).log().expand(8, VOCAB).contiguous()
+    sampler = Sampler(seed=7)
+    seqs = [make_seq(sampler, temperature=1.0, seed=s) for s in (None, None, None, 5, None, 9, None, 11)]
+    counts = torch.zeros(len(seqs), VOCAB)
+    draws = 600
+    for _ in range(draws):
+        tokens = sampler(logits, seqs, eos_token_ids=set()).token_ids
+        counts[torch.arange(len(seqs)), torch.tensor(tokens)] += 1
+    assert counts[:, 5:].sum() == 0  # never a token of probability 0
+    # Each row's frequencies within 5 standard deviations of a binomial count.
+    bound = 5 * (draws * probs * (1 - probs)).sqrt() + 1
+    assert bool(((counts - draws * probs).abs() <= bound).all()), counts

@@ -424,20 +424,24 @@ def test_overload_is_503_and_the_server_recovers(served):
     assert greedy(served, "Hello").choices[0].finish_reason in ("stop", "length")
 
 
-def test_engine_error_is_500_and_the_server_goes_on(served):
-    engine = served.engine.engine
-    step = engine.step
+@pytest.mark.parametrize("where", ["step", "forward"])
+def test_engine_error_is_500_and_the_server_goes_on(served, where):
+    """A failure anywhere in a step (the engine's own loop, or the model's forward, which the
+    engine turns into a StepFailure of that step's requests) is a 500, and serving goes on."""
+    owner = served.engine.engine if where == "step" else served.engine.engine.runner
+    name = "step" if where == "step" else "execute"
+    original = getattr(owner, name)
 
-    def failing_step():
-        engine.step = step  # fail once
+    def fail_once(*args):
+        setattr(owner, name, original)
         raise RuntimeError("injected failure")
 
-    engine.step = failing_step
+    setattr(owner, name, fail_once)
     try:
         with pytest.raises(openai.InternalServerError, match="injected failure"):
             greedy(served, "Hello")
     finally:
-        engine.step = step
+        setattr(owner, name, original)
     served.wait_idle()
     assert httpx.get(f"{served.url}/health").status_code == 200
     assert greedy(served, "Hello").choices[0].text is not None

@@ -2,7 +2,7 @@
 
 Order of operations per row: penalties (repetition over prompt and output, presence and frequency
 over the output), min_tokens (EOS and stop token ids masked), then greedy argmax, or temperature,
-top-k, top-p, min-p and one draw from the row's own `torch.Generator`.  A seeded request owns its
+top-k, top-p, min-p and one draw from the row's own `torch.Generator` (or the shared one).  A seeded request owns its
 generator and draws exactly one sample per token, so its tokens do not depend on what else runs in
 the batch.  Log-probabilities are those of the model's distribution (log_softmax of the raw
 logits, before penalties and temperature), as vLLM reports them by default.
@@ -51,9 +51,7 @@ class Sampler:
             tokens[greedy] = logits[greedy].argmax(dim=-1)
         if sampled:
             probs = filtered_probs(logits[sampled], [seqs[i] for i in sampled])
-            for row, i in enumerate(sampled):
-                generator = seqs[i].generator or self.generator
-                tokens[i] = torch.multinomial(probs[row], 1, generator=generator)[0]
+            tokens[sampled] = self._draw(probs, [seqs[i].generator for i in sampled])
         token_ids = tokens.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
@@ -61,6 +59,21 @@ class Sampler:
                 if seq.params.logprobs is not None:
                     logprobs[i] = _token_logprob(raw_logprobs[i], token_ids[i], seq.params.logprobs)
         return SamplerOutput(token_ids, logprobs)
+
+    def _draw(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+        """One token per row of `probs`, drawn as argmax(probs / E) with E ~ Exp(1) (the exponential
+        race, exact for categorical sampling): rows on the shared generator take their noise in one
+        call, and a seeded row draws from its own generator, so its tokens ignore the rest of the batch."""
+        noise = torch.empty_like(probs)
+        shared = [row for row, g in enumerate(generators) if g is None]
+        if shared:
+            draws = torch.empty(len(shared), probs.shape[-1], device=probs.device)
+            noise[shared] = draws.exponential_(generator=self.generator)
+        for row, generator in enumerate(generators):
+            if generator is not None:
+                noise[row].exponential_(generator=generator)
+        # A zero draw would make 0 / 0 = NaN, which argmax takes for the largest value.
+        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
 def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -8,7 +8,8 @@ far, so a slow client costs one output's memory, not one per step.
 
 Requests in flight (queued in the server or the engine, or running) are bounded by `max_pending`;
 beyond it `submit` raises `ServerOverloaded` (HTTP 503 with Retry-After).  An exception from the
-engine fails the requests it concerns with `EngineFailure` (HTTP 500); if the engine cannot be
+engine fails the requests it concerns with `EngineFailure` (HTTP 500): a failed step, the requests
+of that step, and the others are served on; if the engine cannot be
 brought back to an empty state the thread stops, records why (`error`), and every later request
 fails at once instead of waiting on a dead thread.
 """
@@ -25,6 +26,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from tessera.errors import RequestError, TesseraError
+from tessera.llm.engine import StepFailure
 from tessera.llm.outputs import RequestOutput
 from tessera.llm.sampling_params import SamplingParams
 
@@ -245,6 +247,11 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except StepFailure as exc:  # the engine aborted that step's requests and serves on
+            log.exception("engine step failed")
+            for request_id in exc.request_ids:
+                self._finish(request_id, EngineFailure(f"the engine failed: {exc.__cause__!r}"), failed=True)
+            return
         except Exception as exc:
             log.exception("engine step failed")
             with self._lock:
