@@ -102,7 +102,8 @@ class LLMEngine:
         self.runner = ModelRunner(loaded, device=device, block_size=block_size, max_model_len=self.max_model_len,
                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
                                   num_kv_blocks=num_kv_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                                  compile_model=_compiles(enforce_eager, compile_model))  # fmt: skip
+                                  compile_model=_compiles(enforce_eager, compile_model),
+                                  decode_graphs=device.type == "cuda" and not enforce_eager)  # fmt: skip
         if self.runner.num_kv_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache holds {self.runner.num_kv_blocks} blocks x {block_size} tokens = "
                              f"{self.runner.num_kv_blocks * block_size} tokens, less than one sequence of "

@@ -38,7 +38,8 @@ class LLM:
     max_model_len: the context length (default: the model's); a longer prompt is refused.
     gpu_memory_utilization: the share of GPU memory the model and KV cache may take.
     block_size, num_kv_blocks: the paged KV cache's block size in tokens and size in blocks.
-    enforce_eager: run the model eagerly (no compilation).  seed: the seed of unseeded requests' sampling.
+    enforce_eager: run the model eagerly: no compilation and, on CUDA, no CUDA graphs of decode steps
+    (see tessera.llm.decode_graphs).  seed: the seed of unseeded requests' sampling.
     compile_model: compile the model with torch.compile(backend=tessera), unless enforce_eager (default
     off: on the CPU eager torch is faster for now, and the CUDA path is not measured yet).
     """

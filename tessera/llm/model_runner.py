@@ -8,6 +8,7 @@ LM head runs only on the rows whose next token is sampled (`logits_to_keep` with
 The KV cache is one (key, value) pair per layer, each [num_blocks, block_size, KVH, D].  On the
 CPU the pool has `num_kv_blocks` blocks, or as many as a memory budget holds; on CUDA, as many as
 fit in `gpu_memory_utilization` of the GPU's memory after a profiling forward of the largest step.
+With `decode_graphs`, steps that only decode replay CUDA graphs over static inputs (decode_graphs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from tessera.frontend.torch import backend as tessera_backend
 from tessera.llm.attention import PagedStep, register_kv_caches, release_kv_caches
+from tessera.llm.decode_graphs import DecodeGraphs
 from tessera.llm.loader import LoadedModel
 from tessera.llm.scheduler import ScheduledSequence
 
@@ -33,7 +35,8 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, *, device: torch.device, block_size: int, max_model_len: int,
                  max_num_seqs: int, max_num_batched_tokens: int, num_kv_blocks: int | None = None,
-                 gpu_memory_utilization: float = 0.9, compile_model: bool = False) -> None:  # fmt: skip
+                 gpu_memory_utilization: float = 0.9, compile_model: bool = False,
+                 decode_graphs: bool = False) -> None:  # fmt: skip
         self.model = loaded.model
         self.device = device
         self.block_size = block_size
@@ -56,6 +59,21 @@ class ModelRunner:
             # Symbolic sizes, and sizes padded to powers of two (see execute) so that steps reuse
             # the compiled graph and its plans; the paged ops stay torch custom ops between segments.
             self.forward = torch.compile(self.model.forward, backend=tessera_backend, dynamic=True)
+        self.decode_graphs: DecodeGraphs | None = None
+        if decode_graphs:
+            self.decode_graphs = self._capture_decode_graphs(min(max_num_seqs, max_num_batched_tokens),
+                                                             -(-max_model_len // block_size))  # fmt: skip
+
+    def _capture_decode_graphs(self, max_batch: int, max_blocks_per_seq: int) -> DecodeGraphs | None:
+        """CUDA graphs for decode steps; None, with a warning, when capturing fails (steps then run
+        the forward directly: same results, more launch overhead)."""
+        try:
+            return DecodeGraphs(self.forward, device=self.device, cache_handle=self.cache_handle, max_batch=max_batch,
+                                max_blocks_per_seq=max_blocks_per_seq, capture=True)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001  (any capture failure leaves the uncaptured path working)
+            log.warning("tessera.llm: decode steps run without CUDA graphs: capturing failed (%s: %s)",
+                        type(exc).__name__, exc)  # fmt: skip
+            return None
 
     @property
     def block_bytes(self) -> int:
@@ -112,6 +130,10 @@ class ModelRunner:
 
     def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
         """Run the step; the logits [num_sampling, vocab] of the sequences that sample, in order."""
+        graphs = self.decode_graphs
+        if graphs is not None and len(scheduled) <= graphs.max_batch and all(e.num_tokens == 1 and e.samples
+                                                                            for e in scheduled):  # fmt: skip
+            return self._execute_decode(graphs, scheduled)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -156,6 +178,15 @@ class ModelRunner:
             out = self.forward(input_ids=ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep,
                                tessera_step=step)  # fmt: skip
         return out.logits[0, :num_rows]
+
+    def _execute_decode(self, graphs: DecodeGraphs, scheduled: list[ScheduledSequence]) -> torch.Tensor:
+        """A step where every sequence computes its one newest token, through the decode graphs."""
+        bs = self.block_size
+        positions = [e.seq.num_computed_tokens for e in scheduled]
+        tables = [e.seq.block_table for e in scheduled]
+        slots = [table[p // bs] * bs + p % bs for table, p in zip(tables, positions, strict=True)]
+        token_ids = [e.seq.token_ids[p] for e, p in zip(scheduled, positions, strict=True)]
+        return graphs.run(token_ids, positions, slots, tables)
 
 
 def _bucket(n: int, smallest: int = 1) -> int:
