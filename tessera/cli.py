@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-model-len", type=int, help="context length (prompt and output tokens)")
     serve.add_argument("--max-num-seqs", type=int, help="sequences batched together at most")
     serve.add_argument("--max-queue", type=int, default=256, help="requests in flight beyond which new ones get 503")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: $TESSERA_API_KEY)")
     serve.add_argument("--served-model-name", help="the name clients pass as model (default: the model's)")
     args = parser.parse_args(argv)
     try:

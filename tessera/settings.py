@@ -27,7 +27,8 @@ _TRUE, _FALSE = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 @dataclass(frozen=True)
 class Setting:
     """One environment variable.  kind: 'bool' (1/on/true/yes, 0/off/false/no), 'choice' (one of
-    `choices`, any case), 'path', or 'executable' (a path or a command name on PATH)."""
+    `choices`, any case), 'path', 'executable' (a path or a command name on PATH), or 'token'
+    (printable ASCII without spaces, as an HTTP header value carries it)."""
 
     name: str
     kind: str
@@ -41,6 +42,8 @@ class Setting:
             return "1/on/true/yes or 0/off/false/no"
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "token":
+            return "printable ASCII characters without spaces"
         return "a path" if self.kind == "path" else "an executable's path or a command name on PATH"
 
     def parse(self, raw: str) -> bool | str:
@@ -52,6 +55,8 @@ class Setting:
             return text.lower()
         if self.kind == "path":
             return str(Path(text).expanduser())
+        if self.kind == "token" and all("!" <= c <= "~" for c in text):
+            return text
         if self.kind == "executable":
             path = shutil.which(text)
             if path:
@@ -83,9 +88,12 @@ NVCC = Setting("TESSERA_NVCC", "executable", None, "the CUDA compiler that build
 CPU_ISA = Setting("TESSERA_CPU_ISA", "choice", None,
                   "a cap on the C kernels' vector ISA, narrowest first; unset: the machine's widest",
                   ("scalar", "avx2", "avx512"))  # fmt: skip
+API_KEY = Setting("TESSERA_API_KEY", "token", None,
+                  "the key `tessera serve` requires on /v1 ('Authorization: Bearer KEY') when --api-key is not given; "
+                  "unset: none")  # fmt: skip
 
 DECLARED: dict[str, Setting] = {s.name: s for s in (TUNE, PROGRESS, PDL, LOWBIT_PREFILL, IMPLICIT_CONV, CACHE_DIR,
-                                                    CC, NVCC, CPU_ISA)}  # fmt: skip
+                                                    CC, NVCC, CPU_ISA, API_KEY)}  # fmt: skip
 
 
 def value(name: str) -> bool | str | None:
@@ -137,3 +145,8 @@ def compiler(name: str) -> str | None:
 def cpu_isa_cap() -> str | None:
     """$TESSERA_CPU_ISA: 'scalar', 'avx2' or 'avx512'; None (no cap) when unset."""
     return value(CPU_ISA.name)  # type: ignore[return-value]
+
+
+def api_key() -> str | None:
+    """$TESSERA_API_KEY: the key the server requires when its --api-key is not given; None when unset."""
+    return value(API_KEY.name)  # type: ignore[return-value]

@@ -140,7 +140,7 @@ def test_conv2d_row_and_pixel_layouts(rng, tile):
 
 
 @pytest.mark.slow
-def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch):
+def test_tuned_conv2d_is_correct_and_cached(rng, monkeypatch, cache_dir):
     from tessera.templates.cpu import conv as cpu_conv
 
     x_shape, w_shape, geo = (1, 3, 10, 19), (5, 3, 3, 3), ((1, 1), (1, 1, 1, 1), (1, 1))
@@ -213,7 +213,7 @@ def test_compiled_model_matches_torch(rng):
             np.testing.assert_allclose(compiled(x).numpy(), model(x).double().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch):
+def test_tuned_linear_is_correct_and_the_choice_is_cached(rng, monkeypatch, cache_dir):
     from tessera.templates.cpu import gemm as cpu_gemm
 
     x, w, b = _f32(rng, 7, 33), _f32(rng, 21, 33), _f32(rng, 21)

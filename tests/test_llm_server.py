@@ -76,18 +76,17 @@ class Served:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    """One artifact cache for the module, in place of conftest's cache per test: the server's
-    engine thread builds kernels when a test first needs them, and reads the cache's place then."""
-    d = tmp_path_factory.mktemp("tessera-cache")
+def module_cache(shared_cache_dir):
+    """The run's artifact cache set for the whole module, not per test as conftest sets it: the
+    server's engine thread builds kernels when a test first needs them, between tests too."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TESSERA_CACHE_DIR", str(d))
+        mp.setenv("TESSERA_CACHE_DIR", str(shared_cache_dir))
         mp.setenv("TESSERA_TUNE", "0")
-        yield d
+        yield shared_cache_dir
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, cache_dir):
+def served(tmp_path_factory, module_cache):
     root = tmp_path_factory.mktemp("llm-server")
     model_dir = make_model_dir(root / "model", "llama")
     llm = LLM(model_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
@@ -462,12 +461,13 @@ def test_serve_without_fastapi_names_the_extra():
 
 
 @pytest.mark.slow
-def test_tessera_serve_command(served, tmp_path, cache_dir):
+def test_tessera_serve_command(served, tmp_path):
+    """The command line, with its API key from $TESSERA_API_KEY."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache_dir)}  # the kernels the module's server built
+    env = {**os.environ, "TESSERA_API_KEY": "env-key"}
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "tessera", "serve", str(served.model_dir), "--port", str(port),
                              "--device", "cpu", "--max-model-len", "128", "--served-model-name", "cli-model"],
@@ -485,7 +485,8 @@ def test_tessera_serve_command(served, tmp_path, cache_dir):
                 pass
             assert time.monotonic() < deadline, "tessera serve did not come up"
             time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="env-key", max_retries=0)
         assert client.models.retrieve("cli-model").max_model_len == 128
         out = client.completions.create(model="cli-model", prompt=PROMPTS[0], max_tokens=12, temperature=0)
         assert out.choices[0].text == greedy(served, PROMPTS[0]).choices[0].text

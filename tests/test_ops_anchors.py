@@ -578,7 +578,7 @@ def test_call_errors_are_clear(torch):
 
 
 @pytest.mark.cuda
-def test_tuned_anchor_matches(torch):
+def test_tuned_anchor_matches(torch, cache_dir):
     x, w = rand(torch, (16, 64), "float16", 0.125), rand(torch, (64, 64), "float16")
     kernel = prepare_matmul((16, 64), (64, 64), "float16", b_layout="kn", epilogue=gelu_ep((16, 64)), tune=True)
     y = (x.double() @ w.double()).half().double()

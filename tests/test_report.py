@@ -152,7 +152,7 @@ def test_progress_context_nests_and_restores(monkeypatch):
         assert progress.enabled()
 
 
-def test_tuning_shows_progress(monkeypatch, capfd):
+def test_tuning_shows_progress(monkeypatch, capfd, cache_dir):
     pytest.importorskip("tqdm")
     from tessera.tune.tuner import tune
 

@@ -21,16 +21,17 @@ CASES = [
     (settings.lowbit_prefill, "TESSERA_LOWBIT_PREFILL", "auto", "Register", "register", "always"),
     (settings.implicit_conv, "TESSERA_IMPLICIT_CONV", True, "no", False, "im2col"),
     (settings.cpu_isa_cap, "TESSERA_CPU_ISA", None, "avx2", "avx2", "sse9"),
+    (settings.api_key, "TESSERA_API_KEY", None, " sk-Abc_123 ", "sk-Abc_123", "two words"),
 ]
 
 
 def test_every_variable_is_declared_once():
     declared = [s for s in vars(settings).values() if isinstance(s, settings.Setting)]
     names = [s.name for s in declared]
-    assert len(names) == len(set(names)) == len(settings.DECLARED) == 9
+    assert len(names) == len(set(names)) == len(settings.DECLARED) == 10
     assert set(names) == set(settings.DECLARED)
     for s in declared:
-        assert s.name.startswith("TESSERA_") and s.doc and s.kind in ("bool", "choice", "path", "executable")
+        assert s.name.startswith("TESSERA_") and s.doc and s.kind in ("bool", "choice", "path", "executable", "token")
         assert (s.kind == "choice") == bool(s.choices)
         assert s.default is None or s.kind != "choice" or s.default in s.choices
 
@@ -52,7 +53,7 @@ def test_accessor(monkeypatch, accessor, name, default, valid, parsed, invalid):
     with pytest.raises(ArgumentError, match=rf"\${name}='{invalid}': use ") as info:
         accessor()
     setting = settings.DECLARED[name]
-    for allowed in setting.choices or ("1/on", "0/off"):
+    for allowed in setting.choices or (("1/on", "0/off") if setting.kind == "bool" else (setting.allowed(),)):
         assert allowed in str(info.value)
 
 

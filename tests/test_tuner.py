@@ -13,6 +13,9 @@ import pytest
 from tessera.errors import TuningError
 from tessera.tune import tuner
 
+# Tuning records live in the artifact cache: each test starts from none.
+pytestmark = pytest.mark.usefixtures("cache_dir")
+
 X = np.arange(12, dtype=np.float32)
 
 

@@ -7,13 +7,19 @@ import sys
 
 import uvicorn
 
-from tessera.errors import TesseraError
+from tessera import settings
+from tessera.errors import ArgumentError, TesseraError
 from tessera.llm.llm import LLM
 from tessera.llm.server.api import build_app
 
 
 def serve(args: argparse.Namespace) -> int:
     """Serve `args.model_dir` as the `tessera serve` arguments say (tessera/cli.py declares them)."""
+    try:
+        api_key = args.api_key or settings.api_key()
+    except ArgumentError as exc:
+        print(f"tessera serve: {exc}", file=sys.stderr)
+        return 1
     options = {"device": args.device, "dtype": args.dtype, "quantization": args.quantization,
                "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
     try:
@@ -21,9 +27,9 @@ def serve(args: argparse.Namespace) -> int:
     except (TesseraError, ValueError, OSError) as exc:  # a wrong path or option: a message, not a traceback
         print(f"tessera serve: cannot serve {args.model_dir}: {exc}", file=sys.stderr)
         return 1
-    app = build_app(llm.engine, args.served_model_name, api_key=args.api_key, max_queue=args.max_queue)
+    app = build_app(llm.engine, args.served_model_name, api_key=api_key, max_queue=args.max_queue)
     name = args.served_model_name or llm.engine.model_name
-    if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"tessera serve: listening on {args.host} without --api-key: anyone who can reach it may use it",
               file=sys.stderr)  # fmt: skip
     print(f"tessera serve: {name!r} on http://{args.host}:{args.port}/v1 "
