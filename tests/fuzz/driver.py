@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -52,13 +53,20 @@ def _child(conn: Any, specs: list[GraphSpec], salt: int) -> None:
         conn.close()
 
 
+# One fork at a time: run_many forks from several threads, and two forks at once break libraries'
+# at-fork handlers (filelock's raises "os.fork is unsafe while filelock is changing descriptor
+# ownership").
+_FORK_LOCK = threading.Lock()
+
+
 def run_isolated(specs: list[GraphSpec], salt: int = 0, timeout: float = BATCH_TIMEOUT_S) -> Result:
     """check_batch in a forked process; a process that dies (signal, abort, hang) is bisected
     down to the graph that kills it, which is reported as a crash."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, specs, salt))
-    proc.start()
+    with _FORK_LOCK:
+        proc.start()
     child.close()
     message = None
     if parent.poll(timeout):
