@@ -112,7 +112,9 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     if key_cache.is_cuda:
         kernel = make_write_kv_cache_cuda(dtype, d, block_size, slot_dtype)
     else:
-        kernel = make_write_kv_cache_cpu(dtype, d, block_size, slot_dtype, 2 * key.numel() * key.element_size() > SERIAL_WORK)
+        kernel = make_write_kv_cache_cpu(
+            dtype, d, block_size, slot_dtype, 2 * key.numel() * key.element_size() > SERIAL_WORK
+        )
     kernel(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
 
 
@@ -166,7 +168,9 @@ def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, b
     if out is not None:
         if not (isinstance(out, torch.Tensor) and out.shape == query.shape and out.dtype == query.dtype
                 and out.device == device and out.is_contiguous()):  # fmt: skip
-            raise ArgumentError(f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}")
+            raise ArgumentError(
+                f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}"
+            )
     if not query.is_cuda:
         _check_values(torch, block_tables, seq_lens, query_start_loc, key_cache.shape[0], key_cache.shape[1], t)
 

@@ -76,7 +76,9 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.engine.default_sampling_params()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
         if len(params) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = []

@@ -14,7 +14,8 @@ model runner performs it before the step's forward.
 
 Blocks are held through the block manager's reference counts.  A sequence using a path *locks* its
 last node (and so its ancestors); a locked node's blocks are pinned.  Unlocked leaves are evicted
-least recently used first when the free list runs short: the block manager calls `evict`.  A
+least recently used first, block by block from their ends, when the free list runs short: the
+block manager calls `evict`.  A
 sequence that finishes or is preempted inserts its computed tokens instead of dropping them, and a
 prefilling one inserts each chunk, so that requests arriving meanwhile share its prompt.
 """
@@ -224,15 +225,26 @@ class PrefixCache:
         return node.parent is not None and not node.children and node.lock_ref == 0 and node.last_access == access
 
     def evict(self, num_blocks: int) -> int:
-        """Evict unlocked leaves, least recently used first, until `num_blocks` blocks went back to
-        the free list or nothing is left to evict; returns the blocks freed."""
-        free = self.block_manager.free_blocks
+        """Evict from unlocked leaves, least recently used first, until `num_blocks` blocks went back
+        to the free list or nothing is left to evict; returns the blocks freed.  A leaf longer than
+        what is needed loses only its last blocks (the head of a prefix is the likelier to be shared)."""
+        free, bs = self.block_manager.free_blocks, self.block_size
         start = len(free)
         while len(free) - start < num_blocks and self._heap:
             entry = heapq.heappop(self._heap)
             if not self._valid(entry):
                 continue
             node = entry[2]
+            keep = len(node.blocks) - (num_blocks - (len(free) - start))
+            end = (node.start // bs + keep) * bs
+            if keep > 0 and end > node.start:  # cut the edge back to a block boundary
+                for block in node.blocks[keep:]:
+                    self.block_manager.unhold(block, pinned=False)
+                del node.blocks[keep:]
+                self.num_tokens -= node.end - end
+                node.key = node.key[: end - node.start]
+                heapq.heappush(self._heap, entry)  # still the least recently used leaf
+                continue
             parent = node.parent
             assert parent is not None
             del parent.children[node.key[0]]
