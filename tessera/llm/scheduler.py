@@ -52,7 +52,7 @@ class Scheduler:
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_cache: PrefixCache | None = None, max_wait_steps: int = 128, lookahead: int = 256) -> None:  # fmt: skip
+                 prefix_cache: PrefixCache | None = None, max_wait_steps: int = 128, lookahead: int = 128) -> None:  # fmt: skip
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")  # fmt: skip
@@ -121,25 +121,31 @@ class Scheduler:
                 scheduled.append(entry)
                 budget -= entry.num_tokens
             return scheduled
-        for seq in self._ranked_waiting():
+        if budget <= 0 or len(self.running) >= self.max_num_seqs or not self.block_manager.can_allocate(1):
+            return scheduled  # no admission possible: skip ranking the queue
+        prefilling = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
+        for seq, cached in self._ranked_waiting():
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if not self._overdue(seq) and self._computed_by_another(seq):
+            if cached is not None and self._computed_by_another(seq, cached, prefilling):
                 continue
             entry = self._admit(seq, budget)
             if entry is None:
                 break
             scheduled.append(entry)
             budget -= entry.num_tokens
+            if seq.num_computed_tokens < seq.num_prompt_tokens:  # its prompt tokens are cached after the step
+                prefilling.append(seq)
         return scheduled
 
     def _overdue(self, seq: Sequence) -> bool:
         """Preempted sequences, and those past the wait bound, go before cache-aware ranking."""
         return seq.num_cached_tokens is not None or self.num_steps - seq.waiting_since > self.max_wait_steps
 
-    def _ranked_waiting(self) -> list[Sequence]:
-        """The first `lookahead` waiting sequences: overdue ones in arrival order, then the others by
-        their cached prefix, longest first (ties in arrival order)."""
+    def _ranked_waiting(self) -> list[tuple[Sequence, int | None]]:
+        """The first `lookahead` waiting sequences with their cached prefix lengths: overdue ones
+        first in arrival order (length None), then the others, longest cached prefix first (ties in
+        arrival order)."""
         assert self.prefix_cache is not None
         window = list(itertools.islice(self.waiting, self.lookahead))
         keys = []
@@ -148,16 +154,12 @@ class Scheduler:
                 keys.append((0, 0, order))
             else:
                 keys.append((1, -self.prefix_cache.match(seq.token_ids, seq.num_tokens - 1).length, order))
-        return [window[k[2]] for k in sorted(keys)]
+        return [(window[order], None if first == 0 else -neg) for first, neg, order in sorted(keys)]
 
-    def _computed_by_another(self, seq: Sequence) -> bool:
-        """Whether a running sequence is prefilling the tokens right after `seq`'s cached prefix:
-        `seq` then waits, and finds them cached once that sequence inserted them."""
-        assert self.prefix_cache is not None
-        prefilling = [s for s in self.running if s.num_computed_tokens < s.num_prompt_tokens]
-        if not prefilling:
-            return False
-        cached = self.prefix_cache.match(seq.token_ids, seq.num_tokens - 1).length
+    def _computed_by_another(self, seq: Sequence, cached: int, prefilling: list[Sequence]) -> bool:
+        """Whether a sequence in `prefilling` (running, or admitted this step, with prompt tokens
+        left) computes the tokens right after `seq`'s `cached` prefix: `seq` then waits, and finds
+        them cached once that sequence inserted them."""
         span = self.block_manager.block_size  # the shortest shared span worth waiting a step for
         for other in prefilling:
             if other.request is seq.request:  # a sibling sample: the same prompt, computed once
