@@ -124,6 +124,20 @@ def test_admission_shares_full_blocks_and_copies_the_partial_one():
     assert bm.num_used_blocks == 0 and sum(bm.pins) == 0
 
 
+def test_a_match_that_cannot_fit_is_dropped_when_nothing_runs():
+    bm = BlockManager(4, 4)
+    cache = PrefixCache(bm)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, prefix_cache=cache)
+    finish(cache, computed(bm, list(range(1, 11))))  # 3 blocks cached, 1 free
+    seq = make_seq(list(range(1, 7)) + [50] * 10)  # 16 tokens: the whole pool
+    sched.add(seq)
+    # With its 6-token match it would need 3 new blocks (the copy of the partial one among them)
+    # while the matched leaf stays pinned; nothing runs, so it is admitted without the match.
+    (entry,) = sched.schedule()
+    assert entry.num_tokens == 16 and seq.num_computed_tokens == 0 and len(seq.block_table) == 4
+    assert cache.num_nodes == 0 and sched.take_copies() == [] and seq.num_cached_tokens == 0
+
+
 def test_cache_aware_order_with_a_wait_bound():
     bm = BlockManager(64, 4)
     cache = PrefixCache(bm)

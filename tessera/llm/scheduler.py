@@ -182,9 +182,17 @@ class Scheduler:
         full = cached // bm.block_size
         num_tokens = min(seq.num_tokens - cached, budget)
         if not bm.can_allocate(bm.blocks_to_hold(cached + num_tokens) - full):
-            if cache is not None:
-                cache.unlock(node)
-            return None
+            if cache is None:
+                return None
+            cache.unlock(node)
+            if self.running or not cached:
+                return None  # blocks come back as the running sequences finish
+            # Nothing runs, so everything cached is evictable: without its match (whose partial
+            # block's copy takes one block more) a sequence that fits the pool is admitted.
+            cached, node, blocks, full = 0, None, [], 0
+            num_tokens = min(seq.num_tokens, budget)
+            if not bm.can_allocate(bm.blocks_to_hold(num_tokens)):
+                return None
         self.waiting.remove(seq)
         for block in blocks[:full]:
             bm.share(block)
