@@ -271,6 +271,8 @@ def test_metrics_usage_and_the_no_prefix_cache_flag(model, monkeypatch):
     assert hits > 0 and f'tessera_prefix_cache_hits_total{{model_name="m"}} {hits}' in text
     assert "# TYPE tessera_prefix_cache_hit_rate gauge" in text and "tessera_kv_blocks_cached" in text
     assert serving.usage(outs).prompt_tokens_details.cached_tokens == hits
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+        LLM(model, device="cpu", enable_prefix_caching="no")
     seen: dict[str, object] = {}
 
     def fake_serve(args: argparse.Namespace) -> int:

@@ -91,6 +91,8 @@ class LLMEngine:
         for name, value in sizes.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         loaded = load_model(model, tokenizer, dtype, device, quantization)
         self.tokenizer = loaded.tokenizer
         self.model_name: str = loaded.name
