@@ -6,7 +6,8 @@
     python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, ~1 min)
 
 A whole default run may outlast one 10-minute device command; split it by parts (rows append):
-`--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`.
+`--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`, then
+`--parts prefix --weights fp16 --prefix-workloads shared-prefix` (and each other workload).
 
 Model: the Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads over 8 KV heads, intermediate 8192,
 vocab 128256, tied embeddings) with random weights, saved to a temporary directory so that startup

@@ -208,7 +208,7 @@ def test_greedy_outputs_equal_with_the_cache_on_and_off(model):
     stats, cold = on.engine.stats(), off.engine.stats()
     assert stats.prefix_caching and not cold.prefix_caching and cold.prefix_cache_hit_tokens == 0
     assert 0.5 < stats.prefix_cache_hit_rate < 1 and stats.num_kv_blocks_used == 0 and stats.num_kv_blocks_cached > 0
-    assert on.engine.reset_prefix_cache() == stats.num_kv_blocks_cached and on.engine.stats().num_kv_blocks_cached == 0
+    assert on.reset_prefix_cache() == stats.num_kv_blocks_cached and on.engine.stats().num_kv_blocks_cached == 0
 
 
 @pytest.mark.slow
@@ -271,6 +271,8 @@ def test_metrics_usage_and_the_no_prefix_cache_flag(model, monkeypatch):
     assert hits > 0 and f'tessera_prefix_cache_hits_total{{model_name="m"}} {hits}' in text
     assert "# TYPE tessera_prefix_cache_hit_rate gauge" in text and "tessera_kv_blocks_cached" in text
     assert serving.usage(outs).prompt_tokens_details.cached_tokens == hits
+    assert llm.reset_prefix_cache() == engine.stats.num_kv_blocks_cached > 0
+    assert llm.engine.stats().num_kv_blocks_cached == 0 and llm.engine.prefix_cache.num_nodes == 0
     with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
         LLM(model, device="cpu", enable_prefix_caching="no")
     seen: dict[str, object] = {}

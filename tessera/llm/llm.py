@@ -64,6 +64,10 @@ class LLM:
         """The device the model and its KV cache live on."""
         return self.engine.runner.device
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix that no running request uses; returns the KV blocks freed."""
+        return self.engine.reset_prefix_cache()
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
