@@ -248,10 +248,15 @@ def test_n_samples_fork_from_one_computed_prompt(model):
     log = llm.engine.enable_step_log()
     (out,) = llm.generate(prompt, params)
     assert tokens_of([out]) == tokens_of(off) and len({tuple(c.token_ids) for c in out.outputs}) > 1
-    # The prompt is computed once; each other sample computes only its last token (for its own logits).
-    assert sum(t for t, _ in log) == len(prompt) + 3 + 4 * (params.max_tokens - 1)
+    # The prompt is computed once: the other samples fork from it and draw from the same logits.
+    assert sum(t for t, _ in log) == len(prompt) + 4 * (params.max_tokens - 1)
+    assert log[0] == (len(prompt), len(prompt)) and log[1] == (4, 4 * (len(prompt) + 1))
     stats = llm.engine.stats()
-    assert stats.prefix_cache_hit_tokens == 3 * (len(prompt) - 1) and out.num_cached_tokens == 0
+    assert stats.prefix_cache_hit_tokens == 3 * len(prompt) and out.num_cached_tokens == 0
+    # Only one sequence slot: the samples cannot fork, they run one after another on the cached prompt.
+    solo = LLM(model, max_num_seqs=1, **kw)
+    (one,) = solo.generate(prompt, params)
+    assert tokens_of([one]) == tokens_of(off) and solo.engine.stats().prefix_cache_hit_tokens == 3 * (len(prompt) - 1)
 
 
 def test_metrics_usage_and_the_no_prefix_cache_flag(model, monkeypatch):

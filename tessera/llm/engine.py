@@ -220,6 +220,7 @@ class LLMEngine:
                                   sum(e.seq.num_computed_tokens for e in scheduled)))  # fmt: skip
         if not sampling:
             return []
+        logits = self._fork_samples(sampling, logits)
         sampled = self.sampler(logits, sampling, self.eos_token_ids)
         progressed: dict[str, Request] = {}
         for seq, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
@@ -239,6 +240,20 @@ class LLMEngine:
                 del self.requests[request.request_id]
                 self._finished += 1
         return outputs
+
+    def _fork_samples(self, sampling: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Samples of n > 1 requests whose prompt a sibling computed in this step join `sampling`
+        (forked by the scheduler), each with a copy of that sibling's logits row."""
+        rows = list(range(len(sampling)))
+        for row, seq in enumerate(list(sampling)):
+            if seq.params.n > 1 and seq.num_output_tokens == 0:
+                for sibling in self.scheduler.fork(seq):
+                    sampling.append(sibling)
+                    rows.append(row)
+        if len(rows) == len(logits):
+            return logits
+        self.runner.copy_blocks(self.scheduler.take_copies())  # before the parents write those blocks
+        return logits[rows]
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached prefix no running request uses (benchmarks' cold starts); returns

@@ -214,6 +214,44 @@ class Scheduler:
         bm.allocate(seq, num_tokens)
         return ScheduledSequence(seq, num_tokens)
 
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """After a step computed `parent`'s whole prompt (with a prefix cache): start its request's
+        samples that never ran from it, sharing its full prompt blocks and copying its partial last
+        one (`take_copies`, before `parent` writes there again).  They sample from `parent`'s logits
+        in this step.  Returns the forked samples, as many as `max_num_seqs` and the blocks allow
+        (the others are admitted later, matching the cached prompt)."""
+        if self.prefix_cache is None:
+            return []
+        bm, prompt = self.block_manager, parent.num_prompt_tokens
+        full, partial = prompt // bm.block_size, prompt % bm.block_size > 0
+        forked = []
+        for sibling in parent.request.seqs:
+            if (
+                sibling is parent
+                or sibling.status is not SequenceStatus.WAITING
+                or sibling.num_cached_tokens is not None
+            ):
+                continue
+            if len(self.running) >= self.max_num_seqs or not bm.can_allocate(int(partial)):
+                break
+            self.waiting.remove(sibling)
+            for block in parent.block_table[:full]:
+                bm.share(block)
+            sibling.block_table = parent.block_table[:full]
+            if partial:
+                copy = bm.allocate_block()
+                self._copies.append((parent.block_table[full], copy))
+                sibling.block_table.append(copy)
+            self.prefix_cache.lock(parent.cache_node)
+            sibling.cache_node = parent.cache_node
+            sibling.num_computed_tokens = sibling.num_cached_tokens = prompt
+            self.prefix_query_tokens += prompt
+            self.prefix_hit_tokens += prompt
+            sibling.status = SequenceStatus.RUNNING
+            self.running.append(sibling)
+            forked.append(sibling)
+        return forked
+
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s blocks and queue it for recompute ahead of everything waiting (its computed
         tokens stay in the prefix cache, if any, until evicted)."""
