@@ -154,6 +154,25 @@ def test_cache_aware_order_with_a_wait_bound():
         Scheduler(bm, 1, 8, prefix_cache=cache, max_wait_steps=-1)
 
 
+def test_a_prompt_being_computed_is_waited_for_not_computed_twice():
+    bm = BlockManager(64, 4)
+    cache = PrefixCache(bm)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, prefix_cache=cache)
+    shared = list(range(1, 14))
+    a, b, c = make_seq(shared + [40]), make_seq(shared + [50]), make_seq([7] * 9)
+    for s in (a, b, c):
+        sched.add(s)
+    step = sched.schedule()
+    assert [e.seq for e in step] == [a, c]  # b waits: a computes its first 13 tokens in this step
+    for e in step:  # the step ran: computed tokens go into the cache, as the engine does
+        e.seq.num_computed_tokens += e.num_tokens
+        sched.cache_prefill(e.seq)
+        e.seq.token_ids.append(3)
+    step = sched.schedule()
+    assert {e.seq: e.num_tokens for e in step} == {a: 1, c: 1, b: 1} and b.num_cached_tokens == 13
+    assert sched.take_copies() == [(a.block_table[3], b.block_table[3])]  # 13 = 3 blocks + 1 token
+
+
 def test_copy_blocks_copies_keys_and_values():
     k = torch.arange(4 * 2 * 1 * 3, dtype=torch.float32).view(4, 2, 1, 3)
     v = -k.clone()
