@@ -1,12 +1,13 @@
 """The `serving` suite: tessera.llm against transformers' own generation paths, in one run.
 
-    python3 bench/run.py --suite serving [--parts startup,offline,online,batch1] [--weights fp16,int4]
+    python3 bench/run.py --suite serving [--parts startup,offline,online,batch1,prefix] [--weights fp16,int4]
                          [--peers hf-generate-batch,hf-generate,hf-generate:tessera] [--n 256]
                          [--rates 2,8,32] [--online-n 64] [--out DIR]
     python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, ~1 min)
 
 A whole default run may outlast one 10-minute device command; split it by parts (rows append):
-`--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`.
+`--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`, then
+`--parts prefix --weights fp16 --prefix-workloads shared-prefix` (and each other workload).
 
 Model: the Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads over 8 KV heads, intermediate 8192,
 vocab 128256, tied embeddings) with random weights, saved to a temporary directory so that startup
@@ -38,6 +39,17 @@ output token over tessera's) rebuilt from the whole file:
   over copy bandwidth), `frac_floor` = floor / measured, and `peers_ms_per_token` of `hf-generate`
   (static cache, eager) and `hf-generate:tessera` (the same with `model.forward` compiled by
   `torch.compile(backend="tessera")`), from two output lengths' time difference.
+- `prefix`: prefix sharing (the radix-tree KV cache) on four workloads, greedy, EOS ignored:
+  `shared-prefix` (64 groups x 16 questions, shuffled: a 1024-token system prompt per group,
+  128-token questions, 256 output tokens), `few-shot` (512 requests: one 2,000-token 5-shot prefix
+  plus a 64-token question, 16 output tokens), `multi-turn` (64 chats of 4 turns: a 256-token first
+  message, 64-token follow-ups, 128-token answers; turn k's prompt is turn k - 1's prompt, its
+  answer and the new message) and `random-<low>-<high>` (the offline workload: no sharing).
+  `tessera_tok_s` with the cache on; `peers_tok_s`: `tessera:no-prefix-cache` (the same engine
+  built with `enable_prefix_caching=False`, in this run) and `hf-generate-batch`.  Each engine runs
+  a slice of each workload first (kernels of its shapes), then empties its cache, then the timed
+  run.  `hit_rate` = cached / looked-up prompt tokens; `greedy_equal`: the cache on and off made
+  the same tokens.
 - `startup`: a fresh process importing tessera, building `LLM(model_dir)` and returning its first
   token: `cold_s` with an empty tessera artifact cache, `warm_s` with the cache it left
   (the weights are in the OS page cache both times).
@@ -46,7 +58,8 @@ Every tessera row carries `peak_memory_gib` (torch's peak allocation on CUDA, wi
 sized by `--gpu-memory-utilization`; the process's peak RSS on the CPU) and `kv_cache_gib`; a
 peer that fails leaves `errors[peer]` and the suite goes on; a weight type whose engine fails
 leaves an `error` row and the other's rows.  `--tiny`: 8 offline requests of 8-24 tokens, 6
-online ones at rates 50 and inf, batch-1 8 + 16 tokens, startup of the first weight type only.
+online ones at rates 50 and inf, batch-1 8 + 16 tokens, startup and prefix (workloads scaled down
+to 16 requests or 4 chats of tens of tokens) of the first weight type only.
 """
 
 from __future__ import annotations
@@ -79,6 +92,7 @@ import tessera  # noqa: E402, F401  (registers torch.compile's "tessera" backend
 from tessera.llm import LLM, SamplingParams  # noqa: E402
 
 PEERS = ("hf-generate-batch", "hf-generate", "hf-generate:tessera")
+PREFIX_WORKLOADS = "shared-prefix,few-shot,multi-turn,random"
 
 
 def peak_memory_gib(device: str) -> float:
@@ -105,11 +119,12 @@ def try_peer(errors: dict[str, str], name: str, fn: Any) -> Any:
 
 
 def run_peers(args: argparse.Namespace, model_dir: Path, dtype: torch.dtype, offline_load: tuple[list, list] | None,
-              batch1_load: tuple[list[int], int] | None) -> dict[str, Any]:  # fmt: skip
-    """The fp16 peers, once for every weight type: offline tok/s and batch-1 ms/token, before the engine
-    takes its share of device memory."""
+              batch1_load: tuple[list[int], int] | None, prefix_specs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The fp16 peers, once for every weight type: offline tok/s, batch-1 ms/token and the prefix
+    workloads' tok/s, before the engine takes its share of device memory."""
     peers, errors = set(args.peers.split(",")) - {""}, {}
-    res: dict[str, Any] = {"offline": {}, "offline_tokens": {}, "batch1": {}, "errors": errors, "peak": {}}
+    res: dict[str, Any] = {"offline": {}, "offline_tokens": {}, "batch1": {}, "errors": errors, "peak": {},
+                           "prefix": {}}  # fmt: skip
     if not peers:
         return res
     ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
@@ -130,6 +145,13 @@ def run_peers(args: argparse.Namespace, model_dir: Path, dtype: torch.dtype, off
             elif r is not None:
                 res["batch1"][name] = r
             res["peak"][f"{part}:{name}"] = peak_memory_gib(args.device)
+    if "hf-generate-batch" in peers:
+        for name, spec in prefix_specs.items():
+            reset_peak(args.device)
+            r = try_peer(errors, f"hf-generate-batch (prefix {name})",
+                         lambda spec=spec: sw.run_workload(spec, lambda p, m: sw.hf_generate_batch(ref, p, m)))  # fmt: skip
+            if r is not None:
+                res["prefix"][name] = {"hf-generate-batch": r["tokens"] / r["seconds"]}
     if batch1_load is not None and "hf-generate:tessera" in peers:
         ref.forward = torch.compile(ref.forward, backend="tessera", dynamic=False)
         r = try_peer(errors, "hf-generate:tessera (batch1)", lambda: sw.hf_batch1_ms(ref, *batch1_load))
@@ -165,6 +187,7 @@ def offline(llm: LLM, prompts: list[list[int]], lens: list[int], costs: tuple[in
     sw.synchronize(llm.device)
     first = sum(lens) / (time.perf_counter() - start)
     preempted = llm.engine.scheduler.num_preemptions
+    llm.engine.reset_prefix_cache()  # the timed run computes every prompt, as the first did
     log = llm.engine.enable_step_log()
     sw.synchronize(llm.device)
     start = time.perf_counter()
@@ -185,6 +208,7 @@ def batch1(
     """ms per output token after the first, streamed alone, and the HBM floor of those decode steps."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     llm.generate([prompt], params)  # warm up
+    llm.engine.reset_prefix_cache()
     log = llm.engine.enable_step_log()
     stamps = []
     for _ in llm.stream(prompt, params):
@@ -224,6 +248,7 @@ def engine_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, la
         prompts, lens = loads["online"]
         llm.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in lens])  # warm every shape first
         for rate in (float(x) for x in args.rates.split(",")):
+            llm.engine.reset_prefix_cache()  # every rate serves the same prompts: none cached beforehand
             r = sw.online(llm, prompts, lens, rate)
             rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
                          **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(lens),
@@ -240,9 +265,80 @@ def engine_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, la
     return rows
 
 
+def prefix_specs(args: argparse.Namespace, vocab: int, random_load: tuple[list, list]) -> dict[str, Any]:
+    """The prefix part's workloads by name: {"load": (prompts, out_lens)} or, for multi-turn,
+    {"chats": user messages, "out_len": answer length}; full size, or scaled down with --tiny."""
+    tiny, specs = args.tiny, {}
+    for name in args.prefix_workloads.split(","):
+        if name == "shared-prefix":
+            specs[name] = {"load": sw.shared_prefix_workload(*((4, 4, 32, 8, 8) if tiny else (64, 16, 1024, 128, 256)),
+                                                             vocab, seed=3)}  # fmt: skip
+        elif name == "few-shot":
+            specs[name] = {"load": sw.few_shot_workload(*((16, 5, 12, 8, 4) if tiny else (512, 5, 400, 64, 16)),
+                                                        vocab, seed=4)}  # fmt: skip
+        elif name == "multi-turn":
+            specs[name] = {"chats": sw.multi_turn_chats(*((4, 3, 24, 8) if tiny else (64, 4, 256, 64)), vocab, seed=5),
+                           "out_len": 8 if tiny else 128}  # fmt: skip
+        elif name == "random":
+            specs[f"random-{args.low}-{args.high}"] = {"load": random_load}
+        elif name:
+            raise SystemExit(f"unknown prefix workload {name!r}: choose from {PREFIX_WORKLOADS}")
+    return specs
+
+
+def prefix_engine(args: argparse.Namespace, model_dir: Path, quant: str | None, specs: dict[str, Any],
+                  enable: bool) -> tuple[dict[str, Any], float]:  # fmt: skip
+    """Every prefix workload through one engine with the prefix cache on or off (warm-up slice,
+    cache emptied, timed run); the results by workload and the KV pool's GiB."""
+    llm = LLM(str(model_dir), device=args.device, dtype=getattr(torch, args.dtype), quantization=quant,
+              compile_model=args.compile_model, gpu_memory_utilization=args.gpu_memory_utilization,
+              enable_prefix_caching=enable)  # fmt: skip
+    generate, results = sw.tessera_generate(llm), {}
+    for name, spec in specs.items():
+        sw.run_workload(sw.warm_slice(spec), generate)
+        llm.engine.reset_prefix_cache()
+        before = llm.engine.stats()
+        r = sw.run_workload(spec, generate)
+        after = llm.engine.stats()
+        queried = after.prefix_cache_query_tokens - before.prefix_cache_query_tokens
+        r["cached_tokens"] = after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens
+        r["hit_rate"] = r["cached_tokens"] / queried if queried else 0.0
+        r["preemptions"] = after.num_preemptions - before.num_preemptions
+        r["peak_memory_gib"] = peak_memory_gib(args.device)
+        results[name] = r
+    runner = llm.engine.runner
+    return results, runner.num_kv_blocks * runner.block_bytes / 2**30
+
+
+def prefix_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, label: dict[str, Any],
+                specs: dict[str, Any], peers: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per prefix workload: the cache on, against the same engine with it off and the peers."""
+    off, _ = prefix_engine(args, model_dir, quant, specs, enable=False)
+    reset_peak(args.device)  # the first engine is gone: its KV pool goes back before the second's
+    on, kv_gib = prefix_engine(args, model_dir, quant, specs, enable=True)
+    rows = []
+    for name, spec in specs.items():
+        a, b = on[name], off[name]
+        tok_s = a["tokens"] / a["seconds"]
+        pt = {"tessera:no-prefix-cache": b["tokens"] / b["seconds"], **peers["prefix"].get(name, {})}
+        count = len(spec["chats"]) if "chats" in spec else len(spec["load"][0])
+        rows.append({"case": f"prefix workload={name},n={count} {label['weights']}", "part": "prefix",
+                     "workload": name, **label, "tessera_tok_s": tok_s, "peers_tok_s": pt,
+                     "vs_no_prefix_cache": tok_s / pt["tessera:no-prefix-cache"],
+                     "vs_hf_generate_batch": tok_s / pt.get("hf-generate-batch", math.nan),
+                     "hit_rate": a["hit_rate"], "cached_tokens": a["cached_tokens"],
+                     "greedy_equal": a["outputs"] == b["outputs"], "seconds": a["seconds"], "tokens": a["tokens"],
+                     "tokens_asked": sw.tokens_asked(spec), "preemptions": a["preemptions"],
+                     "errors": {k: v for k, v in peers["errors"].items() if f"prefix {name}" in k},
+                     "tessera_us": 1e6 / tok_s, "peers_us": {p: 1e6 / v for p, v in pt.items()},
+                     "peak_memory_gib": max(a["peak_memory_gib"], b["peak_memory_gib"]), "kv_cache_gib": kv_gib})  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--parts", default="startup,offline,online,batch1")
+    ap.add_argument("--parts", default="startup,offline,online,batch1,prefix")
+    ap.add_argument("--prefix-workloads", default=PREFIX_WORKLOADS, help="the prefix part's workloads")
     ap.add_argument("--weights", default="fp16,int4", help="fp16 (float32 on the CPU) and/or int4")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--n", type=int, default=256, help="requests of the offline workload")
@@ -286,8 +382,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         online_load = sw.workload(args.online_n, args.low, args.high, vocab, seed=1)
         b1_prompt = sw.workload(1, b1_prompt_len, b1_prompt_len, vocab, seed=2)[0][0]
         loads = {"offline": load, "online": online_load, "batch1": (b1_prompt, b1_new)}
+        specs = prefix_specs(args, vocab, load) if "prefix" in parts else {}
         peers = run_peers(args, model_dir, dtype, load if "offline" in parts else None,
-                          (b1_prompt, b1_new) if "batch1" in parts else None)  # fmt: skip
+                          (b1_prompt, b1_new) if "batch1" in parts else None, specs)  # fmt: skip
         reset_peak(args.device)
         for weights in args.weights.split(","):
             quant = None if weights == "fp16" else weights
@@ -303,6 +400,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                  "cold": cold, "warm": warm})  # fmt: skip
                 if parts & {"offline", "online", "batch1"}:
                     rows += engine_rows(args, model_dir, quant, label, loads, peers, (bandwidth, peak))
+                    reset_peak(args.device)
+                # tiny: the first weight type's prefix rows only (two engines, four workloads each)
+                if specs and not (args.tiny and weights != args.weights.split(",")[0]):
+                    rows += prefix_rows(args, model_dir, quant, label, specs, peers)
             except Exception as exc:  # noqa: BLE001  (one weight type failing leaves the others' rows)
                 traceback.print_exc()
                 rows.append({"case": f"error {label['weights']}", "part": "error", **label,
@@ -319,6 +420,8 @@ COLUMNS = {
                 "first_run_tok_s", "steps", "preemptions", "peak_memory_gib", "errors"],
     "online": ["request_rate", "tessera_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "duration_s"],
     "batch1": ["tessera_ms_per_token", "floor_ms", "frac_floor", "peers_ms_per_token", "peak_memory_gib", "errors"],
+    "prefix": ["tessera_tok_s", "peers_tok_s", "vs_no_prefix_cache", "vs_hf_generate_batch", "hit_rate",
+               "greedy_equal", "preemptions", "peak_memory_gib", "errors"],
     "startup": ["cold_s", "warm_s"],
     "error": ["error"],
 }  # fmt: skip

@@ -46,6 +46,56 @@ def workload(n: int, low: int, high: int, vocab: int, seed: int = 0) -> tuple[li
     return prompts, [rnd.randint(low, high) for _ in range(n)]
 
 
+def shared_prefix_workload(groups: int, questions: int, prefix_len: int, question_len: int, out_len: int, vocab: int,
+                           seed: int = 0) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """SGLang's generated shared-prefix workload: `groups` system prompts of `prefix_len` random ids,
+    each followed by `questions` questions of `question_len` ids; `out_len` output tokens each.  The
+    requests come in a shuffled order (groups interleaved), as independent users would send them."""
+    rnd = random.Random(seed)
+    prompts = []
+    for _ in range(groups):
+        system = [rnd.randrange(10, vocab) for _ in range(prefix_len)]
+        prompts += [system + [rnd.randrange(10, vocab) for _ in range(question_len)] for _ in range(questions)]
+    rnd.shuffle(prompts)
+    return prompts, [out_len] * len(prompts)
+
+
+def few_shot_workload(n: int, shots: int, shot_len: int, question_len: int, out_len: int, vocab: int,
+                      seed: int = 0) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """Few-shot evaluation (MMLU-style): one prefix of `shots` examples of `shot_len` ids each, then
+    one of n questions of `question_len` ids; `out_len` output tokens (the answer)."""
+    rnd = random.Random(seed)
+    prefix = [rnd.randrange(10, vocab) for _ in range(shots * shot_len)]
+    prompts = [prefix + [rnd.randrange(10, vocab) for _ in range(question_len)] for _ in range(n)]
+    return prompts, [out_len] * n
+
+
+def multi_turn_chats(chats: int, turns: int, first_len: int, user_len: int, vocab: int,
+                     seed: int = 0) -> list[list[list[int]]]:  # fmt: skip
+    """The user messages of `chats` conversations of `turns` turns: per chat, a first message of
+    `first_len` random ids and `turns - 1` follow-ups of `user_len`.  The prompt of turn k is turn
+    k - 1's prompt, its answer and message k (`run_multi_turn`)."""
+    rnd = random.Random(seed)
+    return [[[rnd.randrange(10, vocab) for _ in range(first_len if t == 0 else user_len)] for t in range(turns)]
+            for _ in range(chats)]  # fmt: skip
+
+
+def run_multi_turn(generate: Any, chats: list[list[list[int]]], out_len: int) -> dict[str, Any]:
+    """Drive the chats turn by turn: `generate(prompts, out_lens)` returns {"seconds", "outputs"}
+    (each prompt's generated ids); every turn appends its answer and the next user message.
+    Seconds and tokens are summed over the turns; `outputs` are the final conversations."""
+    prompts = [chat[0] for chat in chats]
+    seconds, tokens, answers = 0.0, 0, [[] for _ in chats]
+    for turn in range(len(chats[0])):
+        if turn:
+            prompts = [p + a + chat[turn] for p, a, chat in zip(prompts, answers, chats, strict=True)]
+        r = generate(prompts, [out_len] * len(prompts))
+        answers = r["outputs"]
+        seconds += r["seconds"]
+        tokens += sum(map(len, answers))
+    return {"seconds": seconds, "tokens": tokens, "outputs": [p + a for p, a in zip(prompts, answers, strict=True)]}
+
+
 def synchronize(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -151,7 +201,8 @@ def hf_generate_batch(model: Any, prompts: list[list[int]], out_lens: list[int])
         results = _collect(manager, ids)
         synchronize(model.device)
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": sum(len(results[i].generated_tokens) for i in ids)}
+    outputs = [list(results[i].generated_tokens) for i in ids]
+    return {"seconds": seconds, "tokens": sum(map(len, outputs)), "outputs": outputs}
 
 
 def _collect(manager: Any, ids: list[str | None], timeout_s: float = 1800.0) -> dict[str, Any]:
@@ -283,3 +334,40 @@ def online(llm: LLM, prompts: list[list[int]], out_lens: list[int], rate: float,
             "output_tok_s": tokens / duration, "request_throughput": len(results) / duration,
             "ttft_ms": percentiles([r["ttft"] for r in results]), "tpot_ms": percentiles(tpot),
             "itl_ms": percentiles([g for r in results for g in r["itl"]])}  # fmt: skip
+
+
+def run_workload(spec: dict[str, Any], generate: Any) -> dict[str, Any]:
+    """One workload through `generate(prompts, out_lens) -> {"seconds", "tokens", "outputs"}`."""
+    if "chats" in spec:
+        return run_multi_turn(generate, spec["chats"], spec["out_len"])
+    return generate(*spec["load"])
+
+
+def tokens_asked(spec: dict[str, Any]) -> int:
+    if "chats" in spec:
+        return len(spec["chats"]) * len(spec["chats"][0]) * spec["out_len"]
+    return sum(spec["load"][1])
+
+
+def warm_slice(spec: dict[str, Any]) -> dict[str, Any]:
+    """An eighth of a workload (two turns of multi-turn): the warm-up that builds its shapes' kernels."""
+    if "chats" in spec:
+        return {**spec, "chats": [c[:2] for c in spec["chats"][: max(2, len(spec["chats"]) // 8)]]}
+    prompts, lens = spec["load"]
+    k = max(4, len(prompts) // 8)
+    return {"load": (prompts[:k], lens[:k])}
+
+
+def tessera_generate(llm: LLM) -> Any:
+    """`generate` for run_workload through tessera's offline API (greedy, EOS ignored)."""
+
+    def generate(prompts: list[list[int]], lens: list[int]) -> dict[str, Any]:
+        params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in lens]
+        synchronize(llm.device)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        synchronize(llm.device)
+        outputs = [o.outputs[0].token_ids for o in outs]
+        return {"seconds": time.perf_counter() - start, "tokens": sum(map(len, outputs)), "outputs": outputs}
+
+    return generate

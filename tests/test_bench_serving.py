@@ -45,6 +45,26 @@ def test_percentiles_and_roofline() -> None:
     assert sw.roofline_seconds([(1, 10), (4, 0)], 100, 2, 50, 10.0, 20.0) == pytest.approx(12.0 + 10.0)
 
 
+def test_prefix_workloads_share_what_they_say() -> None:
+    prompts, lens = sw.shared_prefix_workload(3, 4, 10, 5, 7, vocab=100)
+    assert len(prompts) == 12 and lens == [7] * 12 and all(len(p) == 15 for p in prompts)
+    assert len({tuple(p[:10]) for p in prompts}) == 3 and len({tuple(p) for p in prompts}) == 12
+    prompts, lens = sw.few_shot_workload(6, 5, 4, 3, 2, vocab=100)
+    assert len({tuple(p[:20]) for p in prompts}) == 1 and all(len(p) == 23 for p in prompts) and lens == [2] * 6
+    chats = sw.multi_turn_chats(2, 3, 6, 2, vocab=100)
+    seen = []
+
+    def generate(prompts, out_lens):  # answers the prompt's length, out_len times
+        seen.append([len(p) for p in prompts])
+        return {"seconds": 1.0, "outputs": [[len(p)] * m for p, m in zip(prompts, out_lens, strict=True)]}
+
+    r = sw.run_multi_turn(generate, chats, out_len=3)
+    assert seen == [[6, 6], [11, 11], [16, 16]]  # each turn: the last prompt + its 3-token answer + 2 new
+    assert r["seconds"] == 3.0 and r["tokens"] == 18 and r["outputs"][0][-3:] == [16] * 3
+    assert r["outputs"][0][:6] == chats[0][0] and r["outputs"][0][9:11] == chats[0][1]
+    assert sw.tokens_asked({"chats": chats, "out_len": 3}) == 18
+
+
 @pytest.mark.slow
 def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
     import serving_suite as ss
@@ -53,8 +73,8 @@ def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
     (jsonl,) = tmp_path.glob("*-cpu-serving.jsonl")
     assert [json.loads(line) for line in jsonl.read_text().splitlines()] == json.loads(json.dumps(rows, default=str))
     assert jsonl.with_suffix(".md").exists()
-    parts = {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup")}
-    assert [len(parts[p]) for p in parts] == [2, 4, 2, 1]  # fp32 and int4; two rates each; startup once
+    parts = {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup", "prefix")}
+    assert [len(parts[p]) for p in parts] == [2, 4, 2, 1, 4]  # fp32 and int4; two rates each; startup, prefix once
     for r in rows:
         assert r["suite"] == "serving" and r["gpu"] == "cpu" and r["commit"] and r["model"] == "tiny-llama"
     for r in parts["offline"]:
@@ -74,3 +94,8 @@ def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
         assert 0 < r["floor_ms"] < r["tessera_ms_per_token"]
         assert set(r["peers_ms_per_token"]) == {"hf-generate", "hf-generate:tessera"}
     assert parts["startup"][0]["cold_s"] > 0 and parts["startup"][0]["warm_s"] > 0
+    assert [r["workload"] for r in parts["prefix"]] == ["shared-prefix", "few-shot", "multi-turn", "random-8-24"]
+    for r in parts["prefix"]:
+        assert r["tokens"] == r["tokens_asked"] and r["greedy_equal"] and r["errors"] == {}
+        assert set(r["peers_tok_s"]) == {"tessera:no-prefix-cache", "hf-generate-batch"}
+        assert (r["hit_rate"] > 0.3) == (r["workload"] != "random-8-24")

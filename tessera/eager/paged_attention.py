@@ -1,4 +1,5 @@
-"""Paged attention over a block-paged KV cache, on torch tensors: `write_kv_cache` and `paged_attention`.
+"""Paged attention over a block-paged KV cache, on torch tensors: `write_kv_cache`, `paged_attention`
+and `copy_blocks`.
 
 The KV cache of a layer is two tensors [num_blocks, block_size, KVH, D]; a sequence's keys live in
 the blocks its row of `block_tables` lists, in order (token p in block block_tables[b, p // bs] at
@@ -111,8 +112,29 @@ def write_kv_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_
     if key_cache.is_cuda:
         kernel = make_write_kv_cache_cuda(dtype, d, block_size, slot_dtype)
     else:
-        kernel = make_write_kv_cache_cpu(dtype, d, block_size, slot_dtype, 2 * key.numel() * key.element_size() > SERIAL_WORK)
+        kernel = make_write_kv_cache_cpu(
+            dtype, d, block_size, slot_dtype, 2 * key.numel() * key.element_size() > SERIAL_WORK
+        )
     kernel(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping.contiguous())
+
+
+def copy_blocks(key_cache: Any, value_cache: Any, src: Any, dst: Any) -> None:
+    """Copy whole blocks of one layer's cache in place: block dst[i] becomes block src[i] (keys and
+    values), all sources read before any destination is written.  src/dst: [N] int32 or int64 on the
+    cache's device; destinations must be distinct.  The prefix cache's copy on write of a partial
+    block; a gather and a scatter of torch's, on any device."""
+    torch = _torch()
+    _check_cache(torch, key_cache, value_cache)
+    _check_index(torch, "src", src, 1, "[N]", key_cache.device)
+    _check_index(torch, "dst", dst, 1, "[N]", key_cache.device)
+    if src.shape != dst.shape:
+        raise ShapeError(f"src has {src.shape[0]} blocks, dst {dst.shape[0]}")
+    if not src.is_cuda and src.numel():
+        low, high = int(torch.minimum(src.min(), dst.min())), int(torch.maximum(src.max(), dst.max()))
+        if low < 0 or high >= key_cache.shape[0]:
+            raise ArgumentError(f"block ids must be in [0, {key_cache.shape[0]}), got {low} .. {high}")
+    for cache in (key_cache, value_cache):
+        cache.index_copy_(0, dst.long(), cache.index_select(0, src.long()))
 
 
 def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
@@ -146,7 +168,9 @@ def _check_attention(torch: Any, query: Any, key_cache: Any, value_cache: Any, b
     if out is not None:
         if not (isinstance(out, torch.Tensor) and out.shape == query.shape and out.dtype == query.dtype
                 and out.device == device and out.is_contiguous()):  # fmt: skip
-            raise ArgumentError(f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}")
+            raise ArgumentError(
+                f"out must be a contiguous {query.dtype} tensor of shape {list(query.shape)} on {device}"
+            )
     if not query.is_cuda:
         _check_values(torch, block_tables, seq_lens, query_start_loc, key_cache.shape[0], key_cache.shape[1], t)
 

@@ -23,6 +23,7 @@ from tessera.llm.block_manager import BlockManager
 from tessera.llm.loader import load_model
 from tessera.llm.model_runner import ModelRunner
 from tessera.llm.outputs import RequestOutput
+from tessera.llm.prefix_cache import PrefixCache
 from tessera.llm.sampler import Sampler
 from tessera.llm.sampling_params import SamplingParams
 from tessera.llm.scheduler import ScheduledSequence, Scheduler
@@ -62,6 +63,15 @@ class EngineStats:
     generation_tokens_total: int
     num_preemptions: int
     num_requests_finished: int
+    prefix_caching: bool = False
+    num_kv_blocks_cached: int = 0  # held only by the prefix cache: reusable, evicted when needed
+    prefix_cache_query_tokens: int = 0  # prompt tokens of admitted sequences (first admission only)
+    prefix_cache_hit_tokens: int = 0  # of those, tokens whose KV came from the prefix cache
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens looked up (0 before any lookup)."""
+        return self.prefix_cache_hit_tokens / self.prefix_cache_query_tokens if self.prefix_cache_query_tokens else 0.0
 
 
 class LLMEngine:
@@ -70,6 +80,7 @@ class LLMEngine:
     model: a local Hugging Face model directory or a transformers model object (see loader.py).
     max_model_len: the context length (default: the config's max_position_embeddings).
     num_kv_blocks: the KV pool's size in blocks of block_size tokens (default: sized from memory).
+    enable_prefix_caching: share cached prompt prefixes between requests (prefix_cache.py).
     The other arguments are LLM's, documented there.  After construction, `enforce_eager` says whether
     the model runs eagerly (True) or compiled by tessera's torch front end.
     """
@@ -79,7 +90,7 @@ class LLMEngine:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, compile_model: bool | None = None) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True) -> None:  # fmt: skip
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -88,6 +99,8 @@ class LLMEngine:
         for name, value in sizes.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         loaded = load_model(model, tokenizer, dtype, device, quantization)
         self.tokenizer = loaded.tokenizer
         self.model_name: str = loaded.name
@@ -110,7 +123,8 @@ class LLMEngine:
                              f"max_model_len={self.max_model_len}: raise num_kv_blocks or lower max_model_len")  # fmt: skip
         self.enforce_eager = not self.runner.compiled
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, batched)
+        self.prefix_cache = PrefixCache(self.block_manager) if enable_prefix_caching else None
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, batched, prefix_cache=self.prefix_cache)
         self.sampler = Sampler(seed, device)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
@@ -206,18 +220,26 @@ class LLMEngine:
                                    f"{self.block_manager.num_blocks} KV blocks free")  # fmt: skip
             return []
         sampling = [entry.seq for entry in scheduled if entry.samples]
-        try:  # nothing below changes a sequence until the step's tokens are in hand
+        try:  # nothing below changes a sequence until the forward is done
+            self.runner.copy_blocks(self.scheduler.take_copies())
             logits = self.runner.execute(scheduled)
-            sampled = self.sampler(logits, sampling, self.eos_token_ids) if sampling else None
         except Exception as exc:
             raise self._fail_step(scheduled, exc) from exc
         for entry in scheduled:
-            entry.seq.num_computed_tokens += entry.num_tokens
+            seq = entry.seq
+            seq.num_computed_tokens += entry.num_tokens
+            if entry.num_tokens > 1 or seq.num_computed_tokens <= seq.num_prompt_tokens:
+                self.scheduler.cache_prefill(seq)  # prompt (or recomputed) tokens: others may share them
         if self.step_log is not None:
             self.step_log.append((sum(e.num_tokens for e in scheduled),
                                   sum(e.seq.num_computed_tokens for e in scheduled)))  # fmt: skip
-        if sampled is None:
+        if not sampling:
             return []
+        try:
+            logits = self._fork_samples(sampling, logits)
+            sampled = self.sampler(logits, sampling, self.eos_token_ids)
+        except Exception as exc:  # the step's KV is written and cached: only its requests end
+            raise self._fail_step(scheduled, exc) from exc
         progressed: dict[str, Request] = {}
         for seq, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
             if seq.logprobs is not None and logprob is not None:
@@ -245,10 +267,32 @@ class LLMEngine:
             self.abort_request(request_id)
         return StepFailure(request_ids, cause)
 
+    def _fork_samples(self, sampling: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Samples of n > 1 requests whose prompt a sibling computed in this step join `sampling`
+        (forked by the scheduler), each with a copy of that sibling's logits row."""
+        rows = list(range(len(sampling)))
+        for row, seq in enumerate(list(sampling)):
+            if seq.params.n > 1 and seq.num_output_tokens == 0:
+                for sibling in self.scheduler.fork(seq):
+                    sampling.append(sibling)
+                    rows.append(row)
+        if len(rows) == len(logits):
+            return logits
+        self.runner.copy_blocks(self.scheduler.take_copies())  # before the parents write those blocks
+        return logits[rows]
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached prefix no running request uses (benchmarks' cold starts); returns
+        the blocks freed (0 without a prefix cache)."""
+        return self.prefix_cache.reset() if self.prefix_cache is not None else 0
+
     def stats(self) -> EngineStats:
         return EngineStats(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                            num_kv_blocks=self.block_manager.num_blocks,
                            num_kv_blocks_used=self.block_manager.num_used_blocks,
                            prompt_tokens_total=self._prompt_tokens, generation_tokens_total=self._generation_tokens,
                            num_preemptions=self.scheduler.num_preemptions,
-                           num_requests_finished=self._finished)  # fmt: skip
+                           num_requests_finished=self._finished, prefix_caching=self.prefix_cache is not None,
+                           num_kv_blocks_cached=self.block_manager.num_evictable_blocks,
+                           prefix_cache_query_tokens=self.scheduler.prefix_query_tokens,
+                           prefix_cache_hit_tokens=self.scheduler.prefix_hit_tokens)  # fmt: skip

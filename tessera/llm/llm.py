@@ -42,6 +42,8 @@ class LLM:
     (see tessera.llm.decode_graphs).  seed: the seed of unseeded requests' sampling.
     compile_model: compile the model with torch.compile(backend=tessera), unless enforce_eager (default
     off: on the CPU eager torch is faster for now, and the CUDA path is not measured yet).
+    enable_prefix_caching: keep finished requests' KV in a radix tree and reuse the longest cached
+    prefix of every new prompt (RequestOutput.num_cached_tokens says how much); False: recompute all.
     """
 
     def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,
@@ -49,19 +51,23 @@ class LLM:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, compile_model: bool | None = None) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True) -> None:  # fmt: skip
         self.engine = LLMEngine(model, tokenizer=tokenizer, dtype=dtype, quantization=quantization, device=device,
                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed,
-                                compile_model=compile_model)  # fmt: skip
+                                compile_model=compile_model, enable_prefix_caching=enable_prefix_caching)  # fmt: skip
         self._ids = itertools.count()
 
     @property
     def device(self) -> torch.device:
         """The device the model and its KV cache live on."""
         return self.engine.runner.device
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix that no running request uses; returns the KV blocks freed."""
+        return self.engine.reset_prefix_cache()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
@@ -75,7 +81,9 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.engine.default_sampling_params()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
         if len(params) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = []

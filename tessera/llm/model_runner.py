@@ -17,6 +17,7 @@ import logging
 
 import torch
 
+from tessera.eager.paged_attention import copy_blocks
 from tessera.frontend.torch import backend as tessera_backend
 from tessera.llm.attention import PagedStep, register_kv_caches, release_kv_caches
 from tessera.llm.decode_graphs import DecodeGraphs
@@ -127,6 +128,16 @@ class ModelRunner:
 
     def _int_tensor(self, values: object) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int32, device=self.device)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer's keys and values, for each (src, dst) pair
+        (the prefix cache's copy on write of a partial block; before the step that writes dst)."""
+        if not pairs:
+            return
+        src = self._int_tensor(s for s, _ in pairs)
+        dst = self._int_tensor(d for _, d in pairs)
+        for key_cache, value_cache in self.kv_caches:
+            copy_blocks(key_cache, value_cache, src, dst)
 
     def execute(self, scheduled: list[ScheduledSequence]) -> torch.Tensor:
         """Run the step; the logits [num_sampling, vocab] of the sequences that sample, in order."""

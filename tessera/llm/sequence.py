@@ -39,6 +39,9 @@ class Sequence:
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.cache_node: Any = None  # the prefix-cache node this sequence locks (prefix_cache.py), or None
+        self.num_cached_tokens: int | None = None  # prompt tokens the cache held at first admission
+        self.waiting_since = 0  # the scheduler step it (re)entered the waiting queue
         self.status = SequenceStatus.WAITING
         self.generator = generator  # None: the engine's shared generator (unseeded request)
         self.detokenizer = detokenizer  # tokenizer.IncrementalDetokenizer, or None without a tokenizer
@@ -94,6 +97,7 @@ class Request:
     params: SamplingParams
     arrival: int
     seqs: list[Sequence] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens of its first sample that came from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -102,4 +106,5 @@ class Request:
     def output(self) -> RequestOutput:
         return RequestOutput(request_id=self.request_id, prompt=self.prompt,
                              prompt_token_ids=list(self.prompt_token_ids),
-                             outputs=[s.completion() for s in self.seqs], finished=self.finished)  # fmt: skip
+                             outputs=[s.completion() for s in self.seqs], finished=self.finished,
+                             num_cached_tokens=self.num_cached_tokens)  # fmt: skip

@@ -21,7 +21,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"tessera serve: {exc}", file=sys.stderr)
         return 1
     options = {"device": args.device, "dtype": args.dtype, "quantization": args.quantization,
-               "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
+               "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+               "enable_prefix_caching": not getattr(args, "no_prefix_cache", False)}  # fmt: skip
     try:
         llm = LLM(args.model_dir, **{k: v for k, v in options.items() if v is not None})
     except (TesseraError, ValueError, OSError) as exc:  # a wrong path or option: a message, not a traceback

@@ -35,6 +35,7 @@ from tessera.llm.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     Delta,
+    PromptTokensDetails,
     TopLogprob,
     Usage,
     error_body,
@@ -115,7 +116,9 @@ class Serving:
 
     def _render_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         try:
-            text = self._encoder.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            text = self._encoder.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
         except Exception as exc:  # the template's own checks (roles must alternate, ...) raise
             raise RequestError(f"the chat template refused the messages: {exc}") from exc
         # The template writes the special tokens it wants (BOS included), so add none.
@@ -164,7 +167,9 @@ class Serving:
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
-                streams.append(self.engine.submit(request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt, params))
+                streams.append(
+                    self.engine.submit(request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt, params)
+                )
         except BaseException:
             abort_all(streams)
             raise
@@ -310,7 +315,9 @@ def new_request_id(prefix: str) -> str:
 def usage(finals: list[RequestOutput]) -> Usage:
     prompt = sum(len(out.prompt_token_ids) for out in finals)
     completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    cached = sum(out.num_cached_tokens for out in finals)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))  # fmt: skip
 
 
 def _news(c: CompletionOutput, chars_sent: int, tokens_sent: int, end_sent: bool) -> bool:
