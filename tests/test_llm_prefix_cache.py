@@ -316,5 +316,5 @@ def test_metrics_usage_and_the_no_prefix_cache_flag(model, monkeypatch):
 
     monkeypatch.setattr(server_main, "LLM", fake_llm)
     args = argparse.Namespace(model_dir="dir", device="cpu", dtype=None, quantization=None, max_model_len=None,
-                              max_num_seqs=None, no_prefix_cache=True)  # fmt: skip
+                              max_num_seqs=None, no_prefix_cache=True, api_key=None)  # fmt: skip
     assert real_serve(args) == 1 and seen["options"]["enable_prefix_caching"] is False
