@@ -41,6 +41,11 @@ class LLM:
     enforce_eager: run the model eagerly (no compilation).  seed: the seed of unseeded requests' sampling.
     compile_model: compile the model with torch.compile(backend=tessera), unless enforce_eager (default
     off: on the CPU eager torch is faster for now, and the CUDA path is not measured yet).
+    tensor_parallel_size: shard the model Megatron-style over this many processes, one per GPU
+    (cuda:0..N-1 from `device`'s index; NCCL) or on the CPU (gloo); this process is rank 0 and
+    schedules.  It needs a model directory whose heads and MLP divide by N (KV heads are replicated
+    when there are fewer than N); `close()` stops the workers (so do garbage collection and exit).
+    A worker's failure raises `TensorParallelError` here, and the LLM cannot be used after it.
     """
 
     def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,
@@ -48,19 +53,23 @@ class LLM:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, compile_model: bool | None = None) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None, tensor_parallel_size: int = 1) -> None:  # fmt: skip
         self.engine = LLMEngine(model, tokenizer=tokenizer, dtype=dtype, quantization=quantization, device=device,
                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed,
-                                compile_model=compile_model)  # fmt: skip
+                                compile_model=compile_model, tensor_parallel_size=tensor_parallel_size)  # fmt: skip
         self._ids = itertools.count()
 
     @property
     def device(self) -> torch.device:
         """The device the model and its KV cache live on."""
         return self.engine.runner.device
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any; the LLM cannot generate afterwards then."""
+        self.engine.close()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
