@@ -238,7 +238,9 @@ class TensorParallelGroup:
                 while not conn.poll(0.2):
                     self._check_alive("loading the model")
                     if time.monotonic() > deadline:
-                        raise TensorParallelError(f"tensor-parallel worker {rank} was not ready in {self.timeout_s:.0f} s")
+                        raise TensorParallelError(
+                            f"tensor-parallel worker {rank} was not ready in {self.timeout_s:.0f} s"
+                        )
                 message = conn.recv()
                 if message[0] != "ready":
                     raise TensorParallelError(f"tensor-parallel worker {rank} failed while loading:\n{message[1]}")

@@ -93,7 +93,9 @@ class VocabParallelEmbedding(torch.nn.Module):
         out = F.embedding(torch.where(mine, local, 0), self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
         out = self.comm.all_reduce(out.contiguous())
         if self.embed_scale is not None:
-            out = out * (self.embed_scale.to(out.dtype) if isinstance(self.embed_scale, torch.Tensor) else self.embed_scale)
+            out = out * (
+                self.embed_scale.to(out.dtype) if isinstance(self.embed_scale, torch.Tensor) else self.embed_scale
+            )
         return out
 
 
@@ -250,7 +252,9 @@ def _shard_vocabulary(model: transformers.PreTrainedModel, comm: Communicator) -
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
     if not isinstance(embedding, torch.nn.Embedding):
-        raise UnsupportedError(f"tensor parallelism shards an nn.Embedding; this model's is a {type(embedding).__name__}")
+        raise UnsupportedError(
+            f"tensor parallelism shards an nn.Embedding; this model's is a {type(embedding).__name__}"
+        )
     vocab = embedding.weight.shape[0]
     rows = -(-vocab // comm.world_size)
     start = comm.rank * rows
