@@ -88,6 +88,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_layers_match_unsharded():
     """Two spawned gloo ranks: row/column-parallel linears, the vocabulary-parallel embedding and
     LM head, and whole sharded decoders of every family equal the unsharded ones."""
