@@ -19,6 +19,7 @@ import torch.distributed as dist
 import transformers
 from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir
 
+from tessera.cli import main
 from tessera.llm import LLM, SamplingParams
 from tessera.llm.parallel.group import TensorParallelError, make_process_group
 from tessera.llm.parallel.layers import (
@@ -218,3 +219,11 @@ def test_tensor_parallel_killed_worker_and_close(model_dirs):
     del llm
     gc.collect()
     assert all(p.wait(15) == 0 for p in procs)
+
+
+def test_serve_tensor_parallel_size_reaches_the_engine(model_dirs, capsys):
+    """`tessera serve --tensor-parallel-size N` passes N to the engine: a size the model cannot take is refused."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    assert main(["serve", str(model_dirs("llama")), "--device", "cpu", "--tensor-parallel-size", "3"]) == 1
+    assert "tensor_parallel_size=3 does not fit this model" in capsys.readouterr().err

@@ -26,6 +26,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 # How long a collective, the rendezvous, or a worker's start (loading included) may take.
 TIMEOUT_S = 600.0
 # How long rank 0 waits for a failed worker's message before reporting without it.
-FAILURE_GRACE_S = 10.0
+FAILURE_GRACE_S = 5.0
 
 
 class TensorParallelError(TesseraError, RuntimeError):
@@ -98,7 +99,21 @@ class _Workers:
         self.conns: dict[int, Connection] = {}
         self.closed = False
 
-    def stop(self) -> None:
+    def watch(self, group: dist.ProcessGroup) -> None:
+        """Abort `group` when a worker dies unannounced: a collective rank 0 waits in then fails at
+        once (gloo notices a closed peer by itself; NCCL would wait for its timeout)."""
+        while not self.closed:
+            if any(proc.poll() is not None for proc in self.procs):
+                if not self.closed:
+                    try:
+                        group.abort()
+                    except Exception:  # noqa: BLE001  (a backend without abort: its timeout still ends the wait)
+                        pass
+                return
+            time.sleep(0.5)
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """Tell the workers to stop; kill those still running after `wait_s` (0: blocked ones, after a failure)."""
         if self.closed:
             return
         self.closed = True
@@ -107,7 +122,7 @@ class _Workers:
                 conn.send(("stop",))
             except OSError:
                 pass
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + wait_s
         for proc in self.procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
@@ -179,6 +194,9 @@ class TensorParallelGroup:
                                  quantization))  # fmt: skip
         self.comm = Communicator(make_process_group(self._store, 0, self.world_size, self.backend, self.timeout_s),
                                  0, self.world_size)  # fmt: skip
+        if self.backend == "nccl":
+            threading.Thread(target=self._workers.watch, args=(self.comm.group,), daemon=True,
+                             name="tessera-tp-watch").start()  # fmt: skip
 
     def _accept(self, server: socket.socket, key: bytes) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -211,12 +229,18 @@ class TensorParallelGroup:
                                           f"while {doing}" + (f":\n{message}" if message else ""))  # fmt: skip
 
     def _worker_message(self, rank: int, wait_s: float) -> str | None:
+        """The traceback worker `rank` sent, waiting up to `wait_s` while it still runs."""
         conn = self._workers.conns.get(rank)
+        proc = self._workers.procs[rank - 1]
+        deadline = time.monotonic() + wait_s
         try:
-            while conn is not None and conn.poll(wait_s):
-                message = conn.recv()
-                if message[0] == "error":
-                    return message[1]
+            while conn is not None:
+                if conn.poll(min(0.1, wait_s)):
+                    message = conn.recv()
+                    if message[0] == "error":
+                        return message[1]
+                elif proc.poll() is not None or time.monotonic() >= deadline:
+                    return None
         except (OSError, EOFError):
             pass
         return None
@@ -265,13 +289,16 @@ class TensorParallelGroup:
         """Stop the group after `exc` in a step; the error to raise (with the workers' messages)."""
         if self.error is not None:
             return self.error
-        deadline = time.monotonic() + FAILURE_GRACE_S
+        # An interrupt of rank 0 leaves the workers blocked: nothing to wait for.
+        grace = FAILURE_GRACE_S if isinstance(exc, Exception) else 0.0
+        deadline = time.monotonic() + grace
         messages = []
         for rank in self._workers.conns:
             message = self._worker_message(rank, max(0.0, deadline - time.monotonic()))
             if message is not None:
                 messages.append(f"tensor-parallel worker {rank} failed:\n{message}")
-        self.close()
+        self._finalizer.detach()
+        self._workers.stop(wait_s=0.0)  # the others are blocked in a collective that cannot finish
         detail = "\n".join(messages) or f"rank 0: {type(exc).__name__}: {exc}"
         self.error = TensorParallelError(f"the tensor-parallel group stopped; create a new engine. {detail}")
         return self.error
@@ -293,5 +320,8 @@ class TensorParallelRunner(ModelRunner):
         self.group.broadcast(("step", batch))
         try:
             return self.run(batch)
-        except Exception as exc:
-            raise self.group.fail(exc) from exc
+        except BaseException as exc:  # an interrupt too: the workers are out of step from here on
+            error = self.group.fail(exc)
+            if isinstance(exc, Exception):
+                raise error from exc
+            raise
