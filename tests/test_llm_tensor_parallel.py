@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import socket
+import subprocess
+import sys
+import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,3 +232,32 @@ def test_serve_tensor_parallel_size_reaches_the_engine(model_dirs, capsys):
     pytest.importorskip("uvicorn")
     assert main(["serve", str(model_dirs("llama")), "--device", "cpu", "--tensor-parallel-size", "3"]) == 1
     assert "tensor_parallel_size=3 does not fit this model" in capsys.readouterr().err
+
+
+def _exited(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie no one has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_tensor_parallel_workers_exit_with_a_killed_parent(model_dirs):
+    """Rank 0 killed (SIGKILL, no cleanup at all): its worker notices and exits by itself."""
+    script = (
+        "import os, signal, sys\n"
+        "from tessera.llm import LLM\n"
+        f"llm = LLM({str(model_dirs('llama'))!r}, tensor_parallel_size=2, **{ENGINE!r})\n"
+        "print(llm.engine.parallel._workers.procs[0].pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _exited(pid), f"worker {pid} outlived its parent"

@@ -39,6 +39,8 @@ def serve(conn: Connection) -> None:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # the ranks share the CPU: a worker's intra-op threads get its share of the cores, not all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
     store = dist.TCPStore("127.0.0.1", spec.store_port, spec.world_size, is_master=False)
     comm = Communicator(make_process_group(store, spec.rank, spec.world_size, spec.backend, spec.timeout_s),
                         spec.rank, spec.world_size)  # fmt: skip
