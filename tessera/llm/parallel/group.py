@@ -31,6 +31,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
@@ -214,11 +215,12 @@ class TensorParallelGroup:
                 deliver_challenge(conn, key)
                 answer_challenge(conn, key)
                 rank = conn.recv()
-            except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:  # not one of ours
+            except (OSError, EOFError, AuthenticationError):  # not one of ours (or gone): wait for the others
                 conn.close()
-                if isinstance(exc, OSError | EOFError):
-                    continue
-                raise
+                continue
+            if not isinstance(rank, int) or not 0 < rank < self.world_size or rank in self._workers.conns:
+                conn.close()
+                raise TensorParallelError(f"a tensor-parallel worker announced itself as rank {rank!r}")
             self._workers.conns[rank] = conn
 
     def _check_alive(self, doing: str) -> None:
