@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--quantization", help="low-bit weights of a float checkpoint: TYPE[:gN|:channel], e.g. int4 or int3:g64 (a GPTQ/AWQ/compressed-tensors directory needs none)")
     serve.add_argument("--max-model-len", type=int, help="context length (prompt and output tokens)")
     serve.add_argument("--max-num-seqs", type=int, help="sequences batched together at most")
-    serve.add_argument("--tensor-parallel-size", type=int, help="shard the model over N GPUs (or CPU processes), one process each")
+    serve.add_argument(
+        "--tensor-parallel-size", type=int, help="shard the model over N GPUs (or CPU processes), one process each"
+    )
     serve.add_argument("--max-queue", type=int, default=256, help="requests in flight beyond which new ones get 503")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1")
     serve.add_argument("--served-model-name", help="the name clients pass as model (default: the model's)")
