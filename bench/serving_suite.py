@@ -5,6 +5,11 @@
                          [--rates 2,8,32] [--online-n 64] [--out DIR]
     python3 bench/serving_suite.py --tiny --device cpu      (a CPU smoke run of the same code, ~1 min)
 
+Tensor parallelism (issue 43): `--shape llama-3-8b --tensor-parallel-size N` runs the engine over
+GPUs 0..N-1, eagerly; the rows carry `tensor_parallel_size` and, for N > 1, `allreduce_bus_gbs` (an
+fp16 all-reduce of 1 GiB through NCCL, nccl-tests' bus bandwidth); the roofline is per GPU (rank
+0's shard); `startup` stays TP 1.
+
 A whole default run may outlast one 10-minute device command; split it by parts (rows append):
 `--parts offline,batch1` (the peers run here), then `--parts online,startup --peers ""`, then
 `--parts prefix --weights fp16 --prefix-workloads shared-prefix` (and each other workload).
@@ -229,7 +234,8 @@ def engine_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, la
     parts, rows = set(args.parts.split(",")), []
     dtype = getattr(torch, args.dtype)
     llm = LLM(str(model_dir), device=args.device, dtype=dtype, quantization=quant, compile_model=args.compile_model,
-              gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
     runner = llm.engine.runner
     costs = sw.model_costs(llm)
     label = {**label, "weight_gib": costs[0] / 2**30}
@@ -353,6 +359,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--compile", choices=["auto", "on", "off"], default="auto", help="auto: on for CUDA, off on the CPU"
     )
     ap.add_argument("--tiny", action="store_true", help="a tiny Llama and small workloads (smoke runs)")
+    ap.add_argument("--shape", choices=["llama-3.2-1b", "llama-3-8b"], default="llama-3.2-1b", help="the model's shape")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the engine over N GPUs (eager)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(BENCH / "results"))
     args = ap.parse_args(argv)
@@ -364,17 +372,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             min(args.online_n, 6),
         )
         args.rates, args.batch1 = ("50,inf" if args.rates == "2,8,32" else args.rates), "8,16"
-    args.compile_model = args.compile == "on" or (args.compile == "auto" and args.device == "cuda")
+    tp = args.tensor_parallel_size
+    # The tensor-parallel engine runs eagerly (compile_model is refused with it).
+    args.compile_model = tp == 1 and (args.compile == "on" or (args.compile == "auto" and args.device == "cuda"))
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     args.dtype = str(dtype).removeprefix("torch.")
     parts, b1_prompt_len, b1_new = set(args.parts.split(",")), *map(int, args.batch1.split(","))
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     env = {"gpu": gpu, "date": time.strftime("%Y-%m-%d"), "commit": current_commit(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__, "compiled": args.compile_model,
-           "model": "tiny-llama" if args.tiny else "llama-3.2-1b-shape"}  # fmt: skip
+           "model": "tiny-llama" if args.tiny else f"{args.shape}-shape", "tensor_parallel_size": tp}  # fmt: skip
+    if tp > 1 and args.device == "cuda":  # beside the engine's figures: what its all-reduces can move
+        env["allreduce_bus_gbs"] = sw.allreduce_bus_bandwidth(tp) / 1e9
     every: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = sw.build_model_dir(sw.TINY if args.tiny else sw.LLAMA_1B, dtype, Path(tmp) / "model")
+        shape = sw.TINY if args.tiny else {"llama-3.2-1b": sw.LLAMA_1B, "llama-3-8b": sw.LLAMA_8B}[args.shape]
+        model_dir = sw.build_model_dir(shape, dtype, Path(tmp) / "model")
         vocab = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
         env["copy_gbs"] = (bandwidth := sw.copy_bandwidth(args.device)) / 1e9
         env["gemm_tflops"] = (peak := sw.gemm_peak(args.device, dtype)) / 1e12

@@ -25,6 +25,10 @@ from tessera.llm.server.async_engine import AsyncLLMEngine
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096,
                 rope_theta=500000.0)  # fmt: skip
+# Llama-3-8B's shape: the tensor-parallel runs (TP 1, 2, 4).
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=8192,
+                rope_theta=500000.0)  # fmt: skip
 # K = 256 and 512 so that the CPU int4 kernels (groups dividing 256) take every linear layer.
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, tie_word_embeddings=True, max_position_embeddings=2048)  # fmt: skip
@@ -130,7 +134,7 @@ def gemm_peak(device: str, dtype: torch.dtype) -> float:
 
 def model_costs(llm: LLM) -> tuple[int, int, int]:
     """(weight bytes one step reads, KV bytes per cached position, matmul FLOPs per token) of the
-    engine's live model.  Bytes are those of its unique parameter and buffer storages and of its
+    engine's live model: per GPU when tensor-parallel (rank 0's shard, KV heads and FLOPs).  Bytes are those of its unique parameter and buffer storages and of its
     quantized weights' codes, scales and zeros (int4 packs and scales as stored; the tied embedding counted once, as the LM head that reads all of it).
     FLOPs are the linear layers' and the head's; attention's are left out (<= 5% for the 1B shape
     at <= 2k positions), so the bound errs towards fewer seconds."""
@@ -148,8 +152,48 @@ def model_costs(llm: LLM) -> tuple[int, int, int]:
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or h // config.num_attention_heads)
     dense = layers * (h * (h + 2 * kv) + h * h + 3 * h * inter) + config.vocab_size * h
-    kv_bytes = layers * 2 * kv * torch.finfo(llm.engine.runner.dtype).bits // 8
-    return sum(seen.values()), kv_bytes, 2 * dense
+    runner = llm.engine.runner
+    tp = llm.engine.parallel.world_size if llm.engine.parallel is not None else 1
+    kv_bytes = layers * 2 * runner.num_kv_heads * runner.head_dim * torch.finfo(runner.dtype).bits // 8
+    return sum(seen.values()), kv_bytes, 2 * dense // tp
+
+
+def _allreduce_rank(rank: int, world_size: int, port: int, nbytes: int, out: Any) -> None:
+    """One rank of allreduce_bus_bandwidth: NCCL, one GPU a process."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timedelta(seconds=120))
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size)
+    x = torch.ones(nbytes // 2, dtype=torch.float16, device="cuda")
+    seconds = _median_time(lambda: dist.all_reduce(x), "cuda")
+    if rank == 0:
+        out.put(2 * (world_size - 1) / world_size * nbytes / seconds)  # nccl-tests' bus bandwidth
+    dist.destroy_process_group()
+
+
+def allreduce_bus_bandwidth(world_size: int, nbytes: int = 1 << 30) -> float:
+    """Bus bandwidth (bytes/s) of an fp16 all-reduce of `nbytes` over GPUs 0..world_size-1 through
+    torch.distributed and NCCL, as nccl-tests reports it: 2 (n - 1) / n * bytes / time."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_allreduce_rank, args=(r, world_size, port, nbytes, out)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        return out.get(timeout=300)
+    finally:
+        for p in procs:
+            p.join(60)
 
 
 def _nbytes(x: Any) -> int:

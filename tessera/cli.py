@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-num-seqs", type=int, help="sequences batched together at most")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="recompute every prompt in full (no KV reuse between requests; for ablations)")  # fmt: skip
+    serve.add_argument(
+        "--tensor-parallel-size", type=int, help="shard the model over N GPUs (or CPU processes), one process each"
+    )
     serve.add_argument("--max-queue", type=int, default=256, help="requests in flight beyond which new ones get 503")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: $TESSERA_API_KEY)")
     serve.add_argument("--served-model-name", help="the name clients pass as model (default: the model's)")

@@ -23,6 +23,7 @@ from tessera.llm.block_manager import BlockManager
 from tessera.llm.loader import load_model
 from tessera.llm.model_runner import ModelRunner
 from tessera.llm.outputs import RequestOutput
+from tessera.llm.parallel.group import TensorParallelError, TensorParallelGroup
 from tessera.llm.prefix_cache import PrefixCache
 from tessera.llm.sampler import Sampler
 from tessera.llm.sampling_params import SamplingParams
@@ -90,18 +91,27 @@ class LLMEngine:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True,
+                 tensor_parallel_size: int = 1) -> None:  # fmt: skip
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         sizes = {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "block_size": block_size,
-                 "max_num_batched_tokens": max_num_batched_tokens, "num_kv_blocks": num_kv_blocks}  # fmt: skip
+                 "max_num_batched_tokens": max_num_batched_tokens, "num_kv_blocks": num_kv_blocks,
+                 "tensor_parallel_size": tensor_parallel_size}  # fmt: skip
         for name, value in sizes.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
-        loaded = load_model(model, tokenizer, dtype, device, quantization)
+        # tensor_parallel_size=1: no group and no worker, the single-process path.  Otherwise the
+        # group's finalizer stops its workers if anything below raises.
+        self.parallel: TensorParallelGroup | None = None
+        if tensor_parallel_size > 1:
+            self.parallel = TensorParallelGroup(model, tensor_parallel_size, device, dtype, quantization,
+                                                _compiles(enforce_eager, compile_model))  # fmt: skip
+        shard = self.parallel.shard if self.parallel is not None else None
+        loaded = load_model(model, tokenizer, dtype, device, quantization, shard=shard)
         self.tokenizer = loaded.tokenizer
         self.model_name: str = loaded.name
         self.eos_token_ids = loaded.eos_token_ids
@@ -112,11 +122,15 @@ class LLMEngine:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
         self.max_model_len: int = max_model_len or limit or 2048
         batched = max_num_batched_tokens or DEFAULT_BATCHED_TOKENS.get(device.type, 2048)
-        self.runner = ModelRunner(loaded, device=device, block_size=block_size, max_model_len=self.max_model_len,
-                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
-                                  num_kv_blocks=num_kv_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                                  compile_model=_compiles(enforce_eager, compile_model),
-                                  decode_graphs=device.type == "cuda" and not enforce_eager)  # fmt: skip
+        runner_args = dict(device=device, block_size=block_size, max_model_len=self.max_model_len,
+                           max_num_seqs=max_num_seqs, max_num_batched_tokens=batched, num_kv_blocks=num_kv_blocks,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           compile_model=_compiles(enforce_eager, compile_model))  # fmt: skip
+        if self.parallel is None:
+            # Decode steps replay CUDA graphs (not yet across tensor-parallel workers).
+            self.runner = ModelRunner(loaded, **runner_args, decode_graphs=device.type == "cuda" and not enforce_eager)
+        else:
+            self.runner = self.parallel.start_runner(loaded, **runner_args)
         if self.runner.num_kv_blocks * block_size < self.max_model_len:
             raise ValueError(f"the KV cache holds {self.runner.num_kv_blocks} blocks x {block_size} tokens = "
                              f"{self.runner.num_kv_blocks * block_size} tokens, less than one sequence of "
@@ -134,6 +148,11 @@ class LLMEngine:
         # Per-step (tokens computed, KV positions read) for rooflines (bench/serving_suite.py);
         # None until enable_step_log, so serving pays one `is None` test per step.
         self.step_log: deque[tuple[int, int]] | None = None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is collected, or at exit)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     def enable_step_log(self, maxlen: int = 1 << 20) -> deque[tuple[int, int]]:
         """Record every later step as (tokens computed, KV positions read) in a fresh deque of the
@@ -223,6 +242,8 @@ class LLMEngine:
         try:  # nothing below changes a sequence until the forward is done
             self.runner.copy_blocks(self.scheduler.take_copies())
             logits = self.runner.execute(scheduled)
+        except TensorParallelError:
+            raise  # the worker group is gone: no later step can run either
         except Exception as exc:
             raise self._fail_step(scheduled, exc) from exc
         for entry in scheduled:

@@ -44,6 +44,11 @@ class LLM:
     off: on the CPU eager torch is faster for now, and the CUDA path is not measured yet).
     enable_prefix_caching: keep finished requests' KV in a radix tree and reuse the longest cached
     prefix of every new prompt (RequestOutput.num_cached_tokens says how much); False: recompute all.
+    tensor_parallel_size: shard the model Megatron-style over this many processes, one per GPU
+    (cuda:0..N-1 from `device`'s index; NCCL) or on the CPU (gloo); this process is rank 0 and
+    schedules.  It needs a model directory whose heads and MLP divide by N (KV heads are replicated
+    when there are fewer than N); `close()` stops the workers (so do garbage collection and exit).
+    A worker's failure raises `TensorParallelError` here, and the LLM cannot be used after it.
     """
 
     def __init__(self, model: str | Path | transformers.PreTrainedModel, *, tokenizer: Any = None,
@@ -51,13 +56,15 @@ class LLM:
                  device: str | torch.device | None = None, max_num_seqs: int = 256, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = 16, num_kv_blocks: int | None = None, enforce_eager: bool = False,
-                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True) -> None:  # fmt: skip
+                 seed: int = 0, compile_model: bool | None = None, enable_prefix_caching: bool = True,
+                 tensor_parallel_size: int = 1) -> None:  # fmt: skip
         self.engine = LLMEngine(model, tokenizer=tokenizer, dtype=dtype, quantization=quantization, device=device,
                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, enforce_eager=enforce_eager, seed=seed,
-                                compile_model=compile_model, enable_prefix_caching=enable_prefix_caching)  # fmt: skip
+                                compile_model=compile_model, enable_prefix_caching=enable_prefix_caching,
+                                tensor_parallel_size=tensor_parallel_size)  # fmt: skip
         self._ids = itertools.count()
 
     @property
@@ -68,6 +75,10 @@ class LLM:
     def reset_prefix_cache(self) -> int:
         """Drop every cached prefix that no running request uses; returns the KV blocks freed."""
         return self.engine.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any; the LLM cannot generate afterwards then."""
+        self.engine.close()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -11,6 +11,7 @@ model's linears to a tessera weight type (tessera.llm.checkpoint says which valu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: 
 
 
 def load_model(model: str | Path | transformers.PreTrainedModel, tokenizer: Any = None, dtype: str | torch.dtype = "auto",
-               device: torch.device | None = None, quantization: str | None = None) -> LoadedModel:  # fmt: skip
-    """The model on `device` in its dtype with paged attention, its tokenizer and its EOS ids."""
+               device: torch.device | None = None, quantization: str | None = None,
+               shard: Callable[[transformers.PreTrainedModel], object] | None = None) -> LoadedModel:  # fmt: skip
+    """The model on `device` in its dtype with paged attention, its tokenizer and its EOS ids.
+
+    shard: called on the model while it is still on the CPU (tensor parallelism keeps only its
+    shard), before it moves to `device` and before quantization rounds its linears."""
     device = device or torch.device("cpu")
     if isinstance(model, str | Path):
         path = Path(model)
@@ -93,6 +98,8 @@ def load_model(model: str | Path | transformers.PreTrainedModel, tokenizer: Any 
         _check_cpu_dtype(quantization, device, torch_dtype)
     else:
         raise TypeError(f"model must be a model directory or a transformers PreTrainedModel, got {type(model).__name__}")
+    if shard is not None:
+        shard(loaded)
     loaded = loaded.to(device=device, dtype=torch_dtype).eval()
     if weight is not None:
         quantize(loaded, weight=weight[0], group_size=weight[1], skip=("lm_head",), inplace=True)

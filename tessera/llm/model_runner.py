@@ -14,14 +14,17 @@ With `decode_graphs`, steps that only decode replay CUDA graphs over static inpu
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from tessera.eager.paged_attention import copy_blocks
 from tessera.frontend.torch import backend as tessera_backend
 from tessera.llm.attention import PagedStep, register_kv_caches, release_kv_caches
 from tessera.llm.decode_graphs import DecodeGraphs
 from tessera.llm.loader import LoadedModel
+from tessera.llm.parallel.layers import Communicator
 from tessera.llm.scheduler import ScheduledSequence
 
 log = logging.getLogger("tessera")
@@ -31,19 +34,37 @@ log = logging.getLogger("tessera")
 CPU_KV_CACHE_BYTES = 4 << 30
 
 
+@dataclass
+class StepBatch:
+    """One step packed into plain lists (what tensor-parallel rank 0 sends its workers)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    tables: list[list[int]]
+    seq_lens: list[int]
+    query_start_loc: list[int]
+    logits_rows: list[int]
+    num_rows: int
+
+
 class ModelRunner:
-    """The model, its paged KV cache, and the packing of a step into one forward call."""
+    """The model, its paged KV cache, and the packing of a step into one forward call.
+
+    comm, num_kv_heads: for a tensor-parallel rank, its group and the KV heads it keeps (the pool's
+    size is then the smallest over the ranks)."""
 
     def __init__(self, loaded: LoadedModel, *, device: torch.device, block_size: int, max_model_len: int,
                  max_num_seqs: int, max_num_batched_tokens: int, num_kv_blocks: int | None = None,
                  gpu_memory_utilization: float = 0.9, compile_model: bool = False,
+                 comm: Communicator | None = None, num_kv_heads: int | None = None,
                  decode_graphs: bool = False) -> None:  # fmt: skip
         self.model = loaded.model
         self.device = device
         self.block_size = block_size
         config = self.model.config.get_text_config()
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.num_kv_heads = num_kv_heads or getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.vocab_size = config.vocab_size
         self.dtype = self.model.dtype
@@ -53,6 +74,9 @@ class ModelRunner:
         if num_kv_blocks is None:
             num_kv_blocks = self._blocks_that_fit(max_model_len, max_num_seqs, max_num_batched_tokens,
                                                   gpu_memory_utilization)  # fmt: skip
+        if comm is not None:  # every rank's pool must hold the blocks rank 0 hands out
+            fewest = torch.tensor([num_kv_blocks], dtype=torch.int64, device=device)
+            num_kv_blocks = int(comm.all_reduce(fewest, dist.ReduceOp.MIN).item())
         self.num_kv_blocks = num_kv_blocks
         self.kv_caches = self._allocate_cache(num_kv_blocks)
         self.cache_handle = register_kv_caches(self, self.kv_caches)
@@ -145,6 +169,10 @@ class ModelRunner:
         if graphs is not None and len(scheduled) <= graphs.max_batch and all(e.num_tokens == 1 and e.samples
                                                                             for e in scheduled):  # fmt: skip
             return self._execute_decode(graphs, scheduled)
+        return self.run(self.pack(scheduled))
+
+    def pack(self, scheduled: list[ScheduledSequence]) -> StepBatch:
+        """The step's tokens, positions, cache slots and metadata, padded when compiled."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -179,16 +207,20 @@ class ModelRunner:
             seq_lens += [0] * (len(tables) - len(seq_lens))
             query_start_loc += [query_start_loc[-1]] * (len(tables) + 1 - len(query_start_loc))
             logits_rows += [0] * (len(tables) - num_rows)  # as many as sequences: one size fewer to vary
-        step = PagedStep(self.cache_handle, self._int_tensor(slots),
-                         torch.tensor(tables, dtype=torch.int32, device=self.device),
-                         self._int_tensor(seq_lens), self._int_tensor(query_start_loc))  # fmt: skip
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)
-        keep = torch.tensor(logits_rows or [0], dtype=torch.long, device=self.device)
+        return StepBatch(input_ids, positions, slots, tables, seq_lens, query_start_loc, logits_rows, num_rows)
+
+    def run(self, b: StepBatch) -> torch.Tensor:
+        """The forward of a packed step; the logits of its sampling rows."""
+        step = PagedStep(self.cache_handle, self._int_tensor(b.slots),
+                         torch.tensor(b.tables, dtype=torch.int32, device=self.device),
+                         self._int_tensor(b.seq_lens), self._int_tensor(b.query_start_loc))  # fmt: skip
+        ids = torch.tensor([b.input_ids], dtype=torch.long, device=self.device)
+        position_ids = torch.tensor([b.positions], dtype=torch.long, device=self.device)
+        keep = torch.tensor(b.logits_rows or [0], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             out = self.forward(input_ids=ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep,
                                tessera_step=step)  # fmt: skip
-        return out.logits[0, :num_rows]
+        return out.logits[0, : b.num_rows]
 
     def _execute_decode(self, graphs: DecodeGraphs, scheduled: list[ScheduledSequence]) -> torch.Tensor:
         """A step where every sequence computes its one newest token, through the decode graphs."""

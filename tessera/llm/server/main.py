@@ -22,7 +22,8 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     options = {"device": args.device, "dtype": args.dtype, "quantization": args.quantization,
                "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-               "enable_prefix_caching": not getattr(args, "no_prefix_cache", False)}  # fmt: skip
+               "enable_prefix_caching": not getattr(args, "no_prefix_cache", False),
+               "tensor_parallel_size": getattr(args, "tensor_parallel_size", None)}  # fmt: skip
     try:
         llm = LLM(args.model_dir, **{k: v for k, v in options.items() if v is not None})
     except (TesseraError, ValueError, OSError) as exc:  # a wrong path or option: a message, not a traceback
@@ -35,5 +36,8 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     print(f"tessera serve: {name!r} on http://{args.host}:{args.port}/v1 "
           f"(context {llm.engine.max_model_len} tokens, at most {args.max_queue} requests in flight)", file=sys.stderr)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    finally:
+        llm.close()  # tensor-parallel workers stop with the server
     return 0
