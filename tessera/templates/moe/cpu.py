@@ -138,16 +138,16 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
     """kernel(X [T, H], GU [E, 2I, H], OFF int32 [E + 1], ROW int32 [S], HS [S, I]): for each slot s
     of expert e (OFF[e] <= s < OFF[e + 1], token ROW[s]) HS[s] = silu(gate) * up of that expert.
     `dense`: one expert over every token (slot s is token s; OFF and ROW are not read)."""
-    E, H, I, W, C = experts, hidden, inter, lanes_for(hidden), COLUMNS
+    E, H, N, W, C = experts, hidden, inter, lanes_for(hidden), COLUMNS
     NB = -(-inter // COLUMNS)
     items = _loop(parallel)
 
-    @ts.kernel(target="cpu", name=f"moe_up_e{E}_h{H}_i{I}{'_dense' if dense else ''}{'' if parallel else '_serial'}")
-    def moe_up(X: f32["T", H], GU: f32[E, 2 * I, H], OFF: i32[E + 1], ROW: i32["S"], HS: f32["S", I]):
+    @ts.kernel(target="cpu", name=f"moe_up_e{E}_h{H}_i{N}{'_dense' if dense else ''}{'' if parallel else '_serial'}")
+    def moe_up(X: f32["T", H], GU: f32[E, 2 * N, H], OFF: i32[E + 1], ROW: i32["S"], HS: f32["S", N]):
         for item in items(E * NB):
             e = item // NB
             c0 = item % NB * C
-            c1 = min(c0 + C, I)
+            c1 = min(c0 + C, N)
             gl = ts.register_tensor(f32, [W])
             ul = ts.register_tensor(f32, [W])
             lo = ts.select(dense, 0, OFF[e])
@@ -162,7 +162,7 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
                         for w in range(W):
                             h = h0 * W + w
                             gl[w] += X[t, h] * GU[e, c, h]
-                            ul[w] += X[t, h] * GU[e, I + c, h]
+                            ul[w] += X[t, h] * GU[e, N + c, h]
                     g = 0.0
                     u = 0.0
                     for w in range(W):
@@ -177,12 +177,12 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
 def make_expert_down(experts: int, hidden: int, inter: int, dense: bool, parallel: bool = True) -> ts.Kernel:
     """kernel(HS [S, I], DN [E, H, I], OFF int32 [E + 1], YS [S, H]): YS[s] = DN[e] @ HS[s] for
     each slot s of expert e (`dense`: one expert, every slot)."""
-    E, H, I, W, C = experts, hidden, inter, lanes_for(inter), COLUMNS
+    E, H, N, W, C = experts, hidden, inter, lanes_for(inter), COLUMNS
     NB = -(-hidden // COLUMNS)
     items = _loop(parallel)
 
-    @ts.kernel(target="cpu", name=f"moe_down_e{E}_h{H}_i{I}{'_dense' if dense else ''}{'' if parallel else '_serial'}")
-    def moe_down(HS: f32["S", I], DN: f32[E, H, I], OFF: i32[E + 1], YS: f32["S", H]):
+    @ts.kernel(target="cpu", name=f"moe_down_e{E}_h{H}_i{N}{'_dense' if dense else ''}{'' if parallel else '_serial'}")
+    def moe_down(HS: f32["S", N], DN: f32[E, H, N], OFF: i32[E + 1], YS: f32["S", H]):
         for item in items(E * NB):
             e = item // NB
             c0 = item % NB * C
@@ -194,7 +194,7 @@ def make_expert_down(experts: int, hidden: int, inter: int, dense: bool, paralle
                 for c in range(c0, c1):
                     for w in range(W):
                         lanes[w] = 0.0
-                    for i0 in range(I // W):
+                    for i0 in range(N // W):
                         for w in range(W):
                             lanes[w] += HS[s, i0 * W + w] * DN[e, c, i0 * W + w]
                     dot = 0.0
