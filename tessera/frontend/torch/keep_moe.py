@@ -77,6 +77,8 @@ def _path(node: torch.fx.Node) -> str | None:
 
 
 def _inside(node: torch.fx.Node, path: str) -> bool:
+    if "." not in path:  # the block is what was compiled: its own nodes have no module stack
+        return node.op != "output"
     stack = node.meta.get("nn_module_stack") or {}
     return any(p == path or p.startswith(path + ".") for p, _ in stack.values())
 
@@ -134,7 +136,7 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
     block = _Block(path, [n for n in gm.graph.nodes if n.op != "placeholder" and _inside(n, path)])
     inside = set(block.nodes)
     inputs = list(dict.fromkeys(a for n in block.nodes for a in n.all_input_nodes if a not in inside))
-    params = [n for n in inputs if n.op == "placeholder" and _path(n) and _inside(n, path)]
+    params = [n for n in inputs if n.op == "placeholder" and "_parameters_" in n.name and _inside(n, path)]
     tensors = [n for n in inputs if n not in params and isinstance(n.meta.get("example_value"), torch.Tensor)]
     # (sizes the block read, dynamo may reuse after it: those nodes stay, the tensors must not)
     outputs = [n for n in block.nodes if any(u not in inside for u in n.users) and _shape(n) is not None]
@@ -162,7 +164,7 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
     gate = [n for n in rest if n not in block.weights.values()]
     if gate:
         if len(gate) != 1 or not _param(gate[0], "weight") or _shape(gate[0]) != (1, _shape(tensors[0])[-1]) \
-                or not any(_target(n) in _SIGMOID and _path(n) == path for n in block.nodes):  # fmt: skip
+                or not any(_target(n) in _SIGMOID and _path(n) != _path(topks[0]) for n in block.nodes):  # fmt: skip
             return "it has weights other than a router, experts, a shared expert and its sigmoid gate"
         block.weights["shared_gate"] = gate[0]
     if not any(_target(n) in _SILU for n in block.nodes):

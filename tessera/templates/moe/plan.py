@@ -9,13 +9,17 @@ kernels take the token count at run time, so every token count shares one build.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import tessera as ts
 from tessera.errors import ArgumentError
+from tessera.jit import build_source, generate_source, load_function
 from tessera.templates.moe.cpu import (
     SERIAL_WORK,
     make_combine,
@@ -56,6 +60,13 @@ class MoeProblem:
         return tokens * self.experts * self.hidden + routed + tokens * 3 * self.hidden * self.shared
 
 
+@functools.cache
+def _library(kernels: tuple[ts.Kernel, ...]) -> tuple[Path, tuple[Any, ...]]:
+    """The kernels of one problem built as one library (one gcc run) and loaded."""
+    path = build_source(generate_source([k.lowered for k in kernels], "cpu"), "cpu")
+    return path, tuple(load_function(k.ir, path, "cpu") for k in kernels)
+
+
 class CpuMoeKernel:
     """fused_moe on float32 arrays for one token count: `kernel(inputs, out, extras)` with inputs
     (x [..., H], router, gate_up, down[, shared_gate_up, shared_down[, shared_gate]]) in the
@@ -79,6 +90,8 @@ class CpuMoeKernel:
             self._shared_down = make_expert_down(1, h, p.shared, True, par)
             steps += [self._shared_up, self._shared_down]
         self._steps = [*steps, self._combine]
+        self._library, loaded = _library(tuple(self._steps))
+        self._run = dict(zip(self._steps, loaded))
         f32, i32 = np.float32, np.int32
         self._ti, self._tw = np.empty((t, k), i32), np.empty((t, k), f32)
         self._sgv = np.zeros(t, f32)
@@ -98,8 +111,11 @@ class CpuMoeKernel:
 
     @property
     def artifacts(self) -> list[str]:
-        """The built libraries (one per kernel, in the artifact cache)."""
-        return [k.build() for k in self._steps]
+        """The built library (in the artifact cache)."""
+        return [str(self._library)]
+
+    def _call(self, kernel: ts.Kernel, *args: Any) -> None:
+        self._run[kernel](args)
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
         p, t = self.problem, self.tokens
@@ -110,15 +126,15 @@ class CpuMoeKernel:
         router, gate_up, down = (np.asarray(a) for a in inputs[1:4])
         y = np.asarray(out).reshape(t, p.hidden)
         gate = np.asarray(inputs[6]) if p.gated else self._no_gate
-        self._route(x, router, gate, self._ti, self._tw, self._sgv, p.scale)
-        self._group(self._ti, self._off, self._row, self._pos)
-        self._up(x, gate_up, self._off, self._row, self._hs)
-        self._down(self._hs, down, self._off, self._ys)
+        self._call(self._route, x, router, gate, self._ti, self._tw, self._sgv, p.scale)
+        self._call(self._group, self._ti, self._off, self._row, self._pos)
+        self._call(self._up, x, gate_up, self._off, self._row, self._hs)
+        self._call(self._down, self._hs, down, self._off, self._ys)
         if p.shared:
             sgu, sd = (np.asarray(a) for a in inputs[4:6])
-            self._shared_up(x, sgu.reshape(1, *sgu.shape), self._dense_off, self._dense_row, self._hsh)
-            self._shared_down(self._hsh, sd.reshape(1, *sd.shape), self._dense_off, self._ysh)
-        self._combine(self._ys, self._tw, self._pos, self._ysh, self._sgv, y)
+            self._call(self._shared_up, x, sgu.reshape(1, *sgu.shape), self._dense_off, self._dense_row, self._hsh)
+            self._call(self._shared_down, self._hsh, sd.reshape(1, *sd.shape), self._dense_off, self._ysh)
+        self._call(self._combine, self._ys, self._tw, self._pos, self._ysh, self._sgv, y)
 
 
 def prepare_moe_cpu(attrs: dict[str, Any], shapes: Sequence[Sequence[int]]) -> CpuMoeKernel:
