@@ -21,7 +21,7 @@ from tessera.frontend.torch.keep_moe import keep_moe_whole  # noqa: E402
 
 # One model shape for the kernel tests, so they share their builds: 8 experts, hidden 64,
 # intermediate 48, a shared expert of 40.
-E, H, I, S = 8, 64, 48, 40
+E, H, N, S = 8, 64, 48, 40
 ROUTINGS = {
     "softmax, normalised": dict(top_k=2, scoring="softmax", normalize=True, scale=1.0, shared_gated=False),
     "softmax + gated shared": dict(top_k=2, scoring="softmax", normalize=False, scale=1.0, shared_gated=True),
@@ -30,7 +30,7 @@ ROUTINGS = {
 
 
 def _weights(rng: np.random.Generator, attrs: dict, shared: bool) -> list[np.ndarray]:
-    w = [rng.standard_normal((E, H)), rng.standard_normal((E, 2 * I, H)) * 0.2, rng.standard_normal((E, H, I)) * 0.2]
+    w = [rng.standard_normal((E, H)), rng.standard_normal((E, 2 * N, H)) * 0.2, rng.standard_normal((E, H, N)) * 0.2]
     if shared:
         w += [rng.standard_normal((2 * S, H)) * 0.2, rng.standard_normal((H, S)) * 0.2]
         w += [rng.standard_normal((1, H))] if attrs["shared_gated"] else []
@@ -171,7 +171,8 @@ def _compiled_matches(model, calls) -> None:
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_a_block_compiles_to_the_fused_operator(family):
     block = _block(family)
-    _compiled_matches(block, [lambda g: torch.randn(1, 5, 64, generator=g), lambda g: torch.randn(1, 5, 64, generator=g)])
+    fresh = lambda g: torch.randn(1, 5, 64, generator=g)  # noqa: E731
+    _compiled_matches(block, [fresh, fresh])
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
