@@ -7,8 +7,11 @@ shared_gate [1, H].  All float32 or all float64; the output is [..., H] of x's d
 
 Per token t (x_t a row of x):
 - scores = softmax(router @ x_t) (`scoring` "softmax") or sigmoid(router @ x_t) ("sigmoid");
-- the `top_k` largest scores (ties: the lower expert index first), their weights w the scores,
-  divided by their sum when `normalize`, then multiplied by `scale`;
+- the experts are chosen by scores + `choice_bias` (E floats, or None: zeros; DeepSeek-V3's
+  correction bias), within the `topk_group` of `groups` equal groups of experts whose two best
+  choice scores sum highest (groups 1: all experts);
+- the `top_k` largest choice scores win (ties: the lower index first), their weights w the
+  unbiased scores, divided by their sum when `normalize`, then multiplied by `scale`;
 - y_t = sum_j w_j * down[e_j] @ (silu(g) * u), (g, u) = the halves of gate_up[e_j] @ x_t;
 - plus the shared expert's output, times sigmoid(shared_gate @ x_t) when `shared_gated`.
 
@@ -48,6 +51,13 @@ def _infer(xs, a):
         raise ShapeError(f"fused_moe: x has {x.shape[-1]} features, the router {h}")
     if not 1 <= a["top_k"] <= e:
         raise ShapeError(f"fused_moe: top_k {a['top_k']} must be in [1, {e}] experts")
+    groups, bias = a["groups"], a["choice_bias"]
+    if isinstance(e, int) and (groups < 1 or e % groups or (groups > 1 and e // groups < 2)):
+        raise ShapeError(f"fused_moe: {e} experts do not make {groups} groups of 2 or more")
+    if not 1 <= a["topk_group"] <= groups or (isinstance(e, int) and a["top_k"] > a["topk_group"] * (e // groups)):
+        raise ShapeError(f"fused_moe: topk_group {a['topk_group']} of {groups} groups cannot hold top_k {a['top_k']}")
+    if bias is not None and (not isinstance(bias, (list, tuple)) or len(bias) != e):
+        raise ShapeError(f"fused_moe: choice_bias must be {e} floats or None")
     if a["scoring"] not in SCORINGS:
         raise ShapeError(f"fused_moe: scoring must be one of {SCORINGS}, got {a['scoring']!r}")
     shared = xs[4:]
@@ -77,7 +87,17 @@ def route(x: np.ndarray, router: np.ndarray, a: dict) -> tuple[np.ndarray, np.nd
         scores = z / z.sum(axis=-1, keepdims=True)
     else:
         scores = 1.0 / (1.0 + np.exp(-logits))
-    idx = np.argsort(-scores, axis=-1, kind="stable")[:, : a["top_k"]]  # stable: ties by the lower index
+    bias = a.get("choice_bias")  # (attributes a caller passes directly may leave out the defaults)
+    choice = scores + (np.asarray(bias, np.float64) if bias is not None else 0.0)
+    groups = a.get("groups", 1)
+    if groups > 1:
+        per = choice.reshape(len(choice), groups, -1)
+        best2 = -np.sort(-per, axis=-1)[..., :2].sum(-1)
+        keep = np.argsort(-best2, axis=-1, kind="stable")[:, : a.get("topk_group", 1)]
+        masked = np.full(per.shape, -np.inf)
+        np.put_along_axis(masked, keep[..., None], np.take_along_axis(per, keep[..., None], axis=1), axis=1)
+        choice = masked.reshape(choice.shape)
+    idx = np.argsort(-choice, axis=-1, kind="stable")[:, : a["top_k"]]  # stable: ties by the lower index
     w = np.take_along_axis(scores, idx, axis=-1)
     if a["normalize"]:
         w = w / w.sum(axis=-1, keepdims=True)
@@ -108,5 +128,6 @@ def _reference(xs, a):
 
 
 register("fused_moe", infer=_infer, reference=_reference, category="anchor", num_inputs=(4, 7),
-         attrs={"top_k": REQUIRED, "scoring": "softmax", "normalize": False, "scale": 1.0, "shared_gated": False},
+         attrs={"top_k": REQUIRED, "scoring": "softmax", "normalize": False, "scale": 1.0, "shared_gated": False,
+                "groups": 1, "topk_group": 1, "choice_bias": None},
          doc="a mixture-of-experts block: router top-k, SiLU-gated experts, weighted combine, shared expert")  # fmt: skip

@@ -42,18 +42,24 @@ def _loop(parallel: bool):
 
 
 @functools.cache
-def make_route(experts: int, hidden: int, top_k: int, softmax: bool, normalize: bool,
-               parallel: bool = True) -> ts.Kernel:  # fmt: skip
-    """kernel(X [T, H], RW [E, H], SG [1, H], TI int32 [T, k], TW [T, k], SGV [T], scale)."""
-    E, H, K, W = experts, hidden, top_k, lanes_for(hidden)
+def make_route(experts: int, hidden: int, top_k: int, softmax: bool, normalize: bool, parallel: bool = True,
+               groups: int = 1, topk_group: int = 1) -> ts.Kernel:  # fmt: skip
+    """kernel(X [T, H], RW [E, H], SG [1, H], CB [E], TI int32 [T, k], TW [T, k], SGV [T], scale):
+    experts chosen by score + CB[e], within the `topk_group` best of `groups` groups (by their two
+    best choice scores); weights the scores themselves."""
+    E, H, K, W, G, GK = experts, hidden, top_k, lanes_for(hidden), groups, topk_group
+    per = experts // groups
     items = _loop(parallel)
 
     @ts.kernel(target="cpu", name=f"moe_route_e{E}_h{H}_k{K}_{'soft' if softmax else 'sig'}"
-                                  f"{'_norm' if normalize else ''}{'' if parallel else '_serial'}")  # fmt: skip
-    def moe_route(X: f32["T", H], RW: f32[E, H], SG: f32[1, H], TI: i32["T", K], TW: f32["T", K], SGV: f32["T"],
-                  scale: f32):  # fmt: skip
+                                  f"{'_norm' if normalize else ''}{f'_g{G}x{GK}' if G > 1 else ''}"
+                                  f"{'' if parallel else '_serial'}")  # fmt: skip
+    def moe_route(X: f32["T", H], RW: f32[E, H], SG: f32[1, H], CB: f32[E], TI: i32["T", K], TW: f32["T", K],
+                  SGV: f32["T"], scale: f32):  # fmt: skip
         for t in items(T):
             sc = ts.register_tensor(f32, [E])
+            choice = ts.register_tensor(f32, [E])
+            gsum = ts.register_tensor(f32, [G])
             taken = ts.register_tensor(i32, [E])
             lanes = ts.register_tensor(f32, [W])
             for e in range(E + 1):  # the experts' logits, then the shared gate's (row E: SG)
@@ -85,18 +91,40 @@ def make_route(experts: int, hidden: int, top_k: int, softmax: bool, normalize: 
                     sc[e] = 1.0 / (1.0 + ts.exp(-sc[e]))
             for e in range(E):
                 taken[e] = 0
+                choice[e] = sc[e] + CB[e]
+            if G > 1:  # keep the GK groups whose two best choice scores sum highest
+                for g in range(G):
+                    m1 = NEG_INF
+                    m2 = NEG_INF
+                    for e in range(g * per, g * per + per):
+                        v = choice[e]
+                        m2 = ts.select(v > m1, m1, max(m2, v))
+                        m1 = max(m1, v)
+                    gsum[g] = m1 + m2
+                for _ in range(GK):
+                    top = 0.0
+                    pick = -1
+                    for g in range(G):
+                        better = gsum[g] != NEG_INF and (pick < 0 or gsum[g] > top)
+                        pick = ts.select(better, g, pick)
+                        top = ts.select(better, gsum[g], top)
+                    gsum[max(pick, 0)] = NEG_INF  # chosen: marked
+                for g in range(G):
+                    if gsum[g] != NEG_INF:  # not chosen: its experts are out
+                        for e in range(g * per, g * per + per):
+                            choice[e] = NEG_INF
             chosen = 0.0
             for j in range(K):
                 best = 0.0
                 pick = -1
                 for e in range(E):  # strictly greater: the lower index wins a tie
-                    better = taken[e] == 0 and (pick < 0 or sc[e] > best)
+                    better = taken[e] == 0 and (pick < 0 or choice[e] > best)
                     pick = ts.select(better, e, pick)
-                    best = ts.select(better, sc[e], best)
+                    best = ts.select(better, choice[e], best)
                 taken[pick] = 1
                 TI[t, j] = pick
-                TW[t, j] = best
-                chosen += best
+                TW[t, j] = sc[pick]
+                chosen += sc[pick]
             for j in range(K):
                 if normalize:
                     TW[t, j] = TW[t, j] / chosen * scale

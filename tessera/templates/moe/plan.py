@@ -45,6 +45,9 @@ class MoeProblem:
     scale: float
     shared: int = 0
     gated: bool = False
+    groups: int = 1
+    topk_group: int = 1
+    choice_bias: tuple[float, ...] | None = None
 
     @staticmethod
     def of(attrs: dict[str, Any], shapes: Sequence[Sequence[int]]) -> MoeProblem:
@@ -52,7 +55,8 @@ class MoeProblem:
         e, two_i, h = shapes[2]
         return MoeProblem(int(e), int(h), int(two_i) // 2, int(attrs["top_k"]), attrs["scoring"] == "softmax",
                           bool(attrs["normalize"]), float(attrs["scale"]), int(shapes[4][0]) // 2 if len(shapes) > 4 else 0,
-                          bool(attrs["shared_gated"]))  # fmt: skip
+                          bool(attrs["shared_gated"]), int(attrs.get("groups", 1)), int(attrs.get("topk_group", 1)),
+                          None if attrs.get("choice_bias") is None else tuple(float(b) for b in attrs["choice_bias"]))  # fmt: skip
 
     def active_macs(self, tokens: int) -> int:
         """Multiply-adds of one call over `tokens` tokens (only the chosen experts count)."""
@@ -79,7 +83,7 @@ class CpuMoeKernel:
         self.problem, self.tokens = p, t
         par = p.active_macs(t) >= SERIAL_WORK
         k, e, h = p.top_k, p.experts, p.hidden
-        self._route = make_route(e, h, k, p.softmax, p.normalize, par)
+        self._route = make_route(e, h, k, p.softmax, p.normalize, par, p.groups, p.topk_group)
         self._group = make_group(e, k)
         self._up = make_expert_up(e, h, p.inter, False, par)
         self._down = make_expert_down(e, h, p.inter, False, par)
@@ -100,6 +104,7 @@ class CpuMoeKernel:
         shared_rows = t if p.shared else 1
         self._hsh, self._ysh = np.empty((shared_rows, max(p.shared, 1)), f32), np.zeros((shared_rows, h), f32)
         self._no_gate = np.zeros((1, h), f32)
+        self._choice_bias = np.array(p.choice_bias or [0.0] * e, f32)
         self._dense_off, self._dense_row = np.array([0, t], i32), np.zeros(t, i32)  # (not read: dense)
         self.config = (e, k, "softmax" if p.softmax else "sigmoid", "parallel" if par else "serial")
         self.out_shape: tuple[int, ...] = ()
@@ -126,7 +131,7 @@ class CpuMoeKernel:
         router, gate_up, down = (np.asarray(a) for a in inputs[1:4])
         y = np.asarray(out).reshape(t, p.hidden)
         gate = np.asarray(inputs[6]) if p.gated else self._no_gate
-        self._call(self._route, x, router, gate, self._ti, self._tw, self._sgv, p.scale)
+        self._call(self._route, x, router, gate, self._choice_bias, self._ti, self._tw, self._sgv, p.scale)
         self._call(self._group, self._ti, self._off, self._row, self._pos)
         self._call(self._up, x, gate_up, self._off, self._row, self._hs)
         self._call(self._down, self._hs, down, self._off, self._ys)
