@@ -11,13 +11,15 @@ that owns an experts child with fused 3-D weights `gate_up_proj` [E, 2I, H] and 
 nodes with one `tessera::fused_moe` call, which tracing keeps as one node and `aten_nn` lowers
 to the fused_moe graph operator (tessera.templates.moe).  This covers Mixtral, Qwen2-MoE,
 Qwen3-MoE and the models that copy their blocks, whatever experts implementation the config
-picks.  A block whose router does anything else (DeepSeek-V3's group-limited, bias-corrected
-choice, a jitter, another activation) is left as it was, with the reason logged.
+picks, and DeepSeek-V3's (a sigmoid router with a choice-bias buffer and group-limited top-k,
+three `topk`s, and an ungated shared MLP).  A block that does anything else (another router,
+a jitter, another activation, router logits the model returns) is left as it was, the reason logged.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -30,15 +32,22 @@ log = logging.getLogger("tessera")
 @torch.library.custom_op("tessera::fused_moe", mutates_args=())
 def fused_moe(x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               shared_gate_proj: torch.Tensor | None, shared_up_proj: torch.Tensor | None,
-              shared_down_proj: torch.Tensor | None, shared_gate: torch.Tensor | None, top_k: int, scoring: str,
-              normalize: bool, scale: float) -> torch.Tensor:  # fmt: skip
+              shared_down_proj: torch.Tensor | None, shared_gate: torch.Tensor | None, choice_bias: torch.Tensor | None,
+              top_k: int, scoring: str, normalize: bool, scale: float, groups: int, topk_group: int) -> torch.Tensor:  # fmt: skip
     """A mixture-of-experts block on x [..., H] (tessera.graph.opdefs.moe gives the semantics;
     the shared expert's gate and up weights arrive separately here).  Routing in float32, as
     transformers' routers do; this body is what runs where tessera does not (the GPU)."""
     rows = x.reshape(-1, x.shape[-1])
-    logits = F.linear(rows, router).float()
+    logits = F.linear(rows.float(), router.float())
     scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
-    weights, experts = torch.topk(scores, top_k, dim=-1)
+    choice = scores + choice_bias.float() if choice_bias is not None else scores
+    if groups > 1:
+        per = choice.view(len(choice), groups, -1)
+        keep = per.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices
+        mask = torch.zeros_like(per[..., 0], dtype=torch.bool).scatter_(1, keep, True)
+        choice = per.masked_fill(~mask[..., None], float("-inf")).view_as(choice)
+    experts = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, experts)
     if normalize:
         weights = weights / weights.sum(-1, keepdim=True)
     weights = (weights * scale).to(x.dtype)
@@ -56,8 +65,8 @@ def fused_moe(x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down
 
 
 @fused_moe.register_fake
-def _(x, router, gate_up, down, shared_gate_proj, shared_up_proj, shared_down_proj, shared_gate, top_k, scoring,
-      normalize, scale):  # fmt: skip
+def _(x, router, gate_up, down, shared_gate_proj, shared_up_proj, shared_down_proj, shared_gate, choice_bias, top_k,
+      scoring, normalize, scale, groups, topk_group):  # fmt: skip
     return torch.empty_like(x)
 
 
@@ -68,6 +77,10 @@ _SILU = {F.silu, "silu"}
 # What a router may do besides its linear, scoring, top-k and normalisation: views and casts.
 _ROUTER_PLUMBING = {F.linear, operator.getitem, "float", "to", "reshape", "view", "type", "contiguous"}
 _NORMALIZE = {operator.truediv, operator.itruediv, torch.div, "div", "div_", "sum", torch.sum}
+_DIVIDE = _NORMALIZE - {"sum", torch.sum}
+# ... and a group-limited router (DeepSeek-V3's): a choice bias, the groups' mask, a gather, a scale.
+_GROUPED = {operator.add, operator.iadd, "add", operator.mul, operator.imul, "mul", "unsqueeze", "expand",
+            torch.zeros_like, "scatter_", "scatter", operator.invert, "bool", "masked_fill", "gather"}  # fmt: skip
 
 
 def _path(node: torch.fx.Node) -> str | None:
@@ -106,27 +119,55 @@ class _Block:
     top_k: int = 0
     scoring: str = "softmax"
     normalize: bool = False
+    scale: float = 1.0
+    groups: int = 1
+    topk_group: int = 1
 
 
-def _router(block: _Block, topk: torch.fx.Node, inputs: list[torch.fx.Node]) -> str | None:
-    """Read the router's semantics from its nodes; None, or why the block is left alone."""
+def _k(topk: torch.fx.Node) -> object:
+    return topk.args[1] if len(topk.args) > 1 else topk.kwargs.get("k")
+
+
+def _router(block: _Block, topks: list[torch.fx.Node], inputs: list[torch.fx.Node]) -> str | None:
+    """Read the router's semantics from its nodes; None, or why the block is left alone.  One
+    top-k: Mixtral's and Qwen's routers; three (within groups, of groups, of experts): DeepSeek-V3's."""
+    topk = topks[-1]
     rpath = _path(topk)
     router_nodes = [n for n in block.nodes if n.op != "placeholder" and _path(n) == rpath]
-    weight = [n for n in inputs if n.op == "placeholder" and _param(n, "weight") and _path(n) == rpath]
-    if len(weight) != 1 or _shape(weight[0]) is None or len(_shape(weight[0])) != 2:
+    state = [n for n in inputs if n.op == "placeholder" and _path(n) == rpath]
+    weight = [n for n in state if _param(n, "weight") and len(_shape(n) or ()) == 2]
+    if len(weight) != 1:
         return "its router has no [E, H] weight"
+    experts = _shape(weight[0])[0]
+    bias = [n for n in state if n is not weight[0] and _shape(n) == (experts,)]
+    if len(state) != 1 + len(bias) or len(bias) > 1 or len(bias) > len(topks) - 1:
+        return "its router has state other than its weight (and a grouped router's choice bias)"
     block.weights["router"] = weight[0]
+    if bias:
+        block.weights["choice_bias"] = bias[0]
     seen = {_target(n) for n in router_nodes}
     scoring = [s for s, ops in (("softmax", _SOFTMAX), ("sigmoid", _SIGMOID)) if seen & ops]
-    unknown = seen - _SOFTMAX - _SIGMOID - _TOPK - _ROUTER_PLUMBING - _NORMALIZE
-    if len(scoring) != 1 or unknown:
-        return f"its router computes {sorted(map(str, unknown or seen))}, not softmax or sigmoid top-k"
-    k = topk.args[1] if len(topk.args) > 1 else topk.kwargs.get("k")
+    allowed = _SOFTMAX | _SIGMOID | _TOPK | _ROUTER_PLUMBING | _NORMALIZE | (_GROUPED if len(topks) == 3 else set())
+    if len(scoring) != 1 or seen - allowed or len(topks) not in (1, 3):
+        return f"its router computes {sorted(map(str, seen - allowed or seen))}, not softmax or sigmoid top-k"
+    k = _k(topk)
     dim = topk.args[2] if len(topk.args) > 2 else topk.kwargs.get("dim", -1)
     if not isinstance(k, int) or dim not in (-1, 1) or topk.kwargs.get("largest", True) is not True:
         return "its router's top-k is not k largest over the experts"
     block.top_k, block.scoring = k, scoring[0]
-    block.normalize = bool(seen & {"sum", torch.sum}) and bool(seen & (_NORMALIZE - {"sum", torch.sum}))
+    if len(topks) == 3:  # top-2 within groups of a [T, G, E / G] view, then the best groups
+        view = topks[0].args[0]
+        sizes = view.args[1:] if isinstance(view, torch.fx.Node) and _target(view) in ("view", "reshape") else ()
+        if len(sizes) != 3 or not all(isinstance(d, int) for d in sizes[1:]) or _k(topks[0]) != 2 \
+                or sizes[1] * sizes[2] != experts or not isinstance(_k(topks[1]), int):  # fmt: skip
+            return "its router's groups are not a top-2 sum over equal groups of experts"
+        block.groups, block.topk_group = sizes[1], _k(topks[1])
+        constants = [a for n in router_nodes if _target(n) in (operator.mul, operator.imul, "mul")
+                     for a in n.args if isinstance(a, (int, float))]  # fmt: skip
+        block.scale = float(math.prod(constants))
+        block.normalize = bool(seen & _DIVIDE)
+    else:
+        block.normalize = bool(seen & {"sum", torch.sum}) and bool(seen & _DIVIDE)
     return None
 
 
@@ -136,7 +177,8 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
     block = _Block(path, [n for n in gm.graph.nodes if n.op != "placeholder" and _inside(n, path)])
     inside = set(block.nodes)
     inputs = list(dict.fromkeys(a for n in block.nodes for a in n.all_input_nodes if a not in inside))
-    params = [n for n in inputs if n.op == "placeholder" and "_parameters_" in n.name and _inside(n, path)]
+    params = [n for n in inputs if n.op == "placeholder" and ("_parameters_" in n.name or "_buffers_" in n.name)
+              and _inside(n, path)]  # fmt: skip
     tensors = [n for n in inputs if n not in params and isinstance(n.meta.get("example_value"), torch.Tensor)]
     # (sizes the block read, dynamo may reuse after it: those nodes stay, the tensors must not)
     outputs = [n for n in block.nodes if any(u not in inside for u in n.users) and _shape(n) is not None]
@@ -149,9 +191,9 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
             return f"its experts have no {name}"
         block.weights[name] = found[0]
     topks = [n for n in block.nodes if _target(n) in _TOPK]
-    if len(topks) != 1:
-        return f"it has {len(topks)} top-k choices"
-    why = _router(block, topks[0], inputs)
+    if not topks:
+        return "it has no top-k choice"
+    why = _router(block, topks, inputs)
     if why:
         return why
     rest = [n for n in params if n not in block.weights.values()]
@@ -186,7 +228,8 @@ def keep_moe_whole(gm: torch.fx.GraphModule) -> int:
             new = gm.graph.call_function(torch.ops.tessera.fused_moe.default,
                                          (w["x"], w["router"], w["gate_up_proj"], w["down_proj"],
                                           w.get("shared_gate_proj"), w.get("shared_up_proj"), w.get("shared_down_proj"),
-                                          w.get("shared_gate"), block.top_k, block.scoring, block.normalize, 1.0))  # fmt: skip
+                                          w.get("shared_gate"), w.get("choice_bias"), block.top_k, block.scoring,
+                                          block.normalize, block.scale, block.groups, block.topk_group))  # fmt: skip
         new.meta = dict(out.meta)
         out.replace_all_uses_with(new)
         for node in reversed(block.nodes):
