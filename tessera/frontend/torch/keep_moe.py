@@ -152,7 +152,8 @@ def _router(block: _Block, topks: list[torch.fx.Node], inputs: list[torch.fx.Nod
         return f"its router computes {sorted(map(str, seen - allowed or seen))}, not softmax or sigmoid top-k"
     k = _k(topk)
     dim = topk.args[2] if len(topk.args) > 2 else topk.kwargs.get("dim", -1)
-    if not isinstance(k, int) or dim not in (-1, 1) or topk.kwargs.get("largest", True) is not True:
+    largest = topk.args[3] if len(topk.args) > 3 else topk.kwargs.get("largest", True)
+    if not isinstance(k, int) or dim not in (-1, 1) or largest is not True:
         return "its router's top-k is not k largest over the experts"
     block.top_k, block.scoring = k, scoring[0]
     if len(topks) == 3:  # top-2 within groups of a [T, G, E / G] view, then the best groups
@@ -209,7 +210,10 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
                 or not any(_target(n) in _SIGMOID and _path(n) != _path(topks[0]) for n in block.nodes):  # fmt: skip
             return "it has weights other than a router, experts, a shared expert and its sigmoid gate"
         block.weights["shared_gate"] = gate[0]
-    if not any(_target(n) in _SILU for n in block.nodes):
+    mlps = [experts_path]
+    if any(shared.values()):
+        mlps.append(_path(block.weights["shared_gate_proj"]).rsplit(".", 1)[0])
+    if not all(any(_target(n) in _SILU and _inside(n, mlp) for n in block.nodes) for mlp in mlps):
         return "its experts' activation is not SiLU"
     return block
 
