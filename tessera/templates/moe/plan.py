@@ -129,7 +129,10 @@ class CpuMoeKernel:
             raise ArgumentError(f"fused_moe: takes {want} inputs and no epilogue, got {len(inputs)} and {len(extras)}")
         x = np.asarray(inputs[0]).reshape(t, p.hidden)
         router, gate_up, down = (np.asarray(a) for a in inputs[1:4])
-        y = np.asarray(out).reshape(t, p.hidden)
+        y = np.asarray(out)
+        if not y.flags.c_contiguous or y.size != t * p.hidden:
+            raise ArgumentError(f"fused_moe: the output must be a contiguous array of {t} x {p.hidden} floats")
+        y = y.reshape(t, p.hidden)  # (a view: the kernels write the caller's memory)
         gate = np.asarray(inputs[6]) if p.gated else self._no_gate
         self._call(self._route, x, router, gate, self._choice_bias, self._ti, self._tw, self._sgv, p.scale)
         self._call(self._group, self._ti, self._off, self._row, self._pos)
