@@ -4,8 +4,9 @@ shared expert; tessera.graph.opdefs.moe) as one anchor.
 CPU: `cpu.py` (route, group by expert, grouped up and down GEMMs over the chosen experts only,
 combine; written in tessera, token counts at run time), called in order by `plan.py`.  A CUDA
 template slots in beside `CpuMoe` as another registration of the same kind ("cuda" target,
-same inputs and attributes); until then the GPU runs the operator on its reference (the
-torch front end leaves fused_moe blocks to torch on the GPU).
+same inputs and attributes); until one does, the torch front end keeps MoE blocks as traced on
+the GPU (frontend/torch/backend.py calls keep_moe_whole for CPU graphs only, and
+aten_nn._fused_moe refuses CUDA tensors): lift both guards with the template.
 """
 
 from __future__ import annotations
