@@ -210,6 +210,13 @@ def _find(gm: torch.fx.GraphModule, experts_path: str) -> _Block | str:
                 or not any(_target(n) in _SIGMOID and _path(n) != _path(topks[0]) for n in block.nodes):  # fmt: skip
             return "it has weights other than a router, experts, a shared expert and its sigmoid gate"
         block.weights["shared_gate"] = gate[0]
+    hidden, experts = _shape(tensors[0])[-1], _shape(block.weights["router"])[0]
+    inter = (_shape(block.weights["down_proj"]) or (0, 0, 0))[-1]
+    if _shape(block.weights["router"]) != (experts, hidden) or _shape(block.weights["down_proj"]) != (
+        experts, hidden, inter) or _shape(block.weights["gate_up_proj"]) != (experts, 2 * inter, hidden):  # fmt: skip
+        return "its weights are not router [E, H], gate_up_proj [E, 2I, H] and down_proj [E, H, I] (transposed?)"
+    if not any(_target(n) in ("chunk", torch.chunk) and _inside(n, experts_path) for n in block.nodes):
+        return "its experts do not split gate_up_proj's output into gate and up halves (interleaved?)"
     mlps = [experts_path]
     if any(shared.values()):
         mlps.append(_path(block.weights["shared_gate_proj"]).rsplit(".", 1)[0])
