@@ -4,6 +4,7 @@ through torch.compile(backend="tessera") as one graph with nothing left to torch
 from __future__ import annotations
 
 import copy
+import zlib
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def _check(x: np.ndarray, weights: list[np.ndarray], attrs: dict) -> None:
 @pytest.mark.parametrize("tokens", [1, 7, (2, 5)])
 def test_kernels_match_the_reference(routing, tokens):
     attrs = ROUTINGS[routing]
-    rng = np.random.default_rng(hash((routing, str(tokens))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{routing} {tokens}".encode()))  # (str hashes vary per process)
     shape = (*(tokens if isinstance(tokens, tuple) else (tokens,)), H)
     shared = routing != "softmax, normalised"
     _check(rng.standard_normal(shape).astype(np.float32), _weights(rng, attrs, shared), attrs)
@@ -226,9 +227,10 @@ def test_a_block_compiles_to_the_fused_operator(family):
     _compiled_matches(block, [fresh, fresh])
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", *(pytest.param(f, marks=pytest.mark.slow)
+                                                for f in ("qwen2_moe", "qwen3_moe", "deepseek_v3"))])  # fmt: skip
 def test_keep_moe_replaces_each_block(family):
-    model = _model(family)
+    model = _model(family, 1)
     found = []
 
     def backend(gm, example_inputs):
@@ -240,7 +242,7 @@ def test_keep_moe_replaces_each_block(family):
         ids = torch.randint(0, 100, (1, 4))
         out = torch.compile(model, backend=backend)(ids, use_cache=False).logits  # the rewritten graph runs in torch
         torch.testing.assert_close(out, model(ids, use_cache=False).logits, rtol=1e-4, atol=1e-5)
-    assert found == [2]
+    assert found == [1]
 
 
 def test_a_router_it_does_not_know_stays_as_traced():
