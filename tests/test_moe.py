@@ -60,6 +60,13 @@ def test_kernels_match_the_reference(routing, tokens):
     _check(rng.standard_normal(shape).astype(np.float32), _weights(rng, attrs, shared), attrs)
 
 
+def test_many_tokens_run_the_parallel_kernels():
+    """39 tokens: several tiles of slots per expert with short last tiles, on OpenMP workers."""
+    attrs = ROUTINGS["softmax + gated shared"]
+    rng = np.random.default_rng(8)
+    _check(rng.standard_normal((3, 13, H)).astype(np.float32), _weights(rng, attrs, True), attrs)
+
+
 def test_ties_go_to_the_lower_expert():
     """Equal scores (a router with equal rows): the first k experts, as torch.topk and the reference."""
     attrs = ROUTINGS["softmax, normalised"]

@@ -27,6 +27,7 @@ from tessera import f32, i32
 
 NEG_INF = float("-inf")
 COLUMNS = 16  # output columns per worker item of the expert GEMMs: a block of weight rows stays in cache
+SLOTS = 4  # slots (rows) of one expert per pass of the expert GEMMs: each weight load serves all of them
 # Multiply-adds below which a kernel runs on one thread (waking the OpenMP team costs more).
 SERIAL_WORK = 1 << 18
 
@@ -166,7 +167,7 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
     """kernel(X [T, H], GU [E, 2I, H], OFF int32 [E + 1], ROW int32 [S], HS [S, I]): for each slot s
     of expert e (OFF[e] <= s < OFF[e + 1], token ROW[s]) HS[s] = silu(gate) * up of that expert.
     `dense`: one expert over every token (slot s is token s; OFF and ROW are not read)."""
-    E, H, N, W, C = experts, hidden, inter, lanes_for(hidden), COLUMNS
+    E, H, N, W, C, R = experts, hidden, inter, lanes_for(hidden), COLUMNS, SLOTS
     NB = -(-inter // COLUMNS)
     items = _loop(parallel)
 
@@ -176,27 +177,36 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
             e = item // NB
             c0 = item % NB * C
             c1 = min(c0 + C, N)
-            gl = ts.register_tensor(f32, [W])
-            ul = ts.register_tensor(f32, [W])
+            gl = ts.register_tensor(f32, [R, W])
+            ul = ts.register_tensor(f32, [R, W])
+            tok = ts.register_tensor(i32, [R])
             lo = ts.select(dense, 0, OFF[e])
             hi = ts.select(dense, T, OFF[e + 1])
-            for s in range(lo, hi):
-                t = ts.select(dense, s, ROW[s])
+            for b in range(ts.ceil_div(hi - lo, R)):  # R slots at once share each weight load
+                s0 = lo + b * R
+                rows = min(R, hi - s0)
+                for r in range(R):  # a short last tile repeats its last token; only `rows` are stored
+                    last = min(s0 + r, hi - 1)
+                    tok[r] = ts.select(dense, last, ROW[last])
                 for c in range(c0, c1):
-                    for w in range(W):
-                        gl[w] = 0.0
-                        ul[w] = 0.0
-                    for h0 in range(H // W):
+                    for r in range(R):
                         for w in range(W):
-                            h = h0 * W + w
-                            gl[w] += X[t, h] * GU[e, c, h]
-                            ul[w] += X[t, h] * GU[e, N + c, h]
-                    g = 0.0
-                    u = 0.0
-                    for w in range(W):
-                        g += gl[w]
-                        u += ul[w]
-                    HS[s, c] = g / (1.0 + ts.exp(-g)) * u
+                            gl[r, w] = 0.0
+                            ul[r, w] = 0.0
+                    for h0 in range(H // W):
+                        for r in range(R):
+                            for w in range(W):
+                                h = h0 * W + w
+                                xv = X[tok[r], h]
+                                gl[r, w] += xv * GU[e, c, h]
+                                ul[r, w] += xv * GU[e, N + c, h]
+                    for r in range(rows):
+                        g = 0.0
+                        u = 0.0
+                        for w in range(W):
+                            g += gl[r, w]
+                            u += ul[r, w]
+                        HS[s0 + r, c] = g / (1.0 + ts.exp(-g)) * u
 
     return moe_up
 
@@ -205,7 +215,7 @@ def make_expert_up(experts: int, hidden: int, inter: int, dense: bool, parallel:
 def make_expert_down(experts: int, hidden: int, inter: int, dense: bool, parallel: bool = True) -> ts.Kernel:
     """kernel(HS [S, I], DN [E, H, I], OFF int32 [E + 1], YS [S, H]): YS[s] = DN[e] @ HS[s] for
     each slot s of expert e (`dense`: one expert, every slot)."""
-    E, H, N, W, C = experts, hidden, inter, lanes_for(inter), COLUMNS
+    E, H, N, W, C, R = experts, hidden, inter, lanes_for(inter), COLUMNS, SLOTS
     NB = -(-hidden // COLUMNS)
     items = _loop(parallel)
 
@@ -215,20 +225,26 @@ def make_expert_down(experts: int, hidden: int, inter: int, dense: bool, paralle
             e = item // NB
             c0 = item % NB * C
             c1 = min(c0 + C, H)
-            lanes = ts.register_tensor(f32, [W])
+            lanes = ts.register_tensor(f32, [R, W])
             lo = ts.select(dense, 0, OFF[e])
             hi = ts.select(dense, S, OFF[e + 1])
-            for s in range(lo, hi):
+            for b in range(ts.ceil_div(hi - lo, R)):  # R slots at once share each weight load
+                s0 = lo + b * R
+                rows = min(R, hi - s0)
                 for c in range(c0, c1):
-                    for w in range(W):
-                        lanes[w] = 0.0
-                    for i0 in range(N // W):
+                    for r in range(R):
                         for w in range(W):
-                            lanes[w] += HS[s, i0 * W + w] * DN[e, c, i0 * W + w]
-                    dot = 0.0
-                    for w in range(W):
-                        dot += lanes[w]
-                    YS[s, c] = dot
+                            lanes[r, w] = 0.0
+                    for i0 in range(N // W):
+                        for r in range(R):  # a short last tile repeats its last slot; only `rows` are stored
+                            for w in range(W):
+                                i = i0 * W + w
+                                lanes[r, w] += HS[min(s0 + r, hi - 1), i] * DN[e, c, i]
+                    for r in range(rows):
+                        dot = 0.0
+                        for w in range(W):
+                            dot += lanes[r, w]
+                        YS[s0 + r, c] = dot
 
     return moe_down
 
