@@ -120,14 +120,34 @@ def rewind(cache: Any, position: int) -> None:
         layer.cumulative_length.fill_(position)
 
 
-def build_decode(kv: int, device: str, tiny: bool, dtype: torch.dtype = torch.float16, seed: int = 0) -> DecodeSetup:
-    """The 1.1B Llama of bench/PROTOCOL.md (or dynamic_suite's tiny one), random weights, eval mode."""
+def mixtral(tiny: bool) -> torch.nn.Module:
+    """The Mixtral-style model of issue 42 (hidden 2048, 8 experts of 7168 -- Mixtral's 3.5x --,
+    top-2, 8 layers, 16 heads of 128 over 4 KV heads), or a tiny one of the same structure."""
+    import transformers as tf
+
+    if tiny:
+        cfg = tf.MixtralConfig(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, vocab_size=1000,
+                               max_position_embeddings=256)  # fmt: skip
+    else:
+        cfg = tf.MixtralConfig(hidden_size=2048, intermediate_size=7168, num_hidden_layers=8, num_attention_heads=16,
+                               num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
+                               max_position_embeddings=4096)  # fmt: skip
+    return tf.MixtralForCausalLM(cfg)
+
+
+def build_decode(kv: int, device: str, tiny: bool, dtype: torch.dtype = torch.float16, seed: int = 0,
+                 family: str = "llama") -> DecodeSetup:  # fmt: skip
+    """The 1.1B Llama of bench/PROTOCOL.md (or dynamic_suite's tiny one), or with family "mixtral"
+    the Mixtral-style model of `mixtral`; random weights, eval mode."""
     from dynamic_suite import llama
 
     if kv <= STEPS:
         raise ValueError(f"the KV cache must hold more than {STEPS} positions, got {kv}")
+    if family not in ("llama", "mixtral"):
+        raise ValueError(f"decode cases are of the llama or mixtral family, not {family!r}")
     torch.manual_seed(seed)
-    model = llama(tiny).eval().to(device=device, dtype=dtype)
+    model = (llama(tiny) if family == "llama" else mixtral(tiny)).eval().to(device=device, dtype=dtype)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
     prompt = torch.randint(0, vocab, (1, kv - STEPS), generator=g).to(device)
@@ -186,13 +206,30 @@ def quantized_weight_bytes(w: Any) -> int:
     return w.codes.nbytes + w.scales.size * 2 + zeros
 
 
+def inactive_expert_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the experts one token does not choose: of each mixture-of-experts layer (an
+    experts module with 3-D `gate_up_proj` and `down_proj` over E experts) all but top-k experts'
+    weights -- one decode token reads only the weights of the experts its router picks."""
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    total = 0
+    for m in model.modules():
+        gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        if top_k and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.ndim == 3:
+            experts = gate_up.shape[0]
+            nbytes = sum(p.numel() * p.element_size() for p in (gate_up, down))
+            total += nbytes * (experts - min(top_k, experts)) // experts
+    return total
+
+
 def bytes_per_token(setup: DecodeSetup, cache: Any) -> dict[str, int]:
     """What one step must read from memory: the weights (of the embedding table one row; of a
-    quantized linear its codes, scales and zero points) and the whole static K/V cache."""
+    quantized linear its codes, scales and zero points; of a mixture-of-experts layer only the
+    top-k experts', `inactive_expert_bytes`) and the whole static K/V cache."""
     model = setup.model
     embed = model.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
     weights += embed.shape[1] * embed.element_size()
+    weights -= inactive_expert_bytes(model)
     weights += sum(quantized_weight_bytes(m.weight_q) for m in model.modules() if hasattr(m, "weight_q"))
     kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
@@ -410,7 +447,8 @@ def measured_copy_gbs(device: str, timer: Any) -> float:
 
 def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.Namespace, device: str = "cuda",
                tiny: bool = False, save: Callable[[], None] = lambda: None,
-               weights: WeightSpec | None = None, dtype: torch.dtype | None = None) -> None:  # fmt: skip
+               weights: WeightSpec | None = None, dtype: torch.dtype | None = None,
+               family: str = "llama") -> None:  # fmt: skip
     """Fill `row` (models_report.new_row) with every system's decode measurement; `save` after each.
     With `weights`, a quantized case (the module docstring): `tessera` runs the quantized model.
     dtype: the model's (default float16 on the GPU, float32 on the CPU)."""
@@ -422,7 +460,7 @@ def run_decode(row: dict[str, Any], systems: list[str], kv: int, opts: argparse.
     with torch.no_grad():
         try:
             dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
-            setup = build_decode(kv, device, tiny, dtype=dtype)
+            setup = build_decode(kv, device, tiny, dtype=dtype, family=family)
             quant, quant_fields = quantize_setup(setup, weights) if weights is not None else (None, {})
         except Exception as e:  # noqa: BLE001
             record_build_failure(row, systems, e, save)
@@ -461,6 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="decode_case", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv", type=int, default=512)
     ap.add_argument("--tiny", action="store_true", help="dynamic_suite's tiny Llama (float32 on the CPU)")
+    ap.add_argument("--family", default="llama", choices=["llama", "mixtral"], help="the model (mixtral: issue 42's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--weight", help="quantize the decoder's linears to this tessera.quant type (int4, int3, ...)")
     ap.add_argument("--group-size", type=int, default=128, help="inputs per scale of --weight (0: per channel)")
@@ -481,10 +520,11 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(str(e))
     systems = opts.systems or ",".join([EAGER, *([TESSERA_FP16] if weights else []), TESSERA])
     quant = f"w={weights.weight},g={weights.group_size or 'channel'}," if weights else ""
-    row = new_row(f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},bs=1,decode,kv={opts.kv},{quant}"
+    name = {"llama": "llama-1.1b", "mixtral": "mixtral-2048-8x2-8l"}[opts.family]
+    row = new_row(f"model={f'{opts.family}-tiny' if opts.tiny else name},bs=1,decode,kv={opts.kv},{quant}"
                   f"{'fp16' if opts.device == 'cuda' else 'fp32'}")  # fmt: skip
     run_decode(row, [s.strip() for s in systems.split(",") if s.strip()], opts.kv, opts, opts.device, opts.tiny,
-               weights=weights)  # fmt: skip
+               weights=weights, family=opts.family)  # fmt: skip
     print(json.dumps(summarize(row), default=str, indent=1))
 
 

@@ -80,7 +80,7 @@ class ModelSpec:
     """One case: a model family at a batch size (and sequence length for the transformers)."""
 
     case: str
-    family: str  # resnet50 | bert | gpt2 | llama
+    family: str  # resnet50 | bert | gpt2 | llama | mixtral
     batch: int
     seq: int | None = None
     kv: int | None = None  # a decode case: one new token against a static KV cache of kv positions (decode_case.py)
@@ -104,6 +104,9 @@ MODELS: dict[str, ModelSpec] = {
                                        weight="int4"),
     "llama-decode-512-int3": ModelSpec("model=llama-1.1b-decode,bs=1,kv=512,w=int3,g=128,fp16", "llama", 1, kv=512,
                                        weight="int3"),
+    # issue 42: a Mixtral-style MoE (decode_case.mixtral); the decode floor counts the top-2 experts' bytes only
+    "mixtral": ModelSpec("model=mixtral-2048-8x2-8l,bs=1,seq=512,fp16", "mixtral", 1, 512),
+    "mixtral-decode-512": ModelSpec("model=mixtral-2048-8x2-8l-decode,bs=1,kv=512,fp16", "mixtral", 1, kv=512),
 }  # fmt: skip
 
 
@@ -314,6 +317,11 @@ def build(spec: ModelSpec, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.
             elif spec.family == "gpt2":
                 inner = tf.GPT2LMHeadModel(tf.GPT2Config())
                 model = PlainOutput(inner, "logits", use_cache=False)
+            elif spec.family == "mixtral":
+                from decode_case import mixtral
+
+                inner = mixtral(tiny=False)
+                model = PlainOutput(inner, "logits", use_cache=False)
             else:
                 config = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                                         num_attention_heads=32, num_key_value_heads=4)  # fmt: skip
@@ -456,7 +464,7 @@ def run_child(opts: argparse.Namespace) -> None:
 
         row["kv"] = spec.kv
         weights = WeightSpec(spec.weight, spec.group_size) if spec.weight else None
-        run_decode(row, systems, spec.kv, opts, save=save, weights=weights)
+        run_decode(row, systems, spec.kv, opts, save=save, weights=weights, family=spec.family)
         return
     with torch.no_grad():
         try:

@@ -69,7 +69,8 @@ def tiny_config(family: str, vocab_size: int, **overrides) -> transformers.Pretr
     common.update(overrides)
     config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                     "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
-                    "gemma": transformers.GemmaConfig, "phi3": transformers.Phi3Config}[family]  # fmt: skip
+                    "gemma": transformers.GemmaConfig, "phi3": transformers.Phi3Config,
+                    "mixtral": transformers.MixtralConfig}[family]  # fmt: skip
     return config_class(**common)
 
 

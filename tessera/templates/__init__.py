@@ -9,7 +9,7 @@
 Families (each folder: kernels written in tessera, their schedule space, a plan that adapts a
 problem to them, and one `register` call in its __init__): `gemm` (tensor-core GEMMs),
 `conv` (convolutions as GEMMs), `row` (norms, softmax), `attention`, `cpu` (x86 GEMM,
-convolution, pooling), `lowbit` (low-bit weights).  Shared machinery: `epilogue.py` (fusing an
+convolution, pooling), `lowbit` (low-bit weights), `moe` (mixture-of-experts blocks).  Shared machinery: `epilogue.py` (fusing an
 elementwise tail into a template's stores), `rewrite.py` (IR rewrites that specialise a
 template), `kernel.py` (a plan's launches, built and loaded into an AnchorKernel).
 
@@ -27,7 +27,7 @@ The anchors can be called directly, without a graph::
     k([x, w, b], out)            # out = gelu(x @ w.T + b), one GEMM kernel
 """
 
-from tessera.templates import attention, conv, cpu, gemm, lowbit, row  # noqa: F401  (each registers its templates)
+from tessera.templates import attention, conv, cpu, gemm, lowbit, moe, row  # noqa: F401  (each registers its templates)
 from tessera.templates.attention.plan import plan_attention, prepare_attention
 from tessera.templates.conv.plan import plan_conv2d, prepare_conv2d
 from tessera.templates.epilogue import Epilogue, EpilogueError, compose, fuse_epilogue, identity_epilogue

@@ -410,3 +410,29 @@ def _lowbit_linear(cv, a):
         return cv.op("lowbit_linear", x, *weights, **attrs)
     y = cv.op("lowbit_linear", cv.cast(x, want.name), *weights, **attrs)
     return cv.cast(y, x.dtype.name)
+
+
+@lowers("tessera.fused_moe")
+def _fused_moe(cv, a):
+    """A mixture-of-experts block kept whole (frontend/torch/keep_moe.py): the fused_moe anchor,
+    in float32 on the CPU (float16 and bfloat16 activations are cast to float32 and back); the
+    shared expert's gate and up weights become one [2S, H] constant, a choice bias an attribute."""
+    x = cv.tensor(a["x"])
+    if x.device == "cuda" or x.dtype not in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+        raise UnsupportedError(f"fused_moe on {x.dtype} activations ({x.device}) runs in torch")
+    names = ("router", "gate_up", "down", "shared_gate_proj", "shared_up_proj", "shared_down_proj", "shared_gate",
+             "choice_bias")  # fmt: skip
+    given = {k: a[k] for k in names if a[k] is not None}
+    if not all(isinstance(t, Tensor) and t.is_constant for t in given.values()):
+        raise UnsupportedError("fused_moe takes constant weights (module parameters)")
+    data = {k: np.asarray(t.data, np.float32) for k, t in given.items()}
+    weights = [data["router"], data["gate_up"], data["down"]]
+    if "shared_down_proj" in data:
+        weights += [np.concatenate([data["shared_gate_proj"], data["shared_up_proj"]]), data["shared_down_proj"]]
+        weights += [data["shared_gate"]] if "shared_gate" in data else []
+    consts = [Tensor.constant(np.ascontiguousarray(w), dtypes.float32) for w in weights]
+    bias = [float(b) for b in data["choice_bias"]] if "choice_bias" in data else None
+    y = cv.op("fused_moe", cv.cast(x, "float32"), *consts, top_k=int(a["top_k"]), scoring=a["scoring"],
+              normalize=bool(a["normalize"]), scale=float(a["scale"]), shared_gated="shared_gate" in data,
+              groups=int(a["groups"]), topk_group=int(a["topk_group"]), choice_bias=bias)  # fmt: skip
+    return cv.cast(y, x.dtype.name)

@@ -54,6 +54,7 @@ from tessera.frontend.torch.convert import (
 )
 from tessera.frontend.torch.decompositions import decomposition_table
 from tessera.frontend.torch.keep_attention import keep_attention_whole
+from tessera.frontend.torch.keep_moe import keep_moe_whole
 from tessera.frontend.torch.segment import (
     STORAGE_READERS,
     Segment,
@@ -160,6 +161,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
     if any(isinstance(x, torch.Tensor) and x.is_cuda for x in real):
         keep_attention_whole(gm)
+    else:  # (no CUDA MoE template yet: on the GPU the blocks stay as traced)
+        keep_moe_whole(gm)
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=fw_compiler,
                                  decompositions=decomposition_table(), keep_inference_input_mutations=True)  # fmt: skip
 

@@ -112,6 +112,8 @@ NOT_LOWERED: dict[str, str] = {
     "lowbit_linear": "lowbit_linear runs on its anchors only (the CUDA decode kernel for float16 x, the CPU row "
     "kernels for float32 x); other dtypes, a CPU without AVX2, or on the CPU a group size other than 8 to 256 "
     "dividing 256, a multiple of 256 or per channel, on its reference",
+    "fused_moe": "fused_moe runs on its anchor only (tessera.templates.moe: float32 on the CPU); elsewhere on its "
+    "reference",
 }
 
 
