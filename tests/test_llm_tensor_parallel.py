@@ -171,12 +171,16 @@ def _generate(llm: LLM, prompts) -> list[tuple[list[int], list[float]]]:
 
 def _check_equal(model_dir) -> None:
     prompts = PROMPTS + [[5, 17, 200, 31] * 10]  # a longer prompt too: prefilled with the others
+    # Then prompts the prefix cache has seen: whole ones, and one ending inside a cached block
+    # (its partial block is copied on every rank).
+    again = [*prompts, [5, 17, 200, 31] * 10 + [7, 8]]
     one = LLM(model_dir, **ENGINE)
-    expected = _generate(one, prompts)
+    expected = _generate(one, prompts) + _generate(one, again)
     two = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
     try:
         assert two.engine.runner.num_kv_heads == one.engine.runner.num_kv_heads // 2
-        got = _generate(two, prompts)
+        got = _generate(two, prompts) + _generate(two, again)
+        assert two.engine.stats().prefix_cache_hit_tokens > 0
     finally:
         two.close()
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, expected, strict=True):
