@@ -232,7 +232,7 @@ def test_compiler_from_environment(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("value", ["/nonexistent/bin/gcc", "no-such-compiler-xyz", "not-executable"])
-def test_missing_compiler_from_environment(monkeypatch, tmp_path, value):
+def test_missing_compiler_from_environment(monkeypatch, tmp_path, value, cache_dir):
     if value == "not-executable":
         f = tmp_path / "gcc"
         f.write_text("#!/bin/sh\nexit 0\n")
@@ -248,7 +248,7 @@ def test_missing_compiler_from_environment(monkeypatch, tmp_path, value):
         build_cuda("__global__ void k() {}")
 
 
-def test_compiler_not_on_path(monkeypatch, tmp_path):
+def test_compiler_not_on_path(monkeypatch, tmp_path, cache_dir):
     monkeypatch.delenv("TESSERA_CC", raising=False)
     monkeypatch.delenv("TESSERA_NVCC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory

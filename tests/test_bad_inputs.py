@@ -168,7 +168,7 @@ def test_a_compiler_that_writes_nothing_is_named(monkeypatch, cache_dir):
         build_cuda('extern "C" __global__ void k() {}\n')
 
 
-def test_a_compiler_that_cannot_run_is_named(monkeypatch, tmp_path):
+def test_a_compiler_that_cannot_run_is_named(monkeypatch, tmp_path, cache_dir):
     fake = tmp_path / "gcc"
     fake.write_bytes(b"\x00\x01 not an executable format")
     fake.chmod(0o755)
@@ -186,7 +186,7 @@ def _relu_graph():
 
 
 @pytest.mark.parametrize("value", ["true", "/nonexistent/bin/gcc"])
-def test_compile_graph_stops_on_a_broken_compiler_instead_of_falling_back(monkeypatch, caplog, value):
+def test_compile_graph_stops_on_a_broken_compiler_instead_of_falling_back(monkeypatch, caplog, value, cache_dir):
     monkeypatch.setenv("TESSERA_CC", value)
     with caplog.at_level(logging.WARNING, logger="tessera"), pytest.raises((BrokenCompilerError, ts.CompilerNotFoundError)):
         compile_graph(_relu_graph(), "cpu")

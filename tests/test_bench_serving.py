@@ -65,18 +65,24 @@ def test_prefix_workloads_share_what_they_say() -> None:
     assert sw.tokens_asked({"chats": chats, "out_len": 3}) == 18
 
 
-@pytest.mark.slow
-def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
+def _tiny_run(tmp_path: Path, *args: str) -> dict[str, list[dict]]:
+    """A --tiny CPU run of the suite; its rows by part, checked against the JSONL it wrote."""
     import serving_suite as ss
 
-    rows = ss.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)])
+    rows = ss.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), *args])
     (jsonl,) = tmp_path.glob("*-cpu-serving.jsonl")
     assert [json.loads(line) for line in jsonl.read_text().splitlines()] == json.loads(json.dumps(rows, default=str))
     assert jsonl.with_suffix(".md").exists()
-    parts = {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup", "prefix")}
-    assert [len(parts[p]) for p in parts] == [2, 4, 2, 1, 4]  # fp32 and int4; two rates each; startup, prefix once
     for r in rows:
         assert r["suite"] == "serving" and r["gpu"] == "cpu" and r["commit"] and r["model"] == "tiny-llama"
+    return {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup", "prefix")}
+
+
+@pytest.mark.slow
+def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
+    """Offline, batch-1 and startup, fp32 and int4 weights."""
+    parts = _tiny_run(tmp_path, "--parts", "offline,batch1,startup")
+    assert [len(parts[p]) for p in parts] == [2, 0, 2, 1, 0]  # fp32 and int4; startup once
     for r in parts["offline"]:
         assert r["tokens"] == r["tokens_asked"] and r["steps"] > 0 and r["errors"] == {}
         assert set(r["peers_tok_s"]) == {"hf-generate-batch", "hf-generate"}
@@ -85,15 +91,22 @@ def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
     fp32, int4 = (r["weight_gib"] for r in parts["offline"])
     # int4 codes + fp16 scales of the linear layers, the fp32 embedding (tied head) kept: ~0.22 of fp32.
     assert 0.15 < int4 / fp32 < 0.3
-    for r in parts["online"]:
-        assert r["output_tokens"] == r["tokens_asked"] and r["num_requests"] == 6
-        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
-            assert 0 < r[key]["p50"] <= r[key]["p99"]
     for r in parts["batch1"]:
         assert r["tokens"] == r["tokens_asked"] == 16
         assert 0 < r["floor_ms"] < r["tessera_ms_per_token"]
         assert set(r["peers_ms_per_token"]) == {"hf-generate", "hf-generate:tessera"}
     assert parts["startup"][0]["cold_s"] > 0 and parts["startup"][0]["warm_s"] > 0
+
+
+@pytest.mark.slow
+def test_tiny_cpu_smoke_run_online_and_prefix(tmp_path: Path) -> None:
+    """Online arrivals and the prefix-sharing workloads, fp32 weights."""
+    parts = _tiny_run(tmp_path, "--parts", "online,prefix", "--weights", "fp16")
+    assert [len(parts[p]) for p in parts] == [0, 2, 0, 0, 4]  # two rates; four workloads
+    for r in parts["online"]:
+        assert r["output_tokens"] == r["tokens_asked"] and r["num_requests"] == 6
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert 0 < r[key]["p50"] <= r[key]["p99"]
     assert [r["workload"] for r in parts["prefix"]] == ["shared-prefix", "few-shot", "multi-turn", "random-8-24"]
     for r in parts["prefix"]:
         assert r["tokens"] == r["tokens_asked"] and r["greedy_equal"] and r["errors"] == {}
