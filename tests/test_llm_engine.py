@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, train_tokenizer
+from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, model_dir_maker, train_tokenizer
 
 from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
@@ -16,14 +16,7 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    made: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in made:
-            made[family] = make_model_dir(tmp_path_factory.mktemp(family), family)
-        return made[family]
-
-    return get
+    return model_dir_maker(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir
+from tiny_llm import FAMILIES, PROMPTS, make_model, model_dir_maker
 
 from tessera.cli import main
 from tessera.llm import LLM, SamplingParams
@@ -138,14 +138,7 @@ def test_tensor_parallel_plan_checks_sizes():
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    made: dict[str, object] = {}
-
-    def get(family: str):
-        if family not in made:
-            made[family] = make_model_dir(tmp_path_factory.mktemp(family), family)
-        return made[family]
-
-    return get
+    return model_dir_maker(tmp_path_factory)
 
 
 def test_tensor_parallel_bad_sizes_are_clear_errors(model_dirs):

@@ -9,6 +9,7 @@ Nothing is downloaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -95,3 +96,16 @@ def make_model_dir(path: Path, family: str = "llama", seed: int = 0, **overrides
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def model_dir_maker(tmp_path_factory) -> Callable[[str], Path]:
+    """`get(family)`: a tiny model directory of that family, made on first use under pytest's
+    temporary directories and reused after (for a module-scoped fixture)."""
+    made: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            made[family] = make_model_dir(tmp_path_factory.mktemp(family), family)
+        return made[family]
+
+    return get
