@@ -227,9 +227,11 @@ def hf_generate_batch(model: Any, prompts: list[list[int]], out_lens: list[int])
     takes = inspect.signature(model.continuous_batching_context_manager).parameters
     kwargs: dict[str, Any] = {"generation_config": config, "timeout": 30}
     if hasattr(transformers, "ContinuousBatchingConfig") and "continuous_batching_config" in takes:
+        wanted = {"auto_switch_to_flash": False, **sizes}
+        known = inspect.signature(transformers.ContinuousBatchingConfig).parameters
         kwargs["continuous_batching_config"] = transformers.ContinuousBatchingConfig(
-            auto_switch_to_flash=False, **sizes
-        )
+            **{k: v for k, v in wanted.items() if k in known})
+        config.update(**{k: v for k, v in sizes.items() if k not in known})
     else:
         config.update(**sizes)  # where older releases read the cache sizes
     if "workload_hints" in takes:

@@ -47,7 +47,7 @@ def _output(value):
     return value[0]
 
 
-def _compile_and_compare(model, make_inputs, tol=1e-5, calls=2):
+def _compile_and_compare(model, make_inputs, tol=1e-5, calls=2, graphs=1):
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="tessera")
     before = dict(stats)
@@ -57,7 +57,7 @@ def _compile_and_compare(model, make_inputs, tol=1e-5, calls=2):
             out, ref = _output(compiled(*args, **kwargs)), _output(model(*args, **kwargs))
             assert out.shape == ref.shape and out.dtype == ref.dtype
             assert _rel(out, ref) < tol, (seed, _rel(out, ref))
-    assert stats["graphs"] - before["graphs"] == 1, "a graph break"
+    assert stats["graphs"] - before["graphs"] == graphs, "a graph break"
     assert stats["eager_nodes"] == before["eager_nodes"], "an op ran in torch"
     assert stats["whole_graph_fallbacks"] == before["whole_graph_fallbacks"]
     assert stats["reference_ops"] == before["reference_ops"], "an op ran in its numpy reference"
@@ -111,7 +111,17 @@ def test_transformers_tiny_fp32(name):
     torch.manual_seed(0)
     model, kind = zoo.hf_model(name)
     model.eval()
-    _compile_and_compare(model, lambda g: ((), zoo.hf_inputs(model, kind, 2, 11, g)))
+    _compile_and_compare(model, lambda g: ((), zoo.hf_inputs(model, kind, 2, 11, g)), graphs=_expected_graphs(name))
+
+
+def _expected_graphs(name: str) -> int:
+    """One graph per model, except where the installed transformers breaks it itself: 5.17 (the
+    GPU image's) deep-copies BartConfig inside BART's forward, which dynamo cannot trace (three
+    graphs); 5.23 and later do not."""
+    import transformers
+
+    older = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 23)
+    return 3 if name == "bart" and older else 1
 
 
 # ---- GPU tier ------------------------------------------------------------------------------------
