@@ -99,10 +99,11 @@ def branch_local_guard(a: f32["n"], b: f32["m"], y: f32["n"]):
             y[i] = 0.5
 
 
-def test_a_guard_computed_in_the_branch_keeps_the_read_in_place(rng):
-    """b[i - 1] needs a guard that uses t, which only exists inside the branch: not hoisted."""
-    lowered = lower(branch_local_guard.ir)  # verify would reject a guard read before its declaration
-    assert "b[" in str(lowered)
+def test_a_read_under_a_guard_computed_in_the_branch_is_hoisted_clamped(rng):
+    """b[i - 1]'s guard uses t, which only exists inside the branch; the clamped index needs no guard."""
+    after = unconditional_loads(branch_local_guard.ir)
+    assert conditional_reads(after) == [] and "b[min(max(i - 1, 0), m - 1)]" in str(after), str(after)
+    lower(branch_local_guard.ir)  # verify rejects a read of t before its declaration
     a = rng.standard_normal(9).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32)
     y = np.empty_like(a)
@@ -128,9 +129,31 @@ def test_reads_proven_in_bounds_keep_their_index():
     assert "select(a[i] < 0.0, i, 0)" not in text  # no guard where the loop proves the index
 
 
-def test_reads_not_proven_in_bounds_get_a_guarded_index():
+def test_reads_not_proven_in_bounds_get_a_clamped_index():
+    """Clamped without a condition: the address never depends on the guard."""
     text = str(unconditional_loads(shifted.ir))
-    assert re.search(r"a\[select\(.*i - k, 0\)\]", text), text
+    assert "a[min(max(i - k, 0), m - 1)]" in text and "select(i >= k && i - k < m, i - k" not in text, text
+
+
+def test_clamps_drop_the_side_that_is_proven():
+    @ts.kernel
+    def ahead(a: f32["n"], y: f32["n"]):
+        for i in range(a.shape[0]):
+            y[i] = a[i + 1] if i + 1 < a.shape[0] else 0.0
+
+    @ts.kernel
+    def behind(a: f32["n"], y: f32["n"]):
+        for i in range(a.shape[0]):
+            y[i] = a[i - 1] if i >= 1 else 0.0
+
+    assert "a[min(i + 1, n - 1)]" in str(unconditional_loads(ahead.ir))
+    assert "a[max(i - 1, 0)]" in str(unconditional_loads(behind.ir))
+    for kernel, want in ((ahead, lambda x: np.append(x[1:], 0)), (behind, lambda x: np.insert(x[:-1], 0, 0))):
+        for n in (1, 2, 7):
+            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+            y = np.empty_like(x)
+            kernel(x, y)
+            np.testing.assert_array_equal(y, want(x).astype(np.float32))
 
 
 def test_cuda_kernels_are_left_alone():
@@ -156,6 +179,7 @@ def test_index_bounds_of_split_loops():
     assert bounds.in_bounds(inner, E.Const(5, ts.int32))
     assert not bounds.in_bounds(inner, E.Const(4, ts.int32))
     assert not bounds.in_bounds(E.Binary("-", inner, E.Const(1, ts.int32)), E.Const(5, ts.int32))
+    assert bounds.below(E.Binary("-", inner, E.Const(1, ts.int32)), E.Const(5, ts.int32))  # only the lower side fails
     assert not bounds.in_bounds(outer, n)
     m = E.Var("m", ts.int32)
     bounds.loops[outer] = S.For(outer, E.Const(0, ts.int32), E.Binary("*", m, n), E.Const(1, ts.int32), S.Seq([]))

@@ -8,9 +8,9 @@ rewrites each conditional read into a variable declared before the statement and
 without a condition; the conditional then selects between values already computed.
 
 A read may be in bounds only where its condition holds (padding, concatenation, a tail).  Each
-index the pass cannot prove in bounds from the loop ranges and the buffer's shape is replaced by
-`cond ? index : 0`, which is always in bounds: the runtime refuses empty arrays, so index 0 of
-every dimension exists.  Reads whose indices are proven in bounds (every input of a fused
+index the pass cannot prove in bounds from the loop ranges and the buffer's shape is clamped,
+`min(max(index, 0), extent - 1)`, which is always in bounds (the runtime refuses empty arrays) and
+holds no condition.  Reads whose indices are proven in bounds (every input of a fused
 elementwise kernel) keep their plain index, so gcc still vectorizes them as contiguous loads.
 
 Runs before flatten_buffers, on CPU kernels only: nvcc predicates conditional loads correctly.
@@ -72,6 +72,8 @@ class IndexBounds:
             if e in self.definitions:
                 return self.upper(self.definitions[e])
             return None
+        if isinstance(e, E.Binary) and e.op == "-" and self.nonneg(e.b):
+            return self.upper(e.a)  # e < e.a < U
         if isinstance(e, E.Binary) and e.op == "%" and self.nonneg(e.a) and self.positive(e.b):
             return e.b
         if isinstance(e, E.Binary) and e.op == "//" and self.positive(e.b):
@@ -90,14 +92,20 @@ class IndexBounds:
 
     def in_bounds(self, index: E.Expr, extent: E.Expr) -> bool:
         """Whether 0 <= index < extent holds wherever the read is reached."""
-        if not self.nonneg(index):
-            return False
+        return self.nonneg(index) and self.below(index, extent)
+
+    def below(self, index: E.Expr, extent: E.Expr) -> bool:
+        """Whether index < extent holds wherever the read is reached (for index >= 0)."""
         bound = self.upper(index)
         if bound is None:
             return False
         if isinstance(bound, E.Const) and isinstance(extent, E.Const):
             return bound.value <= extent.value
         return same_expr(bound, extent)
+
+
+def _as(e: E.Expr, t: DataType) -> E.Expr:
+    return e if e.dtype == t else E.Cast(e, t)
 
 
 def _conjoin(guard: E.Expr, cond: E.Expr) -> E.Expr:
@@ -145,10 +153,11 @@ class _HoistReads(IRMutator):
         bounds = self.walk.bounds
         shape = e.buffer.type.shape if isinstance(e.buffer.type, TensorType) else (None,) * len(indices)
         proven = [extent is not None and bounds.in_bounds(i, extent) for i, extent in zip(indices, shape)]
-        if not all(proven) and _uses(self.guard) & self.walk.branch_vars:
+        needs_guard = any(not ok and extent is None for ok, extent in zip(proven, shape))
+        if needs_guard and _uses(self.guard) & self.walk.branch_vars:
             # The guard needs values the If branch computes: it cannot be evaluated before the If.
             return e if all(x is y for x, y in zip(indices, e.indices)) else E.Load(e.buffer, indices)
-        safe = tuple(i if ok else E.Select(self.guard, i, E.Const(0, i.dtype)) for i, ok in zip(indices, proven))
+        safe = tuple(i if ok else self.walk.clamped(i, extent, self.guard) for i, ok, extent in zip(indices, proven, shape))
         var = E.Var(self.walk.fresh_name(e.buffer.name), dtypes.compute_type(e.type))
         self.hoisted.append(S.DeclareVar(var, E.Load(e.buffer, safe)))
         return var
@@ -228,6 +237,22 @@ class UnconditionalLoads:
 
     def pinned(self, buffer: E.Var, indices: tuple[E.Expr, ...]) -> bool:
         return buffer in self.branch_stores or any(_uses(i) & self.branch_vars for i in indices)
+
+    def clamped(self, index: E.Expr, extent: E.Expr | None, guard: E.Expr) -> E.Expr:
+        """`index` made in bounds without a condition: min(max(index, 0), extent - 1) (either
+        side dropped where it is proven), so the address never depends on the guard (gcc has
+        been seen to mis-vectorize `b[c ? k : 0]` next to other conditional code).  Without a
+        known extent, `guard ? index : 0`."""
+        if extent is None:
+            return E.Select(guard, index, E.Const(0, index.dtype))
+        t = index.dtype
+        below = self.bounds.below(index, extent)
+        if not self.bounds.nonneg(index):
+            index = E.Call("max", (index, E.Const(0, t)), t)
+        if not below:
+            last = E.Const(extent.value - 1, t) if isinstance(extent, E.Const) else E.Binary("-", _as(extent, t), E.Const(1, t))
+            index = E.Call("min", (index, last), t)
+        return index
 
     def expr(self, e: E.Expr, guard: E.Expr, hoisted: list[S.Stmt]) -> E.Expr:
         return _HoistReads(self, guard, hoisted).visit(e)
