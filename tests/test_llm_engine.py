@@ -167,6 +167,22 @@ def test_abort_frees_blocks_and_stats_count(llama_dir):
         engine.tokenizer(PROMPTS[0])["input_ids"])
 
 
+def test_unstreamed_requests_output_only_when_finished(llama_dir):
+    """stream=False (what LLM.generate asks): no output per step, the same final output."""
+    engine = LLMEngine(llama_dir, device="cpu", block_size=4, enforce_eager=True)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    engine.add_request("streamed", PROMPTS[0], params)
+    engine.add_request("final", PROMPTS[0], params, stream=False)
+    seen: dict[str, list] = {"streamed": [], "final": []}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    assert len(seen["streamed"]) == 3 and [o.finished for o in seen["final"]] == [True]
+    last, final = seen["streamed"][-1].outputs[0], seen["final"][0].outputs[0]
+    assert final.token_ids == last.token_ids and len(final.token_ids) == 3 and final.text == last.text
+    assert final.new_token_ids == final.token_ids  # what it added since its last output: all of it
+
+
 def test_a_failing_step_aborts_its_requests_and_the_engine_serves_on(llama_dir):
     engine = LLMEngine(llama_dir, device="cpu", max_num_seqs=2, enforce_eager=True)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

@@ -169,8 +169,12 @@ class LLMEngine:
         """SamplingParams with the model's generation_config.json defaults (temperature, top_p, ...)."""
         return SamplingParams(**self.sampling_defaults)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Queue a request; RequestError when it cannot be served as asked (nothing is queued then)."""
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                    stream: bool = True) -> None:  # fmt: skip
+        """Queue a request; RequestError when it cannot be served as asked (nothing is queued then).
+
+        `stream=False`: `step` returns its output only once it finishes (no per-step copy of its
+        tokens, which for long sequences costs more host time than the step's launches)."""
         if not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
@@ -180,7 +184,7 @@ class LLMEngine:
         text, token_ids = self._prompt_tokens_of(prompt)
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
-        request = Request(request_id, text, token_ids, params, next(self._arrivals))
+        request = Request(request_id, text, token_ids, params, next(self._arrivals), stream=stream)
         for index in range(params.n):
             generator = self.sampler.make_generator(params.sample_seed(index))
             detokenizer = None
@@ -228,7 +232,8 @@ class LLMEngine:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run and sample one step; the outputs of requests that produced tokens.
+        """Schedule, run and sample one step; the outputs of requests that produced tokens (a
+        request added with stream=False only in the step that finishes it).
 
         Raises StepFailure when the model or the sampler raised: that step's requests are aborted
         and the engine can go on stepping the others."""
@@ -272,6 +277,8 @@ class LLMEngine:
             progressed[seq.request.request_id] = seq.request
         outputs = []
         for request in progressed.values():
+            if not (request.stream or request.finished):
+                continue  # its new tokens and text add up until its one output
             outputs.append(request.output())
             for seq in request.seqs:
                 seq.step_token_ids, seq.step_text = [], ""

@@ -101,7 +101,7 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params, strict=True):
                 ids.append(f"generate-{next(self._ids)}")
-                self.engine.add_request(ids[-1], prompt, p)
+                self.engine.add_request(ids[-1], prompt, p, stream=False)
             finals: dict[str, RequestOutput] = {}
             with progress(use_tqdm):
                 finished_bar = bar(total=len(ids), desc="generate", unit="req")

@@ -28,8 +28,9 @@ class CompletionOutput:
     """One sample of a request.
 
     index: which of the request's n samples.  token_ids/text: the output so far.
-    new_token_ids/new_text: what the last step added (text is held back while it could still
-    become a stop string, or while it ends inside a multi-byte character).
+    new_token_ids/new_text: what was added since the previous output (for a streamed request, the
+    last step; text is held back while it could still become a stop string, or while it ends
+    inside a multi-byte character).
     finish_reason: None while running, else one of FINISH_REASONS; stop_reason: the stop string
     or token id that ended it, if one did.  logprobs: one entry per token when asked for.
     """

@@ -98,6 +98,7 @@ class Request:
     arrival: int
     seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens of its first sample that came from the prefix cache
+    stream: bool = True  # an output after every step that adds to it; False: only the final one
 
     @property
     def finished(self) -> bool:

@@ -150,7 +150,7 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
         prompts = await serving.completion_prompts(body)
         params = serving.completion_params(body)
         request_id = new_request_id("cmpl")
-        streams = serving.submit(request_id, prompts, params)
+        streams = serving.submit(request_id, prompts, params, stream=bool(body.stream))
         if body.stream:
             await _accepted(streams)
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -163,7 +163,7 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
         prompt = await serving.chat_prompt(body)
         params = serving.chat_params(body, len(prompt))
         request_id = new_request_id("chatcmpl")
-        streams = serving.submit(request_id, [prompt], params)
+        streams = serving.submit(request_id, [prompt], params, stream=bool(body.stream))
         if body.stream:
             await _accepted(streams)
             include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -157,9 +157,11 @@ class AsyncLLMEngine:
         """Requests in flight: submitted and neither finished, failed nor aborted."""
         return len(self._streams)
 
-    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
-        """Queue a request for the engine; call from the event loop.  Raises `ServerOverloaded`
-        past `max_pending`, `EngineFailure` when the engine thread has stopped."""
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+               stream: bool = True) -> RequestStream:  # fmt: skip
+        """Queue a request for the engine; call from the event loop.  `stream=False`: the stream
+        gets only the final output.  Raises `ServerOverloaded` past `max_pending`, `EngineFailure`
+        when the engine thread has stopped."""
         if not self.is_running:
             raise EngineFailure(f"the engine is not running{f': {self.error}' if self.error else ''}")
         with self._lock:
@@ -172,7 +174,7 @@ class AsyncLLMEngine:
             stream = RequestStream(request_id, asyncio.get_running_loop(), self)
             self._streams[request_id] = stream
             self.requests_total += 1
-        self._commands.put(("add", request_id, prompt, params))
+        self._commands.put(("add", request_id, prompt, params, stream))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -224,12 +226,12 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return True
 
-    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: bool) -> None:
         stream = self._streams.get(request_id)
         if stream is None:  # aborted before the engine saw it
             return
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, stream=stream)
         except RequestError as exc:
             self._finish(request_id, exc)
         except Exception as exc:

@@ -162,13 +162,16 @@ class Serving:
                                    f"{self.max_model_len}")  # fmt: skip
         return self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
 
-    def submit(self, request_id: str, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
-        """One engine request per prompt; on an error the ones already submitted are aborted."""
+    def submit(self, request_id: str, prompts: list[list[int]], params: SamplingParams, *,
+               stream: bool = True) -> list[RequestStream]:  # fmt: skip
+        """One engine request per prompt (with outputs per step when `stream`, else only the final
+        one); on an error the ones already submitted are aborted."""
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(
-                    self.engine.submit(request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt, params)
+                    self.engine.submit(request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt, params,
+                                       stream=stream)
                 )
         except BaseException:
             abort_all(streams)
