@@ -53,6 +53,23 @@ def test_incremental_text_equals_the_full_decode_and_never_splits_a_character(to
     assert seq.finish_reason == "length"
 
 
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_the_rust_decode_equals_transformers_decode(tokenizer, clean_up):
+    """The detokenizer calls the fast tokenizer's Rust decode directly unless transformers would
+    clean the text up after it; either way its text is transformers' decode of the same ids."""
+    tokenizer.clean_up_tokenization_spaces = clean_up
+    try:
+        text = "Hello , how are you ? Café 東京 <|user|> 12345 !"
+        ids = tokenizer(text)["input_ids"]
+        for skip in (True, False):
+            detokenizer = IncrementalDetokenizer(tokenizer, [], skip)
+            assert (detokenizer.backend is not None) == (not clean_up)
+            released = "".join(detokenizer.add(t) for t in ids) + detokenizer.flush()
+            assert released == tokenizer.decode(ids, skip_special_tokens=skip)
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
+
+
 def test_first_token_decodes_in_the_prompts_context(tokenizer):
     ids = tokenizer(" fox jumps", add_special_tokens=False)["input_ids"]
     seq = make_seq(tokenizer, prompt="The quick brown", max_tokens=10)

@@ -40,16 +40,21 @@ class Sampler:
         """logits [len(seqs), vocab]: the next-token logits of each sequence, in order."""
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(s.params.logprobs is not None for s in seqs) else None
-        logits = logits.clone()
-        for row, seq in enumerate(seqs):
-            _apply_penalties(logits[row], seq)
-            _mask_early_stops(logits[row], seq, eos_token_ids)
-        tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
+        adjusted = [(row, seq) for row, seq in enumerate(seqs) if _penalised(seq) or _stops_banned(seq)]
+        if adjusted:  # rows are touched one by one only where a penalty or min_tokens applies
+            logits = logits.clone()
+            for row, seq in adjusted:
+                _apply_penalties(logits[row], seq)
+                _mask_early_stops(logits[row], seq, eos_token_ids)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if greedy:
+        if len(greedy) == len(seqs):  # the common batch: one argmax, no row gathers
+            tokens = logits.argmax(dim=-1)
+        elif not greedy:
+            tokens = self._draw(filtered_probs(logits, seqs), [s.generator for s in seqs])
+        else:
+            sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+            tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
             tokens[greedy] = logits[greedy].argmax(dim=-1)
-        if sampled:
             probs = filtered_probs(logits[sampled], [seqs[i] for i in sampled])
             tokens[sampled] = self._draw(probs, [seqs[i].generator for i in sampled])
         token_ids = tokens.tolist()
@@ -103,6 +108,15 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return probs
 
 
+def _penalised(seq: Sequence) -> bool:
+    params = seq.params
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty or params.frequency_penalty)
+
+
+def _stops_banned(seq: Sequence) -> bool:
+    return seq.num_output_tokens < seq.params.min_tokens
+
+
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     """OpenAI's presence/frequency penalties (output tokens) and the repetition penalty (all)."""
     params = seq.params
@@ -118,7 +132,7 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
 
 def _mask_early_stops(logits: torch.Tensor, seq: Sequence, eos_token_ids: Collection[int]) -> None:
     """Before min_tokens new tokens, neither EOS nor a stop token id may be drawn."""
-    if seq.num_output_tokens >= seq.params.min_tokens:
+    if not _stops_banned(seq):
         return
     banned = [t for t in (*eos_token_ids, *seq.params.stop_token_ids) if t < logits.shape[-1]]
     if banned:
