@@ -23,24 +23,24 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tessera.llm.block_manager import BlockManager
 from tessera.llm.prefix_cache import PrefixCache
 from tessera.llm.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSequence:
-    """A sequence in this step and how many of its uncomputed tokens the step computes."""
+    """A sequence in this step and how many of its uncomputed tokens the step computes;
+    `samples`: the step reaches its last token, so a new token is sampled (set when scheduled)."""
 
     seq: Sequence
     num_tokens: int
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """True when the step reaches the sequence's last token, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
 
 
 class Scheduler:
@@ -98,7 +98,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_tokens = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_tokens)):
+            needed = self.block_manager.blocks_needed(seq, num_tokens)
+            while needed and not self.block_manager.can_allocate(needed):
                 victim = self.running[-1]  # the latest arrival; never one scheduled already (index >= i)
                 self.preempt(victim)
                 preempted = True
@@ -106,7 +107,8 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it preempted itself: nothing after it runs either
-            self.block_manager.allocate(seq, num_tokens)
+            if needed:  # a decoding sequence mostly has its slot already
+                self.block_manager.allocate(seq, num_tokens)
             scheduled.append(ScheduledSequence(seq, num_tokens))
             budget -= num_tokens
             i += 1
