@@ -38,7 +38,7 @@ def hf_greedy(model_dir, prompts, max_new_tokens: int, ignore_eos: bool = False)
     return out
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_greedy_tokens_equal_transformers_generate(model_dirs, family):
     model_dir = model_dirs(family)
     expected = hf_greedy(model_dir, PROMPTS, GREEDY.max_tokens)

@@ -181,6 +181,7 @@ def _check_equal(model_dir) -> None:
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_llama_equals_one_process(model_dirs):
     """Greedy tokens identical, log-probabilities close at fp32: Llama over 2 gloo ranks."""
     _check_equal(model_dirs("llama"))

@@ -156,10 +156,11 @@ def test_cuda_decode_streaming_variants(rng, t):
 
 @needs_nvcc
 @pytest.mark.parametrize("t, group, bias, config", [
-    ("int1", 128, False, STREAMING[0]), ("uint3", 32, True, STREAMING[1]), ("e2m1", 64, False, STREAMING[2]),
-    ("int4", 128, True, STREAMING[3]), ("int8", 8, True, STREAMING[4]), ("int4", 64, True, STREAMING[5]),
-    ("e4m3", 16, False, STREAMING[6]), ("int5", 1024, True, STREAMING[7]), ("e5m2", 128, False, STREAMING[8]),
-    ("uint2", 8, True, STREAMING[5])])  # fmt: skip
+    ("int1", 128, False, STREAMING[0]), *(pytest.param(*case, marks=pytest.mark.slow) for case in (
+        ("uint3", 32, True, STREAMING[1]), ("e2m1", 64, False, STREAMING[2]), ("int4", 128, True, STREAMING[3]),
+        ("int8", 8, True, STREAMING[4]), ("int4", 64, True, STREAMING[5]), ("e4m3", 16, False, STREAMING[6]))),
+    ("int5", 1024, True, STREAMING[7]), ("e5m2", 128, False, STREAMING[8]),
+    pytest.param("uint2", 8, True, STREAMING[5], marks=pytest.mark.slow)])  # fmt: skip  (three in the fast tier)
 def test_streaming_variants_build_with_nvcc(t, group, bias, config):
     """Interleaved kernels step the batch's units together: each step's mmas are spelled out
     once per unit and step (a C loop over the units that nvcc unrolls), with no per-unit branch."""

@@ -564,6 +564,7 @@ def test_cuda_compiled_model_runs_the_lowbit_anchor_with_fused_bias(rng):
         assert tb.stats["reference_ops"] == before["reference_ops"], "lowbit_linear ran on its numpy reference"
 
 
+@pytest.mark.slow
 def test_quantized_linear_calls_the_custom_op_only_where_it_is_traced(monkeypatch):
     """Eager forward runs the layer's matmul itself (the op's dispatch cost ~50 us a call); with
     a gradient asked for, under torch.compile or on a fake tensor it is the custom op, and every

@@ -61,6 +61,7 @@ def test_onnx_node_tests_pass(subset_rows):
     assert not failed, f"{len(failed)} of {len(subset_rows)} ONNX node tests fail: {failed}"
 
 
+@pytest.mark.slow  # its fixture runs the selection: minutes on 2 cores
 def test_onnx_node_tests_leave_nothing_to_numpy(subset_rows):
     """Every operator of the passing tests runs in a compiled kernel: none is left to its numpy
     reference between kernels (a host round trip, and no CUDA-graph capture on the GPU)."""

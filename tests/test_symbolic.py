@@ -158,6 +158,7 @@ def _build(t, env):
     return size, fv(vx, vy)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(_exprs(), st.fixed_dictionaries({n: st.integers(1, 12) for n in NAMES}))
 def test_simplified_sizes_evaluate_like_python_ints(tree, env):
@@ -171,6 +172,7 @@ def test_simplified_sizes_evaluate_like_python_ints(tree, env):
     assert nonneg(size) is False or value >= 0  # nonneg is a sound test (names are >= 1)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_exprs(), _exprs(), st.fixed_dictionaries({n: st.integers(1, 12) for n in NAMES}))
 def test_canonical_form_is_independent_of_how_a_size_is_written(t1, t2, env):
