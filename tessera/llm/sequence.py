@@ -81,7 +81,7 @@ class Sequence:
 
     def completion(self) -> CompletionOutput:
         """This sample as the API returns it, with what the last step added."""
-        return CompletionOutput(index=self.index, token_ids=list(self.output_token_ids), text=self.text,
+        return CompletionOutput(index=self.index, token_ids=self.output_token_ids, text=self.text,
                                 new_token_ids=list(self.step_token_ids), new_text=self.step_text,
                                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                                 logprobs=list(self.logprobs) if self.logprobs is not None else None)  # fmt: skip

@@ -17,7 +17,6 @@ fails at once instead of waiting on a dead thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -268,7 +267,7 @@ class AsyncLLMEngine:
             with self._lock:
                 stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None:
-                self._deliver(stream, _snapshot(out))
+                self._deliver(stream, out)  # the engine built it fresh this step and keeps no reference
 
     def _finish(self, request_id: str, error: BaseException, failed: bool = False) -> None:
         with self._lock:
@@ -302,10 +301,3 @@ class AsyncLLMEngine:
             samples.popleft()
         self._rate_snapshot = tuple(samples)  # what other threads read
 
-
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    """A copy the event loop can read while the engine goes on (it may extend its lists in place)."""
-    samples = [dataclasses.replace(c, token_ids=list(c.token_ids), new_token_ids=list(c.new_token_ids),
-                                   logprobs=None if c.logprobs is None else list(c.logprobs))
-               for c in out.outputs]  # fmt: skip
-    return dataclasses.replace(out, prompt_token_ids=list(out.prompt_token_ids), outputs=samples)
