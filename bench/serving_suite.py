@@ -55,6 +55,9 @@ output token over tessera's) rebuilt from the whole file:
   a slice of each workload first (kernels of its shapes), then empties its cache, then the timed
   run.  `hit_rate` = cached / looked-up prompt tokens; `greedy_equal`: the cache on and off made
   the same tokens.
+- `host` (not in the default parts): the engine's host time per step on the offline workload,
+  with the forward replaced by a stub that packs the inputs and returns fixed logits (scheduling,
+  packing, sampling, detokenizing, stop rules); median ms of 300 steps after 50.
 - `startup`: a fresh process importing tessera, building `LLM(model_dir)` and returning its first
   token: `cold_s` with an empty tessera artifact cache, `warm_s` with the cache it left
   (the weights are in the OS page cache both times).
@@ -259,6 +262,10 @@ def engine_rows(args: argparse.Namespace, model_dir: Path, quant: str | None, la
             rows.append({"case": f"online rate={rate:g},n={args.online_n} {label['weights']}", "part": "online",
                          **label, **r, "tessera_tok_s": r["output_tok_s"], "tokens_asked": sum(lens),
                          "peak_memory_gib": peak_memory_gib(args.device), **mem})  # fmt: skip
+    if "host" in parts:
+        r = sw.host_step_ms(llm, *loads["offline"])
+        rows.append({"case": f"host workload=random-{args.low}-{args.high},n={args.n} {label['weights']}",
+                     "part": "host", **label, **r})  # fmt: skip
     if "batch1" in parts:
         (prompt, new), pb = loads["batch1"], peers["batch1"]
         r = batch1(llm, prompt, new, costs, limits[0])
@@ -347,9 +354,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--prefix-workloads", default=PREFIX_WORKLOADS, help="the prefix part's workloads")
     ap.add_argument("--weights", default="fp16,int4", help="fp16 (float32 on the CPU) and/or int4")
     ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument("--n", type=int, default=256, help="requests of the offline workload")
-    ap.add_argument("--low", type=int, default=100)
-    ap.add_argument("--high", type=int, default=1024)
+    ap.add_argument("--n", type=int, help="requests of the offline workload (256; --tiny: 8)")
+    ap.add_argument("--low", type=int, help="shortest prompt and output (100; --tiny: 8)")
+    ap.add_argument("--high", type=int, help="longest prompt and output (1024; --tiny: 24)")
     ap.add_argument("--rates", default="2,8,32", help="online request rates per second (inf: all at once)")
     ap.add_argument("--online-n", type=int, default=64, help="requests per online rate")
     ap.add_argument("--hf-batch", type=int, default=64, help="hf-generate's batch size (offline)")
@@ -364,13 +371,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(BENCH / "results"))
     args = ap.parse_args(argv)
-    if args.tiny:  # small enough for ~1 min on 2 CPU cores, every code path still taken
-        args.low, args.high, args.n, args.online_n = (
-            min(args.low, 8),
-            min(args.high, 24),
-            min(args.n, 8),
-            min(args.online_n, 6),
-        )
+    # --tiny: small enough for ~1 min on 2 CPU cores, every code path still taken; sizes given
+    # explicitly stay (the `host` part on the tiny model takes the full workload).
+    for name, full, tiny in (("n", 256, 8), ("low", 100, 8), ("high", 1024, 24)):
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else full)
+    if args.tiny:
+        args.online_n = min(args.online_n, 6)
         args.rates, args.batch1 = ("50,inf" if args.rates == "2,8,32" else args.rates), "8,16"
     tp = args.tensor_parallel_size
     # The tensor-parallel engine runs eagerly (compile_model is refused with it).
@@ -411,7 +418,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     rows.append({"case": f"startup {label['weights']}", "part": "startup", **label,
                                  "cold_s": cold["total_s"], "warm_s": warm["total_s"],
                                  "cold": cold, "warm": warm})  # fmt: skip
-                if parts & {"offline", "online", "batch1"}:
+                if parts & {"offline", "online", "batch1", "host"}:
                     rows += engine_rows(args, model_dir, quant, label, loads, peers, (bandwidth, peak))
                     reset_peak(args.device)
                 # tiny: the first weight type's prefix rows only (two engines, four workloads each)
@@ -436,6 +443,7 @@ COLUMNS = {
     "prefix": ["tessera_tok_s", "peers_tok_s", "vs_no_prefix_cache", "vs_hf_generate_batch", "hit_rate",
                "greedy_equal", "preemptions", "peak_memory_gib", "errors"],
     "startup": ["cold_s", "warm_s"],
+    "host": ["host_ms_per_step", "mean_running", "steps"],
     "error": ["error"],
 }  # fmt: skip
 

@@ -116,6 +116,43 @@ def _median_time(fn: Any, device: str, repeats: int = 12) -> float:
     return statistics.median(times[2:])
 
 
+def host_step_ms(llm: LLM, prompts: list[list[int]], out_lens: list[int], steps: int = 300,
+                 warm: int = 50) -> dict[str, float]:  # fmt: skip
+    """The engine's own host time per step: the workload's requests (greedy, EOS ignored, as
+    LLM.generate adds them) stepped with the forward replaced by a stub that packs the step's
+    inputs as the model runner does and returns fixed logits, so what is timed is scheduling,
+    packing, sampling, detokenizing and the stop rules.  Median of `steps` steps after `warm`."""
+    engine, runner = llm.engine, llm.engine.runner
+    logits = torch.randn(max(len(prompts), 1), engine.vocab_size, device=llm.device)  # a row per request at most
+
+    def stub(scheduled: list[Any]) -> torch.Tensor:
+        runner.pack(scheduled)
+        return logits[: sum(1 for e in scheduled if e.samples)]
+
+    real, runner.execute = runner.execute, stub
+    ids = [f"host-{i}" for i in range(len(prompts))]
+    try:
+        for request_id, prompt, m in zip(ids, prompts, out_lens, strict=True):
+            engine.add_request(request_id, prompt, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True),
+                               stream=False)  # fmt: skip
+        times, running = [], []
+        while len(times) < warm + steps and engine.has_unfinished_requests():
+            synchronize(llm.device)
+            start = time.perf_counter()
+            engine.step()
+            synchronize(llm.device)
+            times.append(time.perf_counter() - start)
+            running.append(engine.stats().num_running)
+        if len(times) > warm:  # a workload shorter than the warm-up (smoke runs) is timed whole
+            times, running = times[warm:], running[warm:]
+    finally:
+        runner.execute = real
+        for request_id in ids:
+            engine.abort_request(request_id)
+    return {"host_ms_per_step": statistics.median(times) * 1e3, "steps": len(times),
+            "mean_running": statistics.fmean(running)}  # fmt: skip
+
+
 def copy_bandwidth(device: str, nbytes: int | None = None) -> float:
     """Bytes read + written per second by one large device copy (median of 10): the bandwidth floor's
     rate.  1 GiB on the GPU (far past L2); 256 MiB on the CPU (past its caches, and not in the peak RSS)."""

@@ -75,14 +75,14 @@ def _tiny_run(tmp_path: Path, *args: str) -> dict[str, list[dict]]:
     assert jsonl.with_suffix(".md").exists()
     for r in rows:
         assert r["suite"] == "serving" and r["gpu"] == "cpu" and r["commit"] and r["model"] == "tiny-llama"
-    return {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup", "prefix")}
+    return {p: [r for r in rows if r["part"] == p] for p in ("offline", "online", "batch1", "startup", "prefix", "host")}
 
 
 @pytest.mark.slow
 def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
     """Offline, batch-1 and startup, fp32 and int4 weights."""
     parts = _tiny_run(tmp_path, "--parts", "offline,batch1,startup")
-    assert [len(parts[p]) for p in parts] == [2, 0, 2, 1, 0]  # fp32 and int4; startup once
+    assert [len(parts[p]) for p in parts] == [2, 0, 2, 1, 0, 0]  # fp32 and int4; startup once
     for r in parts["offline"]:
         assert r["tokens"] == r["tokens_asked"] and r["steps"] > 0 and r["errors"] == {}
         assert set(r["peers_tok_s"]) == {"hf-generate-batch", "hf-generate"}
@@ -100,9 +100,11 @@ def test_tiny_cpu_smoke_run(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_tiny_cpu_smoke_run_online_and_prefix(tmp_path: Path) -> None:
-    """Online arrivals and the prefix-sharing workloads, fp32 weights."""
-    parts = _tiny_run(tmp_path, "--parts", "online,prefix", "--weights", "fp16")
-    assert [len(parts[p]) for p in parts] == [0, 2, 0, 0, 4]  # two rates; four workloads
+    """Online arrivals, the prefix-sharing workloads and the host time per step, fp32 weights."""
+    parts = _tiny_run(tmp_path, "--parts", "online,prefix,host", "--weights", "fp16")
+    assert [len(parts[p]) for p in parts] == [0, 2, 0, 0, 4, 1]  # two rates; four workloads
+    (host,) = parts["host"]
+    assert host["host_ms_per_step"] > 0 and host["steps"] > 0 and 0 < host["mean_running"] <= 8
     for r in parts["online"]:
         assert r["output_tokens"] == r["tokens_asked"] and r["num_requests"] == 6
         for key in ("ttft_ms", "tpot_ms", "itl_ms"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 import transformers
@@ -10,6 +12,7 @@ from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, model_dir_ma
 from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
 from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams, StepFailure
+from tessera.llm.server.async_engine import AsyncLLMEngine
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
@@ -181,6 +184,26 @@ def test_unstreamed_requests_output_only_when_finished(llama_dir):
     last, final = seen["streamed"][-1].outputs[0], seen["final"][0].outputs[0]
     assert final.token_ids == last.token_ids and len(final.token_ids) == 3 and final.text == last.text
     assert final.new_token_ids == final.token_ids  # what it added since its last output: all of it
+
+
+def test_the_async_engine_streams_per_step_only_when_asked(llama_dir):
+    """What the server does for `stream: true` and `stream: false` requests."""
+    engine = AsyncLLMEngine(LLM(llama_dir, device="cpu", enforce_eager=True).engine)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+
+    async def outputs_of(per_step: bool) -> list:
+        return [out async for out in engine.submit(f"r-{per_step}", PROMPTS[0], params, stream=per_step)]
+
+    async def drive() -> tuple[list, list]:
+        engine.start()
+        return await outputs_of(True), await outputs_of(False)
+
+    try:
+        streamed, final = asyncio.run(drive())
+    finally:
+        engine.shutdown()
+    assert len(streamed) == 3 and len(final) == 1 and final[0].finished
+    assert final[0].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
 
 
 def test_a_failing_step_aborts_its_requests_and_the_engine_serves_on(llama_dir):

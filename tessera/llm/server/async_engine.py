@@ -170,11 +170,11 @@ class AsyncLLMEngine:
                                        f"retry after {self.retry_after_s} s", self.retry_after_s)  # fmt: skip
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already in flight")
-            stream = RequestStream(request_id, asyncio.get_running_loop(), self)
-            self._streams[request_id] = stream
+            outputs = RequestStream(request_id, asyncio.get_running_loop(), self)
+            self._streams[request_id] = outputs
             self.requests_total += 1
         self._commands.put(("add", request_id, prompt, params, stream))
-        return stream
+        return outputs
 
     def abort(self, request_id: str) -> None:
         """Drop a request (its stream gets nothing more); the engine frees its blocks."""
@@ -225,12 +225,12 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return True
 
-    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: bool) -> None:
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, per_step: bool) -> None:
         stream = self._streams.get(request_id)
         if stream is None:  # aborted before the engine saw it
             return
         try:
-            self.engine.add_request(request_id, prompt, params, stream=stream)
+            self.engine.add_request(request_id, prompt, params, stream=per_step)
         except RequestError as exc:
             self._finish(request_id, exc)
         except Exception as exc:
