@@ -63,6 +63,11 @@ def test_whole_prompts_in_one_step_and_token_id_prompts(llama_dir):
     outputs = llm.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(llama_dir, prompts, GREEDY.max_tokens)
     assert outputs[0].prompt is None and outputs[0].prompt_token_ids == prompts[0]
+    # Long prompts in one step (slots past the runner's vectorised threshold), over blocks of 4.
+    long_prompts = [(prompts[1] * 8)[:150], (prompts[3] * 8)[:97]]
+    llm = LLM(llama_dir, device="cpu", enforce_eager=True, block_size=4)
+    outputs = llm.generate(long_prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(llama_dir, long_prompts, GREEDY.max_tokens)
 
 
 @pytest.mark.slow
