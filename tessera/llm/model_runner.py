@@ -151,10 +151,10 @@ class ModelRunner:
         with torch.inference_mode():
             self.forward(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1, tessera_step=step)
 
-    def _int_tensor(self, values: object, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    def _int_tensor(self, values: object, dtype: type[np.integer] = np.int32) -> torch.Tensor:
         """A device tensor of Python ints (through numpy: torch.tensor on a list of 8k ints costs
-        ~1 ms of host time, numpy a fifth of it)."""
-        array = np.asarray(values if isinstance(values, list) else list(values), dtype=_NUMPY_INT[dtype])
+        ~1 ms of host time, numpy a fifth of it); the tensor's dtype is the numpy one's."""
+        array = np.asarray(values if isinstance(values, list) else list(values), dtype=dtype)
         return torch.from_numpy(array).to(self.device)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -221,9 +221,9 @@ class ModelRunner:
         """The forward of a packed step; the logits of its sampling rows."""
         step = PagedStep(self.cache_handle, self._int_tensor(b.slots), self._int_tensor(b.tables),
                          self._int_tensor(b.seq_lens), self._int_tensor(b.query_start_loc))  # fmt: skip
-        ids = self._int_tensor(b.input_ids, torch.long).view(1, -1)
-        position_ids = self._int_tensor(b.positions, torch.long).view(1, -1)
-        keep = self._int_tensor(b.logits_rows or [0], torch.long)
+        ids = self._int_tensor(b.input_ids, np.int64).view(1, -1)
+        position_ids = self._int_tensor(b.positions, np.int64).view(1, -1)
+        keep = self._int_tensor(b.logits_rows or [0], np.int64)
         with torch.inference_mode():
             out = self.forward(input_ids=ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep,
                                tessera_step=step)  # fmt: skip
@@ -239,7 +239,6 @@ class ModelRunner:
         return graphs.run(token_ids, positions, slots, tables)
 
 
-_NUMPY_INT = {torch.int32: np.int32, torch.long: np.int64}
 _VECTOR_SLOTS = 64  # tokens of one sequence in a step above which its slots are computed in numpy
 
 
