@@ -47,10 +47,14 @@ def test_row_and_attention_refusals_name_the_reason():
 
 
 @pytest.mark.skipif(vector_lanes() == 1, reason="no AVX2: the CPU templates refuse everything")
-def test_cpu_templates_take_static_float32_and_refuse_symbolic_sizes():
+def test_cpu_templates_take_float32_static_or_symbolic_in_the_rows_only():
     assert choose(_op("linear", (5, 24), (40, 24), dtype="float32"), "cpu").name == "cpu-gemm"
-    symbolic = _op("linear", ("n", 24), (40, 24), dtype="float32")
-    assert choose(symbolic, "cpu") is None and "symbolic" in refusals(symbolic, "cpu")[0][1]
+    rows = _op("linear", ("b", "n", 24), (40, 24), dtype="float32")
+    assert choose(rows, "cpu").name == "cpu-gemm"  # generic in its row count (templates/cpu/gemm_rows.py)
+    depth = _op("matmul", (3, "n"), ("n", 8), dtype="float32")
+    assert choose(depth, "cpu") is None and "beyond the rows" in refusals(depth, "cpu")[0][1]
+    scores = _op("matmul", (2, "n", 8), (2, 8, "n"), dtype="float32")  # q @ k^T of a dynamic length
+    assert choose(scores, "cpu") is None and "beyond the rows" in refusals(scores, "cpu")[0][1]
     conv = _op("conv2d", (1, 3, 9, 9), (4, 3, 3, 3), dtype="float32", stride=1, padding=1, dilation=1)
     assert choose(conv, "cpu").name == "cpu-conv2d"
 
@@ -82,14 +86,15 @@ def test_register_refuses_a_duplicate_or_an_incomplete_template():
 
 def test_explain_says_why_no_template_took_an_operator():
     b = GraphBuilder("g")
-    x = b.input("x", ["n", 8], "float32")
-    w = b.constant(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32), "w")
-    b.output(b.op("relu", b.op("linear", x, w)))
+    x = b.input("x", [3, "k"], "float32")
+    w = b.input("w", ["k", 4], "float32")
+    b.output(b.op("relu", b.op("matmul", x, w)))
     compiled = compile_graph(b.build(), "cpu")
     text = str(tessera.explain(compiled))
     if vector_lanes() > 1:
-        assert "no template took them (1)" in text and "symbolic sizes" in text
-    for rows in (1, 3, 7):
-        xv = np.random.default_rng(rows).standard_normal((rows, 8)).astype(np.float32)
-        (y,) = compiled(xv)
-        np.testing.assert_allclose(y, np.maximum(xv @ w.data.T, 0), rtol=1e-5, atol=1e-5)
+        assert "no template took them (1)" in text and "symbolic sizes beyond the rows" in text
+    for depth in (1, 3, 7):
+        rng = np.random.default_rng(depth)
+        xv, wv = rng.standard_normal((3, depth)).astype(np.float32), rng.standard_normal((depth, 4)).astype(np.float32)
+        (y,) = compiled(xv, wv)
+        np.testing.assert_allclose(y, np.maximum(xv @ wv, 0), rtol=1e-5, atol=1e-5)

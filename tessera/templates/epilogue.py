@@ -304,17 +304,25 @@ def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.
     `index_map(*store_indices)` returns the anchor's logical output index (one expression per
     dimension of `epilogue.acc`).  The parameter `out` is replaced in place by the final output
     (shape and dtype of `epilogue.output`, same name); the extras' parameters are appended.
-    The kernel's shape symbols must not depend on `out` alone (specialise them first).
+    The epilogue's shapes may be symbolic (int32 expressions over shape symbols: a kernel generic
+    in its rows), each symbol a whole dimension of some parameter after fusing; the kernel's own
+    shape symbols must not depend on `out` alone (specialise them first).
     Raises EpilogueError when the epilogue cannot be fused.
     """
     old = next((p for p in func.params if p.name == out), None)
     if old is None or not isinstance(old.type, TensorType) or old.type.scope != GLOBAL:
         raise EpilogueError(f"kernel '{func.name}' has no global tensor parameter '{out}'")
     inlined = _inline(epilogue)
+    # Symbolic sizes of the epilogue's tensors (a kernel generic in its rows) become shape symbols
+    # of the kernel, bound from the arrays at call time like its own.
+    symbols = list(func.shape_params)
     for t in (epilogue.output, *epilogue.extras):
         for d in t.shape:
-            if not isinstance(d, E.Const):
-                raise EpilogueError(f"epilogue tensor '{t.name}' has a symbolic dimension {d}; give concrete shapes")
+            for v in _variables(d):
+                if v.type != dtypes.int32:
+                    raise EpilogueError(f"epilogue tensor '{t.name}' has a dimension {d} over a non-int32 value")
+                if not any(v is s for s in symbols):
+                    symbols.append(v)
     names = _Names()
     names.visit(func.body)
     taken = names.names | {p.name for p in func.all_params}
@@ -334,9 +342,25 @@ def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.
         raise EpilogueError(f"kernel '{func.name}' never stores into '{out}'")
     params = [new if p is old else p for p in func.params] + list(extras.values())
     bound = {d.name for p in params if isinstance(p.type, TensorType) for d in p.type.shape if isinstance(d, E.Var)}
-    orphans = [s.name for s in func.shape_params if s.name not in bound]
+    orphans = [s.name for s in symbols if s.name not in bound]
     if orphans:
-        raise EpilogueError(f"kernel '{func.name}': shape symbol(s) {orphans} were bound only by '{out}'; "
+        raise EpilogueError(f"kernel '{func.name}': shape symbol(s) {orphans} are not a whole dimension of any "
+                            f"parameter after fusing (bound only by '{out}', or only inside expressions); "
                             "specialise the kernel's shapes before fusing")  # fmt: skip
-    return Function(func.name, params, body, func.kind, func.launch, list(func.shape_params), func.source_file,
-                    func.source_line)  # fmt: skip
+    return Function(func.name, params, body, func.kind, func.launch, symbols, func.source_file, func.source_line)
+
+
+class _Variables(IRVisitor):
+    def __init__(self) -> None:
+        self.found: list[E.Var] = []
+
+    def visit_Var(self, e: E.Var) -> None:
+        if not any(e is v for v in self.found):
+            self.found.append(e)
+
+
+def _variables(e: E.Expr) -> list[E.Var]:
+    """The variables an expression reads (a symbolic size's shape symbols), in order of appearance."""
+    v = _Variables()
+    v.visit(e)
+    return v.found

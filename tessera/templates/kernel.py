@@ -67,11 +67,12 @@ class Launch:
     func: Function
     slots: list[Slot]
     lowered: Function | None = None  # when the caller lowered it already (tessera.ops kernels)
+    generic: bool = False  # shape symbols left free, bound from each call's arrays (a CPU kernel generic in its rows)
 
     def __post_init__(self) -> None:
         if len(self.slots) != len(self.func.params):
             raise ValueError(f"{self.func.name}: {len(self.func.params)} parameters but {len(self.slots)} argument slots")
-        if self.func.shape_params:
+        if self.func.shape_params and not self.generic:
             raise ValueError(f"{self.func.name}: shape symbols {[s.name for s in self.func.shape_params]} are not bound")
 
 
@@ -280,11 +281,13 @@ def aligned_empty(shape: Sequence[int], dtype: Any, align: int = 64) -> np.ndarr
     return raw[start: start + n].view(dt).reshape(tuple(shape))
 
 
-def _static_shape(param: Any) -> tuple[int, ...] | None:
+def _call_shape(param: Any) -> tuple[int, ...] | None:
+    """The shape a tensor parameter reads its argument as (-1 for its one free shape symbol, whose
+    size the argument's element count gives), or None when the argument is passed as it is."""
     dims = getattr(param.type, "shape", None)
-    if dims is None or not all(isinstance(d, E.Const) for d in dims):
+    if dims is None or sum(not isinstance(d, E.Const) for d in dims) > 1:
         return None
-    return tuple(int(d.value) for d in dims)
+    return tuple(int(d.value) if isinstance(d, E.Const) else -1 for d in dims)
 
 
 class CpuAnchorKernel(PreparedAnchor):
@@ -301,7 +304,7 @@ class CpuAnchorKernel(PreparedAnchor):
         # weight), which a graph loaded without a compiler runs again.
         self.artifacts = [str(library), *plan.helpers]
         kernels = [load_function(launch.func, library, "cpu") for launch in plan.launches]
-        self._steps = [(k, list(launch.slots), [_static_shape(q) for q in launch.func.params])
+        self._steps = [(k, list(launch.slots), [_call_shape(q) for q in launch.func.params])
                        for k, launch in zip(kernels, plan.launches)]  # fmt: skip
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:

@@ -6,7 +6,8 @@ imported; `tessera.templates` imports every family.  A template says, for an ope
 - whether it takes it, or why not (`refuse`: None, or a reason that `explain` prints);
 - whether it folds an elementwise tail into its stores (`takes_epilogue`);
 - its tuning space for the operator's shapes on the target (`space`);
-- its plan, loaded: the kernel a compiled graph's step calls (`prepare`).
+- its plan, loaded: the kernel a compiled graph's step calls (`prepare`), per concrete shape,
+  or, for a group with symbolic sizes, kernels that serve every size (`generic`).
 
 A family may also contribute graph passes that must run before partitioning on its target
 (`passes`: the GPU's channels-last layout, the low-bit kernels' fragment-ordered words).
@@ -46,6 +47,14 @@ class AnchorSite(Protocol):
     def epilogue(self) -> list[Operator]: ...
 
 
+class SizeGeneric(Protocol):
+    """A template's kernels for one anchor group generic in its symbolic sizes (Template.generic)."""
+
+    def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
+        """The step's kernel at these concrete shapes (built kernels reused)."""
+        ...
+
+
 class Template:
     """One kernel template as the graph compiler sees it.  Subclasses set `name`, `kinds`
     (graph operator kinds) and `target`, and implement `refuse` and `plan`."""
@@ -77,6 +86,11 @@ class Template:
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         """The loaded kernel for `op` at input `shapes`: called `kernel(operands, output, extras)`."""
         raise NotImplementedError
+
+    def generic(self, site: AnchorSite, tune: bool) -> SizeGeneric | None:
+        """Kernels for an anchor group with symbolic sizes that serve every size it takes (built
+        once, not per shape), or None: the group is then prepared per shape (`prepare`)."""
+        return None
 
     def prepare(self, site: AnchorSite, shapes: Mapping[Tensor, Shape], tune: bool) -> StepKernel:
         """The kernel of an anchor group at concrete shapes, called on the group's arrays."""
@@ -155,19 +169,28 @@ def chosen(op: Operator, target: str) -> Template:
     return t
 
 
-def anchor_epilogue(site: AnchorSite, shapes: Mapping[Tensor, Shape]) -> tuple[Epilogue | None, list[Tensor]]:
-    """The anchor's elementwise tail as an Epilogue over its accumulator, and the tensors it reads."""
+def anchor_epilogue(site: AnchorSite, shapes: Mapping[Tensor, Sequence[Any]],
+                    symbols: dict[str, Any] | None = None) -> tuple[Epilogue | None, list[Tensor]]:  # fmt: skip
+    """The anchor's elementwise tail as an Epilogue over its accumulator, and the tensors it reads.
+    `shapes` are concrete, or int32 expressions over the shape symbols in `symbols` (by name)."""
     if not site.epilogue:
         return None, []
     acc_t = site.anchor.outputs[0]
-    chain_outputs = {op.outputs[0] for op in site.epilogue}
-    extra_t = list(dict.fromkeys(t for op in site.epilogue for t in op.inputs if t is not acc_t and t not in chain_outputs))
+    extra_t = epilogue_inputs(site)
     acc = ops.placeholder(shapes[site.outputs[0]], acc_t.dtype, "acc")
     extras = [ops.placeholder(shapes[t], t.dtype, f"e{i}") for i, t in enumerate(extra_t)]
     env: dict[Tensor, Any] = {acc_t: acc, **dict(zip(extra_t, extras))}
     for op in site.epilogue:
-        env[op.outputs[0]] = lower_operator(op, [env[t] for t in op.inputs], {})[0]
+        env[op.outputs[0]] = lower_operator(op, [env[t] for t in op.inputs], symbols if symbols is not None else {})[0]
     return Epilogue(acc, env[site.outputs[0]], extras), extra_t
+
+
+def epilogue_inputs(site: AnchorSite) -> list[Tensor]:
+    """The tensors the anchor's epilogue reads besides the anchor's result, in the order its
+    kernel takes them as extras."""
+    acc_t = site.anchor.outputs[0]
+    chain_outputs = {op.outputs[0] for op in site.epilogue}
+    return list(dict.fromkeys(t for op in site.epilogue for t in op.inputs if t is not acc_t and t not in chain_outputs))
 
 
 class StepKernel:

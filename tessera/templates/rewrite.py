@@ -48,36 +48,49 @@ class _Subst(IRMutator):
         return self.mapping.get(e, e)
 
 
-def specialize(func: Function, shapes: Mapping[str, Sequence[int]], scalars: Mapping[str, int] | None = None) -> Function:
+def specialize(func: Function, shapes: Mapping[str, Sequence[int | None]],
+               scalars: Mapping[str, int | E.Expr] | None = None) -> Function:
     """`func` with its shape symbols bound from `shapes` (parameter name -> concrete shape)
-    and the scalar parameters in `scalars` replaced by constants and dropped from the signature.
+    and the scalar parameters in `scalars` replaced by constants (or int32 expressions over the
+    symbols left free) and dropped from the signature.
 
-    Every shape symbol the kernel uses must be bound; a constant dimension that disagrees, or a
-    symbol bound to two values, raises UnsupportedError."""
+    A size of None leaves that dimension's symbol free: it stays a shape parameter, bound from
+    the arrays at call time (a kernel generic in its row count).  Every other shape symbol must
+    be bound; a constant dimension that disagrees, or a symbol bound to two values, raises
+    UnsupportedError."""
     scalars = dict(scalars or {})
     values: dict[str, int] = {}
+    free: set[str] = set()
     for name, shape in shapes.items():
         p = param(func, name)
         if not isinstance(p.type, TensorType) or len(shape) != p.type.rank:
             raise UnsupportedError(f"kernel '{func.name}': parameter '{name}' ({p.type}) cannot take shape {tuple(shape)}")
         for dim, size in zip(p.type.shape, shape):
-            if isinstance(dim, E.Const):
+            if size is None:
+                if not isinstance(dim, E.Var):
+                    raise UnsupportedError(f"kernel '{func.name}': '{name}' dimension {dim} cannot stay free")
+                free.add(dim.name)
+            elif isinstance(dim, E.Const):
                 if dim.value != size:
                     raise UnsupportedError(f"kernel '{func.name}': '{name}' has static size {dim.value}, not {size}")
             elif values.setdefault(dim.name, int(size)) != size:
                 raise UnsupportedError(f"kernel '{func.name}': shape symbol '{dim.name}' is bound to both "
                                        f"{values[dim.name]} and {size}")  # fmt: skip
     mapping: dict[E.Var, E.Expr] = {}
+    kept = []
     for s in func.shape_params:
-        if s.name not in values:
+        if s.name in free and s.name not in values:
+            kept.append(s)
+        elif s.name not in values:
             raise UnsupportedError(f"kernel '{func.name}': shape symbol '{s.name}' is not bound by the given shapes")
-        mapping[s] = i32(values[s.name])
+        else:
+            mapping[s] = i32(values[s.name])
     dropped = set()
     for name, v in scalars.items():
         p = param(func, name)
         if isinstance(p.type, TensorType) or not p.type.is_integer:
             raise UnsupportedError(f"kernel '{func.name}': '{name}' is not an integer scalar parameter")
-        mapping[p] = E.Const(int(v), p.type)
+        mapping[p] = v if isinstance(v, E.Expr) else E.Const(int(v), p.type)
         dropped.add(p)
     sub = _Subst(mapping)
     params: list[E.Var] = []
@@ -94,7 +107,7 @@ def specialize(func: Function, shapes: Mapping[str, Sequence[int]], scalars: Map
     launch = replace(func.launch, grid=tuple(sub.visit(d) for d in func.launch.grid),
                      block=tuple(sub.visit(d) for d in func.launch.block),
                      dynamic_smem=None if func.launch.dynamic_smem is None else sub.visit(func.launch.dynamic_smem))  # fmt: skip
-    return Function(func.name, params, body, func.kind, launch, [], func.source_file, func.source_line)
+    return Function(func.name, params, body, func.kind, launch, kept, func.source_file, func.source_line)
 
 
 class _Accesses(IRVisitor):

@@ -79,6 +79,17 @@ def _load(full_key: str, by_name: dict[str, C]) -> C | None:
     return by_name.get(best) if best is not None else None
 
 
+def recorded(key: str, candidates: Sequence[C], template: str) -> C | None:
+    """The candidate a tuning record chose for `key` (as `tune` would return it, and noted for
+    `recording` likewise), or None when there is no record: a caller that must not block on
+    tuning uses its own default then."""
+    full_key = record_key(key, template)
+    found = _load(full_key, {str(c): c for c in candidates})
+    if found is not None:
+        _note(full_key, str(found))
+    return found
+
+
 def store(full_key: str, best: str, times: dict[str, float] | None = None) -> None:
     """Write the record choosing `best` for `full_key` (a `record_key`), atomically."""
     if not isinstance(full_key, str) or not isinstance(best, str):

@@ -229,6 +229,8 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
     `.artifacts` (its built cubins) and `.tuning` (the tuning records that chose its schedule),
     which a saved compiled graph ships."""
 
+    generic: list[Any] = []  # [the template's size-generic kernels or None], asked on the first call
+
     def prepare(group: Group, shapes: Mapping[Tensor, tuple[int, ...]]) -> Any:
         key = None
         if target == "cuda":  # CPU templates pack constant weights into the kernel: not shared
@@ -238,7 +240,13 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
                 return shared
         with recording() as tuning:
             try:
-                kernel = chosen(group.anchor, target).prepare(group, shapes, tune)
+                template = chosen(group.anchor, target)
+                if not generic:
+                    generic.append(template.generic(group, tune))
+                if generic[0] is not None:  # one build serves every size: a new one launches kernels that exist
+                    kernel = generic[0].bind(shapes)
+                else:
+                    kernel = template.prepare(group, shapes, tune)
                 kernel.artifacts = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)

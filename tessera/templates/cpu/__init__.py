@@ -3,13 +3,15 @@ static shapes, on x86 (AVX2 or AVX-512) C kernels, epilogues fused into their st
 
 Kernels: `gemm_kernel.py` (the register-tiled micro-kernel and the B packer), `pad_kernel.py`,
 `pool_kernel.py`; plans: `gemm.py` (linear, matmul: a constant weight packed once), `conv.py`
-(implicit GEMM over NCHW), `pool.py`.  Symbolic sizes stay on the generic kernels, which serve
-every size from one build (a template per batch size would cost a gcc run each).
+(implicit GEMM over NCHW), `pool.py`.  A linear or matmul whose only symbolic sizes are its rows
+runs on kernels generic in the row count (`gemm_rows.py`: one build per configuration serves
+every length); other symbolic sizes stay on the ops scheduler's kernels, which serve every size
+from one build (a template per size would cost a gcc run each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any
 
@@ -19,19 +21,22 @@ from tessera.ir import dtypes
 from tessera.ops.geometry import pads, pair
 from tessera.templates.cpu.conv import conv_space, plan_cpu_conv2d
 from tessera.templates.cpu.gemm import gemm_space, plan_cpu_linear, plan_cpu_matmul
+from tessera.templates.cpu.gemm_rows import RowGenericGemm, row_generic, rows_refusal
 from tessera.templates.cpu.pool import plan_cpu_max_pool2d
 from tessera.templates.epilogue import Epilogue
-from tessera.templates.registry import Shape, Template, register, static
+from tessera.templates.registry import AnchorSite, Shape, Template, register, static
 
 
-def cpu_refusal(op: Operator) -> str | None:
-    """Why the CPU templates cannot take op's machine, dtypes or sizes (None when they can)."""
+def cpu_refusal(op: Operator, symbolic: Callable[[Operator], str | None] | None = None) -> str | None:
+    """Why the CPU templates cannot take op's machine, dtypes or sizes (None when they can);
+    `symbolic` says why not for symbolic sizes (a template generic in some of them), else
+    they are refused."""
     if vector_lanes() == 1:
         return "this CPU has no SIMD unit the CPU templates use"
     if any(t.dtype != dtypes.float32 for t in (*op.inputs, *op.outputs)):
         return "the CPU templates compute in float32"
     if not static(*op.inputs, *op.outputs):
-        return "symbolic sizes: the CPU templates are specialised to their shapes"
+        return symbolic(op) if symbolic is not None else "symbolic sizes: the CPU templates are specialised to their shapes"
     return None
 
 
@@ -49,7 +54,10 @@ class CpuGemm(Template):
     name, kinds, target = "cpu-gemm", ("linear", "matmul"), "cpu"
 
     def refuse(self, op: Operator) -> str | None:
-        return cpu_refusal(op)
+        return cpu_refusal(op, rows_refusal)
+
+    def generic(self, site: AnchorSite, tune: bool) -> RowGenericGemm | None:
+        return row_generic(site, tune)
 
     def space(self, op: Operator, shapes: Sequence[Shape]) -> list[Any]:
         a, b = shapes[0], shapes[1]

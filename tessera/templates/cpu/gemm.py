@@ -13,7 +13,9 @@ time (`weight=`), so calls read it contiguously and never repack it.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import time
 from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any
@@ -139,9 +141,6 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
     the threads, and the hash of the kernel template's source.  With `extras` (the epilogue
     reads other tensors) the candidates are timed with a bias added in their store: such an
     epilogue changes which tiles spill registers (see `spill_free`)."""
-    import inspect
-    import time
-
     cands = gemm_space(m, n, k, batch)
     if extras:
         cands = [c for c in cands if spill_free(c)] or cands
@@ -170,9 +169,20 @@ def tuned_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool
         return plan_cpu_gemm("tune", p, (batch, m, n), 2 + extras, None, bias_slot, -1, weight=weight, config=cfg).load()
 
     check, bench = tuning_probes(data, time.perf_counter)
+    return tuner.tune(tuning_key(m, n, k, batch, b_source, extras), cands, build, bench, check=check,
+                      template=inspect.getsource(cpu_gemm_template), workers=cpu_threads()).best  # fmt: skip
+
+
+def tuning_key(m: int, n: int, k: int, batch: int, b_source: str, extras: bool) -> str:
+    """The tuner's key of one GEMM problem on this machine (its ISA and threads)."""
     threads = gemm_threads(m, n, k, batch)
-    key = f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
-    return tuner.tune(key, cands, build, bench, check=check, template=inspect.getsource(cpu_gemm_template), workers=cpu_threads()).best
+    return f"cpu_gemm|{b_source}|batch={batch},m={m},n={n},k={k}|isa={cpu_isa()}|threads={threads}" + ("|bias" if extras else "")
+
+
+def recorded_config(m: int, n: int, k: int, batch: int, b_source: str, extras: bool = False) -> CpuGemmConfig | None:
+    """The register tile tuning recorded for this GEMM on this machine, or None (nothing is tuned)."""
+    return tuner.recorded(tuning_key(m, n, k, batch, b_source, extras), gemm_space(m, n, k, batch),
+                          inspect.getsource(cpu_gemm_template))  # fmt: skip
 
 
 def row_chunks(cfg: CpuGemmConfig, m: int, n: int, batch: int) -> int:
