@@ -304,13 +304,16 @@ class CpuAnchorKernel(PreparedAnchor):
         # weight), which a graph loaded without a compiler runs again.
         self.artifacts = [str(library), *plan.helpers]
         kernels = [load_function(launch.func, library, "cpu") for launch in plan.launches]
-        self._steps = [(k, list(launch.slots), [_call_shape(q) for q in launch.func.params])
-                       for k, launch in zip(kernels, plan.launches)]  # fmt: skip
+        self._steps = [(k, list(launch.slots), [_call_shape(q) for q in launch.func.params],
+                        [getattr(q.type, "rank", 0) for q in launch.func.params]) for k, launch in zip(kernels, plan.launches)]  # fmt: skip
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
         extras = self._checked_extras(inputs, extras)
         sources = (inputs, (out,), extras, self.workspaces, None, None, self.plan.constants)
-        for kernel, slots, shapes in self._steps:
+        for kernel, slots, shapes, ranks in self._steps:
             args = [i if s == LITERAL else sources[s][i] for s, i in slots]
-            # Operands the kernel reads as another view of the same memory ([..., K] as [M, K], OIHW as [O, K]).
-            kernel([a.reshape(shape) if shape is not None and tuple(a.shape) != shape else a for a, shape in zip(args, shapes)])
+            # Operands the kernel reads as another view of the same memory ([..., K] as [M, K], OIHW as [O, K]);
+            # one of lower rank whose sizes are free gets leading ones (a [B, S] mask read as [B, 1, 1, S]).
+            kernel([a.reshape(shape) if shape is not None and tuple(a.shape) != shape
+                    else a.reshape((1,) * (rank - a.ndim) + tuple(a.shape)) if a.ndim < rank else a
+                    for a, shape, rank in zip(args, shapes, ranks)])  # fmt: skip

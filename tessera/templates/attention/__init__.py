@@ -15,6 +15,7 @@ from tessera.errors import UnsupportedError
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
+from tessera.templates.attention.cpu_flash import GenericCpuAttention
 from tessera.templates.attention.plan import flash_unsupported, plan_attention, prepare_attention
 from tessera.templates.epilogue import Epilogue
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, Template, register, static
@@ -100,9 +101,15 @@ class CpuAttention(Template):
     def refuse(self, op: Operator) -> str | None:
         if vector_lanes() == 1:
             return "this CPU has no SIMD unit the CPU templates use"
-        if not static(*op.inputs):
-            return "symbolic sizes: the CPU attention is specialised to its shapes"
-        return _operand_refusal(op, (dtypes.float32,), (dtypes.boolean, dtypes.float32))
+        reason = _operand_refusal(op, (dtypes.float32,), (dtypes.boolean, dtypes.float32))
+        if reason is None and not static(*op.inputs):  # generic in the batch and lengths (cpu_flash.py)
+            q, k, v = op.inputs[:3]
+            if not all(isinstance(d, int) for d in (q.shape[1], q.shape[3], k.shape[1], v.shape[3])):
+                return "symbolic heads or head sizes: the CPU attention is generic in the batch and lengths only"
+        return reason
+
+    def generic(self, site: AnchorSite, tune: bool) -> GenericCpuAttention | None:
+        return None if static(*site.anchor.inputs) else GenericCpuAttention(site)
 
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         if epilogue is not None:
