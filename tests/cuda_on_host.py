@@ -518,7 +518,8 @@ def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> lis
     """cases: (kernel, {parameter: numpy array, HostTensorMap or int}, output parameter, blocks,
     threads), blocks an int or (x, y, z), or None for both (`launch_dims`); builds every kernel
     into one host program, runs each case, returns each output array (the input arrays'
-    copies: the kernels write them)."""
+    copies: the kernels write them).  The output parameter may be a tuple of parameters: that
+    case's result is then the tuple of their arrays after the one run."""
     src, kernels = host_source([c[0].source_full for c in cases])
     main = ["int main() {"]
     outs = []
@@ -540,10 +541,11 @@ def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> lis
             if isinstance(values[p], HostTensorMap):
                 decls.append(_tensor_map(i, p, values[p], values))
                 args.insert(params.index(p), f"c{i}_{p}")
-        main += [*decls, f"  ts_launch({gx}, {gy}, {gz}, {threads}, {_cluster(kernel)}, [&] {{ {name}({', '.join(args)}); }});",
-                 f'  {{ FILE* f = std::fopen("{tmp_path / f"o{i}.bin"}", "wb"); '
-                 f"std::fwrite(c{i}_{out}.data(), 1, c{i}_{out}.size(), f); std::fclose(f); }}"]  # fmt: skip
-        outs.append((tmp_path / f"o{i}.bin", values[out]))
+        main += [*decls, f"  ts_launch({gx}, {gy}, {gz}, {threads}, {_cluster(kernel)}, [&] {{ {name}({', '.join(args)}); }});"]
+        for j, o in enumerate((out,) if isinstance(out, str) else out):
+            main.append(f'  {{ FILE* f = std::fopen("{tmp_path / f"o{i}_{j}.bin"}", "wb"); '
+                        f"std::fwrite(c{i}_{o}.data(), 1, c{i}_{o}.size(), f); std::fclose(f); }}")  # fmt: skip
+        outs.append([(tmp_path / f"o{i}_{j}.bin", values[o]) for j, o in enumerate((out,) if isinstance(out, str) else out)])
     (tmp_path / "host.cu").write_text(src + "\n" + "\n".join(main) + "\n  return 0;\n}\n")
     built = subprocess.run(["nvcc", "-std=c++17", "-O1", "-w", "-o", str(tmp_path / "host"), str(tmp_path / "host.cu")],
                            capture_output=True, text=True)  # fmt: skip
@@ -552,4 +554,5 @@ def run_on_host(tmp_path: Path, cases: list[tuple], timeout: float = 600) -> lis
     ran = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, timeout=timeout)
     if ran.returncode:
         raise RuntimeError(f"{tmp_path / 'host'} failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
-    return [np.fromfile(path, like.dtype).reshape(like.shape) for path, like in outs]
+    got = [tuple(np.fromfile(path, like.dtype).reshape(like.shape) for path, like in case) for case in outs]
+    return [g if isinstance(c[2], tuple) else g[0] for g, c in zip(got, cases)]
