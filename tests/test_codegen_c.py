@@ -748,3 +748,29 @@ def test_inline_mapping_loop():
     out = np.full((4, 8), -1, np.int32)
     fill(out)
     np.testing.assert_array_equal(out, np.arange(32).reshape(4, 8))
+
+
+@ts.kernel
+def _scale_add(a: f32["n"], c: f32["n"]):
+    for i in ts.parallel(n):
+        c[i] = a[i] * 2.0 + ts.exp(a[i])
+
+
+@ts.kernel
+def _widen(a: f16["n"], c: f32["n"]):
+    for i in range(n):
+        c[i] = ts.cast(a[i], f32) * 2.0
+
+
+def test_intrinsics_header_only_where_a_kernel_needs_it(rng):
+    """<immintrin.h> costs gcc about half a second per build: a scalar kernel's source leaves it
+    out (and the helpers that use intrinsics are compiled out), a float16 one keeps it (vcvtph2ps);
+    both compute the same either way."""
+    assert "immintrin" not in _scale_add.source_full and "immintrin" in _widen.source_full
+    x = rng.standard_normal(37).astype(np.float32)
+    out = np.empty_like(x)
+    _scale_add(x, out)
+    np.testing.assert_allclose(out, x * 2 + np.exp(x), rtol=1e-6)
+    h = x.astype(np.float16)
+    _widen(h, out)
+    np.testing.assert_array_equal(out, h.astype(np.float32) * 2)

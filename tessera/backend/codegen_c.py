@@ -10,9 +10,12 @@ load widens, each store and each cast to them rounds to nearest even.
 
 from __future__ import annotations
 
+import re
+
 from tessera.backend.c_math import C_MATH_HELPERS, VECTOR_MATH
 from tessera.backend.codegen_c_like import STATUS, CLikeCodegen, shared_helpers, symbol_name
 from tessera.backend.isa import cpu_isa, supports_lanes
+from tessera.backend.source_view import readable
 from tessera.errors import UnsupportedError
 from tessera.ir import dtypes
 from tessera.ir import expr as E
@@ -27,12 +30,10 @@ C_PRELUDE = r"""
 #include <stdbool.h>
 #include <string.h>
 #include <math.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+{intrinsics}
 
 static inline float ts_h2f(uint16_t h) {
-#ifdef __F16C__
+#if defined(__F16C__) && defined(TS_INTRINSICS)
   /* one vcvtph2ps, except for inf and NaN, whose payload (signalling bit included) is kept as is */
   if (__builtin_expect((h & 0x7c00u) != 0x7c00u, 1)) return _cvtsh_ss(h);
 #endif
@@ -93,7 +94,7 @@ static inline uint16_t ts_bits_of_bfloat16(float v) { return ts_f2bf(v); }
 static inline float ts_bfloat16_of_bits(uint16_t u) { return ts_bf2f(u); }
 {helpers}
 {math}
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(TS_INTRINSICS)
 /* Lanes 0..n-1 of an 8 x int32 mask for the AVX2 masked loads and stores. */
 static inline __m256i ts_mask8(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -300,10 +301,21 @@ def _sum_accumulators(body: S.Stmt) -> list[E.Var]:
     return found
 
 
+# <immintrin.h> costs gcc about half a second per build (most of a small kernel's build time), so
+# the source includes it only where the kernels or the helpers they use need an intrinsic.
+INTRINSICS_INCLUDE = """#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TS_INTRINSICS 1
+#endif"""
+_INTRINSIC = re.compile(r"\b(?:_mm\w*|__m(?:64|128|256|512)\w*|_cvtsh_ss|_cvtss_sh)\b")
+
+
 def generate_c(funcs: list[Function]) -> str:
     """C source for a list of lowered CPU kernels."""
     prelude = C_PRELUDE.strip().replace("{helpers}", shared_helpers("static inline", status=True))
-    parts = [prelude.replace("{math}", C_MATH_HELPERS.strip())]
-    for f in funcs:
-        parts.append(CCodegen().function(f))
-    return "\n\n".join(parts) + "\n"
+    prelude = prelude.replace("{math}", C_MATH_HELPERS.strip())
+    bodies = [CCodegen().function(f) for f in funcs]
+    source = "\n\n".join([prelude.replace("{intrinsics}", INTRINSICS_INCLUDE), *bodies]) + "\n"
+    if _INTRINSIC.search(readable(source)):  # the kernels and the helpers they reach
+        return source
+    return "\n\n".join([prelude.replace("{intrinsics}\n", ""), *bodies]) + "\n"
