@@ -4,8 +4,8 @@
     python3 bench/dynamic_suite.py --tiny --device cpu     (a smoke test with tiny configs)
 
 sweep: BERT-base fp16, batch 1, sequence lengths 32, 48, 64, 96, 128, 160, 200, 256, 384, 512
-  in that order, under `torch.compile(model, backend="tessera", dynamic=True)` and its peer
-  `torch.compile(model, mode="reduce-overhead", dynamic=True)`.  Each system compiles once
+  in that order, under `torch.compile(model, backend="tessera", dynamic=True)` and its peers
+  `torch.compile(model, mode="reduce-overhead", dynamic=True)` and torch eager.  Each system compiles once
   (`torch._dynamo.reset()` before its sweep, not before each length: the sweep measures how a
   dynamic-shape compile serves new lengths) and records per length the first-call time (wall
   clock, synchronized: compiling, planning and capturing what the length needs), the steady
@@ -152,7 +152,8 @@ def sweep(opts: argparse.Namespace) -> list[dict[str, Any]]:
         ref_model = copy.deepcopy(model).float()
         refs = {n: ref_model(inputs[n]).float() for n in lengths}
         del ref_model
-    systems = {TESSERA: {"backend": "tessera", "dynamic": True}, PEER: {"mode": "reduce-overhead", "dynamic": True}}
+    systems: dict[str, dict[str, Any] | None] = {TESSERA: {"backend": "tessera", "dynamic": True},
+                                                 PEER: {"mode": "reduce-overhead", "dynamic": True}, EAGER: None}
     results: dict[str, dict[str, Any]] = {}
     for system, kwargs in systems.items():
         if system in opts.skip:
@@ -168,7 +169,7 @@ def sweep(opts: argparse.Namespace) -> list[dict[str, Any]]:
         stats0 = tessera_stats() if system == TESSERA else {}
         compiled = None
         try:
-            compiled = torch.compile(model, **kwargs)
+            compiled = model if kwargs is None else torch.compile(model, **kwargs)
             with torch.no_grad():
                 for n in lengths:
                     x = inputs[n]
@@ -218,6 +219,8 @@ def _row(case: str, results: dict[str, dict[str, Any]], n: int | None) -> dict[s
                            "peers_rel_err": {p: pick(p, "rel_err") for p in results if p != TESSERA},
                            "first_call_s": pick(TESSERA, "first_call_s"),
                            "peers_first_call_s": {p: pick(p, "first_call_s") for p in results if p != TESSERA}}  # fmt: skip
+    mine = row["tessera_us"]
+    row["speedup"] = {p: us / mine for p, us in row["peers_us"].items() if us and mine}  # peer time / tessera time
     if n is None:  # the sweep summary: memory, counters, errors
         row["note"] = "tessera_us and peers_us: sums of the steady latencies; first_call_s: sums; rel_err: max"
         row["extra_mem_mib"] = pick(TESSERA, "extra_mem_mib")
@@ -303,12 +306,14 @@ def write(rows: list[dict[str, Any]], out: Path, device: str) -> Path:
         for r in rows:
             f.write(json.dumps({"suite": "dynamic", **r, **env}, default=str) + "\n")
     lines = [f"# dynamic — {env['gpu']}, {env['date']}, torch {env['torch']}, commit {env['commit'][:12]}", "",
-             "| case | tessera us | peer us | tessera first call s | peer first call s | rel_err | extra memory MiB "
-             "(tessera; peer) | tokens/s (tessera; eager) | tokens equal | errors |", "|" + "---|" * 10]  # fmt: skip
+             "| case | tessera us | peer us | speed-up (peer time / tessera time) | tessera first call s | "
+             "peer first call s | rel_err | extra memory MiB (tessera; peer) | tokens/s (tessera; eager) | "
+             "tokens equal | errors |", "|" + "---|" * 11]  # fmt: skip
     for r in rows:
         tps = r.get("tessera_tokens_per_s")
         lines.append("| " + " | ".join([
-            r["case"], _fmt(r.get("tessera_us")), _fmt(r.get("peers_us")), _fmt(r.get("first_call_s"), ".3g"),
+            r["case"], _fmt(r.get("tessera_us")), _fmt(r.get("peers_us")), _fmt(r.get("speedup"), ".2f"),
+            _fmt(r.get("first_call_s"), ".3g"),
             _fmt(r.get("peers_first_call_s"), ".3g"), _fmt(r.get("rel_err"), ".1e"),
             f"{_fmt(r.get('extra_mem_mib'))}; {_fmt(r.get('peers_extra_mem_mib'))}" if r.get("extra_mem_mib") else "",
             f"{_fmt(tps)}; {_fmt(r.get('peers_tokens_per_s'))}" if tps is not None else "",

@@ -72,6 +72,7 @@ def test_compiled_mlp_matches_reference_across_batch_sizes(rng, cache_dir, monke
     assert compiled.summary()["reference_ops"] == []
     from tessera.backend import build
 
+    compiled(inputs[5])  # the first call builds (and tunes) the anchors' row-generic kernels
     calls = []
     original = build._run
     monkeypatch.setattr(build, "_run", lambda *a, **k: (calls.append(a), original(*a, **k))[1])
@@ -254,7 +255,8 @@ def test_cuda_anchor_templates_are_planned_anew_under_other_planning_settings(mo
 
     monkeypatch.setattr(build, "_SHARED_ANCHORS", OrderedDict())
     monkeypatch.setattr(build, "group_signature", lambda group: "lowbit_linear")
-    template = SimpleNamespace(prepare=lambda group, shapes, tune: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL")))
+    template = SimpleNamespace(prepare=lambda group, shapes, tune: Fake(os.environ.get("TESSERA_LOWBIT_PREFILL")),
+                               generic=lambda group, tune: None)  # fmt: skip
     monkeypatch.setattr(build, "chosen", lambda op, target: template)
     prepare = build._anchor_preparer("cuda", "sm_90", True, {})
     group = SimpleNamespace(inputs=[], anchor=None)

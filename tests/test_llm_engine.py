@@ -12,7 +12,7 @@ from tiny_llm import FAMILIES, PROMPTS, make_model, make_model_dir, model_dir_ma
 from tessera.eager.quantize import quantize
 from tessera.errors import RequestError
 from tessera.llm import LLM, EngineStats, LLMEngine, SamplingParams, StepFailure
-from tessera.llm.server.async_engine import AsyncLLMEngine
+from tessera.llm.server.async_engine import AsyncLLMEngine, RequestStream
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
 
@@ -191,10 +191,20 @@ def test_unstreamed_requests_output_only_when_finished(llama_dir):
     assert final.new_token_ids == final.token_ids  # what it added since its last output: all of it
 
 
-def test_the_async_engine_streams_per_step_only_when_asked(llama_dir):
-    """What the server does for `stream: true` and `stream: false` requests."""
+def test_the_async_engine_streams_per_step_only_when_asked(llama_dir, monkeypatch):
+    """What the server does for `stream: true` and `stream: false` requests.  The engine hands a
+    streamed request one output per step; outputs the consumer has not taken yet replace each
+    other (each is cumulative), so what the consumer sees depends on timing, what is handed not."""
     engine = AsyncLLMEngine(LLM(llama_dir, device="cpu", enforce_eager=True).engine)
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    handed: dict[str, int] = {}
+    put = RequestStream._put
+
+    def counting_put(self, item):  # noqa: ANN001, ANN202
+        handed[self.request_id] = handed.get(self.request_id, 0) + 1
+        put(self, item)
+
+    monkeypatch.setattr(RequestStream, "_put", counting_put)
 
     async def outputs_of(per_step: bool) -> list:
         return [out async for out in engine.submit(f"r-{per_step}", PROMPTS[0], params, stream=per_step)]
@@ -207,7 +217,9 @@ def test_the_async_engine_streams_per_step_only_when_asked(llama_dir):
         streamed, final = asyncio.run(drive())
     finally:
         engine.shutdown()
-    assert len(streamed) == 3 and len(final) == 1 and final[0].finished
+    assert handed == {"r-True": 3, "r-False": 1} and len(final) == 1 and final[0].finished
+    counts = [len(o.outputs[0].token_ids) for o in streamed]
+    assert 1 <= len(streamed) <= 3 and counts == sorted(set(counts)) and counts[-1] == 3 and streamed[-1].finished
     assert final[0].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
 
 

@@ -197,14 +197,28 @@ def _fused(report: GraphReport, index: int, step: Any, shared_with: int | None) 
     report.views += [_op(op) for op in step.group.ops if id(op) not in placed]
 
 
+def _shapes(shapes: list[tuple]) -> str:
+    """Input shapes of an anchor's calls: `[a] x [b]` per call, the first few of many."""
+    texts = [" x ".join(str(list(s)) for s in shape) for shape in shapes[:3]]
+    more = f"; and {len(shapes) - 3} more" if len(shapes) > 3 else ""
+    return "; ".join(texts) + more
+
+
 def _anchor(report: GraphReport, index: int, step: Any) -> None:
     ops = [_op(op) for op in step.group.members]
     prepared = step.prepared_by_shape()
     if not prepared:
         report.kernels.append(KernelInfo(index, "anchor", [], ops, f"{step.anchor.kind} template, prepared per shape "
                                                                    "on the first call (none yet)"))  # fmt: skip
+    # Shapes that run the same loaded kernel (a template generic in the sizes) are listed together.
+    by_kernel: dict[int, list[tuple[tuple, Any]]] = {}
     for shape, kernel in prepared:
-        shape_text = " x ".join(str(list(s)) for s in shape)
+        template = getattr(kernel, "kernel", None)
+        key = id(template) if template is not None and hasattr(template, "kernels") else id(kernel)
+        by_kernel.setdefault(key, []).append((shape, kernel))
+    for same in by_kernel.values():
+        shape, kernel = same[0]
+        shape_text = _shapes([s for s, _ in same])
         template = getattr(kernel, "kernel", None)
         if template is not None and hasattr(template, "kernels"):
             report.kernels.append(KernelInfo(index, "anchor", list(template.kernels), ops, f"{step.anchor.kind} template",
