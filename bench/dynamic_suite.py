@@ -13,7 +13,8 @@ sweep: BERT-base fp16, batch 1, sequence lengths 32, 48, 64, 96, 128, 160, 200, 
   systems) and the relative error against a float32 eager copy; after the sweep, the extra GPU
   memory it holds (allocated and reserved, against before its first call) and the peak.
 generate: the 1.1B Llama of bench/PROTOCOL.md (TinyLlama shape, 22 layers) fp16, prompt 128, 64 new
-  tokens, greedy, `cache_implementation="static"`: eager `generate` against `generate` with the
+  tokens, greedy, with `cache_implementation="static"` and with the default (dynamic) cache
+  (`--caches`): eager `generate` against `generate` with the
   forward compiled by tessera; tokens/s of a warm call (median of --gen-repeats), the first
   (compiling) call's time, and whether the tokens equal eager's.
 
@@ -234,16 +235,25 @@ def _row(case: str, results: dict[str, dict[str, Any]], n: int | None) -> dict[s
 
 # ---- generate -------------------------------------------------------------------------------------------------------
 def generate(opts: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per KV cache of --caches: transformers' static cache, or its default (dynamic) one,
+    whose growing length makes every decode step a new shape."""
     device, dtype = opts.device, opts.dtype
     torch.manual_seed(0)
     model = llama(opts.tiny).eval().to(device=device, dtype=dtype)
     prompt_len, new = (16, 16) if opts.tiny else (128, 64)
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(2))
     prompt = prompt.to(device)
-    kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "cache_implementation": "static",
-              "pad_token_id": 0}  # fmt: skip
-    row: dict[str, Any] = {"case": f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},generate,prompt={prompt_len},"
-                                   f"new={new},static-cache,{opts.dtype_name}", "errors": {}}  # fmt: skip
+    return [_generate_row(model, prompt, new, cache, opts) for cache in opts.caches]
+
+
+def _generate_row(model: torch.nn.Module, prompt: torch.Tensor, new: int, cache: str,
+                  opts: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    device = opts.device
+    kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": 0}
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    row: dict[str, Any] = {"case": f"model={'llama-tiny' if opts.tiny else 'llama-1.1b'},generate,prompt={prompt.shape[1]},"
+                                   f"new={new},{cache}-cache,{opts.dtype_name}", "errors": {}}  # fmt: skip
     with torch.no_grad():
         eager_tokens, eager_first = wall(lambda: model.generate(prompt, **kwargs), device)
         eager_s = statistics.median(wall(lambda: model.generate(prompt, **kwargs), device)[1]
@@ -274,7 +284,7 @@ def generate(opts: argparse.Namespace) -> list[dict[str, Any]]:
     if "tessera_tokens_per_s" in row:
         row["speedup_vs_eager"] = row["tessera_tokens_per_s"] / row["peers_tokens_per_s"][EAGER]
     print(json.dumps(row, default=str), flush=True)
-    return [row]
+    return row
 
 
 # ---- results --------------------------------------------------------------------------------------------------------
@@ -334,12 +344,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=50, help="timed calls per length (bench/PROTOCOL.md asks >= 50)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per length after its first call")
     ap.add_argument("--gen-repeats", type=int, default=5, help="timed generate calls per system")
+    ap.add_argument("--caches", default="static,dynamic", help="generate's KV caches: static, dynamic (the default cache)")
     ap.add_argument("--skip", default="", help=f"systems to leave out of the sweep: {TESSERA}, {PEER}")
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="results folder (default $OUT, else bench/results)")
     opts = ap.parse_args(argv)
     opts.dtype_name = opts.dtype or ("float16" if opts.device == "cuda" else "float32")
     opts.dtype = getattr(torch, opts.dtype_name)
     opts.skip = {s.strip() for s in opts.skip.split(",") if s.strip()}
+    opts.caches = [c.strip() for c in opts.caches.split(",") if c.strip()]
+    if not opts.caches or set(opts.caches) - {"static", "dynamic"}:
+        ap.error(f"--caches takes static and/or dynamic, not {opts.caches}")
     parts = [p.strip() for p in opts.part.split(",") if p.strip()]
     unknown = set(parts) - {"sweep", "generate"}
     if unknown:
