@@ -305,7 +305,8 @@ class CpuAnchorKernel(PreparedAnchor):
         self.artifacts = [str(library), *plan.helpers]
         kernels = [load_function(launch.func, library, "cpu") for launch in plan.launches]
         self._steps = [(k, list(launch.slots), [_call_shape(q) for q in launch.func.params],
-                        [getattr(q.type, "rank", 0) for q in launch.func.params]) for k, launch in zip(kernels, plan.launches)]  # fmt: skip
+                        [getattr(q.type, "rank", 0) for q in launch.func.params])  # 0: a scalar (a LITERAL slot's int)
+                       for k, launch in zip(kernels, plan.launches)]  # fmt: skip
 
     def __call__(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
         extras = self._checked_extras(inputs, extras)
@@ -315,5 +316,5 @@ class CpuAnchorKernel(PreparedAnchor):
             # Operands the kernel reads as another view of the same memory ([..., K] as [M, K], OIHW as [O, K]);
             # one of lower rank whose sizes are free gets leading ones (a [B, S] mask read as [B, 1, 1, S]).
             kernel([a.reshape(shape) if shape is not None and tuple(a.shape) != shape
-                    else a.reshape((1,) * (rank - a.ndim) + tuple(a.shape)) if a.ndim < rank else a
+                    else a.reshape((1,) * (rank - a.ndim) + tuple(a.shape)) if rank and a.ndim < rank else a
                     for a, shape, rank in zip(args, shapes, ranks)])  # fmt: skip
