@@ -40,7 +40,7 @@ from tessera.ir.compute import (
 from tessera.ir.func import Function
 from tessera.ir.functor import IRMutator, IRVisitor
 from tessera.ir.types import GLOBAL, REGISTER, TensorType
-from tessera.ops.common import same_dim
+from tessera.ops.common import same_dim, shape_vars
 from tessera.ops.schedule.inline import Inliner
 
 __all__ = ["Epilogue", "EpilogueError", "compose", "fuse_epilogue", "identity_epilogue"]
@@ -317,12 +317,11 @@ def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.
     # of the kernel, bound from the arrays at call time like its own.
     symbols = list(func.shape_params)
     for t in (epilogue.output, *epilogue.extras):
-        for d in t.shape:
-            for v in _variables(d):
-                if v.type != dtypes.int32:
-                    raise EpilogueError(f"epilogue tensor '{t.name}' has a dimension {d} over a non-int32 value")
-                if not any(v is s for s in symbols):
-                    symbols.append(v)
+        for name, v in shape_vars(t.shape).items():
+            if v.type != dtypes.int32:
+                raise EpilogueError(f"epilogue tensor '{t.name}' has a size over {name}, which is not an int32 symbol")
+            if all(s.name != name for s in symbols):
+                symbols.append(v)
     names = _Names()
     names.visit(func.body)
     taken = names.names | {p.name for p in func.all_params}
@@ -349,18 +348,3 @@ def fuse_epilogue(func: Function, out: str, index_map: Callable[..., Sequence[E.
                             "specialise the kernel's shapes before fusing")  # fmt: skip
     return Function(func.name, params, body, func.kind, func.launch, symbols, func.source_file, func.source_line)
 
-
-class _Variables(IRVisitor):
-    def __init__(self) -> None:
-        self.found: list[E.Var] = []
-
-    def visit_Var(self, e: E.Var) -> None:
-        if not any(e is v for v in self.found):
-            self.found.append(e)
-
-
-def _variables(e: E.Expr) -> list[E.Var]:
-    """The variables an expression reads (a symbolic size's shape symbols), in order of appearance."""
-    v = _Variables()
-    v.visit(e)
-    return v.found

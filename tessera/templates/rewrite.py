@@ -185,25 +185,30 @@ def rename(func: Function, name: str) -> Function:
                     func.source_line)  # fmt: skip
 
 
-def unravel(flat: E.Expr, shape: Sequence[int]) -> list[E.Expr]:
-    """Row-major indices of `flat` in `shape` (constant sizes; unit dimensions give 0)."""
+def unravel(flat: E.Expr, shape: Sequence[int | E.Expr]) -> list[E.Expr]:
+    """Row-major indices of `flat` in `shape` (unit dimensions give 0; the outermost other one
+    takes no modulo).  Sizes are ints, or int32 expressions of a kernel generic in them."""
     out: list[E.Expr] = []
-    stride = 1
-    for d in reversed(shape):
-        if d == 1:
+    stride: int | E.Expr = 1
+    for k in range(len(shape) - 1, -1, -1):
+        d = shape[k]
+        if _unit(d):
             out.append(i32(0))
         else:
-            q = flat if stride == 1 else flat // i32(stride)
-            out.append(q if stride * d >= _bound(shape) else q % i32(d))
-        stride *= d
+            q = flat if _unit(stride) else flat // _size(stride)
+            outermost = all(_unit(x) for x in shape[:k])
+            out.append(q if outermost else q % _size(d))
+        if not _unit(d):
+            stride = d if _unit(stride) else stride * d
     return out[::-1]
 
 
-def _bound(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _unit(d: int | E.Expr) -> bool:
+    return d == 1 if isinstance(d, int) else isinstance(d, E.Const) and d.value == 1
+
+
+def _size(d: int | E.Expr) -> E.Expr:
+    return i32(d) if isinstance(d, int) else d
 
 
 def retype_operand(func: Function, name: str, shape: Sequence[int]) -> Function:

@@ -34,16 +34,11 @@ from tessera.ir.dtypes import DataType
 from tessera.ir.vector import vector_type
 from tessera.jit import Kernel
 from tessera.templates.kernel import CONSTANT, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot
+from tessera.templates.paged_attention.cpu import SERIAL_WORK, cpu_tile
 from tessera.templates.registry import AnchorSite, Shape, StepKernel
 
 NEG_INF = float("-inf")
 KEY_BLOCK = 32  # keys per online-softmax update
-SERIAL_WORK = 1 << 20  # multiply-adds below which a call runs on one thread (see paged_attention/cpu.py)
-
-
-def query_tile(group: int) -> int:
-    """Query tokens per worker item: up to 16 rows (tokens x the group's heads) share each key row."""
-    return max(1, 16 // group)
 
 
 @functools.cache
@@ -55,7 +50,7 @@ def make_flash_attention_cpu(head_dim: int, value_dim: int, group: int, scale: f
     broadcasts over it), M 4-D with 1 there; without a mask M is any [1, 1, 1, 1] float32 array,
     never read.  `lanes`: float32 lanes of this machine's vectors (the scores of a row and its
     output run on them); `parallel` as in the paged kernel."""
-    D, DV, G, QT, BS, L = head_dim, value_dim, group, query_tile(group), KEY_BLOCK, lanes
+    D, DV, G, QT, BS, L = head_dim, value_dim, group, cpu_tile(group), KEY_BLOCK, lanes
     if L not in (8, 16):
         raise ArgumentError(f"flash attention on the CPU: lanes must be 8 (AVX2) or 16 (AVX-512), got {L}")
     vt = vector_type(f32, L)

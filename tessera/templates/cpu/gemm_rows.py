@@ -35,7 +35,7 @@ from tessera.templates.epilogue import fuse_epilogue, identity_epilogue
 from tessera.templates.gemm.plan import with_bias
 from tessera.templates.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
-from tessera.templates.rewrite import i32, rename, specialize
+from tessera.templates.rewrite import i32, rename, specialize, unravel
 
 
 def rows_refusal(op: Operator) -> str | None:
@@ -74,11 +74,6 @@ class RowGenericGemm:
         self._packed: dict[int, np.ndarray] = {}  # panel width -> the weight packed for it
         self._kernels: dict[CpuGemmConfig, CpuAnchorKernel] = {}
         self._configs: dict[int, CpuGemmConfig] = {}  # bucket -> its configuration
-
-    @property
-    def kernels(self) -> dict[CpuGemmConfig, CpuAnchorKernel]:
-        """The kernels built so far, by configuration."""
-        return dict(self._kernels)
 
     def config(self, m: int) -> CpuGemmConfig:
         """The configuration for m rows: its bucket's, chosen on the bucket's first call."""
@@ -143,7 +138,7 @@ class RowGenericGemm:
             ep = with_bias(ep, out_shape, dtypes.float32, -1)
         ep = ep or identity_epilogue(out_shape, dtypes.float32)
         lead = out_shape[:-1]
-        f = fuse_epilogue(f, "C", lambda b, r, c: (*_unravel(r, lead), c), ep)
+        f = fuse_epilogue(f, "C", lambda b, r, c: (*unravel(r, lead), c), ep)
         f = rename(f, f"{op.kind}_gemm_{cfg}_rows")
         slots: list[Slot] = [(INPUT, 0), b_slot, (OUTPUT, 0)]
         if self.weight is None:
@@ -164,22 +159,6 @@ def _row_chunks(cfg: CpuGemmConfig, m: E.Var, n: int) -> E.Expr:
     tiles = (m + i32(cfg.mr - 1)) // i32(cfg.mr)
     most = i32(-(-want // panels))
     return E.Select(tiles < most, tiles, most)
-
-
-def _unravel(row: E.Expr, lead: tuple[E.Expr, ...]) -> list[E.Expr]:
-    """Row-major indices of the flat row `row` in the (symbolic) leading sizes `lead`."""
-    out: list[E.Expr] = []
-    rest = row
-    for k in range(len(lead) - 1, 0, -1):
-        d = lead[k]
-        if isinstance(d, E.Const) and d.value == 1:
-            out.append(i32(0))
-            continue
-        out.append(rest % d)
-        rest = rest // d
-    if lead:
-        out.append(rest)
-    return out[::-1]
 
 
 def row_generic(site: AnchorSite, tune: bool) -> RowGenericGemm | None:
