@@ -14,7 +14,7 @@ from tessera.ir import expr as E
 from tessera.ir.func import Function
 from tessera.ir.types import TensorType
 from tessera.templates.cpu.gemm_kernel import CpuGemmConfig, make_gemm
-from tessera.templates.cpu.gemm_rows import bucket
+from tessera.templates.gemm.generic import bucket
 from tessera.templates.rewrite import specialize
 
 pytestmark = pytest.mark.skipif(vector_lanes() == 1, reason="no AVX2: the CPU templates refuse everything")

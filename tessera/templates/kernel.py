@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,24 @@ class MapSpec:
 
     operand: Slot
     dtype: DataType
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # one size may be -1: the operand's element count gives it per call (free rows)
     box: tuple[int, ...]
     window: Im2colWindow | None = None
     swizzle: int = 128
 
-    def encode(self, ptr: int) -> TensorMap:
-        """The map over the operand at device address `ptr`."""
+    def call_shape(self, operand: Any) -> tuple[int, ...]:
+        """The shape the map describes over this call's operand (the free size filled in)."""
+        if -1 not in self.shape:
+            return self.shape
+        known = prod(d for d in self.shape if d != -1)
+        return tuple(prod(operand.shape) // known if d == -1 else d for d in self.shape)
+
+    def encode(self, ptr: int, shape: tuple[int, ...] | None = None) -> TensorMap:
+        """The map over the operand at device address `ptr` (of `shape`, default the spec's)."""
+        shape = shape or self.shape
         if self.window is None:
-            return TensorMap.from_pointer(ptr, self.dtype, self.shape, self.box, self.swizzle)
-        return TensorMap.im2col_from_pointer(ptr, self.dtype, self.shape, self.window, *self.box)
+            return TensorMap.from_pointer(ptr, self.dtype, shape, self.box, self.swizzle)
+        return TensorMap.im2col_from_pointer(ptr, self.dtype, shape, self.window, *self.box)
 
 
 @dataclass
@@ -228,7 +237,10 @@ class AnchorKernel(PreparedAnchor):
         self._aligned = list(plan.aligned_inputs)
         self._aligned_output = plan.aligned_output
         self._maps = list(plan.tensor_maps)
-        self._encoded: list[dict[int, Any]] = [{} for _ in self._maps]  # per map: address -> TensorMap
+        self._encoded: list[dict[tuple, Any]] = [{} for _ in self._maps]  # per map: (address, shape) -> TensorMap
+        # A launch generic in its rows reads an operand as a view with the rows flattened ([..., K] as [1, M, K]).
+        self._views = [[_free_view(q) for q in launch.func.params] if launch.generic else None
+                       for launch in plan.launches]  # fmt: skip
 
     def sibling(self, *, workspaces: bool = True) -> AnchorKernel:
         """The same plan and loaded kernels with workspaces and tensor-map caches of its own: another
@@ -252,22 +264,26 @@ class AnchorKernel(PreparedAnchor):
         maps = self._tensor_maps((inputs, (out,), extras, self.workspaces, (), (), (), temps))
         sources = (inputs, (out,), extras, self.workspaces, (), maps, (), temps)
         stream = current_stream((out,))  # once, not once per launch
-        for kernel, slots in self._steps:
-            kernel.launch([sources[s][i] if s != LITERAL else i for s, i in slots], stream)
+        for (kernel, slots), views in zip(self._steps, self._views):
+            args = [sources[s][i] if s != LITERAL else i for s, i in slots]
+            if views is not None:
+                args = [a if view is None else a.reshape(view) for a, view in zip(args, views)]
+            kernel.launch(args, stream)
 
     def _tensor_maps(self, sources: Sequence[Sequence[Any]]) -> list[Any]:
         """The plan's tensor maps over this call's operands, `sources` by slot kind (encoded
-        once per address and kept: a CUDA-graph replay passes the same buffers every time)."""
+        once per address and shape and kept: a CUDA-graph replay passes the same buffers every time)."""
         if not self._maps:
             return []
         maps = []
         for spec, cache in zip(self._maps, self._encoded):
-            ptr = sources[spec.operand[0]][spec.operand[1]].data_ptr()
-            tmap = cache.get(ptr)
+            operand = sources[spec.operand[0]][spec.operand[1]]
+            key = (operand.data_ptr(), spec.call_shape(operand))
+            tmap = cache.get(key)
             if tmap is None:
                 if len(cache) >= 16:
                     cache.pop(next(iter(cache)))
-                tmap = cache[ptr] = spec.encode(ptr)
+                tmap = cache[key] = spec.encode(*key)
             maps.append(tmap)
         return maps
 
@@ -288,6 +304,12 @@ def _call_shape(param: Any) -> tuple[int, ...] | None:
     if dims is None or sum(not isinstance(d, E.Const) for d in dims) > 1:
         return None
     return tuple(int(d.value) if isinstance(d, E.Const) else -1 for d in dims)
+
+
+def _free_view(param: Any) -> tuple[int, ...] | None:
+    """The view a generic launch passes for a parameter with one free size (-1), else None."""
+    shape = _call_shape(param)
+    return shape if shape is not None and -1 in shape else None
 
 
 class CpuAnchorKernel(PreparedAnchor):

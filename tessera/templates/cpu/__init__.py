@@ -21,9 +21,10 @@ from tessera.ir import dtypes
 from tessera.ops.geometry import pads, pair
 from tessera.templates.cpu.conv import conv_space, plan_cpu_conv2d
 from tessera.templates.cpu.gemm import gemm_space, plan_cpu_linear, plan_cpu_matmul
-from tessera.templates.cpu.gemm_rows import RowGenericGemm, row_generic, rows_refusal
+from tessera.templates.cpu.gemm_rows import RowGenericGemm, row_generic
 from tessera.templates.cpu.pool import plan_cpu_max_pool2d
 from tessera.templates.epilogue import Epilogue
+from tessera.templates.gemm.generic import rows_refusal
 from tessera.templates.registry import AnchorSite, Shape, Template, register, static
 
 

@@ -25,31 +25,17 @@ from typing import Any
 import numpy as np
 
 from tessera.graph.lowering import dim_expr
-from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 from tessera.ir import expr as E
 from tessera.templates.cpu.gemm import estimate, heuristic_config, pack_weight, recorded_config, tuned_config
 from tessera.templates.cpu.gemm_kernel import CpuGemmConfig, make_gemm
 from tessera.templates.epilogue import fuse_epilogue, identity_epilogue
+from tessera.templates.gemm.generic import bucket, rows_refusal
 from tessera.templates.gemm.plan import with_bias
 from tessera.templates.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
 from tessera.templates.rewrite import i32, rename, specialize, unravel
-
-
-def rows_refusal(op: Operator) -> str | None:
-    """Why a linear/matmul with symbolic sizes cannot run generic in its rows (None when it can):
-    every size but the first operand's leading dimensions must be a number."""
-    a, b = op.inputs[0], op.inputs[1]
-    if b.ndim != 2 or not static(b, *op.inputs[2:]) or a.ndim < 2 or not isinstance(a.shape[-1], int):
-        return "symbolic sizes beyond the rows: the CPU GEMM is generic in its row count only"
-    return None
-
-
-def bucket(m: int) -> int:
-    """The size bucket of m rows: the next power of two."""
-    return 1 << max(0, m - 1).bit_length()
 
 
 class RowGenericGemm:

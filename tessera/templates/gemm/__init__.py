@@ -3,7 +3,8 @@
 Kernels: `mma.py` (mma.sync, any GPU from SM80), `wgmma.py` (warpgroup MMA, SM90), `tma.py`
 (warp-specialised TMA + wgmma, SM90).  `space.py` holds their schedule spaces and cost model,
 `config.py` picks or tunes a schedule per shape, `plan.py` adapts a problem (operand index
-maps, batch folding, the epilogue) to the template and builds it.
+maps, batch folding, the epilogue) to the template and builds it, and `generic.py` builds a
+linear layer's kernels once for every row count (dynamic shapes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from tessera.graph.operator import Operator
 from tessera.templates.epilogue import Epilogue
 from tessera.templates.gemm.config import families
+from tessera.templates.gemm.generic import RowGenericGpuGemm, row_generic
 from tessera.templates.gemm.plan import (
     ANCHOR_DTYPES,
     GemmProblem,
@@ -25,7 +27,7 @@ from tessera.templates.gemm.plan import (
 )
 from tessera.templates.gemm.space import schedule_space
 from tessera.templates.kernel import INPUT
-from tessera.templates.registry import Shape, Template, register
+from tessera.templates.registry import AnchorSite, Shape, Template, register
 
 
 def gpu_dtype_refusal(op: Operator) -> str | None:
@@ -58,6 +60,9 @@ class GemmTemplate(Template):
         p = self.problem(op, shapes)
         fams = families(p.layout, p.vector, tma=p.tma)
         return schedule_space(p.m, p.n, p.k, p.batch, p.layout, wgmma="wgmma" in fams, tma="tma" in fams)
+
+    def generic(self, site: AnchorSite, tune: bool) -> RowGenericGpuGemm | None:
+        return row_generic(site, tune)
 
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         dtype = op.outputs[0].dtype

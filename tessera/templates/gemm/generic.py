@@ -1,0 +1,169 @@
+"""GPU GEMM anchors generic in their row count: one build serves every sequence length and batch.
+
+Under dynamic shapes (`torch.compile(..., dynamic=True)`, a serving engine's token counts) a
+linear layer's rows M = prod(x.shape[:-1]) change from call to call while K, N and the weight
+stay.  The tensor-core templates (mma.py, wgmma.py, tma.py) read M only in their bounds checks,
+their grid and the TMA map of A, so the kernel here leaves M a free shape symbol, bound from the
+arrays at call time: the grid (`ceil_div(M, BM)` blocks, or a persistent kernel's
+`min(tiles, SMs)`) is evaluated per call and A's tensor map is encoded per (address, rows).
+
+Per size bucket (M rounded up to a power of two) a schedule is chosen
+(`RowGenericGpuGemm._choose`): the site's first bucket gets the tuned one (with tuning on) or
+the cost model's; a later bucket takes the cost model's pick when that kernel is built already,
+else the built kernel the cost model rates best, so a new size never waits for nvcc or the tuner.
+Split-k is left out: its float32 partials would need a workspace sized by M.
+
+The epilogue keeps the graph's symbolic shapes (a residual [batch, seq, N], a bias [N]): their
+symbols become shape parameters of the kernel too.  `rows_refusal` and `bucket` are the rules
+the CPU's row-generic GEMM (tessera.templates.cpu.gemm_rows) shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from math import prod
+from typing import Any
+
+from tessera.graph.lowering import dim_expr
+from tessera.graph.operator import Operator
+from tessera.graph.tensor import Tensor
+from tessera.ir import expr as E
+from tessera.templates.epilogue import fuse_epilogue, identity_epilogue
+from tessera.templates.gemm import space as gemm_space
+from tessera.templates.gemm.config import config_for_shape, families, make_kernel
+from tessera.templates.gemm.plan import with_bias
+from tessera.templates.gemm.space import Config, estimate_us, heuristic_config
+from tessera.templates.gemm.tma import TmaConfig, tensor_map_boxes
+from tessera.templates.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
+from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
+from tessera.templates.rewrite import i32, remap_operand, rename, retype_operand, specialize, unravel
+
+
+def rows_refusal(op: Operator) -> str | None:
+    """Why a linear/matmul with symbolic sizes cannot run generic in its rows (None when it can):
+    every size but the first operand's leading dimensions must be a number."""
+    a, b = op.inputs[0], op.inputs[1]
+    if b.ndim != 2 or not static(b, *op.inputs[2:]) or a.ndim < 2 or not isinstance(a.shape[-1], int):
+        return "symbolic sizes beyond the rows: the GEMM templates are generic in their row count only"
+    return None
+
+
+def bucket(m: int) -> int:
+    """The size bucket of m rows: the next power of two."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def unsplit(cfg: Config) -> Config:
+    """`cfg` without split-k (a generic kernel has no workspace sized by its rows)."""
+    if cfg.split_k == 1:
+        return cfg
+    return replace(cfg, split_k=1, split_reduce="launch") if isinstance(cfg, TmaConfig) else replace(cfg, split_k=1)
+
+
+class RowGenericGpuGemm:
+    """The kernels of one fp16/bf16 linear/matmul anchor site for every row count.
+
+    `bind(shapes)` gives the step's kernel for concrete shapes; the kernel of one schedule is
+    built once and shared by every row count that picks it."""
+
+    def __init__(self, site: AnchorSite, tune: bool):
+        op = site.anchor
+        self.site, self.tune = site, tune
+        self.dtype = op.outputs[0].dtype
+        w = op.inputs[1]
+        self.layout = "nk" if op.kind == "linear" else "kn"
+        self.n, self.k = (w.shape[0], w.shape[1]) if self.layout == "nk" else (w.shape[1], w.shape[0])
+        self.bias = op.kind == "linear" and len(op.inputs) == 3
+        # 16-byte rows of A and B: cp.async / TMA loads (B's rows are N long in the "kn" layout)
+        self.vector = self.k % 8 == 0 and (self.layout == "nk" or self.n % 8 == 0)
+        self.families = families(self.layout, self.vector, tma=self.vector)
+        self._extras = epilogue_inputs(site)
+        position = {t: i for i, t in enumerate(site.inputs)}
+        self._operands = [position[t] for t in op.inputs]
+        self._extra_positions = [position[t] for t in self._extras]
+        self._kernels: dict[Config, AnchorKernel] = {}
+        self._configs: dict[int, Config] = {}  # bucket -> its schedule
+
+    @property
+    def kernels(self) -> dict[Config, AnchorKernel]:
+        """The kernels built so far, by schedule."""
+        return dict(self._kernels)
+
+    def config(self, m: int) -> Config:
+        """The schedule for m rows: its bucket's, chosen on the bucket's first call."""
+        b = bucket(m)
+        cfg = self._configs.get(b)
+        if cfg is None:
+            cfg = self._configs[b] = self._choose(b)
+        return cfg
+
+    def _choose(self, b: int) -> Config:
+        """A new bucket's schedule: the first is tuned (with tuning on) or the cost model's; a later
+        one is the cost model's pick where that kernel is built already, else the built kernel the
+        cost model rates best, so that a new size does not wait for the compiler."""
+        if not self._kernels:
+            return unsplit(config_for_shape(self.dtype, self.layout, 1, b, self.n, self.k, self.vector, tune=self.tune,
+                                            tma="tma" in self.families, wgmma="wgmma" in self.families))  # fmt: skip
+        pick = unsplit(heuristic_config(b, self.n, self.k, 1, self.families[0], self.layout))
+        if pick in self._kernels:
+            return pick
+        return min(self._kernels, key=lambda c: estimate_us(c, b, self.n, self.k))
+
+    def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
+        """The step's kernel at these concrete shapes."""
+        cfg = self.config(prod(shapes[self.site.anchor.inputs[0]][:-1]))
+        kernel = self._kernels.get(cfg)
+        if kernel is None:
+            kernel = self._kernels[cfg] = self.plan(cfg).load()
+        return StepKernel(kernel, self._operands, self._extra_positions)
+
+    def plan(self, cfg: Config) -> AnchorPlan:
+        """The uncompiled plan of schedule `cfg` with the row count free (inspect `.source`)."""
+        op, n, k = self.site.anchor, self.n, self.k
+        f = make_kernel(self.dtype, cfg, self.layout, self.vector).ir
+        m = next(s for s in f.shape_params if s.name == "M")
+        b_shape = (1, n, k) if self.layout == "nk" else (1, k, n)
+        w_shape = (n, k) if self.layout == "nk" else (k, n)
+        scalars: dict[str, Any] = {"split": 1}
+        tma = isinstance(cfg, TmaConfig)
+        if tma:
+            tiles = (m + i32(cfg.block_m - 1)) // i32(cfg.block_m) * i32(-(-n // cfg.block_n))
+            sms = i32(gemm_space.device().sms)
+            scalars["ctas"] = E.Select(tiles < sms, tiles, sms) if cfg.persistent else tiles
+        f = specialize(f, {"A": (1, None, k), "B": b_shape, "C": (1, None, n)}, scalars)
+        plan = AnchorPlan(op.kind, [], (), self.dtype, 3 if self.bias else 2, len(self._extras))
+        map_slots: list[Slot] = []
+        if tma:
+            a_box, b_box = tensor_map_boxes(cfg, self.layout)
+            f = retype_operand(f, "B", w_shape)
+            map_slots = [plan.tensor_map(MapSpec((INPUT, 0), self.dtype, (1, -1, k), a_box)),
+                         plan.tensor_map(MapSpec((INPUT, 1), self.dtype, (1, *w_shape), b_box))]  # fmt: skip
+        else:
+            f = remap_operand(f, "B", w_shape, lambda bi, r, c: (r, c))
+        symbols: dict[str, Any] = {}
+        tensors = [*self.site.outputs, *self._extras]
+        sym_shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in tensors}
+        out_shape = sym_shapes[self.site.outputs[0]]
+        ep = anchor_epilogue(self.site, sym_shapes, symbols)[0]
+        if self.bias:
+            ep = with_bias(ep, out_shape, self.dtype, -1)
+        ep = ep or identity_epilogue(out_shape, self.dtype)
+        lead = out_shape[:-1]
+        f = fuse_epilogue(f, "C", lambda z, r, c: (*unravel(r, lead), c), ep, row_major=True)
+        f = rename(f, f"{op.kind}_gemm_{str(cfg).replace('-', '_')}_rows")
+        slots: list[Slot] = [(INPUT, 0), (INPUT, 1), (OUTPUT, 0), *map_slots]
+        slots += [(INPUT, 2)] if self.bias else []
+        slots += [(EXTRA, j) for j in range(len(self._extras))]
+        plan.out_dtype, plan.config, plan.aligned_output = ep.output.dtype, cfg, True
+        plan.aligned_inputs = [0, 1] if self.vector else []
+        plan.launches.append(Launch(f, slots, generic=True))
+        return plan
+
+
+def row_generic(site: AnchorSite, tune: bool) -> RowGenericGpuGemm | None:
+    """The row-generic kernels of an fp16/bf16 linear/matmul site whose only symbolic sizes are
+    its rows (its epilogue's tensors may have any), or None for a static site."""
+    if rows_refusal(site.anchor) is not None or static(*site.inputs, *site.outputs):
+        return None
+    return RowGenericGpuGemm(site, tune)
