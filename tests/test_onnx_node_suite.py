@@ -1,8 +1,8 @@
 """ONNX's backend node tests through tessera's CPU path (bench/onnx_node_tests.py).
 
 The CPU tier runs `ci_selection` (a few tests per op family and every 6th test, about 300;
-under a minute on 2 cores with a cold kernel cache), or every test with `TESSERA_ONNX_NODE_TESTS=all` (about 1400,
-~2.5 minutes cold on 2 cores), when the test data is there: `python3
+about 100 s in one process on 2 cores with a cold kernel cache), or every test with
+`TESSERA_ONNX_NODE_TESTS=all` (about 1400), when the test data is there: `python3
 bench/onnx_node_tests.py fetch` puts it in the cache (pip downloads the onnx sdist that ships
 it), `$TESSERA_ONNX_NODE_DATA` names another copy; without it these tests skip, saying so.
 The report with the pass rate by cause is `python3 bench/onnx_node_tests.py run -j 2`.

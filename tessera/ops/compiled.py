@@ -22,6 +22,7 @@ from tessera.ir.compute import Compute, Placeholder, TensorNode, topological_ord
 from tessera.ir.dtypes import DataType, numpy_dtype
 from tessera.ir.evaluate import evaluate
 from tessera.jit import build_source, generate_source, load_function
+from tessera.ops.common import shape_vars
 from tessera.ops.schedule import KernelSpec, schedule
 from tessera.runtime.cuda import DeviceArray
 from tessera.runtime.tensor import as_view, view_of
@@ -72,23 +73,10 @@ def _check_graph(outputs: list[TensorNode], inputs: list[Placeholder]) -> list[T
         for d in p.shape:
             if not isinstance(d, E.Expr) or d.dtype != dtypes.int32:
                 raise ArgumentError(f"build: input '{p.name}' has dimension {d}; input dimensions must be ints or int32 expressions")
-            for v in _vars_of(d):
+            for v in shape_vars([d]).values():
                 if names.setdefault(v.name, v) is not v:
                     raise ArgumentError(f"build: two different shape symbols are both named '{v.name}'; reuse one Var per dynamic size")
     return outputs
-
-
-def _vars_of(e: E.Expr) -> list[E.Var]:
-    """The Vars of an integer shape expression (dimensions are small trees of Var, Const, Binary)."""
-    if isinstance(e, E.Var):
-        return [e]
-    if isinstance(e, E.Binary):
-        return _vars_of(e.a) + _vars_of(e.b)
-    if isinstance(e, E.Unary):
-        return _vars_of(e.a)
-    if isinstance(e, E.Cast):
-        return _vars_of(e.value)
-    return []
 
 
 def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeholder], target: str = "cpu",
@@ -98,7 +86,7 @@ def generate(outputs: TensorNode | Sequence[TensorNode], inputs: Sequence[Placeh
     inputs = list(inputs)
     outs = _check_graph(outs, inputs)
     kernels = schedule(outs, target, name)
-    symbols = {v for p in inputs for d in p.shape for v in _vars_of(d)}
+    symbols = {v for p in inputs for d in p.shape for v in shape_vars([d]).values()}
     names = {v.name: v for v in symbols}
     free: list[E.Var] = []  # sizes no input carries (an arange to `seq`): given in `symbols` at run time
     for k in kernels:
@@ -212,7 +200,7 @@ class CompiledOp:
             raise ArgumentError(f"op takes {len(self.inputs)} inputs ({names}), got {len(arrays)}")
         env: dict[E.Var, int] = {}
         if symbols:
-            env.update((v, int(symbols[v.name])) for p in self.inputs for d in p.shape for v in _vars_of(d) if v.name in symbols)
+            env.update((v, int(symbols[v.name])) for p in self.inputs for d in p.shape for v in shape_vars([d]).values() if v.name in symbols)
         shapes = []
         for p, a in zip(self.inputs, arrays):
             view = view_of(a, f"input '{p.name}'")
@@ -226,14 +214,14 @@ class CompiledOp:
             shapes.append((p, tuple(view.shape)))
         for p, actual_shape in shapes:
             for axis, (d, actual) in enumerate(zip(p.shape, actual_shape)):
-                unbound = [v.name for v in _vars_of(d) if v not in env]
+                unbound = [v.name for v in shape_vars([d]).values() if v not in env]
                 if unbound:
                     raise ArgumentError(f"input '{p.name}': the size symbol(s) {unbound} of dimension {axis} are bound by no "
                                         "input's shape; pass their values in `symbols`")  # fmt: skip
                 expected = int(evaluate(d, env))
                 if actual != expected:
                     what = f"symbol '{d.name}' = {expected} (bound by an earlier input)" if isinstance(d, E.Var) else (
-                        f"{d} = {expected}" if _vars_of(d) else str(expected))
+                        f"{d} = {expected}" if shape_vars([d]) else str(expected))
                     raise ArgumentError(f"input '{p.name}' has shape {actual_shape}; dimension {axis} should be {what}")
         missing = [v.name for v in self.free_symbols if not symbols or v.name not in symbols]
         if missing:
