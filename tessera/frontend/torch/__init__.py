@@ -4,9 +4,12 @@ The backend is registered through the `torch_dynamo_backends` entry point (pypro
 and again by name when this module is imported (for checkouts used without `pip install`);
 `backend` can also be passed directly: `torch.compile(model, backend=tessera.frontend.torch.backend)`.
 See `tessera.frontend.torch.backend` for how graphs are translated and partitioned.
+`predicate(model)` turns a model's pure data-dependent branches (fp16 overflow guards) into
+selects, so that dynamo traces one graph where it would break (tessera.frontend.torch.predication).
 """
 
 from tessera.frontend.torch.backend import CompiledAtenGraph, backend, stats
+from tessera.frontend.torch.predication import PredicationReport, predicate
 from tessera.frontend.torch.report import compiled_graphs
 
 
@@ -19,4 +22,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["CompiledAtenGraph", "backend", "compiled_graphs", "stats"]
+__all__ = ["CompiledAtenGraph", "PredicationReport", "backend", "compiled_graphs", "predicate", "stats"]
