@@ -56,8 +56,9 @@ output token over tessera's) rebuilt from the whole file:
   run.  `hit_rate` = cached / looked-up prompt tokens; `greedy_equal`: the cache on and off made
   the same tokens.
 - `host` (not in the default parts): the engine's host time per step on the offline workload,
-  with the forward replaced by a stub that packs the inputs and returns fixed logits (scheduling,
-  packing, sampling, detokenizing, stop rules); median ms of 300 steps after 50.
+  with the model's forward replaced by a stub returning fixed logits (scheduling, packing, the
+  step's tensors, sampling, detokenizing, stop rules; decode graphs off); median ms of 300
+  steps after 50.
 - `startup`: a fresh process importing tessera, building `LLM(model_dir)` and returning its first
   token: `cold_s` with an empty tessera artifact cache, `warm_s` with the cache it left
   (the weights are in the OS page cache both times).

@@ -14,6 +14,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -119,17 +120,19 @@ def _median_time(fn: Any, device: str, repeats: int = 12) -> float:
 def host_step_ms(llm: LLM, prompts: list[list[int]], out_lens: list[int], steps: int = 300,
                  warm: int = 50) -> dict[str, float]:  # fmt: skip
     """The engine's own host time per step: the workload's requests (greedy, EOS ignored, as
-    LLM.generate adds them) stepped with the forward replaced by a stub that packs the step's
-    inputs as the model runner does and returns fixed logits, so what is timed is scheduling,
-    packing, sampling, detokenizing and the stop rules.  Median of `steps` steps after `warm`."""
+    LLM.generate adds them) stepped with the model's forward replaced by a stub that returns
+    fixed logits, so what is timed is scheduling, packing, building the step's tensors
+    (`ModelRunner.run`), sampling, detokenizing and the stop rules.  The decode graphs are off
+    for it (their replays are device work).  Median of `steps` steps after `warm`."""
     engine, runner = llm.engine, llm.engine.runner
-    logits = torch.randn(max(len(prompts), 1), engine.vocab_size, device=llm.device)  # a row per request at most
+    rows = 2 * max(len(prompts), 1)  # the runner pads its sampling rows to a power of two at most
+    logits = torch.randn(rows, engine.vocab_size, device=llm.device)
 
-    def stub(scheduled: list[Any]) -> torch.Tensor:
-        runner.pack(scheduled)
-        return logits[: sum(1 for e in scheduled if e.samples)]
+    def stub(**inputs: Any) -> SimpleNamespace:
+        return SimpleNamespace(logits=logits[: inputs["logits_to_keep"].numel()].unsqueeze(0))
 
-    real, runner.execute = runner.execute, stub
+    real, runner.forward = runner.forward, stub
+    graphs, runner.decode_graphs = runner.decode_graphs, None
     ids = [f"host-{i}" for i in range(len(prompts))]
     try:
         for request_id, prompt, m in zip(ids, prompts, out_lens, strict=True):
@@ -146,7 +149,7 @@ def host_step_ms(llm: LLM, prompts: list[list[int]], out_lens: list[int], steps:
         if len(times) > warm:  # a workload shorter than the warm-up (smoke runs) is timed whole
             times, running = times[warm:], running[warm:]
     finally:
-        runner.execute = real
+        runner.forward, runner.decode_graphs = real, graphs
         for request_id in ids:
             engine.abort_request(request_id)
     return {"host_ms_per_step": statistics.median(times) * 1e3, "steps": len(times),
