@@ -3,7 +3,8 @@ float32) on the tuned CUDA row kernels, the elementwise tail fused into their st
 
 Kernels: `reduce.py` (row reductions and softmax), `norm.py` (layer norm, RMS norm),
 `schedule.py` (thread / warp / block per row by the row length), `kinds.py` (the kernel of
-each operator); `plan.py` adapts an operator's tensors to them.
+each operator); `plan.py` adapts an operator's tensors to them (per shape, or generic in the
+row count under dynamic shapes).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from tessera.graph.operator import Operator
 from tessera.templates.epilogue import Epilogue
-from tessera.templates.registry import Shape, Template, register
-from tessera.templates.row.plan import ROW_DTYPES, ROW_OPS, prepare_row
+from tessera.templates.registry import AnchorSite, Shape, Template, register
+from tessera.templates.row.plan import ROW_DTYPES, ROW_OPS, RowGenericRows, prepare_row, row_generic
 from tessera.templates.row.reduce import make_layernorm, make_rmsnorm, make_row_reduce, make_softmax
 
 __all__ = ["ROW", "RowTemplate", "make_layernorm", "make_rmsnorm", "make_row_reduce", "make_softmax"]
@@ -32,6 +33,9 @@ class RowTemplate(Template):
         if op.kind == "softmax":
             return None if op.attrs.get("axis") in (-1, x.ndim - 1) else "softmax over an axis other than the last"
         return None if op.attrs.get("num_axes", 1) == 1 else "normalises over more than the last axis"
+
+    def generic(self, site: AnchorSite, tune: bool) -> RowGenericRows | None:
+        return row_generic(site)
 
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         eps = float(op.attrs.get("eps", 1e-5))

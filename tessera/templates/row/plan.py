@@ -5,19 +5,28 @@ row length), the elementwise tail after them (a cast, a scale, ...) fused into t
 The kernel reads x as [R, C] rows: the caller's x [..., C] is remapped in place (no copy), and
 the stores into y [R, C] go through the epilogue into the caller's output, which keeps the
 kernel's 16-byte vector stores when the rows are 16-byte aligned (C * itemsize % 16 == 0).
+
+Under dynamic shapes (a sequence length or batch that changes per call) a row operator whose
+row length C is a number runs generic in its row count (`RowGenericRows`, the template's
+`generic`): the kernel reads R only in its grid and bounds, so R stays a free shape symbol,
+bound from x (viewed as [R, C]) at call time, and one build serves every length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from math import prod
+from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
+from tessera.graph.lowering import dim_expr
+from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.templates.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.templates.gemm.plan import check_epilogue, check_shape
 from tessera.templates.kernel import EXTRA, INPUT, LITERAL, OUTPUT, AnchorKernel, AnchorPlan, Launch
+from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
 from tessera.templates.rewrite import remap_operand, rename, specialize, unravel
 from tessera.templates.row.kinds import kernel_for
 
@@ -73,3 +82,62 @@ def prepare_row(op: str, x_shape: Sequence[int], dtype: DataType | str, *, eps: 
     """layer norm / RMS norm / softmax over the last axis on the tuned row kernels, epilogue fused.
     Call as ``kernel([x, weight, bias] | [x, weight] | [x], out, extras)`` on CUDA tensors."""
     return plan_row(op, x_shape, dtype, eps=eps, epilogue=epilogue).load()
+
+
+class RowGenericRows:
+    """One row operator site's kernel for every row count: built on the first call, launched for
+    every later shape (the grid follows R; the epilogue keeps the graph's symbolic shapes)."""
+
+    def __init__(self, site: AnchorSite):
+        op = site.anchor
+        self.site = site
+        self.kernel_op, self.num_inputs = ROW_OPS[op.kind]
+        self.dtype = op.outputs[0].dtype
+        self.c = op.inputs[0].shape[-1]
+        self.eps = float(op.attrs.get("eps", 1e-5))
+        self._extras = epilogue_inputs(site)
+        position = {t: i for i, t in enumerate(site.inputs)}
+        self._operands = [position[t] for t in op.inputs]
+        self._extra_positions = [position[t] for t in self._extras]
+        self._kernel: AnchorKernel | None = None
+
+    def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
+        """The step's kernel (the same one at every shape)."""
+        if self._kernel is None:
+            self._kernel = self.plan().load()
+        return StepKernel(self._kernel, self._operands, self._extra_positions)
+
+    def plan(self) -> AnchorPlan:
+        """The uncompiled plan with the row count free (inspect `.source`)."""
+        c, dt = self.c, self.dtype
+        vector = (c * dt.nbytes) % 16 == 0
+        f = kernel_for(self.kernel_op, f"torch.{dt.name}", c, vector).ir
+        shapes: dict[str, tuple[int | None, ...]] = {"x": (None, c), "y": (None, c)}
+        shapes.update({name: (c,) for name in ("w", "b")[: self.num_inputs - 1]})
+        f = specialize(f, shapes)
+        symbols: dict[str, Any] = {}
+        sym_shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in [*self.site.outputs, *self._extras]}
+        out_shape = sym_shapes[self.site.outputs[0]]
+        ep = anchor_epilogue(self.site, sym_shapes, symbols)[0] or identity_epilogue(out_shape, dt)
+        lead = out_shape[:-1]
+        f = fuse_epilogue(f, "y", lambda r, col: (*unravel(r, lead), col), ep, row_major=True)
+        f = rename(f, f"{self.kernel_op}_{f.name}_rows")
+        slots = [(INPUT, i) for i in range(self.num_inputs)] + [(OUTPUT, 0)]
+        slots += [(LITERAL, self.eps)] if self.kernel_op != "softmax" else []  # type: ignore[list-item]
+        slots += [(EXTRA, j) for j in range(len(self._extras))]
+        plan = AnchorPlan(self.site.anchor.kind, [], (), ep.output.dtype, self.num_inputs, len(self._extras))
+        plan.launches.append(Launch(f, slots, generic=True))
+        if vector:
+            plan.aligned_inputs, plan.aligned_output = list(range(self.num_inputs)), True
+        plan.config = f.name
+        return plan
+
+
+def row_generic(site: AnchorSite) -> RowGenericRows | None:
+    """The row-generic kernel of a row operator whose row length and parameters are numbers and
+    whose rows are symbolic, or None (a static site, or a symbolic row length: per shape)."""
+    op = site.anchor
+    x = op.inputs[0]
+    if static(*site.inputs, *site.outputs) or not isinstance(x.shape[-1], int) or not static(*op.inputs[1:]):
+        return None
+    return RowGenericRows(site)
