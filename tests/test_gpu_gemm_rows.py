@@ -15,8 +15,8 @@ from tessera.graph.compiler.partition import partition_for
 from tessera.ir import dtypes
 from tessera.ir.evaluate import evaluate
 from tessera.templates.gemm import GEMM
-from tessera.templates.gemm.generic import RowGenericGpuGemm, unsplit
-from tessera.templates.gemm.space import heuristic_config
+from tessera.templates.gemm.generic import LADDER, RowGenericGpuGemm, bucket, unsplit
+from tessera.templates.gemm.space import estimate_us, heuristic_config
 from tessera.templates.gemm.tma import TmaConfig
 from tessera.templates.kernel import MapSpec
 
@@ -90,11 +90,23 @@ def test_static_and_attention_like_sites_are_not_generic():
     assert GEMM.generic(site, False) is None  # both operands symbolic: planned per shape
 
 
-def test_later_buckets_reuse_a_built_schedule_by_the_cost_model():
-    gen = _generic(_block())
-    first = gen.config(8)
-    gen._kernels[first] = None  # built, as far as the choice is concerned
-    assert gen.config(8) is first and gen.config(5000) == first  # nothing else is built
+def test_the_first_call_builds_a_ladder_and_buckets_take_the_best_built():
+    gen = _generic(_block(n=768, k=3072))
+    schedules = gen.schedules(64)
+    assert len(schedules) == len(set(schedules)) >= 2 and all(c.split_k == 1 for c in schedules)
+    gen._kernels = dict.fromkeys(schedules)  # built, as far as the choice is concerned
+    for m in (17, 40, 300, 5000, 40000):
+        best = min(schedules, key=lambda c: estimate_us(c, bucket(m), 768, 3072))
+        assert gen.config(m) == best
+    assert gen.config(17) != gen.config(40000)  # a few rows and many take different tiles
+
+
+def test_few_rows_are_planned_per_shape():
+    calls = []
+    site = next(g for g in partition_for(_block(), "cuda", lambda op: None) if g.kind == "anchor")
+    gen = RowGenericGpuGemm(site, False, lambda shapes: calls.append(shapes) or "per-shape")
+    x, res = site.anchor.inputs[0], site.inputs[1]
+    assert gen.bind({x: (2, 8, K), res: (2, 8, N)}) == "per-shape" and len(calls) == 1 and not gen.kernels
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------------------------
@@ -119,9 +131,9 @@ def test_compiled_block_matches_torch_at_every_size_from_one_build(torch, matmul
         want = _reference(torch, x, w, bias, res, matmul)
         assert got.shape == (b, s, N) and (got.double() - want).abs().max().item() < 3e-2, (b, s)
     step = next(st for st in compiled.steps if st.kind == "anchor")
-    kernels = {id(k.kernel) for k in step.prepared()}
-    assert all(k.kernel.kernels[0].endswith("_rows") for k in step.prepared())
-    assert len(step.prepared()) == len(set(sizes)) and len(kernels) == 1  # one build served them all
+    generic = [k for shape, k in step.prepared_by_shape() if shape[0][0] * shape[0][1] > 16]
+    assert len(step.prepared()) == len(set(sizes)) and all(k.kernel.kernels[0].endswith("_rows") for k in generic)
+    assert len({id(k.kernel) for k in generic}) <= len(LADDER) + 1  # of the schedules the first generic call built
 
 
 @pytest.mark.cuda

@@ -62,7 +62,7 @@ class GemmTemplate(Template):
         return schedule_space(p.m, p.n, p.k, p.batch, p.layout, wgmma="wgmma" in fams, tma="tma" in fams)
 
     def generic(self, site: AnchorSite, tune: bool) -> RowGenericGpuGemm | None:
-        return row_generic(site, tune)
+        return row_generic(site, tune, lambda shapes: self.prepare(site, shapes, tune))
 
     def plan(self, op: Operator, shapes: list[Shape], epilogue: Epilogue | None, tune: bool) -> Any:
         dtype = op.outputs[0].dtype

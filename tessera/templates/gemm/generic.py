@@ -7,11 +7,12 @@ their grid and the TMA map of A, so the kernel here leaves M a free shape symbol
 arrays at call time: the grid (`ceil_div(M, BM)` blocks, or a persistent kernel's
 `min(tiles, SMs)`) is evaluated per call and A's tensor map is encoded per (address, rows).
 
-Per size bucket (M rounded up to a power of two) a schedule is chosen
-(`RowGenericGpuGemm._choose`): the site's first bucket gets the tuned one (with tuning on) or
-the cost model's; a later bucket takes the cost model's pick when that kernel is built already,
-else the built kernel the cost model rates best, so a new size never waits for nvcc or the tuner.
-Split-k is left out: its float32 partials would need a workspace sized by M.
+Schedules: on the first call the site builds, in parallel, the cost model's best unsplit
+schedule for each bucket of a fixed ladder of row counts (LADDER) plus the first bucket's own
+(tuned, with tuning on); a bucket (M rounded up to a power of two) then takes the built kernel
+the cost model rates best for it, so a new size never waits for nvcc or the tuner.  Split-k is
+left out (its float32 partials would need a workspace sized by M); row counts up to SMALL_ROWS
+(decode steps, where split-k matters most) are planned per shape instead, as static sites are.
 
 The epilogue keeps the graph's symbolic shapes (a residual [batch, seq, N], a bias [N]): their
 symbols become shape parameters of the kernel too.  `rows_refusal` and `bucket` are the rules
@@ -20,11 +21,14 @@ the CPU's row-generic GEMM (tessera.templates.cpu.gemm_rows) shares.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from math import prod
 from typing import Any
 
+from tessera.errors import TesseraError
 from tessera.graph.lowering import dim_expr
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
@@ -33,11 +37,13 @@ from tessera.templates.epilogue import fuse_epilogue, identity_epilogue
 from tessera.templates.gemm import space as gemm_space
 from tessera.templates.gemm.config import config_for_shape, families, make_kernel
 from tessera.templates.gemm.plan import with_bias
-from tessera.templates.gemm.space import Config, estimate_us, heuristic_config
+from tessera.templates.gemm.space import Config, estimate_us, schedule_space
 from tessera.templates.gemm.tma import TmaConfig, tensor_map_boxes
 from tessera.templates.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
 from tessera.templates.rewrite import i32, remap_operand, rename, retype_operand, specialize, unravel
+
+log = logging.getLogger("tessera")
 
 
 def rows_refusal(op: Operator) -> str | None:
@@ -61,15 +67,31 @@ def unsplit(cfg: Config) -> Config:
     return replace(cfg, split_k=1, split_reduce="launch") if isinstance(cfg, TmaConfig) else replace(cfg, split_k=1)
 
 
+LADDER = (32, 256, 2048, 16384)  # row counts whose best schedules the first call builds
+SMALL_ROWS = 16  # row counts at or below this are planned per shape (split-k, tuned per shape)
+
+
+def unsplit_config(m: int, n: int, k: int, family: str, layout: str) -> Config:
+    """The cost model's best schedule without split-k for m rows (as heuristic_config, 2% ties)."""
+    space = [c for c in schedule_space(m, n, k, 1, layout, wgmma=family == "wgmma", tma=family == "tma")
+             if c.split_k == 1]  # fmt: skip
+    best, best_t = space[0], estimate_us(space[0], m, n, k)
+    for cfg in space[1:]:
+        t = estimate_us(cfg, m, n, k)
+        if t < best_t * 0.98:
+            best, best_t = cfg, t
+    return best
+
+
 class RowGenericGpuGemm:
     """The kernels of one fp16/bf16 linear/matmul anchor site for every row count.
 
-    `bind(shapes)` gives the step's kernel for concrete shapes; the kernel of one schedule is
-    built once and shared by every row count that picks it."""
+    `bind(shapes)` gives the step's kernel for concrete shapes: per shape (`per_shape`) up to
+    SMALL_ROWS rows, else a kernel of the schedules built on the first call."""
 
-    def __init__(self, site: AnchorSite, tune: bool):
+    def __init__(self, site: AnchorSite, tune: bool, per_shape: Callable[[Mapping[Tensor, Shape]], StepKernel]):
         op = site.anchor
-        self.site, self.tune = site, tune
+        self.site, self.tune, self.per_shape = site, tune, per_shape
         self.dtype = op.outputs[0].dtype
         w = op.inputs[1]
         self.layout = "nk" if op.kind == "linear" else "kn"
@@ -90,33 +112,47 @@ class RowGenericGpuGemm:
         """The kernels built so far, by schedule."""
         return dict(self._kernels)
 
+    def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
+        """The step's kernel at these concrete shapes."""
+        m = prod(shapes[self.site.anchor.inputs[0]][:-1])
+        if m <= SMALL_ROWS:
+            return self.per_shape(shapes)
+        if not self._kernels:
+            self._build(bucket(m))
+        return StepKernel(self._kernels[self.config(m)], self._operands, self._extra_positions)
+
     def config(self, m: int) -> Config:
-        """The schedule for m rows: its bucket's, chosen on the bucket's first call."""
+        """The schedule for m rows: the built one the cost model rates best for its bucket."""
         b = bucket(m)
         cfg = self._configs.get(b)
         if cfg is None:
-            cfg = self._configs[b] = self._choose(b)
+            cfg = self._configs[b] = min(self._kernels, key=lambda c: estimate_us(c, b, self.n, self.k))
         return cfg
 
-    def _choose(self, b: int) -> Config:
-        """A new bucket's schedule: the first is tuned (with tuning on) or the cost model's; a later
-        one is the cost model's pick where that kernel is built already, else the built kernel the
-        cost model rates best, so that a new size does not wait for the compiler."""
-        if not self._kernels:
-            return unsplit(config_for_shape(self.dtype, self.layout, 1, b, self.n, self.k, self.vector, tune=self.tune,
-                                            tma="tma" in self.families, wgmma="wgmma" in self.families))  # fmt: skip
-        pick = unsplit(heuristic_config(b, self.n, self.k, 1, self.families[0], self.layout))
-        if pick in self._kernels:
-            return pick
-        return min(self._kernels, key=lambda c: estimate_us(c, b, self.n, self.k))
+    def schedules(self, first: int) -> list[Config]:
+        """What the first call (m rows in bucket `first`) builds: that bucket's schedule (tuned with
+        tuning on) and the cost model's best unsplit one for each bucket of LADDER."""
+        own = unsplit(config_for_shape(self.dtype, self.layout, 1, first, self.n, self.k, self.vector, tune=self.tune,
+                                       tma="tma" in self.families, wgmma="wgmma" in self.families))  # fmt: skip
+        ladder = [unsplit_config(b, self.n, self.k, self.families[0], self.layout) for b in LADDER]
+        return list(dict.fromkeys([own, *ladder]))
 
-    def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
-        """The step's kernel at these concrete shapes."""
-        cfg = self.config(prod(shapes[self.site.anchor.inputs[0]][:-1]))
-        kernel = self._kernels.get(cfg)
-        if kernel is None:
-            kernel = self._kernels[cfg] = self.plan(cfg).load()
-        return StepKernel(kernel, self._operands, self._extra_positions)
+    def _build(self, first: int) -> None:
+        """Plan the first call's schedules, compile them in parallel, load them.  A schedule whose
+        template cannot take this epilogue gives way to mma.sync's (logged), as for static sites."""
+        plans: dict[Config, AnchorPlan] = {}
+        for cfg in self.schedules(first):
+            try:
+                plans[cfg] = self.plan(cfg)
+            except TesseraError as exc:
+                fallback = unsplit_config(first, self.n, self.k, "mma", self.layout)
+                log.warning("tessera: %s: %s cannot take this epilogue/operand mapping (%s); using %s",
+                            self.site.anchor.name, cfg, exc, fallback)  # fmt: skip
+                plans[fallback] = self.plan(fallback)
+        with ThreadPoolExecutor(max_workers=min(len(plans), 8)) as pool:
+            list(pool.map(AnchorPlan.build, plans.values()))  # nvcc runs in parallel; loading finds the cubins
+        self._kernels = {cfg: plan.load() for cfg, plan in plans.items()}
+        self._configs[first] = next(iter(self._kernels))
 
     def plan(self, cfg: Config) -> AnchorPlan:
         """The uncompiled plan of schedule `cfg` with the row count free (inspect `.source`)."""
@@ -161,9 +197,11 @@ class RowGenericGpuGemm:
         return plan
 
 
-def row_generic(site: AnchorSite, tune: bool) -> RowGenericGpuGemm | None:
+def row_generic(site: AnchorSite, tune: bool,
+                per_shape: Callable[[Mapping[Tensor, Shape]], StepKernel]) -> RowGenericGpuGemm | None:  # fmt: skip
     """The row-generic kernels of an fp16/bf16 linear/matmul site whose only symbolic sizes are
-    its rows (its epilogue's tensors may have any), or None for a static site."""
+    its rows (its epilogue's tensors may have any), or None for a static site; `per_shape`
+    prepares the site at concrete shapes (small row counts)."""
     if rows_refusal(site.anchor) is not None or static(*site.inputs, *site.outputs):
         return None
-    return RowGenericGpuGemm(site, tune)
+    return RowGenericGpuGemm(site, tune, per_shape)
