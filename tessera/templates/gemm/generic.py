@@ -141,7 +141,8 @@ class RowGenericGpuGemm:
         """Plan the first call's schedules, compile them in parallel, load them.  A schedule whose
         template cannot take this epilogue gives way to mma.sync's (logged), as for static sites."""
         plans: dict[Config, AnchorPlan] = {}
-        for cfg in self.schedules(first):
+        schedules = self.schedules(first)
+        for cfg in schedules:
             try:
                 plans[cfg] = self.plan(cfg)
             except TesseraError as exc:
@@ -152,7 +153,8 @@ class RowGenericGpuGemm:
         with ThreadPoolExecutor(max_workers=min(len(plans), 8)) as pool:
             list(pool.map(AnchorPlan.build, plans.values()))  # nvcc runs in parallel; loading finds the cubins
         self._kernels = {cfg: plan.load() for cfg, plan in plans.items()}
-        self._configs[first] = next(iter(self._kernels))
+        if schedules[0] in self._kernels:  # the first bucket's own (tuned) schedule
+            self._configs[first] = schedules[0]
 
     def plan(self, cfg: Config) -> AnchorPlan:
         """The uncompiled plan of schedule `cfg` with the row count free (inspect `.source`)."""
