@@ -11,6 +11,7 @@ anywhere); `AnchorPlan.load()` compiles, loads and allocates the workspaces.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -87,7 +88,8 @@ class Launch:
 
 @dataclass
 class AnchorPlan:
-    """Launches, workspaces and the call signature of an anchor, not compiled yet."""
+    """Launches, workspaces and the call signature of an anchor, not compiled yet.  Plans build
+    independently (`build_all` compiles several at once)."""
 
     name: str
     launches: list[Launch]
@@ -139,18 +141,19 @@ class AnchorPlan:
         return self._source
 
     def build(self, arch: str | None = None) -> str:
-        """Compile (or fetch from the artifact cache) and return the cubin's path."""
-
+        """Compile (or fetch from the artifact cache) and return the artifact's path (a cubin, or a
+        CPU plan's shared library)."""
+        if self.target == "cpu":
+            return str(build_source(self.source, "cpu"))
         return str(build_source(self.source, "cuda", arch))
 
     def load(self, arch: str | None = None) -> Any:
         """Compile, load the kernels and allocate the workspaces on the current CUDA device
         (a CPU plan: gcc, and 64-byte aligned numpy workspaces; see CpuAnchorKernel)."""
 
-        if self.target == "cpu":
-            return CpuAnchorKernel(self, build_source(self.source, "cpu"))
-
         path = Path(self.build(arch))
+        if self.target == "cpu":
+            return CpuAnchorKernel(self, path)
         kernels = [load_function(launch.func, path, "cuda", low.launch) for launch, low in zip(self.launches, self.lowered)]
         # Workspaces are tessera device arrays, whatever arrays the kernel is called on: torch
         # is not needed, and their memory lives as long as the kernel.
@@ -340,3 +343,12 @@ class CpuAnchorKernel(PreparedAnchor):
             kernel([a.reshape(shape) if shape is not None and tuple(a.shape) != shape
                     else a.reshape((1,) * (rank - a.ndim) + tuple(a.shape)) if rank and a.ndim < rank else a
                     for a, shape, rank in zip(args, shapes, ranks)])  # fmt: skip
+
+
+def build_all(plans: Sequence[AnchorPlan]) -> list[Any]:
+    """Compile several plans at once (the compilers run in parallel threads; the artifact cache
+    keeps each result), then load them in order."""
+    if len(plans) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(plans), 8)) as pool:
+            list(pool.map(AnchorPlan.build, plans))
+    return [plan.load() for plan in plans]

@@ -33,7 +33,8 @@ from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.ir.vector import vector_type
 from tessera.jit import Kernel
-from tessera.templates.kernel import CONSTANT, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot
+from tessera.templates.cpu.gemm import cpu_threads
+from tessera.templates.kernel import CONSTANT, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot, build_all
 from tessera.templates.paged_attention.cpu import SERIAL_WORK, cpu_tile
 from tessera.templates.registry import AnchorSite, Shape, StepKernel
 
@@ -168,7 +169,8 @@ def make_flash_attention_cpu(head_dim: int, value_dim: int, group: int, scale: f
 
 class GenericCpuAttention:
     """The kernels of one CPU attention site with symbolic sizes, for every size: `bind(shapes)`
-    gives the step's kernel (on one thread for small work, else the OpenMP one; each built once)."""
+    gives the step's kernel (on one thread for small work, else the OpenMP one; both built on
+    the first call, together)."""
 
     def __init__(self, site: AnchorSite):
         op = site.anchor
@@ -191,13 +193,13 @@ class GenericCpuAttention:
         """The step's kernel for these concrete shapes."""
         q_shape, k_shape = shapes[self._q], shapes[self._k]
         work = prod(q_shape) * k_shape[2] * 2 // (2 if self.causal else 1)
-        parallel = work >= SERIAL_WORK
-        kernel = self._kernels.get(parallel)
-        if kernel is None:
-            kernel = self._kernels[parallel] = self._build(parallel)
-        return StepKernel(kernel, self._operands, [])
+        parallel = work >= SERIAL_WORK and cpu_threads() > 1
+        if not self._kernels:  # both variants at once: a later size crossing the line finds its kernel built
+            variants = [False, True] if cpu_threads() > 1 else [False]
+            self._kernels = dict(zip(variants, build_all([self._plan(p) for p in variants])))
+        return StepKernel(self._kernels[parallel], self._operands, [])
 
-    def _build(self, parallel: bool) -> CpuAnchorKernel:
+    def _plan(self, parallel: bool) -> AnchorPlan:
         f = make_flash_attention_cpu(self.head_dim, self.value_dim, self.heads // self.kv_heads, self.scale,
                                      self.causal, self.mask, vector_lanes(), parallel).ir  # fmt: skip
         plan = AnchorPlan("attention", [], (), dtypes.float32, 3 if self.mask is None else 4, 0, target="cpu")
@@ -206,4 +208,4 @@ class GenericCpuAttention:
         m_slot: Slot = (INPUT, 3) if self.mask is not None else (CONSTANT, 0)
         plan.launches.append(Launch(f, [(INPUT, 0), (INPUT, 1), (INPUT, 2), m_slot, (OUTPUT, 0)], generic=True))
         plan.config = "flash, generic in the sizes" + ("" if parallel else ", one thread")
-        return plan.load()
+        return plan

@@ -7,9 +7,10 @@ addresses, so the kernel here leaves M a free shape symbol, bound from the array
 and computes its row chunks from it: a new length launches a kernel that exists.
 
 Per size bucket (M rounded up to a power of two) a register tile and thread count are chosen
-(`RowGenericGemm._choose`): the site's first bucket is tuned (with tuning on), and later
-buckets take a kernel that is built already unless they need another thread count, so a new
-size waits neither for tuning nor for gcc.  The constant weight is packed once per panel width.
+(`RowGenericGemm._choose`): the site's first bucket is tuned (with tuning on), and the first
+call also builds the cost model's pick for the other thread count (one thread for small GEMMs,
+all for large); later buckets take a kernel that is built already, so a new size waits neither
+for tuning nor for gcc.  The constant weight is packed once per panel width.
 
 The epilogue keeps the graph's symbolic shapes (a residual [batch, seq, N], a bias [N], a
 [seq, N] table): their symbols become shape parameters of the kernel too, and the store maps
@@ -33,7 +34,17 @@ from tessera.templates.cpu.gemm_kernel import CpuGemmConfig, make_gemm
 from tessera.templates.epilogue import fuse_epilogue, identity_epilogue
 from tessera.templates.gemm.generic import bucket, rows_refusal
 from tessera.templates.gemm.plan import with_bias
-from tessera.templates.kernel import CONSTANT, EXTRA, INPUT, OUTPUT, AnchorPlan, CpuAnchorKernel, Launch, Slot
+from tessera.templates.kernel import (
+    CONSTANT,
+    EXTRA,
+    INPUT,
+    OUTPUT,
+    AnchorPlan,
+    CpuAnchorKernel,
+    Launch,
+    Slot,
+    build_all,
+)
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
 from tessera.templates.rewrite import i32, rename, specialize, unravel
 
@@ -88,11 +99,24 @@ class RowGenericGemm:
     def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
         """The step's kernel at these concrete shapes."""
         m = prod(shapes[self.site.anchor.inputs[0]][:-1])
+        first = not self._kernels
         cfg = self.config(m)
+        if first:
+            self._build_first(cfg)
         kernel = self._kernels.get(cfg)
         if kernel is None:
-            kernel = self._kernels[cfg] = self._build(cfg)
+            kernel = self._kernels[cfg] = self._plan(cfg).load()
         return StepKernel(kernel, self._operands, self._extra_positions)
+
+    def _build_first(self, cfg: CpuGemmConfig) -> None:
+        """The first call's kernels: its own configuration and the cost model's pick for a size on
+        the other side of the one-thread / all-threads line (GEMMs under MIN_PARALLEL_MACS run
+        on one thread), compiled at once, so that later sizes find a kernel of their team built."""
+        extras = bool(self._extras) or self.bias
+        other = [c for c in (heuristic_config(b, self.n, self.k, 1, extras) for b in (1, 1 << 20))
+                 if c.threads != cfg.threads][:1]  # fmt: skip
+        configs = [cfg, *other]
+        self._kernels.update(zip(configs, build_all([self._plan(c) for c in configs])))
 
     def _packed_weight(self, nr: int, plan: AnchorPlan) -> np.ndarray:
         packed = self._packed.get(nr)
@@ -100,7 +124,8 @@ class RowGenericGemm:
             packed = self._packed[nr] = pack_weight(self.weight, nr, self.layout, plan)
         return packed
 
-    def _build(self, cfg: CpuGemmConfig) -> CpuAnchorKernel:
+    def _plan(self, cfg: CpuGemmConfig) -> AnchorPlan:
+        """The uncompiled plan of configuration `cfg` with the row count free."""
         op, n, k, nr = self.site.anchor, self.n, self.k, cfg.nr
         f = make_gemm(cfg, self.source).ir
         m = next(s for s in f.shape_params if s.name == "M")
@@ -133,7 +158,7 @@ class RowGenericGemm:
         slots += [(EXTRA, j) for j in range(len(self._extras))]
         plan.out_dtype, plan.config = ep.output.dtype, cfg
         plan.launches.append(Launch(f, slots, generic=True))
-        return plan.load()
+        return plan
 
 
 def _row_chunks(cfg: CpuGemmConfig, m: E.Var, n: int) -> E.Expr:

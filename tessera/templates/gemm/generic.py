@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from math import prod
 from typing import Any
@@ -39,7 +38,7 @@ from tessera.templates.gemm.config import config_for_shape, families, make_kerne
 from tessera.templates.gemm.plan import with_bias
 from tessera.templates.gemm.space import Config, estimate_us, schedule_space
 from tessera.templates.gemm.tma import TmaConfig, tensor_map_boxes
-from tessera.templates.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot
+from tessera.templates.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot, build_all
 from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
 from tessera.templates.rewrite import i32, remap_operand, rename, retype_operand, specialize, unravel
 
@@ -150,9 +149,7 @@ class RowGenericGpuGemm:
                 log.warning("tessera: %s: %s cannot take this epilogue/operand mapping (%s); using %s",
                             self.site.anchor.name, cfg, exc, fallback)  # fmt: skip
                 plans[fallback] = self.plan(fallback)
-        with ThreadPoolExecutor(max_workers=min(len(plans), 8)) as pool:
-            list(pool.map(AnchorPlan.build, plans.values()))  # nvcc runs in parallel; loading finds the cubins
-        self._kernels = {cfg: plan.load() for cfg, plan in plans.items()}
+        self._kernels = dict(zip(plans, build_all(list(plans.values()))))
         if schedules[0] in self._kernels:  # the first bucket's own (tuned) schedule
             self._configs[first] = schedules[0]
 
