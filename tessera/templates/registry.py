@@ -54,6 +54,11 @@ class SizeGeneric(Protocol):
         """The step's kernel at these concrete shapes (built kernels reused)."""
         ...
 
+    @property
+    def artifacts(self) -> list[str]:
+        """Every artifact built so far, for every size (what a saved compiled graph ships)."""
+        ...
+
 
 class Template:
     """One kernel template as the graph compiler sees it.  Subclasses set `name`, `kinds`

@@ -247,7 +247,9 @@ def _anchor_preparer(target: str, arch: str | None, tune: bool, symbols: dict[st
                     kernel = generic[0].bind(shapes)
                 else:
                     kernel = template.prepare(group, shapes, tune)
-                kernel.artifacts = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
+                own = list(getattr(kernel.kernel, "artifacts", None) or [kernel.kernel.artifact])
+                # A saved graph ships every kernel the generic site built, not only this shape's.
+                kernel.artifacts = list(dict.fromkeys([*own, *getattr(generic[0], "artifacts", ())]))
             except UnsupportedError as exc:
                 log.info("tessera: %s runs without its template (%s)", group.anchor.name, exc)
                 kernel = _generic_anchor(group, shapes, target, arch, symbols)

@@ -189,6 +189,11 @@ class GenericCpuAttention:
         self._q, self._k = q, k
         self._kernels: dict[bool, CpuAnchorKernel] = {}
 
+    @property
+    def artifacts(self) -> list[str]:
+        """The libraries of both variants once built (what a saved graph ships)."""
+        return [a for k in self._kernels.values() for a in k.artifacts]
+
     def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
         """The step's kernel for these concrete shapes."""
         q_shape, k_shape = shapes[self._q], shapes[self._k]

@@ -72,6 +72,11 @@ class RowGenericGemm:
         self._kernels: dict[CpuGemmConfig, CpuAnchorKernel] = {}
         self._configs: dict[int, CpuGemmConfig] = {}  # bucket -> its configuration
 
+    @property
+    def artifacts(self) -> list[str]:
+        """The libraries of every kernel built so far (what a saved graph ships)."""
+        return [a for k in self._kernels.values() for a in k.artifacts]
+
     def config(self, m: int) -> CpuGemmConfig:
         """The configuration for m rows: its bucket's, chosen on the bucket's first call."""
         b = bucket(m)

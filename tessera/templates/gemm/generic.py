@@ -111,6 +111,11 @@ class RowGenericGpuGemm:
         """The kernels built so far, by schedule."""
         return dict(self._kernels)
 
+    @property
+    def artifacts(self) -> list[str]:
+        """The cubins of every schedule built so far (what a saved graph ships)."""
+        return [str(k.artifact) for k in self._kernels.values()]
+
     def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
         """The step's kernel at these concrete shapes."""
         m = prod(shapes[self.site.anchor.inputs[0]][:-1])

@@ -101,6 +101,11 @@ class RowGenericRows:
         self._extra_positions = [position[t] for t in self._extras]
         self._kernel: AnchorKernel | None = None
 
+    @property
+    def artifacts(self) -> list[str]:
+        """The kernel's cubin once built (what a saved graph ships)."""
+        return [str(self._kernel.artifact)] if self._kernel is not None else []
+
     def bind(self, shapes: Mapping[Tensor, Shape]) -> StepKernel:
         """The step's kernel (the same one at every shape)."""
         if self._kernel is None:
