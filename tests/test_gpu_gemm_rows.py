@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tessera.errors import ArgumentError
 from tessera.graph import GraphBuilder
 from tessera.graph.compiler import compile_graph
 from tessera.graph.compiler.partition import partition_for
@@ -170,3 +171,13 @@ def test_torch_compile_dynamic_lengths_launch_kernels_that_exist(torch, monkeypa
             if i == 1:
                 builds.clear()  # the first lengths built the two GEMMs' kernels
     assert builds == []  # new lengths launched kernels that exist: no compiler, no tuner
+
+
+@pytest.mark.cuda
+def test_native_arrays_take_the_flattened_view():
+    from tessera.runtime.cuda import DeviceArray
+
+    a = DeviceArray((3, 7, 64), dtypes.float16)
+    assert a.reshape((1, -1, 64)).shape == (1, 21, 64) and a.reshape(21, 64).shape == (21, 64)
+    with pytest.raises(ArgumentError, match="cannot reshape"):
+        a.reshape((5, -1))

@@ -147,8 +147,13 @@ class DeviceArray:
         return DeviceArray(shape, dtype, ptr=self.ptr + offset, base=self)
 
     def reshape(self, *shape: Any) -> DeviceArray:
+        """The same memory as another shape; one size may be -1 (inferred, as numpy does)."""
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-        if prod(dims) != prod(self.shape):
+        if dims.count(-1) == 1:
+            known = prod(d for d in dims if d != -1)
+            if known > 0 and prod(self.shape) % known == 0:
+                dims = tuple(prod(self.shape) // known if d == -1 else d for d in dims)
+        if prod(dims) != prod(self.shape) or any(d < 0 for d in dims):
             raise ArgumentError(f"cannot reshape an array of shape {list(self.shape)} to {list(dims)}")
         return DeviceArray(dims, self.dtype, ptr=self.ptr, base=self)
 
