@@ -111,11 +111,11 @@ def _rewritten(fn: types.FunctionType, report: PredicationReport) -> types.Funct
         if new_inner is None:
             return None
         cells = list(fn.__closure__ or ())
-        if not any(c.cell_contents is inner for c in cells):
+        if not any(_holds(c, inner) for c in cells):
             report.declined.append((fn.__qualname__, fn.__code__.co_firstlineno,
                                     "its decorator does not keep the function in a closure: cannot be rebuilt"))  # fmt: skip
             return None
-        closure = tuple(types.CellType(new_inner) if c.cell_contents is inner else c for c in cells)
+        closure = tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells)
         new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
         new.__dict__.update(fn.__dict__)
         new.__kwdefaults__, new.__qualname__, new.__doc__ = fn.__kwdefaults__, fn.__qualname__, fn.__doc__
@@ -142,6 +142,13 @@ def _rewritten(fn: types.FunctionType, report: PredicationReport) -> types.Funct
         return None
     report.rewritten += rewriter.rewritten
     return _compile(fn, func)
+
+
+def _holds(cell: Any, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
 
 
 def _params(func: ast.FunctionDef) -> set[str]:
