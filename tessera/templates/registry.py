@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from tessera import ops
 from tessera.errors import ArgumentError, UnsupportedError
 from tessera.graph.flow_graph import FlowGraph
-from tessera.graph.lowering import lower_operator
+from tessera.graph.lowering import dim_expr, lower_operator
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.templates.epilogue import Epilogue
@@ -188,6 +188,14 @@ def anchor_epilogue(site: AnchorSite, shapes: Mapping[Tensor, Sequence[Any]],
     for op in site.epilogue:
         env[op.outputs[0]] = lower_operator(op, [env[t] for t in op.inputs], symbols if symbols is not None else {})[0]
     return Epilogue(acc, env[site.outputs[0]], extras), extra_t
+
+
+def symbolic_epilogue(site: AnchorSite) -> tuple[Epilogue | None, tuple[Any, ...]]:
+    """`anchor_epilogue` over the graph's own symbolic shapes (a kernel generic in its sizes,
+    whose epilogue symbols become shape parameters), and the output's symbolic shape."""
+    symbols: dict[str, Any] = {}
+    shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in [*site.outputs, *epilogue_inputs(site)]}
+    return anchor_epilogue(site, shapes, symbols)[0], shapes[site.outputs[0]]
 
 
 def epilogue_inputs(site: AnchorSite) -> list[Tensor]:

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from math import prod
-from typing import Any
 
 import numpy as np
 
-from tessera.graph.lowering import dim_expr
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 from tessera.ir import expr as E
@@ -45,7 +43,7 @@ from tessera.templates.kernel import (
     Slot,
     build_all,
 )
-from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
+from tessera.templates.registry import AnchorSite, Shape, StepKernel, epilogue_inputs, static, symbolic_epilogue
 from tessera.templates.rewrite import i32, rename, specialize, unravel
 
 
@@ -145,11 +143,7 @@ class RowGenericGemm:
             shapes["B"] = (1, n, k) if self.layout == "nk" else (1, k, n)
             shapes["W"] = (cfg.threads, k * nr)
         f = specialize(f, shapes, {"RC": _row_chunks(cfg, m, n)})
-        symbols: dict[str, Any] = {}
-        tensors = [*self.site.outputs, *self._extras]
-        sym_shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in tensors}
-        out_shape = sym_shapes[self.site.outputs[0]]
-        ep = anchor_epilogue(self.site, sym_shapes, symbols)[0]
+        ep, out_shape = symbolic_epilogue(self.site)
         if self.bias:
             ep = with_bias(ep, out_shape, dtypes.float32, -1)
         ep = ep or identity_epilogue(out_shape, dtypes.float32)

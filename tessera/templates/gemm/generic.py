@@ -28,7 +28,6 @@ from math import prod
 from typing import Any
 
 from tessera.errors import TesseraError
-from tessera.graph.lowering import dim_expr
 from tessera.graph.operator import Operator
 from tessera.graph.tensor import Tensor
 from tessera.ir import expr as E
@@ -39,7 +38,7 @@ from tessera.templates.gemm.plan import with_bias
 from tessera.templates.gemm.space import Config, estimate_us, schedule_space
 from tessera.templates.gemm.tma import TmaConfig, tensor_map_boxes
 from tessera.templates.kernel import EXTRA, INPUT, OUTPUT, AnchorKernel, AnchorPlan, Launch, MapSpec, Slot, build_all
-from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
+from tessera.templates.registry import AnchorSite, Shape, StepKernel, epilogue_inputs, static, symbolic_epilogue
 from tessera.templates.rewrite import i32, remap_operand, rename, retype_operand, specialize, unravel
 
 log = logging.getLogger("tessera")
@@ -181,11 +180,7 @@ class RowGenericGpuGemm:
                          plan.tensor_map(MapSpec((INPUT, 1), self.dtype, (1, *w_shape), b_box))]  # fmt: skip
         else:
             f = remap_operand(f, "B", w_shape, lambda bi, r, c: (r, c))
-        symbols: dict[str, Any] = {}
-        tensors = [*self.site.outputs, *self._extras]
-        sym_shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in tensors}
-        out_shape = sym_shapes[self.site.outputs[0]]
-        ep = anchor_epilogue(self.site, sym_shapes, symbols)[0]
+        ep, out_shape = symbolic_epilogue(self.site)
         if self.bias:
             ep = with_bias(ep, out_shape, self.dtype, -1)
         ep = ep or identity_epilogue(out_shape, self.dtype)

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from math import prod
-from typing import Any
 
 from tessera.errors import ArgumentError, UnsupportedError
-from tessera.graph.lowering import dim_expr
 from tessera.graph.tensor import Tensor
 from tessera.ir import dtypes
 from tessera.ir.dtypes import DataType
 from tessera.templates.epilogue import Epilogue, fuse_epilogue, identity_epilogue
 from tessera.templates.gemm.plan import check_epilogue, check_shape
 from tessera.templates.kernel import EXTRA, INPUT, LITERAL, OUTPUT, AnchorKernel, AnchorPlan, Launch
-from tessera.templates.registry import AnchorSite, Shape, StepKernel, anchor_epilogue, epilogue_inputs, static
+from tessera.templates.registry import AnchorSite, Shape, StepKernel, epilogue_inputs, static, symbolic_epilogue
 from tessera.templates.rewrite import remap_operand, rename, specialize, unravel
 from tessera.templates.row.kinds import kernel_for
 
@@ -120,10 +118,8 @@ class RowGenericRows:
         shapes: dict[str, tuple[int | None, ...]] = {"x": (None, c), "y": (None, c)}
         shapes.update({name: (c,) for name in ("w", "b")[: self.num_inputs - 1]})
         f = specialize(f, shapes)
-        symbols: dict[str, Any] = {}
-        sym_shapes = {t: tuple(dim_expr(d, symbols) for d in t.shape) for t in [*self.site.outputs, *self._extras]}
-        out_shape = sym_shapes[self.site.outputs[0]]
-        ep = anchor_epilogue(self.site, sym_shapes, symbols)[0] or identity_epilogue(out_shape, dt)
+        ep, out_shape = symbolic_epilogue(self.site)
+        ep = ep or identity_epilogue(out_shape, dt)
         lead = out_shape[:-1]
         f = fuse_epilogue(f, "y", lambda r, col: (*unravel(r, lead), col), ep, row_major=True)
         f = rename(f, f"{self.kernel_op}_{f.name}_rows")
